@@ -1,0 +1,76 @@
+"""The launch, start to end: flags -> resolved spec -> validated -> rendered -> bundle written -> submitted ->
+followed. Each step is one module; this one only wires them together."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher import bundle, cli, nanotron_schema, sbatch, summary
+from launcher.errors import ConfigError
+from launcher.problems import Problem, report
+from launcher.spec import RunSpec, resolve
+from launcher.validate import validate
+
+
+def latest_checkpoint_step(checkpoints: Path) -> int | None:
+    """The step named by a run's `latest` pointer (written by the training job), if any."""
+    try:
+        return int((checkpoints / "latest").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _shell_problems(script: str) -> list[Problem]:
+    """`bash -n` on the rendered script: only --pre_launch_commands can make it fail."""
+    out = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    if out.returncode == 0:
+        return []
+    return [Problem("pre_launch_commands", f"the batch script does not parse: {out.stderr.strip()}",
+                    "fix the shell syntax of the commands")]
+
+
+def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
+    """Resolve, validate, render and write the bundle. Raises ConfigError listing every problem."""
+    args, explicit = cli.parse(argv)
+    spec, problems = resolve(args, explicit)
+    problems += validate(spec)
+    if problems:
+        raise ConfigError(report(problems))
+    a = spec.args
+    run_ckpt = Path(a.paths.checkpoints_path) / a.run_name
+    fresh = not a.paths.resume and latest_checkpoint_step(run_ckpt) is not None
+    paths = bundle.claim(a.run_name, a.paths.configs_path, a.paths.slurm_scripts_dir, a.paths.slurm_logs_path,
+                         a.paths.checkpoints_path, fresh)
+    config_text = nanotron_schema.dump(nanotron_schema.build_config(spec, str(paths.checkpoints)))
+    script_text = sbatch.render(spec, paths)
+    problems = _shell_problems(script_text)
+    if problems:
+        paths.bundle_dir.rmdir()  # still empty: nothing of this launch stays behind
+        raise ConfigError(report(problems))
+    figures = summary.derived(spec)
+    hashes = {"config": bundle.write_new(paths.config, config_text),
+              "script": bundle.write_new(paths.script, script_text, mode=0o755)}
+    bundle.write_manifest(paths.manifest, bundle.manifest(a, argv, paths, hashes, figures), new=True)
+    return spec, paths, figures
+
+
+def launch(argv: list[str]) -> int:
+    """The whole command; returns the process exit code."""
+    spec, paths, figures = prepare(argv)
+    print(f"Run {spec.args.run_name}: bundle written")
+    print(summary.render(spec, paths, figures))
+    step = latest_checkpoint_step(paths.checkpoints)
+    if step is not None:
+        print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")
+    if spec.args.execution.dry_run:
+        print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
+        return 0
+    from launcher import jobs  # the Slurm side is only needed past a dry run
+
+    return jobs.submit_and_follow(paths, follow=spec.args.execution.show_logs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return launch(sys.argv[1:] if argv is None else argv)

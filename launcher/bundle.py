@@ -1,0 +1,141 @@
+"""The reproducibility bundle: config YAML, sbatch script and manifest, never overwritten.
+
+Each launch claims a fresh directory with an exclusive `mkdir` (`<configs_path>/<run_name>/<stamp>`, a numeric
+suffix when two launches share a second), and creates its files with mode "x", so no launch can replace another's
+files. The script and log names derive from the same stamp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("nanotron", "torch", "transformers", "datasets", "tokenizers", "wandb", "simple-parsing", "pyyaml",
+            "jinja2")
+
+
+@dataclass(frozen=True)
+class BundlePaths:
+    """Where one launch's files live (all absolute)."""
+
+    bundle_dir: Path
+    config: Path
+    manifest: Path
+    script: Path
+    log: Path
+    stop_file: Path
+    metrics: Path
+    checkpoints: Path
+
+    @property
+    def bundle_id(self) -> str:
+        return f"{self.bundle_dir.parent.name}/{self.bundle_dir.name}"
+
+
+def _paths(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Path, checkpoints: Path) -> BundlePaths:
+    bundle_dir = configs / run_name / stamp
+    return BundlePaths(
+        bundle_dir=bundle_dir, config=bundle_dir / "config.yaml", manifest=bundle_dir / "manifest.json",
+        script=scripts / run_name / f"{stamp}.sbatch", log=logs / run_name / f"{stamp}.out",
+        stop_file=bundle_dir / "stop-requested", metrics=bundle_dir / "metrics.jsonl", checkpoints=checkpoints,
+    )
+
+
+def claim(run_name: str, configs: str, scripts: str, logs: str, checkpoints: str, fresh: bool,
+          now: float | None = None) -> BundlePaths:
+    """Create a new, empty bundle directory and return the paths of its files.
+
+    `fresh` starts a run afresh beside existing checkpoints: it gets its own checkpoint directory.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    ckpt = Path(checkpoints) / run_name
+    for n in range(1, 10_000):
+        candidate = stamp if n == 1 else f"{stamp}-{n}"
+        paths = _paths(run_name, candidate, Path(configs), Path(scripts), Path(logs),
+                       ckpt.with_name(f"{run_name}-{candidate}") if fresh else ckpt)
+        if paths.script.exists() or paths.log.exists():
+            continue
+        paths.bundle_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            paths.bundle_dir.mkdir()
+        except FileExistsError:
+            continue
+        paths.script.parent.mkdir(parents=True, exist_ok=True)
+        paths.log.parent.mkdir(parents=True, exist_ok=True)
+        return paths
+    raise RuntimeError(f"no free bundle name under {configs}/{run_name}")  # 10k launches in one second
+
+
+def write_new(path: Path, text: str, mode: int = 0o644) -> str:
+    """Create `path` (it must not exist) with `text`; return its sha256."""
+    with open(path, "x", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, mode)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _git(*args: str) -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def manifest(args: object, argv: list[str], paths: BundlePaths, hashes: dict[str, str], derived: dict) -> dict:
+    """The manifest's content at launch (Slurm fields are added by `record_submission`)."""
+    status = _git("status", "--porcelain")
+    return {
+        "run_name": paths.bundle_dir.parent.name,
+        "bundle_id": paths.bundle_id,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": shlex.join([sys.executable, *argv]),
+        "cwd": os.getcwd(),
+        "resolved": dataclasses.asdict(args),  # type: ignore[call-overload]
+        "derived": derived,
+        "files": {
+            "config": {"path": str(paths.config), "sha256": hashes["config"]},
+            "script": {"path": str(paths.script), "sha256": hashes["script"]},
+        },
+        "outputs": {"log": str(paths.log), "checkpoints": str(paths.checkpoints), "metrics": str(paths.metrics)},
+        "project": {"commit": _git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None},
+        "host": {"hostname": platform.node(), "user": os.environ.get("USER")},
+        "versions": _versions(),
+        "slurm": {"submitted": False},
+    }
+
+
+def write_manifest(path: Path, data: dict, new: bool = False) -> None:
+    """Write the manifest: exclusively the first time, then by atomic replace."""
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if new:
+        write_new(path, text)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_manifest(bundle_dir: Path) -> dict:
+    return json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))

@@ -1,0 +1,166 @@
+"""The command line: one dataclass per flag group, parsed by simple-parsing.
+
+Flag names and defaults follow the nanotron Slurm launcher. Fields that are derived (model shape from
+--model_size, dp from the job size) default to None, meaning "derive it"; `explicit_flags` tells which flags the
+user typed, so that flags override --config, which overrides the preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from simple_parsing import ArgumentParser
+
+RUN_DEFAULT = "the cluster's default"
+
+
+@dataclass
+class SlurmArgs:
+    """Slurm resources and job options."""
+
+    nodes: int = 2  # Number of nodes.
+    gpus_per_node: int = 8  # GPUs per node; torchrun starts one process per GPU.
+    cpus_per_node: int | None = None  # CPUs for the one task per node (default: the cluster's default).
+    partition: str | None = None  # Slurm partition (default: the cluster's default partition).
+    qos: str | None = None  # Slurm QOS (default: the cluster's default QOS).
+    account: str | None = None  # Slurm account to charge (default: your default account).
+    time_limit: str = "1:00:00"  # Time limit: [D-]HH:MM:SS, MM:SS or minutes.
+    email: str | None = None  # E-mail for job notifications (END, FAIL).
+    tmp_dir: str = "/tmp"  # Temporary directory on compute nodes (exported as TMPDIR).
+    pre_launch_commands: str | None = None  # Shell commands run on the batch node before launch.
+    extra_env: str | None = None  # Extra environment: KEY=VALUE pairs, separated by spaces or newlines.
+    python: str | None = None  # Python that runs torchrun on the nodes (default: the launcher's own).
+    max_requeues: int = 3  # Times a preempted or timed-out job is requeued to resume; 0 disables.
+    signal_grace: int = 120  # Seconds before the time limit at which the job checkpoints and requeues.
+
+
+@dataclass
+class ModelArgs:
+    """Model shape: a preset, with any field overridden."""
+
+    model_size: str = "tiny"  # Preset under configs/presets: tiny, small, base, large, 1b, 3b, 7b, 8b, 13b, 70b.
+    hidden_size: int | None = None  # Hidden size (default: from the preset).
+    intermediate_size: int | None = None  # MLP intermediate size (default: from the preset).
+    num_layers: int | None = None  # Number of transformer layers (default: from the preset).
+    num_heads: int | None = None  # Attention heads (default: from the preset).
+    num_kv_heads: int | None = None  # Key/value heads, GQA when < num_heads (default: from the preset).
+    vocab_size: int | None = None  # Vocabulary size (default: the local tokenizer's, else the preset's).
+    max_seq_len: int | None = None  # Sequence length and max positions (default: from the preset).
+
+
+@dataclass
+class TrainingArgs:
+    """Optimisation."""
+
+    seed: int = 42  # Random seed.
+    train_steps: int = 10000  # Number of optimizer steps.
+    micro_batch_size: int = 2  # Sequences per GPU per forward pass.
+    grad_accum_steps: int = 8  # Micro-batches accumulated per optimizer step.
+    learning_rate: float = 3e-4  # Peak learning rate.
+    min_lr: float = 3e-5  # Learning rate at the end of the decay.
+    weight_decay: float = 0.01  # AdamW weight decay.
+    grad_clip: float = 1.0  # Gradient clipping norm; 0 disables.
+    warmup_steps: int = 1000  # Linear warmup steps.
+    lr_decay_style: str = "cosine"  # Decay after warmup: cosine or linear.
+
+
+@dataclass
+class ParallelismArgs:
+    """Parallelism: dp x tp x pp must equal nodes x gpus_per_node."""
+
+    dp: int | None = None  # Data parallel degree (default: fills the job: nodes*gpus/(tp*pp)).
+    tp: int | None = None  # Tensor parallel degree (default: from the preset).
+    pp: int | None = None  # Pipeline parallel degree (default: from the preset).
+
+
+@dataclass
+class DataArgs:
+    """Training data."""
+
+    dataset: str | None = "stas/openwebtext-10k"  # Hub dataset name or a local path; "none" for random tokens.
+    text_column: str = "text"  # Column holding the text.
+    tokenizer: str = "robot-test/dummy-tokenizer-wordlevel"  # Hub tokenizer name or local directory.
+
+
+@dataclass
+class PathArgs:
+    """Where things go."""
+
+    project: str = "nanotron"  # Project name (wandb project, nanotron general.project).
+    configs_path: str = "logs/configs"  # Bundles: config YAML and manifest, one directory per launch.
+    slurm_logs_path: str = "logs/slurm_logs"  # Slurm output logs.
+    checkpoints_path: str = "checkpoints"  # Checkpoints, under <checkpoints_path>/<run_name>.
+    slurm_scripts_dir: str = "logs/slurm_scripts"  # Generated sbatch scripts.
+    run_train_script: str = "run_train.py"  # Training script started by torchrun on every node.
+    save_interval: int = 1000  # Checkpoint every N steps.
+    save_initial_state: bool = False  # Save a checkpoint before the first step.
+    resume: bool = True  # Resume from this run's latest checkpoint if there is one; false starts afresh.
+
+
+@dataclass
+class LoggingArgs:
+    """Logging."""
+
+    wandb_disabled: bool = False  # Disable Weights & Biases (WANDB_MODE=disabled in the job).
+    log_interval: int = 1  # Log every N steps.
+    profiler_export_path: str | None = None  # Export torch profiler traces there (needs train_steps < 10).
+
+
+@dataclass
+class ExecutionArgs:
+    """What to do with the bundle."""
+
+    dry_run: bool = False  # Write the bundle, do not submit.
+    show_logs: bool = False  # Follow the job's log and state until it ends.
+    config: str | None = None  # Start from this nanotron YAML; flags override it.
+
+
+@dataclass
+class LaunchArgs:
+    """All flags, by group."""
+
+    run_name: str  # Name of the run: job name, bundle and checkpoint directories.
+    slurm: SlurmArgs = field(default_factory=SlurmArgs)
+    model: ModelArgs = field(default_factory=ModelArgs)
+    training: TrainingArgs = field(default_factory=TrainingArgs)
+    parallelism: ParallelismArgs = field(default_factory=ParallelismArgs)
+    data: DataArgs = field(default_factory=DataArgs)
+    paths: PathArgs = field(default_factory=PathArgs)
+    logging: LoggingArgs = field(default_factory=LoggingArgs)
+    execution: ExecutionArgs = field(default_factory=ExecutionArgs)
+
+
+GROUPS = ("slurm", "model", "training", "parallelism", "data", "paths", "logging", "execution")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="slurm_launcher.py",
+        description="Turn a few flags into a validated nanotron training run on Slurm: config, sbatch script, "
+        "manifest; submit it and follow it to its end.",
+        add_config_path_arg=False,
+    )
+    parser.add_arguments(LaunchArgs, dest="args")
+    return parser
+
+
+def flag_names() -> list[str]:
+    """Every flag the launcher accepts, without dashes (the interface snapshot)."""
+    names = ["run_name"]
+    for group in GROUPS:
+        names += [f.name for f in dataclasses.fields(LaunchArgs.__dataclass_fields__[group].default_factory)]  # type: ignore[misc]
+    return names
+
+
+def explicit_flags(argv: list[str]) -> set[str]:
+    """Names of the flags typed on the command line (`--x v` or `--x=v`)."""
+    known = set(flag_names())
+    typed = {tok[2:].split("=", 1)[0] for tok in argv if tok.startswith("--")}
+    return typed & known
+
+
+def parse(argv: list[str]) -> tuple[LaunchArgs, set[str]]:
+    """Parse argv into LaunchArgs and the set of flags given explicitly."""
+    namespace = build_parser().parse_args(argv)
+    return namespace.args, explicit_flags(argv)

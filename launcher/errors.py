@@ -1,0 +1,31 @@
+"""The user-facing error hierarchy.
+
+Every error a user can cause is a `LauncherError`: the entry scripts print its message (which says what is wrong
+and how to fix it) and exit non-zero. Anything else escaping is a bug in the launcher, and shows a traceback.
+"""
+
+
+class LauncherError(Exception):
+    """Base of all user-facing errors; the message says what is wrong and how to fix it."""
+
+    exit_code = 1
+
+
+class ConfigError(LauncherError):
+    """The flags or config describe a run that cannot work; nothing was written or submitted."""
+
+    exit_code = 2
+
+
+class SubmissionError(LauncherError):
+    """Slurm refused the job (its own message is included); the bundle is kept."""
+
+
+class SlurmUnavailable(LauncherError):
+    """Slurm's commands are missing or its controller does not answer."""
+
+
+class TrainError(LauncherError):
+    """The training job cannot start or continue with this config or environment."""
+
+    exit_code = 2

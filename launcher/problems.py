@@ -1,0 +1,21 @@
+"""A problem found before submission: which flag, what is wrong, how to fix it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    flag: str  # the flag's name without dashes, e.g. "tp"
+    message: str  # what is wrong, with the values involved
+    fix: str  # what to do instead
+
+    def __str__(self) -> str:
+        return f"--{self.flag}: {self.message}; {self.fix}"
+
+
+def report(problems: list[Problem]) -> str:
+    """All problems as one message, one per line."""
+    head = f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found, nothing was written or submitted:"
+    return "\n".join([head, *(f"  - {p}" for p in problems)])

@@ -1,0 +1,50 @@
+"""The sbatch script: a pure function of the resolved spec and the bundle's paths, rendered from a template.
+
+Every value that reaches the shell goes through `shlex.quote` (the `q` filter); values on #SBATCH lines are
+validated to a safe alphabet first (run name, partition, ...) or cannot hold what Slurm's parser chokes on (the
+log path, see validate.SBATCH_UNSAFE). Values in comments have line breaks escaped.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from launcher.bundle import BundlePaths
+from launcher.spec import RunSpec
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+HEARTBEAT_S = 60
+
+
+def _comment(value: object) -> str:
+    return str(value).replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    env.filters["comment"] = _comment
+    return env
+
+
+def render(spec: RunSpec, paths: BundlePaths) -> str:
+    """The batch script's text."""
+    a = spec.args
+    return _environment().get_template("sbatch.sh.j2").render(
+        run_name=a.run_name, nodes=a.slurm.nodes, gpus_per_node=a.slurm.gpus_per_node,
+        cpus_per_node=a.slurm.cpus_per_node, time_limit=a.slurm.time_limit, partition=a.slurm.partition,
+        qos=a.slurm.qos, account=a.slurm.account, email=a.slurm.email, max_requeues=a.slurm.max_requeues,
+        signal_grace=a.slurm.signal_grace, python=a.slurm.python or sys.executable,
+        train_script=a.paths.run_train_script, config_path=paths.config, log_path=paths.log,
+        log_dir=paths.log.parent, stop_file=paths.stop_file, metrics_file=paths.metrics,
+        tmp_dir=a.slurm.tmp_dir, wandb_disabled=a.logging.wandb_disabled, extra_env=spec.extra_env,
+        pre_launch_commands=a.slurm.pre_launch_commands, bundle_dir=paths.bundle_dir, script_path=paths.script,
+        heartbeat_s=HEARTBEAT_S,
+    )

@@ -1,0 +1,164 @@
+"""Flags -> resolved run spec: presets, --config, derived parallelism and vocabulary, absolute paths.
+
+Precedence for every field: a flag typed on the command line, then the --config YAML, then the --model_size
+preset, then the flag's default. Resolution never raises for a user mistake: what it cannot resolve becomes a
+`Problem`, reported together with validation's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from launcher import nanotron_schema
+from launcher.cli import LaunchArgs
+from launcher.problems import Problem
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONFIGS_DIR = PROJECT_ROOT / "configs"
+PRESETS_DIR = CONFIGS_DIR / "presets"
+BASE_CONFIG = CONFIGS_DIR / "nanotron-0.4-base.yaml"
+PATH_FIELDS = ("configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scripts_dir", "run_train_script")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A fully resolved launch: every flag has its final value; derived values beside them."""
+
+    args: LaunchArgs
+    tie_word_embeddings: bool
+    extra_env: dict[str, str]
+    tokenizer_vocab: int | None  # the local tokenizer's vocabulary size, when it can be read
+    base_config: dict  # the nanotron YAML the generated config starts from
+    base_config_path: str
+
+    @property
+    def world_size(self) -> int:
+        return self.args.slurm.nodes * self.args.slurm.gpus_per_node
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict:
+    with open(PRESETS_DIR / f"{name}.yaml", encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def is_local_path(value: str) -> bool:
+    """A dataset/tokenizer argument meant as a path rather than a hub name."""
+    return value.startswith(("/", "./", "../", "~")) or os.path.exists(os.path.expanduser(value))
+
+
+def tokenizer_vocab_size(path: str) -> int | None:
+    """Vocabulary size of a local tokenizer (tokenizer.json, without importing transformers), or None."""
+    tok_file = Path(os.path.expanduser(path)) / "tokenizer.json"
+    try:
+        data = json.loads(tok_file.read_text(encoding="utf-8"))
+        vocab = data["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+    ids |= {t["id"] for t in data.get("added_tokens", [])}
+    return max(ids) + 1 if ids else None
+
+
+def parse_extra_env(text: str | None) -> tuple[dict[str, str], list[str]]:
+    """`KEY=VALUE` items separated by whitespace -> (mapping, malformed items)."""
+    env: dict[str, str] = {}
+    bad: list[str] = []
+    for item in (text or "").split():
+        key, sep, value = item.partition("=")
+        if sep and key.isidentifier():
+            env[key] = value
+        else:
+            bad.append(item)
+    return env, bad
+
+
+def _load_base(path: str | None) -> tuple[dict, str, list[Problem]]:
+    target = Path(path).expanduser() if path else BASE_CONFIG
+    try:
+        with open(target, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        return {}, str(target), [Problem("config", f"cannot read {target}: {e.strerror}", "give a readable YAML")]
+    except yaml.YAMLError as e:
+        return {}, str(target), [Problem("config", f"{target} is not valid YAML ({e})", "fix the file")]
+    if not isinstance(data, dict):
+        return {}, str(target), [Problem("config", f"{target} is not a nanotron config", "give a nanotron YAML")]
+    return data, str(target.resolve()), []
+
+
+def _override(group: object, values: dict, explicit: set[str]) -> object:
+    """Replace the group's fields with `values`, except those the user typed."""
+    names = {f.name for f in dataclasses.fields(group)}  # type: ignore[arg-type]
+    changes = {k: v for k, v in values.items() if k in names and k not in explicit and v is not None}
+    return dataclasses.replace(group, **changes)  # type: ignore[type-var]
+
+
+def _absolute(path: str, cwd: Path) -> str:
+    return str((cwd / os.path.expanduser(path)).resolve()) if path else path
+
+
+def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tuple[RunSpec, list[Problem]]:
+    """Resolve flags into a RunSpec, collecting the problems resolution itself finds."""
+    cwd = cwd or Path.cwd()
+    problems: list[Problem] = []
+    base, base_path, base_problems = _load_base(args.execution.config)
+    problems += base_problems
+    from_config = nanotron_schema.flags_from_config(base) if args.execution.config and base else {}
+
+    size = args.model.model_size
+    if size not in preset_names():
+        problems.append(Problem("model_size", f"unknown preset {size!r}", f"use one of {', '.join(preset_names())}"))
+        size = "tiny"
+    preset = load_preset(size)
+    preset_values = {**preset["model"], **preset["parallelism"]}
+
+    groups = {}
+    for name in ("slurm", "model", "training", "parallelism", "data", "paths", "logging", "execution"):
+        group = getattr(args, name)
+        group = _override(group, preset_values, explicit | set(from_config))
+        group = _override(group, from_config, explicit)
+        groups[name] = group
+    model, par, data, paths = groups["model"], groups["parallelism"], groups["data"], groups["paths"]
+
+    tokenizer_vocab = tokenizer_vocab_size(data.tokenizer) if is_local_path(data.tokenizer) else None
+    if tokenizer_vocab and "vocab_size" not in explicit and "vocab_size" not in from_config:
+        step = math.lcm(64, par.tp or 1)
+        model = dataclasses.replace(model, vocab_size=-(-tokenizer_vocab // step) * step)
+    if par.dp is None and par.tp and par.pp:
+        world = args.slurm.nodes * args.slurm.gpus_per_node
+        par = dataclasses.replace(par, dp=max(world // (par.tp * par.pp), 1))
+    if data.dataset and data.dataset.lower() == "none":
+        data = dataclasses.replace(data, dataset=None)
+    if data.dataset and is_local_path(data.dataset):
+        data = dataclasses.replace(data, dataset=_absolute(data.dataset, cwd))
+    if is_local_path(data.tokenizer):
+        data = dataclasses.replace(data, tokenizer=_absolute(data.tokenizer, cwd))
+    if "run_train_script" not in explicit:
+        paths = dataclasses.replace(paths, run_train_script=str(PROJECT_ROOT / "run_train.py"))
+    paths = dataclasses.replace(paths, **{f: _absolute(getattr(paths, f), cwd) for f in PATH_FIELDS})
+    logging = groups["logging"]
+    if logging.profiler_export_path:
+        logging = dataclasses.replace(logging, profiler_export_path=_absolute(logging.profiler_export_path, cwd))
+
+    extra_env, bad_env = parse_extra_env(groups["slurm"].extra_env)
+    for item in bad_env:
+        problems.append(Problem("extra_env", f"{item!r} is not KEY=VALUE", "write NAME=value, e.g. NCCL_DEBUG=WARN"))
+
+    resolved = dataclasses.replace(
+        args, slurm=groups["slurm"], model=model, training=groups["training"], parallelism=par, data=data,
+        paths=paths, logging=logging, execution=groups["execution"],
+    )
+    tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
+    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path)
+    return spec, problems

@@ -1,0 +1,68 @@
+"""Figures about a run (parameters, batch, tokens) and the summary printed after a launch."""
+
+from __future__ import annotations
+
+from launcher.bundle import BundlePaths
+from launcher.spec import RunSpec
+
+
+def parameter_count(*, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int,
+                    tied: bool) -> int:
+    """Parameters of a Llama with grouped-query attention (RMSNorm weights included, no biases)."""
+    head_dim = hidden // heads
+    attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim  # q, o; k, v
+    mlp = 3 * hidden * intermediate  # gate, up, down
+    per_layer = attention + mlp + 2 * hidden  # two RMSNorms
+    embeddings = vocab * hidden * (1 if tied else 2)
+    return layers * per_layer + embeddings + hidden  # final norm
+
+
+def derived(spec: RunSpec) -> dict:
+    """The numbers the summary shows, also stored in the manifest."""
+    m, t, p = spec.args.model, spec.args.training, spec.args.parallelism
+    params = parameter_count(hidden=m.hidden_size, intermediate=m.intermediate_size, layers=m.num_layers,
+                             heads=m.num_heads, kv_heads=m.num_kv_heads, vocab=m.vocab_size,
+                             tied=spec.tie_word_embeddings)
+    sequences = t.micro_batch_size * t.grad_accum_steps * (p.dp or 0)
+    return {
+        "parameters": params,
+        "world_size": spec.world_size,
+        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
+        "global_batch_sequences": sequences,
+        "global_batch_tokens": sequences * m.max_seq_len,
+        "total_training_tokens": sequences * m.max_seq_len * t.train_steps,
+    }
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
+    """The text printed after the bundle is written."""
+    a = spec.args
+    lay = figures["layout"]
+    rows = [
+        ("model", f"{a.model.model_size} preset: {_human(figures['parameters'])} parameters "
+                  f"(hidden {a.model.hidden_size}, {a.model.num_layers} layers, {a.model.num_heads} heads / "
+                  f"{a.model.num_kv_heads} kv, vocab {a.model.vocab_size}, seq {a.model.max_seq_len})"),
+        ("layout", f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
+                   f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"),
+        ("batch", f"{figures['global_batch_sequences']} sequences = {_human(figures['global_batch_tokens'])} tokens "
+                  f"per step (micro {a.training.micro_batch_size} x accum {a.training.grad_accum_steps} x dp "
+                  f"{lay['dp']})"),
+        ("training", f"{a.training.train_steps} steps = {_human(figures['total_training_tokens'])} tokens, "
+                     f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
+                     f"{a.training.warmup_steps} warmup)"),
+        ("bundle", str(paths.bundle_dir)),
+        ("config", str(paths.config)),
+        ("script", str(paths.script)),
+        ("manifest", str(paths.manifest)),
+        ("log", str(paths.log)),
+        ("checkpoints", str(paths.checkpoints)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,1 @@
+"""The training job started by torchrun on every node (run_train.py): torch and nanotron engines."""

@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""Launch a nanotron training run on Slurm: `python slurm_launcher.py --run_name NAME [flags]`.
+
+Flags -> validated config, sbatch script and manifest (the bundle) -> submitted -> followed (--show_logs).
+`--help` lists every flag. User mistakes end in a message and a non-zero exit code, never a traceback.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from launcher.app import main  # noqa: E402
+from launcher.errors import LauncherError  # noqa: E402
+
+
+def run() -> int:
+    try:
+        return main()
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(run())
