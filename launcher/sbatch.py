@@ -15,6 +15,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from launcher.bundle import BundlePaths
 from launcher.spec import RunSpec
+from launcher.validate import SBATCH_UNSAFE
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -37,6 +38,8 @@ def _environment() -> Environment:
 def render(spec: RunSpec, paths: BundlePaths) -> str:
     """The batch script's text."""
     a = spec.args
+    # Validation refuses such log paths (validate.SBATCH_UNSAFE); reaching here with one is a launcher bug.
+    assert not SBATCH_UNSAFE.search(str(paths.log)), f"unsafe #SBATCH path {paths.log!r}"
     return _environment().get_template("sbatch.sh.j2").render(
         run_name=a.run_name, nodes=a.slurm.nodes, gpus_per_node=a.slurm.gpus_per_node,
         cpus_per_node=a.slurm.cpus_per_node, time_limit=a.slurm.time_limit, partition=a.slurm.partition,

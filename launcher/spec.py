@@ -115,6 +115,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     base, base_path, base_problems = _load_base(args.execution.config)
     problems += base_problems
     from_config = nanotron_schema.flags_from_config(base) if args.execution.config and base else {}
+    from_config.pop("dp", None)  # dp is derived from this job's size, whatever job the YAML was made for
 
     size = args.model.model_size
     if size not in preset_names():

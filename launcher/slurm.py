@@ -1,0 +1,136 @@
+"""The Slurm client: submit a script, read a job's state, cancel it. Argument lists only, never a shell.
+
+State comes from `scontrol show job` (works without accounting, as on the local cluster, for MinJobAge seconds
+after the end), then from `sacct` where accounting exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import SlurmUnavailable, SubmissionError
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                      "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
+JOB_ID = re.compile(r"^\d+(_\d+)?$")
+NO_SLURM = ("Slurm's commands ({}) are not installed or not on PATH here. Use --dry_run to write the bundle "
+            "without submitting, or start the project's local cluster: python -m launcher.localcluster up "
+            "(then export SLURM_CONF as it prints).")
+HINTS = (  # sbatch's words -> the flag to change
+    ("invalid partition", "--partition: pick one listed by `sinfo -s`, or leave it out for the default"),
+    ("invalid qos", "--qos: pick one you may use (`sacctmgr show assoc user=$USER format=qos`)"),
+    ("invalid account", "--account: pick one of yours (`sacctmgr show assoc user=$USER format=account`)"),
+    ("time limit", "--time_limit: stay under the partition's limit (`sinfo -o '%P %l'`)"),
+    ("node configuration is not available", "--nodes / --gpus_per_node: the partition has no such nodes "
+     "(`sinfo -o '%P %D %G'`)"),
+    ("gres", "--gpus_per_node: the nodes have fewer GPUs (`sinfo -o '%P %G'`)"),
+)
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    state: str  # Slurm's state name, e.g. PENDING, RUNNING, COMPLETED
+    reason: str  # why pending / why it ended ("None" when there is none)
+    exit_code: int | None  # the batch script's exit code once ended
+    signal: int | None
+    restarts: int  # how many times the job was requeued
+    nodes: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+def _command(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SlurmUnavailable(NO_SLURM.format(name))
+    return path
+
+
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable(f"{argv[0]} did not answer within {timeout:.0f} s: is slurmctld up?") from e
+
+
+def _unreachable(stderr: str) -> bool:
+    return any(w in stderr.lower() for w in ("unable to contact slurm controller", "connection refused",
+                                              "zero bytes were transmitted", "could not open configuration"))
+
+
+def submit(script: Path) -> str:
+    """sbatch the script file itself; return the job id. Raises SubmissionError with sbatch's own words."""
+    out = _run([_command("sbatch"), "--parsable", str(script)], timeout=60)
+    if out.returncode != 0:
+        stderr = out.stderr.strip()
+        if _unreachable(stderr):
+            raise SlurmUnavailable(f"sbatch cannot reach the Slurm controller:\n  {stderr}\n" + NO_SLURM.format(
+                "sbatch works, but the controller does not answer; is SLURM_CONF right?"))
+        hints = [h for words, h in HINTS if words in stderr.lower()]
+        raise SubmissionError("sbatch rejected the job:\n  " + stderr + "\n" + "\n".join(
+            f"  fix {h}" for h in hints or ["check the #SBATCH options in the script against `sinfo`"]))
+    job_id = out.stdout.strip().split(";")[0]
+    if not JOB_ID.match(job_id):
+        raise SubmissionError(f"sbatch answered {out.stdout.strip()!r}, not a job id")
+    return job_id
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """`scontrol show job -o` output (one line of Key=Value) as a dict."""
+    fields: dict[str, str] = {}
+    for token in re.split(r"\s+(?=[A-Za-z:/]+=)", text.strip()):
+        key, _, value = token.partition("=")
+        fields.setdefault(key, value)
+    return fields
+
+
+def _exit(code: str) -> tuple[int | None, int | None]:
+    status, _, sig = code.partition(":")
+    return (int(status) if status.isdigit() else None), (int(sig) if sig.isdigit() else None)
+
+
+def _from_sacct(job_id: str) -> JobState | None:
+    sacct = shutil.which("sacct")
+    if sacct is None:
+        return None
+    out = _run([sacct, "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode,Reason,NodeList,Restarts"])
+    line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    if not line:
+        return None
+    state, code, reason, nodes, restarts = (line.split("|") + [""] * 5)[:5]
+    status, sig = _exit(code)
+    return JobState(job_id, state.split()[0], reason or "None", status, sig,
+                    int(restarts) if restarts.isdigit() else 0, nodes)
+
+
+def job_state(job_id: str) -> JobState | None:
+    """The job's current state, or None when Slurm no longer knows it."""
+    out = _run([_command("scontrol"), "show", "job", "-o", job_id])
+    if out.returncode == 0 and "JobState=" in out.stdout:
+        f = parse_scontrol(out.stdout)
+        status, sig = _exit(f.get("ExitCode", ""))
+        return JobState(job_id, f["JobState"], f.get("Reason", "None"), status, sig,
+                        int(f.get("Restarts", "0") or 0), f.get("NodeList", ""))
+    if out.returncode != 0 and _unreachable(out.stderr):
+        raise SlurmUnavailable(f"scontrol cannot reach the Slurm controller: {out.stderr.strip()}")
+    return _from_sacct(job_id)
+
+
+def job_log_path(job_id: str) -> Path | None:
+    """The file Slurm writes the job's output to (StdOut), while the controller knows the job."""
+    out = _run([_command("scontrol"), "show", "job", "-o", job_id])
+    path = parse_scontrol(out.stdout).get("StdOut") if out.returncode == 0 else None
+    return Path(path) if path else None
+
+
+def cancel(job_id: str) -> None:
+    out = _run([_command("scancel"), job_id])
+    if out.returncode != 0:
+        raise SubmissionError(f"scancel {job_id} failed: {out.stderr.strip()}")

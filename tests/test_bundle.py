@@ -1,0 +1,81 @@
+"""The bundle: never overwritten, hashes match the files, no secrets, the manifest says what ran."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher import app, bundle
+
+SECRET = "hf_s3cr3t_value_123"
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    return tmp_path
+
+
+def flags(*extra: str) -> list[str]:
+    return ["--run_name", "r", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none", "--dry_run", "true",
+            "--run_train_script", "train.py", *extra]
+
+
+def test_same_second_launches_get_distinct_bundles(tmp_path: Path):
+    a = bundle.claim("r", str(tmp_path / "c"), str(tmp_path / "s"), str(tmp_path / "l"), str(tmp_path / "k"),
+                     False, now=1_700_000_000)
+    b = bundle.claim("r", str(tmp_path / "c"), str(tmp_path / "s"), str(tmp_path / "l"), str(tmp_path / "k"),
+                     False, now=1_700_000_000)
+    assert a.bundle_dir != b.bundle_dir and a.script != b.script and a.log != b.log
+    assert b.bundle_dir.name == a.bundle_dir.name + "-2"
+
+
+def test_write_new_never_replaces(tmp_path: Path):
+    target = tmp_path / "f"
+    bundle.write_new(target, "first")
+    with pytest.raises(FileExistsError):
+        bundle.write_new(target, "second")
+    assert target.read_text() == "first"
+
+
+def test_two_launches_keep_both_bundles(workdir: Path):
+    _, first, _ = app.prepare(flags())
+    _, second, _ = app.prepare(flags("--learning_rate", "1e-3"))
+    assert first.bundle_dir != second.bundle_dir
+    assert first.config.read_text() != second.config.read_text()
+
+
+def test_manifest_describes_the_launch(workdir: Path):
+    argv = flags("--extra_env", "NCCL_DEBUG=INFO")
+    _, paths, figures = app.prepare(argv)
+    data = json.loads(paths.manifest.read_text())
+    assert data["files"]["config"]["sha256"] == hashlib.sha256(paths.config.read_bytes()).hexdigest()
+    assert data["files"]["script"]["sha256"] == hashlib.sha256(paths.script.read_bytes()).hexdigest()
+    assert data["command"].endswith(" ".join(argv[-2:]))
+    assert data["resolved"]["parallelism"] == {"dp": 2, "tp": 1, "pp": 1}
+    assert data["derived"]["parameters"] == figures["parameters"] > 0
+    assert data["versions"]["pyyaml"] and "commit" in data["project"] and "dirty" in data["project"]
+    assert data["slurm"] == {"submitted": False}
+    assert data["outputs"]["log"] == str(paths.log)
+
+
+def test_no_secret_reaches_the_bundle(workdir: Path):
+    _, paths, _ = app.prepare(flags())
+    for f in (paths.config, paths.script, paths.manifest):
+        assert SECRET not in f.read_text()
+
+
+def test_resume_false_gets_its_own_checkpoints(workdir: Path):
+    ckpt = workdir / "checkpoints" / "r"
+    ckpt.mkdir(parents=True)
+    (ckpt / "latest").write_text("10\n")
+    _, resumed, _ = app.prepare(flags())
+    _, fresh, _ = app.prepare(flags("--resume", "false"))
+    assert resumed.checkpoints == ckpt
+    assert fresh.checkpoints != ckpt and fresh.checkpoints.name.startswith("r-")

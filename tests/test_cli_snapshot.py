@@ -1,0 +1,36 @@
+"""The flag set is an interface: changing it must be deliberate (update tests/golden/flags.txt with the change)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from launcher.cli import build_parser, flag_names
+
+SNAPSHOT = Path(__file__).parent / "golden" / "flags.txt"
+NANOTRON_LAUNCHER_FLAGS = (  # the documented interface we follow (shared/reference/004)
+    "run_name nodes gpus_per_node partition qos time_limit email tmp_dir pre_launch_commands extra_env model_size "
+    "hidden_size intermediate_size num_layers num_heads num_kv_heads vocab_size max_seq_len seed train_steps "
+    "micro_batch_size grad_accum_steps learning_rate min_lr weight_decay grad_clip warmup_steps dp pp tp dataset "
+    "text_column tokenizer project configs_path slurm_logs_path checkpoints_path slurm_scripts_dir "
+    "run_train_script save_interval save_initial_state wandb_disabled profiler_export_path dry_run show_logs"
+).split()
+
+
+def test_flag_set_matches_snapshot():
+    names = "\n".join(flag_names()) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        SNAPSHOT.write_text(names)
+    assert names == SNAPSHOT.read_text()
+
+
+def test_every_documented_nanotron_flag_exists():
+    assert set(NANOTRON_LAUNCHER_FLAGS) <= set(flag_names())
+
+
+def test_every_flag_has_help_text():
+    parser = build_parser()
+    parser.parse_known_args(["--run_name", "x"])  # simple-parsing adds its actions when it first parses
+    helps = {a.dest.split(".")[-1]: a.help for a in parser._actions if a.dest.startswith("args")}
+    missing = [name for name in flag_names() if not (helps.get(name) or "").strip()]
+    assert missing == []

@@ -1,0 +1,115 @@
+"""The rendered sbatch script: golden files per preset, bash -n and shellcheck, quoting of hostile values."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from launcher_helpers import fixed_paths, spec_for
+
+from launcher import sbatch
+from launcher.spec import preset_names
+
+GOLDEN = Path(__file__).parent / "golden"
+NODES = {"70b": "4"}
+HOSTILE = ["a'; echo foo", "sp ace", "$(touch pwned)", "back`tick`", "new\nline", 'dq"uote', "semi;colon&amp"]
+IN_CI = os.environ.get("CI") == "true"
+
+
+def golden_script(preset: str) -> str:
+    flags = ["--run_name", f"golden-{preset}", "--model_size", preset, "--nodes", NODES.get(preset, "2"),
+             "--python", "/usr/bin/python3", "--run_train_script", "/project/run_train.py", "--dataset", "none",
+             "--partition", "gpu", "--extra_env", "NCCL_DEBUG=INFO", "--wandb_disabled", "true"]
+    spec, _ = spec_for(*flags, cwd=Path("/project"))
+    return sbatch.render(spec, fixed_paths(spec.args.run_name))
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_golden_sbatch_per_preset(preset: str):
+    path = GOLDEN / f"sbatch-{preset}.sbatch"
+    text = golden_script(preset)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendered script changed; review and run UPDATE_GOLDEN=1 pytest {__file__}"
+
+
+def lint(text: str, tmp_path: Path) -> None:
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    checker = shutil.which("shellcheck")
+    if checker is None:
+        assert not IN_CI, "shellcheck must be installed in CI (scripts/setup.sh)"
+        pytest.skip("shellcheck not installed")
+    out = subprocess.run([checker, "-S", "style", str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+def shell_value(text: str, variable: str) -> str:
+    """What bash assigns to `variable` from its line in the script (executing only that assignment)."""
+    line = next(x for x in text.split("\n") if x.startswith(f"{variable}=") or x.startswith(f"export {variable}="))
+    start = text.index(line)
+    # a quoted value may span lines: take the assignment up to the next line that starts a new statement
+    end = text.index("\n", start + len(line))
+    while True:
+        probe = subprocess.run(["bash", "-n", "-c", text[start:end]], capture_output=True)
+        if probe.returncode == 0:
+            break
+        end = text.index("\n", end + 1)
+    out = subprocess.run(["bash", "-c", text[start:end] + f'\nprintf %s "${variable}"'], capture_output=True,
+                         text=True)
+    return out.stdout
+
+
+@pytest.mark.parametrize("preset", ["tiny", "70b"])
+def test_scripts_lint_clean(preset: str, tmp_path: Path):
+    lint(golden_script(preset), tmp_path)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_paths_are_quoted(name: str, tmp_path: Path):
+    root = tmp_path / name
+    flags = ["--run_name", "h", "--checkpoints_path", str(root / "ck"), "--dataset", str(root / "data"),
+             "--tokenizer", str(root / "tok"), "--python", str(root / "bin/python"), "--run_train_script",
+             str(root / "train.py"), "--extra_env", f"X={name.replace(chr(10), '_').replace(' ', '_')}",
+             "--configs_path", str(root / "cfg")]
+    spec, _ = spec_for(*flags, cwd=tmp_path)
+    paths = dataclasses.replace(fixed_paths("h", root=root), log=tmp_path / "logs" / "h.out")  # see next tests
+    text = sbatch.render(spec, paths)
+    lint(text, tmp_path)
+    assert shell_value(text, "LAUNCHER_TRAIN_SCRIPT") == str(root / "train.py")
+    assert shell_value(text, "LAUNCHER_CONFIG") == str(paths.config)
+    assert shell_value(text, "LAUNCHER_PYTHON") == str(root / "bin/python")
+    assert not (Path.cwd() / "pwned").exists()
+    for line in text.splitlines():
+        if line.startswith("#") and not line.startswith(("#!", "#SBATCH")):
+            assert "\n" not in line  # a line break in a path never escapes a comment
+
+
+def test_hostile_run_names_are_refused():
+    from launcher.validate import validate
+
+    for name in HOSTILE:
+        spec, _ = spec_for("--run_name", name)
+        assert "run_name" in [p.flag for p in validate(spec)]
+
+
+def test_log_dir_slurm_cannot_carry_is_refused(tmp_path: Path):
+    from launcher.validate import validate
+
+    for bad in ('dq"uote', "per%cent", "new\nline"):
+        spec, _ = spec_for("--slurm_logs_path", str(tmp_path / bad))
+        assert "slurm_logs_path" in [p.flag for p in validate(spec)]
+
+
+def test_script_holds_the_operational_basics():
+    text = golden_script("tiny")
+    for needle in ("set -euo pipefail", "trap cleanup EXIT", "CUDA_DEVICE_MAX_CONNECTIONS=1",
+                   "--rdzv_backend=c10d", '--rdzv_id="$SLURM_JOB_ID"', "--nproc_per_node=8", "WANDB_MODE=disabled",
+                   "#SBATCH --ntasks-per-node=1", "#SBATCH --signal=B:USR1@120", "#SBATCH --open-mode=append"):
+        assert needle in text
+    assert "printenv" not in text and "env |" not in text

@@ -1,0 +1,127 @@
+"""Validation: every problem at once, each naming its flag and a fix; anything accepted satisfies nanotron."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from launcher_helpers import spec_for
+
+from launcher.cli import flag_names
+from launcher.problems import report
+from launcher.validate import check_layout, time_limit_seconds, validate
+
+
+def problems_for(*flags: str) -> list:
+    spec, problems = spec_for(*flags)
+    return problems + validate(spec)
+
+
+def flags_of(problems: list) -> list[str]:
+    return [p.flag for p in problems]
+
+
+def test_defaults_are_valid():
+    assert problems_for("--nodes", "4") == []
+
+
+def test_world_size_mismatch_names_dp_and_fix():
+    (problem,) = problems_for("--nodes", "2", "--gpus_per_node", "8", "--dp", "4", "--tp", "2")
+    assert problem.flag == "dp" and "--dp 8" in problem.fix
+
+
+def test_replica_larger_than_job_suggests_nodes():
+    problems = problems_for("--model_size", "70b", "--nodes", "2", "--gpus_per_node", "8")
+    assert flags_of(problems) == ["tp"]
+    assert "--nodes 4" in problems[0].fix
+
+
+def test_heads_not_divisible_by_tp_lists_choices():
+    problems = problems_for("--num_heads", "12", "--num_kv_heads", "12", "--hidden_size", "768", "--tp", "8",
+                            "--nodes", "1")
+    assert any(p.flag == "tp" and "12" in p.message and "6" in p.fix for p in problems)
+
+
+def test_every_mistake_is_reported_at_once(tmp_path: Path):
+    problems = problems_for(
+        "--run_name", "bad name", "--time_limit", "1h", "--email", "nope", "--extra_env", "A=1 B",
+        "--warmup_steps", "20000", "--min_lr", "1", "--dataset", str(tmp_path / "missing"), "--pp", "3",
+        "--num_layers", "2", "--grad_accum_steps", "1",
+    )
+    assert set(flags_of(problems)) >= {"run_name", "time_limit", "email", "extra_env", "warmup_steps", "min_lr",
+                                       "dataset", "pp", "grad_accum_steps"}
+    text = report(problems)
+    assert text.count("\n  - --") == len(problems)
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("extra_env", "HF_TOKEN=hf_abc"), ("extra_env", "WANDB_API_KEY=xyz"),
+    ("pre_launch_commands", "export WANDB_API_KEY=xyz"),
+])
+def test_secrets_in_flags_are_refused(flag: str, value: str):
+    problems = problems_for(f"--{flag}", value)
+    assert flag in flags_of(problems)
+    assert all("xyz" not in str(p) and "hf_abc" not in str(p) for p in problems)
+
+
+def test_tokenizer_larger_than_vocab(tmp_path: Path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0, "b": 1, "c": 299}}, "added_tokens": []}')
+    assert "vocab_size" in flags_of(problems_for("--tokenizer", str(tok), "--vocab_size", "256"))
+    spec, _ = spec_for("--tokenizer", str(tok))  # not given: derived from the tokenizer, rounded up
+    assert spec.args.model.vocab_size == 320
+
+
+@pytest.mark.parametrize("text,seconds", [("30", 1800), ("1:00:00", 3600), ("2-00", 172800), ("10:30", 630),
+                                          ("1-02:03:04", 93784)])
+def test_time_limit_seconds(text: str, seconds: int):
+    assert time_limit_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["1h", "", "1:2:3:4", "-1", "1-"])
+def test_bad_time_limits(bad: str):
+    assert "time_limit" in flags_of(problems_for("--time_limit", bad))
+
+
+def test_profiler_needs_short_runs():
+    assert "profiler_export_path" in flags_of(problems_for("--profiler_export_path", "/tmp/prof"))
+
+
+layouts = st.fixed_dictionaries({
+    "nodes": st.integers(1, 4), "gpus": st.sampled_from([1, 2, 4, 8]), "tp": st.sampled_from([None, 1, 2, 4, 8]),
+    "pp": st.sampled_from([None, 1, 2, 4]), "dp": st.sampled_from([None, 1, 2, 4, 8, 16]),
+    "heads": st.sampled_from([4, 6, 8, 12, 16, 32]), "kv": st.sampled_from([1, 2, 4, 8, 16]),
+    "head_dim": st.sampled_from([8, 16, 64]), "layers": st.integers(1, 8), "accum": st.integers(1, 4),
+    "inter": st.sampled_from([96, 256, 1000]), "vocab": st.sampled_from([1000, 32000, 50257]),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts)
+def test_accepted_layouts_satisfy_nanotron(x: dict):
+    flags = ["--nodes", str(x["nodes"]), "--gpus_per_node", str(x["gpus"]), "--num_heads", str(x["heads"]),
+             "--num_kv_heads", str(x["kv"]), "--hidden_size", str(x["heads"] * x["head_dim"]),
+             "--num_layers", str(x["layers"]), "--grad_accum_steps", str(x["accum"]),
+             "--intermediate_size", str(x["inter"]), "--vocab_size", str(x["vocab"])]
+    for name in ("tp", "pp", "dp"):
+        if x[name] is not None:
+            flags += [f"--{name}", str(x[name])]
+    spec, problems = spec_for(*flags)
+    problems += validate(spec)
+    assert all(p.flag in flag_names() and p.fix for p in problems)
+    if problems:
+        return
+    p, m = spec.args.parallelism, spec.args.model
+    assert p.dp * p.tp * p.pp == x["nodes"] * x["gpus"]
+    assert m.num_heads % p.tp == 0 and m.num_kv_heads % p.tp == 0 and m.num_heads % m.num_kv_heads == 0
+    assert m.num_layers >= p.pp and m.intermediate_size % p.tp == 0 and m.vocab_size % p.tp == 0
+    assert p.pp == 1 or spec.args.training.grad_accum_steps >= p.pp - 1
+
+
+def test_check_layout_is_shared_with_the_trainer():
+    problems = check_layout(world=4, dp=1, tp=1, pp=1, hidden=64, intermediate=256, layers=2, heads=4, kv_heads=2,
+                            vocab=256, grad_accum=1, world_flags="processes started by torchrun")
+    assert flags_of(problems) == ["dp"] and "torchrun" in problems[0].message
