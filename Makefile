@@ -1,0 +1,27 @@
+# The two commands a newcomer runs (README):
+#   make demo   set everything up and run the main job end to end on a local 2-node Slurm cluster
+#   make test   set everything up and run the test suite (the same command CI runs)
+PYTHON ?= python3
+DEMO_DIR := .demo
+SLURM_DIR := .slurm
+
+.PHONY: setup cluster demo test down
+
+setup:
+	PYTHON=$(PYTHON) bash scripts/setup.sh
+
+cluster: setup
+	$(PYTHON) -m launcher.localcluster up --nodes 2 --gpus_per_node 2 --dir $(SLURM_DIR)
+
+demo: cluster
+	$(PYTHON) -m launcher.demo_data $(DEMO_DIR)
+	SLURM_CONF=$(CURDIR)/$(SLURM_DIR)/etc/slurm.conf $(PYTHON) slurm_launcher.py --run_name demo \
+	  --nodes 2 --gpus_per_node 2 --model_size tiny --dataset $(DEMO_DIR)/dataset --tokenizer $(DEMO_DIR)/tokenizer \
+	  --train_steps 40 --warmup_steps 4 --learning_rate 3e-3 --min_lr 3e-4 --grad_accum_steps 1 --save_interval 10 \
+	  --time_limit 10:00 --wandb_disabled true --show_logs
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+down:
+	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

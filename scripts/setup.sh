@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Everything a fresh machine needs, idempotent: Slurm + munge + shellcheck (Debian), torch==2.13.0 first (a CPU
+# build on machines without CUDA; an unpinned torch pulled by another package would fetch GBs of CUDA), then
+# this project with its test extras. Used by `make demo`, `make test` and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install_slurm.sh
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
+fi
+if ! "$PYTHON" -m pip show --quiet nanotron-slurm-launcher >/dev/null 2>&1; then
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+fi
+echo "setup: Slurm, torch $("$PYTHON" -c 'import torch; print(torch.__version__)') and the project are installed"
