@@ -105,7 +105,7 @@ def _versions() -> dict[str, str | None]:
 
 def manifest(args: object, argv: list[str], paths: BundlePaths, hashes: dict[str, str], derived: dict) -> dict:
     """The manifest's content at launch (Slurm fields are added by `record_submission`)."""
-    status = _git("status", "--porcelain")
+    described = _git("describe", "--always", "--dirty", "--abbrev=40")  # "<commit>[-dirty]", one call
     return {
         "run_name": paths.bundle_dir.parent.name,
         "bundle_id": paths.bundle_id,
@@ -119,7 +119,8 @@ def manifest(args: object, argv: list[str], paths: BundlePaths, hashes: dict[str
             "script": {"path": str(paths.script), "sha256": hashes["script"]},
         },
         "outputs": {"log": str(paths.log), "checkpoints": str(paths.checkpoints), "metrics": str(paths.metrics)},
-        "project": {"commit": _git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None},
+        "project": {"commit": described.removesuffix("-dirty") if described else None,
+                    "dirty": described.endswith("-dirty") if described else None},
         "host": {"hostname": platform.node(), "user": os.environ.get("USER")},
         "versions": _versions(),
         "slurm": {"submitted": False},

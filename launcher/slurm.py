@@ -6,6 +6,7 @@ after the end), then from `sacct` where accounting exists.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -50,6 +51,10 @@ def _command(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise SlurmUnavailable(NO_SLURM.format(name))
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # Slurm would spend a minute looking elsewhere before failing
+        raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist. Unset it to use the system's configuration, "
+                               "or start the local cluster: python -m launcher.localcluster up")
     return path
 
 
@@ -62,7 +67,8 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
 
 def _unreachable(stderr: str) -> bool:
     return any(w in stderr.lower() for w in ("unable to contact slurm controller", "connection refused",
-                                              "zero bytes were transmitted", "could not open configuration"))
+                                              "zero bytes were transmitted", "could not open configuration",
+                                              "cannot stat file"))
 
 
 def submit(script: Path) -> str:
@@ -74,7 +80,7 @@ def submit(script: Path) -> str:
             raise SlurmUnavailable(f"sbatch cannot reach the Slurm controller:\n  {stderr}\n" + NO_SLURM.format(
                 "sbatch works, but the controller does not answer; is SLURM_CONF right?"))
         hints = [h for words, h in HINTS if words in stderr.lower()]
-        raise SubmissionError("sbatch rejected the job:\n  " + stderr + "\n" + "\n".join(
+        raise SubmissionError("sbatch rejected the job:\n  " + stderr.replace("\n", "\n  ") + "\n" + "\n".join(
             f"  fix {h}" for h in hints or ["check the #SBATCH options in the script against `sinfo`"]))
     job_id = out.stdout.strip().split(";")[0]
     if not JOB_ID.match(job_id):

@@ -1,0 +1,40 @@
+"""The session's Slurm cluster: a real local cluster (2 nodes x 2 fake GPUs), started once for all tests.
+
+Imported by conftest.py. Outside CI, tests that need it skip (with the reason) when Slurm is not installed; under
+CI=true they never skip. A cluster that was already up (e.g. after `make demo`) is reused and left up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from launcher import localcluster
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[dict[str, str]]:
+    """Environment variables (SLURM_CONF) that point Slurm's commands at the running local cluster."""
+    if shutil.which("slurmctld") is None and shutil.which("slurmctld", path="/usr/sbin:/sbin") is None:
+        if IN_CI:
+            pytest.fail("Slurm is not installed under CI=true: scripts/install_slurm.sh must install it")
+        pytest.skip("Slurm is not installed (run scripts/install_slurm.sh or make test)")
+    spec = localcluster.ClusterSpec(localcluster.default_dir(), nodes=2, gpus_per_node=2)
+    was_up = localcluster.is_up(spec)
+    env = localcluster.up(spec)
+    yield env
+    if not was_up:
+        localcluster.down(spec)
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Per test: SLURM_CONF set in this process too (the launcher runs in-process in some tests)."""
+    for key, value in slurm_cluster.items():
+        monkeypatch.setenv(key, value)
+    return {**os.environ, **slurm_cluster}

@@ -1,0 +1,162 @@
+"""Submission and following against the real local Slurm cluster, with real sbatch, srun and torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from launcher_helpers import ROOT, run_launcher
+
+from launcher import slurm
+
+ALLREDUCE = """
+import argparse, os, torch, torch.distributed as dist
+argparse.ArgumentParser().add_argument("--config-file") and None
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+print(f"rank {rank}/{world} sum={t.item():.0f} expected={world * (world + 1) // 2}", flush=True)
+dist.destroy_process_group()
+"""
+FAIL = 'print("about to fail", flush=True)\nraise SystemExit(7)\n'
+SLEEP = 'import time\nprint("sleeping", flush=True)\ntime.sleep(300)\n'
+
+
+def script(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def launch(tmp_path: Path, env: dict, run_name: str, train_script: str, *flags: str, timeout: float = 180):
+    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", run_name, "--nodes", "2",
+            "--gpus_per_node", "2", "--run_train_script", train_script, "--dataset", "none", "--time_limit", "5:00",
+            *flags]
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def only_bundle(tmp_path: Path, run_name: str) -> Path:
+    (bundle_dir,) = (tmp_path / "logs/configs" / run_name).iterdir()
+    return bundle_dir
+
+
+def test_four_ranks_rendezvous_and_complete(tmp_path: Path, slurm_env: dict):
+    out = launch(tmp_path, slurm_env, "gloo", script(tmp_path, "allreduce.py", ALLREDUCE), "--show_logs")
+    assert out.returncode == 0, out.stdout + out.stderr
+    for rank in range(4):
+        assert f"rank {rank}/4 sum=10 expected=10" in out.stdout
+    assert "ended COMPLETED, exit code 0" in out.stdout
+    manifest = json.loads((only_bundle(tmp_path, "gloo") / "manifest.json").read_text())
+    job_id = manifest["slurm"]["job_id"]
+    assert manifest["slurm"]["submitted"] is True and slurm.JOB_ID.match(job_id)
+    # the file on disk is the file Slurm ran, and the log we followed is the one Slurm wrote
+    stored = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], env=slurm_env,
+                            capture_output=True, text=True, check=True).stdout
+    assert stored == Path(manifest["files"]["script"]["path"]).read_text()
+    assert slurm.job_log_path(job_id) == Path(manifest["outputs"]["log"])
+
+
+def test_failing_job_reports_failed_and_exits_nonzero(tmp_path: Path, slurm_env: dict):
+    out = launch(tmp_path, slurm_env, "failing", script(tmp_path, "fail.py", FAIL), "--show_logs")
+    assert out.returncode == 1
+    assert "about to fail" in out.stdout
+    assert "ended FAILED" in out.stdout and "exit code 0" not in out.stdout
+    assert "Traceback (most recent call last)" not in out.stderr  # no launcher traceback
+
+
+def test_rejected_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict):
+    out = launch(tmp_path, slurm_env, "rejected", script(tmp_path, "ok.py", "print(1)\n"), "--partition", "nosuch")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "invalid partition" in out.stderr.lower() and "fix --partition" in out.stderr
+    manifest = json.loads((only_bundle(tmp_path, "rejected") / "manifest.json").read_text())
+    assert manifest["slurm"]["submitted"] is False and "nosuch" in manifest["slurm"]["error"]
+
+
+def test_missing_slurm_conf_is_named(tmp_path: Path, slurm_env: dict):
+    env = {**slurm_env, "SLURM_CONF": str(tmp_path / "missing.conf")}
+    out = launch(tmp_path, env, "noconf", script(tmp_path, "ok.py", "print(1)\n"))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "missing.conf does not exist" in out.stderr and "localcluster up" in out.stderr
+
+
+def test_dead_controller_names_dry_run(tmp_path: Path, slurm_env: dict):
+    conf = Path(slurm_env["SLURM_CONF"]).read_text()
+    dead = tmp_path / "dead.conf"  # the same cluster, but a port no controller listens on
+    dead.write_text("\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
+                              for line in conf.splitlines()))
+    out = launch(tmp_path, {**slurm_env, "SLURM_CONF": str(dead)}, "nowhere", script(tmp_path, "ok.py", "1\n"))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "cannot reach the Slurm controller" in out.stderr and "--dry_run" in out.stderr
+    manifest = json.loads((only_bundle(tmp_path, "nowhere") / "manifest.json").read_text())
+    assert manifest["slurm"]["submitted"] is False
+
+
+def wait_for(predicate, timeout: float = 60.0, every: float = 0.2):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("condition not met in time")
+
+
+def jobs(*argv: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.jobs", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_status_attach_and_cancel(tmp_path: Path, slurm_env: dict):
+    out = launch(tmp_path, slurm_env, "sleeper", script(tmp_path, "sleep.py", SLEEP), "--nodes", "1",
+                 "--gpus_per_node", "1")
+    assert out.returncode == 0 and "Submitted job" in out.stdout
+    bundle_dir = only_bundle(tmp_path, "sleeper")
+    job_id = json.loads((bundle_dir / "manifest.json").read_text())["slurm"]["job_id"]
+    log = Path(json.loads((bundle_dir / "manifest.json").read_text())["outputs"]["log"])
+    wait_for(lambda: log.exists() and "sleeping" in log.read_text())
+    status = jobs("status", str(bundle_dir), env=slurm_env)
+    assert status.returncode == 0 and f"job {job_id} RUNNING" in status.stdout
+
+    follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", job_id], cwd=ROOT, env=slurm_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    assert jobs("cancel", str(bundle_dir), env=slurm_env).returncode == 0
+    stdout, _ = follower.communicate(timeout=60)
+    assert follower.returncode == 1
+    assert "sleeping" in stdout and f"Job {job_id} ended CANCELLED" in stdout
+    # nothing of the job survives on the nodes
+    wait_for(lambda: "sleep.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                       text=True).stdout, timeout=30)
+
+
+def test_ctrl_c_stops_following_not_the_job(tmp_path: Path, slurm_env: dict):
+    out = launch(tmp_path, slurm_env, "ctrlc", script(tmp_path, "sleep.py", SLEEP), "--nodes", "1",
+                 "--gpus_per_node", "1")
+    bundle_dir = only_bundle(tmp_path, "ctrlc")
+    job_id = json.loads((bundle_dir / "manifest.json").read_text())["slurm"]["job_id"]
+    follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)], cwd=ROOT,
+                                env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (slurm.job_state(job_id) or slurm.job_state(job_id)).state == "RUNNING")
+    time.sleep(1)
+    follower.send_signal(2)  # SIGINT, as Ctrl-C
+    _, stderr = follower.communicate(timeout=30)
+    assert out.returncode == 0 and follower.returncode == 130
+    assert "keeps running" in stderr and "launcher.jobs attach" in stderr and "launcher.jobs cancel" in stderr
+    assert slurm.job_state(job_id).state == "RUNNING"
+    slurm.cancel(job_id)
+
+
+@pytest.mark.parametrize("bad", ["a'; touch pwned #", "sp ace $(touch pwned)"])
+def test_hostile_paths_run_for_real(tmp_path: Path, slurm_env: dict, bad: str):
+    root = tmp_path / bad
+    root.mkdir()
+    out = launch(root, slurm_env, "hostile", script(root, "allreduce.py", ALLREDUCE), "--nodes", "1",
+                 "--show_logs")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rank 1/2 sum=3 expected=3" in out.stdout
+    assert not list(tmp_path.rglob("pwned")) and not (ROOT / "pwned").exists()
