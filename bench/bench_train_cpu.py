@@ -1,0 +1,111 @@
+"""CPU throughput of the torch engine's training step for the tiny and small presets (not a test).
+
+    python bench/bench_train_cpu.py [--presets tiny small] [--seq-len 256] [--micro-batch-size 4]
+
+Each preset's model shape comes from configs/presets/<name>.yaml; the data is random tokens; each step is the
+engine's own `TorchTrainer.train_step` (forward, backward, clip, AdamW) under a one-process DDP. The first step is
+warm-up and is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import yaml  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from launcher.train.config import LRSchedule, ModelShape, TrainConfig  # noqa: E402
+from launcher.train.model import count_parameters, flops_per_token  # noqa: E402
+from launcher.train.torch_engine import Rank, TorchTrainer, init_distributed  # noqa: E402
+
+STEPS = {"tiny": 10, "small": 3}  # timed steps per preset (after one warm-up step)
+
+
+def preset_shape(name: str) -> ModelShape:
+    """The model shape a preset YAML gives (nanotron's defaults for what presets leave out)."""
+    m = yaml.safe_load((ROOT / "configs" / "presets" / f"{name}.yaml").read_text())["model"]
+    return ModelShape(
+        hidden_size=m["hidden_size"],
+        intermediate_size=m["intermediate_size"],
+        num_hidden_layers=m["num_layers"],
+        num_attention_heads=m["num_heads"],
+        num_key_value_heads=m["num_kv_heads"],
+        vocab_size=m["vocab_size"],
+        max_position_embeddings=m["max_seq_len"],
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=m["tie_word_embeddings"],
+        hidden_act="silu",
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def bench_config(shape: ModelShape, seq_len: int, micro_batch_size: int, checkpoints: str) -> TrainConfig:
+    """A float32 run on random tokens (no data loading in the timed steps)."""
+    return TrainConfig(
+        project="bench", run_name="bench", seed=0, model=shape, init_std=0.02, dtype="float32", dp=1, tp=1, pp=1,
+        sequence_length=seq_len, micro_batch_size=micro_batch_size, grad_accum_steps=1, train_steps=1000,
+        lr=LRSchedule(3e-4, 3e-5, 0, "linear", "cosine", 1000, 0), weight_decay=0.01, adam_beta1=0.9,
+        adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, dataset=None, dataset_split="train",
+        dataset_config_name=None, text_column="text", tokenizer=None, data_seed=0, num_loading_workers=1,
+        checkpoints_path=checkpoints, checkpoint_interval=0, save_initial_state=False,
+        resume_checkpoint_path=None, log_interval=1,
+    )  # fmt: skip
+
+
+def measure(cfg: TrainConfig, steps: int, where: Rank) -> dict:
+    """Seconds per step, tokens/s and achieved GFLOP/s of `steps` timed training steps."""
+    trainer = TorchTrainer(cfg, where)
+    ddp = DistributedDataParallel(trainer.model)
+    times = []
+    for _ in range(steps + 1):
+        trainer.step += 1
+        start = time.perf_counter()
+        loss, _ = trainer.train_step(ddp)
+        loss.item()
+        times.append(time.perf_counter() - start)
+    per_step = sum(times[1:]) / steps
+    tokens_per_s = cfg.micro_batch_size * cfg.sequence_length / per_step
+    params = count_parameters(trainer.model)
+    gflops = tokens_per_s * flops_per_token(trainer.model, cfg.model, cfg.sequence_length) / 1e9
+    return {"params": params, "step_s": per_step, "tokens_per_s": tokens_per_s, "gflops": gflops}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    args = parser.parse_args()
+    where = init_distributed()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, seq {args.seq_len}, "
+          f"micro batch {args.micro_batch_size}, float32")  # fmt: skip
+    print(f"{'preset':<8}{'params':>14}{'s/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in args.presets:
+                shape = preset_shape(name)
+                shape = dataclasses.replace(
+                    shape, max_position_embeddings=max(shape.max_position_embeddings, args.seq_len)
+                )
+                r = measure(bench_config(shape, args.seq_len, args.micro_batch_size, tmp), STEPS.get(name, 3), where)
+                print(f"{name:<8}{r['params']:>14,}{r['step_s']:>10.3f}{r['tokens_per_s']:>12,.0f}{r['gflops']:>10.1f}")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Training data as an indexable stream of micro-batches, so a checkpoint only needs a position.
+
+`micro_batch(k)` is a pure function of (config, dp rank, k): a resumed run that restarts at position k reads
+exactly the windows an uninterrupted run would have read. Two sources:
+
+- no dataset: random tokens, deterministic in (data seed, rank, k), like nanotron's dummy data generator;
+- a dataset (a `save_to_disk` directory, a local .json/.jsonl/.parquet/.csv/.txt file, or a hub name): the text
+  column is tokenized once in memory, documents are joined with eos and cut into windows of sequence_length + 1
+  tokens (consecutive windows share one token, as nanotron's `clm_process` does), the windows are shuffled per
+  epoch from the data seed, and dp rank r takes windows r, r + dp, ... of each epoch's order.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from launcher.errors import TrainError
+from launcher.train.config import TrainConfig
+
+DATA_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+
+
+class MicroBatches(Protocol):
+    """An indexable stream of micro-batches for one dp rank."""
+
+    def micro_batch(self, index: int) -> torch.Tensor:
+        """Token windows, shape (micro_batch_size, sequence_length + 1), dtype int64."""
+        ...
+
+    def epoch(self, index: int) -> int:
+        """The pass over the data that micro-batch `index` belongs to (0-based)."""
+        ...
+
+
+class RandomTokens:
+    """Uniformly random tokens: no learnable signal, for throughput runs without a dataset."""
+
+    def __init__(self, vocab_size: int, sequence_length: int, micro_batch_size: int, seed: int, rank: int):
+        self.shape = (micro_batch_size, sequence_length + 1)
+        self.vocab_size, self.seed, self.rank = vocab_size, seed, rank
+
+    def micro_batch(self, index: int) -> torch.Tensor:
+        rng = np.random.default_rng([self.seed, self.rank, index])
+        return torch.from_numpy(rng.integers(0, self.vocab_size, self.shape, dtype=np.int64))
+
+    def epoch(self, index: int) -> int:
+        return 0
+
+
+class PackedWindows:
+    """Fixed-length token windows, reshuffled every epoch, sharded round-robin over the dp ranks."""
+
+    def __init__(self, windows: np.ndarray, micro_batch_size: int, seed: int, rank: int, dp: int):
+        self.windows, self.micro_batch_size, self.seed, self.rank, self.dp = (
+            windows,
+            micro_batch_size,
+            seed,
+            rank,
+            dp,
+        )
+        self.per_rank = len(windows) // dp  # every rank gets as many windows per epoch; the rest are dropped
+        if self.per_rank == 0:
+            raise TrainError(
+                f"the dataset makes {len(windows)} windows of {windows.shape[1]} tokens, fewer than the {dp} "
+                "data-parallel ranks: use a larger dataset or a shorter sequence length"
+            )
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.windows)))
+        return self._order[1]
+
+    def micro_batch(self, index: int) -> torch.Tensor:
+        rows = []
+        for sample in range(index * self.micro_batch_size, (index + 1) * self.micro_batch_size):
+            epoch, offset = divmod(sample, self.per_rank)
+            rows.append(self._epoch_order(epoch)[self.rank + offset * self.dp])
+        return torch.from_numpy(self.windows[rows])
+
+    def epoch(self, index: int) -> int:
+        return ((index + 1) * self.micro_batch_size - 1) // self.per_rank  # the epoch of its last sample
+
+
+def _is_local_name(name: str) -> bool:
+    """Whether a dataset name is meant as a local path rather than a hub name."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or Path(name).suffix in DATA_FILE_BUILDERS
+
+
+def load_texts(cfg: TrainConfig) -> list[str]:
+    """The text column of the configured dataset."""
+    import datasets
+
+    assert cfg.dataset is not None
+    path = Path(os.path.expanduser(cfg.dataset))
+    if path.is_dir():
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except FileNotFoundError as e:
+            raise TrainError(f"{path} is not a dataset directory written by Dataset.save_to_disk ({e})") from None
+        if isinstance(loaded, datasets.DatasetDict):
+            if cfg.dataset_split not in loaded:
+                raise TrainError(f"dataset {path} has no split {cfg.dataset_split!r}; it has {sorted(loaded)}")
+            loaded = loaded[cfg.dataset_split]
+    elif path.is_file():
+        builder = DATA_FILE_BUILDERS.get(path.suffix)
+        if builder is None:
+            raise TrainError(f"dataset file {path}: unknown type, use one of {', '.join(DATA_FILE_BUILDERS)}")
+        loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
+    elif _is_local_name(cfg.dataset):
+        raise TrainError(f"dataset path {cfg.dataset} does not exist: give an existing directory or data file")
+    else:
+        try:
+            loaded = datasets.load_dataset(cfg.dataset, cfg.dataset_config_name, split=cfg.dataset_split)
+        except Exception as e:  # the hub client raises many types; all mean "not loadable here"
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise TrainError(
+                f"could not load dataset {cfg.dataset!r} from the Hugging Face hub ({type(e).__name__}: "
+                f"{first_line}); without network access, give a local directory or data file"
+            ) from None
+    if cfg.text_column not in loaded.column_names:
+        raise TrainError(
+            f"dataset {cfg.dataset} has no column {cfg.text_column!r} (columns: {', '.join(loaded.column_names)}): "
+            "set data.dataset.text_column_name"
+        )
+    return [text for text in loaded[cfg.text_column] if text]
+
+
+def load_tokenizer(cfg: TrainConfig):  # type: ignore[no-untyped-def]  # a transformers tokenizer
+    """The configured tokenizer, checked against the model's vocabulary."""
+    from transformers import AutoTokenizer
+
+    if cfg.tokenizer is None:
+        raise TrainError("a dataset needs a tokenizer: set tokenizer.tokenizer_name_or_path (--tokenizer)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(cfg.tokenizer))
+    except (OSError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainError(f"could not load tokenizer {cfg.tokenizer!r}: {first_line}") from None
+    if len(tokenizer) > cfg.model.vocab_size:
+        raise TrainError(
+            f"tokenizer {cfg.tokenizer} has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{cfg.model.vocab_size}: use --vocab_size {len(tokenizer)} (or larger)"
+        )
+    return tokenizer
+
+
+def pack(token_lists: list[list[int]], eos_id: int, sequence_length: int) -> np.ndarray:
+    """Join documents with eos and cut windows of sequence_length + 1 tokens that overlap by one token."""
+    tokens = np.fromiter((t for doc in token_lists for t in (*doc, eos_id)), dtype=np.int64)
+    count = (len(tokens) - 1) // sequence_length
+    starts = np.arange(count, dtype=np.int64)[:, None] * sequence_length
+    return tokens[starts + np.arange(sequence_length + 1, dtype=np.int64)]
+
+
+def build_micro_batches(cfg: TrainConfig, rank: int, dp: int) -> MicroBatches:
+    """This dp rank's micro-batch stream for the run."""
+    if cfg.dataset is None:
+        return RandomTokens(cfg.model.vocab_size, cfg.sequence_length, cfg.micro_batch_size, cfg.data_seed, rank)
+    tokenizer = load_tokenizer(cfg)
+    texts = load_texts(cfg)
+    token_lists = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else cfg.model.eos_token_id
+    windows = pack(token_lists, eos_id, cfg.sequence_length)
+    return PackedWindows(windows, cfg.micro_batch_size, cfg.data_seed, rank, dp)

@@ -1,0 +1,98 @@
+"""Where rank 0 reports training progress: stdout, the launcher's metrics file, and wandb.
+
+- stdout: one flushed line per logged step,
+  `step 12/30 | loss 5.1234 | lr 3.0000e-04 | grad_norm 1.234 | tokens/s 12345 | tokens/s/gpu 3086 | mfu -`
+- `LAUNCHER_METRICS_FILE`, if set: one JSON object per logged step, appended (a resumed run appends again, so a
+  step logged before a crash can appear twice: readers keep the last line of each step).
+- wandb, unless `WANDB_MODE=disabled` (then wandb is never imported); offline mode needs no network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import TrainError
+from launcher.train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One logged step, as the metrics file stores it."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float | None  # None: not computed (the nanotron engine without clipping)
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float | None  # fraction of the GPU's peak bf16 FLOP/s; None on CPU or an unknown GPU
+    time: float
+
+
+def format_line(m: StepMetrics, train_steps: int) -> str:
+    """The stdout line for one logged step."""
+    mfu = "-" if m.mfu is None else f"{100 * m.mfu:.1f}%"
+    grad_norm = "-" if m.grad_norm is None else f"{m.grad_norm:.3f}"
+    return (
+        f"step {m.step}/{train_steps} | loss {m.loss:.4f} | lr {m.lr:.4e} | grad_norm {grad_norm} | "
+        f"tokens/s {m.tokens_per_s:.0f} | tokens/s/gpu {m.tokens_per_s_per_gpu:.0f} | mfu {mfu}"
+    )
+
+
+def append_metrics(path: str, m: StepMetrics) -> None:
+    """Append one step to a metrics file (JSON lines), creating its directory if needed."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(dataclasses.asdict(m)) + "\n")
+
+
+class Reporter:
+    """Rank 0's sinks for step metrics; on other ranks every method does nothing."""
+
+    def __init__(self, cfg: TrainConfig, is_main: bool):
+        self.cfg, self.is_main = cfg, is_main
+        self.metrics_file = os.environ.get("LAUNCHER_METRICS_FILE") or None
+        self.wandb_run: Any = None
+
+    def start_wandb(self) -> None:
+        """Open the wandb run (rank 0), unless WANDB_MODE=disabled."""
+        if self.is_main and os.environ.get("WANDB_MODE", "").lower() != "disabled":
+            self.wandb_run = _start_wandb(self.cfg)
+
+    def print(self, message: str) -> None:
+        """A line on rank 0's stdout, flushed so Slurm's log shows it at once."""
+        if self.is_main:
+            print(message, flush=True)
+
+    def log(self, m: StepMetrics) -> None:
+        """Report one step to every sink."""
+        if not self.is_main:
+            return
+        self.print(format_line(m, self.cfg.train_steps))
+        if self.metrics_file:
+            append_metrics(self.metrics_file, m)
+        if self.wandb_run is not None:
+            values = {k: v for k, v in dataclasses.asdict(m).items() if k not in ("step", "time") and v is not None}
+            self.wandb_run.log(values, step=m.step)
+
+    def close(self) -> None:
+        """Finish the wandb run (flushes offline data)."""
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def _start_wandb(cfg: TrainConfig) -> Any:
+    import wandb
+
+    try:
+        return wandb.init(project=cfg.project, name=cfg.run_name, config=dataclasses.asdict(cfg))
+    except wandb.errors.Error as e:
+        raise TrainError(
+            f"wandb could not start ({e}): run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"
+        ) from None

@@ -1,0 +1,92 @@
+"""The portable engine's model: transformers' Llama, shaped and initialised like nanotron's.
+
+nanotron's `RandomInit` (LlamaForTraining.init_model_randomly) draws every column-parallel linear (q, k, v,
+gate, up, lm_head) and the embedding from N(0, std), the row-parallel ones (o_proj, down_proj) from
+N(0, std / sqrt(2 * num_layers)), and sets RMSNorm weights to 1. The same here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from launcher.train.config import ModelShape
+
+ROW_PARALLEL = ("o_proj", "down_proj")  # nanotron's TensorParallelRowLinear layers: scaled init
+PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}  # dense, per GPU
+
+
+def llama_config(shape: ModelShape):  # type: ignore[no-untyped-def]  # transformers.LlamaConfig
+    """transformers' LlamaConfig for a nanotron model shape."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(  # type: ignore[call-arg]
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        hidden_act=shape.hidden_act,
+        max_position_embeddings=shape.max_position_embeddings,
+        rms_norm_eps=shape.rms_norm_eps,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
+        bos_token_id=shape.bos_token_id,
+        eos_token_id=shape.eos_token_id,
+        use_cache=False,
+        attn_implementation="sdpa",  # taken by PretrainedConfig(**kwargs); not in LlamaConfig's signature
+    )
+
+
+@torch.no_grad()
+def init_like_nanotron(model: nn.Module, std: float, num_layers: int) -> None:
+    """Re-draw every weight as nanotron's RandomInit does (the caller seeds torch first)."""
+    row_std = std / math.sqrt(2 * num_layers)
+    done: set[int] = set()  # tied lm_head/embedding: initialise the shared tensor once
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, nn.Parameter) or id(weight) in done:
+            continue
+        done.add(id(weight))
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(weight, mean=0.0, std=row_std if name.endswith(ROW_PARALLEL) else std)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(weight, mean=0.0, std=std)
+        elif type(module).__name__.endswith("RMSNorm"):
+            weight.fill_(1.0)
+        else:
+            raise AssertionError(f"no init rule for {name} ({type(module).__name__})")
+
+
+def build_model(shape: ModelShape, init_std: float, seed: int) -> nn.Module:
+    """A freshly initialised LlamaForCausalLM in float32 on the CPU, identical on every rank for one seed."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(shape))
+    init_like_nanotron(model, init_std, shape.num_hidden_layers)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(model: nn.Module, shape: ModelShape, sequence_length: int) -> float:
+    """Training FLOPs per token: 6 x (weights used in matmuls, lm_head included) + 12 x layers x hidden x seq."""
+    matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return 6.0 * matmul_weights + 12.0 * shape.num_hidden_layers * shape.hidden_size * sequence_length
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak of this GPU, if it is one we know; None on CPU or an unknown GPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)

@@ -1,0 +1,155 @@
+"""The nanotron engine: nanotron 0.4's own DistributedTrainer, fed as nanotron's run_train.py feeds it.
+
+It needs a CUDA GPU, NCCL, flash_attn and nanotron (its trainer imports flash_attn; its ParallelContext accepts
+only NCCL), so it runs on GPU nodes only and is not exercised by this project's CPU tests.
+
+Beyond nanotron's own loop, a small subclass adds the launcher's two job-side contracts:
+- stop requests (`launcher.train.stop`): checked after every step; the checkpoint is nanotron's own;
+- `LAUNCHER_METRICS_FILE`: the first rank that holds the loss (nanotron's logger rank) appends one JSON line
+  per logged step (grad_norm is null when clipping is off: nanotron computes it only while clipping).
+nanotron resumes only from `checkpoints.resume_checkpoint_path` (a checkpoint, or a directory whose latest.txt
+names one): a requeued job resumes when the config points it at its own checkpoints_path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from launcher.errors import TrainError
+from launcher.train.config import TrainConfig
+from launcher.train.metrics import StepMetrics, append_metrics
+from launcher.train.model import PEAK_BF16_FLOPS
+from launcher.train.schedule import lr_at
+from launcher.train.stop import STOP_MESSAGE, StopRequest
+
+
+def missing() -> list[str]:
+    """What this machine lacks for the nanotron engine (empty: it can run)."""
+    lacking = [] if torch.cuda.is_available() else ["a CUDA GPU"]
+    if not dist.is_nccl_available():
+        lacking.append("NCCL")
+    for module in ("flash_attn", "nanotron"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            lacking.append(module)
+    return lacking
+
+
+def train(config_file: str, cfg: TrainConfig) -> None:
+    """Train `config_file` with nanotron's DistributedTrainer (every rank calls it); `cfg` is the same file."""
+    lacking = missing()
+    if lacking:
+        raise TrainError(
+            f"the nanotron engine needs {', '.join(lacking)}, missing here: use --engine torch "
+            "(data parallel, runs on CPU or GPU)"
+        )
+    from launcher import nanotron_compat
+
+    nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
+    from nanotron.trainer import DistributedTrainer
+
+    class LauncherTrainer(DistributedTrainer):  # type: ignore[misc, valid-type]
+        def post_init(self) -> None:
+            self.stop_request = StopRequest(torch.device("cuda", torch.cuda.current_device()))
+            self.metrics_file = os.environ.get("LAUNCHER_METRICS_FILE") or None
+
+        def post_train_step(self) -> None:
+            if not self.stop_request.agreed():
+                return
+            # nanotron's loop counts this step's samples after this hook: count them before saving
+            self.consumed_train_samples += self.global_batch_size
+            self.save_checkpoint()
+            self.stop_request.consume(dist.get_rank() == 0)
+            if dist.get_rank() == 0:
+                print(STOP_MESSAGE.format(step=self.iteration_step), flush=True)
+            dist.barrier()
+            raise SystemExit(0)
+
+        def train_step_logs(self, outputs, loss_avg) -> None:  # type: ignore[no-untyped-def]
+            super().train_step_logs(outputs=outputs, loss_avg=loss_avg)
+            if self.metrics_file is None or dist.get_rank() != self.logger_ranks[0] or loss_avg is None:
+                return
+            elapsed = time.time() - self.iteration_start_time
+            tokens_per_s = self.global_batch_size * self.sequence_length / elapsed
+            model_tflops, _ = self.unwrapped_model.get_flops_per_sec(
+                elapsed, self.sequence_length, self.global_batch_size
+            )
+            name = torch.cuda.get_device_name()
+            peak = next((p for key, p in PEAK_BF16_FLOPS.items() if key in name), None)
+            grad_norm = getattr(self, "grad_norm_unclipped", None)
+            metrics = StepMetrics(
+                step=self.iteration_step,
+                loss=loss_avg.item(),
+                lr=lr_at(self.iteration_step, cfg.lr),  # the step's own LR (nanotron logs the next one)
+                grad_norm=None if grad_norm is None else grad_norm.item(),
+                tokens_per_s=tokens_per_s,
+                tokens_per_s_per_gpu=tokens_per_s / dist.get_world_size(),
+                mfu=None if peak is None else model_tflops * 1e12 / peak,
+                time=time.time(),
+            )
+            append_metrics(self.metrics_file, metrics)
+
+    trainer = LauncherTrainer(config_file)
+    trainer.train(_dataloader(trainer))
+
+
+def _dataloader(trainer):  # type: ignore[no-untyped-def]
+    """nanotron 0.4 run_train.py's get_dataloader: dummy tokens, or a `datasets` dataset packed by clm_process."""
+    from nanotron.dataloader import (
+        clm_process,
+        dummy_infinite_data_generator,
+        get_datasets,
+        get_train_dataloader,
+    )
+    from nanotron.parallel.pipeline_parallel.utils import get_input_output_pp_ranks
+    from nanotron.utils import main_rank_first
+    from transformers import AutoTokenizer
+
+    input_pp_rank, output_pp_rank = get_input_output_pp_ranks(model=trainer.model)
+    data = trainer.config.data
+    if data.dataset is None:
+        return dummy_infinite_data_generator(
+            micro_batch_size=trainer.micro_batch_size,
+            sequence_length=trainer.sequence_length,
+            input_pp_rank=input_pp_rank,
+            output_pp_rank=output_pp_rank,
+            vocab_size=trainer.model_config.vocab_size,
+            seed=data.seed,
+            parallel_context=trainer.parallel_context,
+        )()
+    tokenizer = AutoTokenizer.from_pretrained(trainer.config.tokenizer.tokenizer_name_or_path)
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if len(tokenizer) > trainer.model_config.vocab_size:  # checked on every rank, before any rank waits on another
+        raise TrainError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{trainer.model_config.vocab_size}: use --vocab_size {len(tokenizer)} (or larger)"
+        )
+    with main_rank_first(trainer.parallel_context.world_pg):  # rank 0 tokenizes and caches; the others reuse
+        raw = get_datasets(data.dataset.hf_dataset_or_datasets, splits=data.dataset.hf_dataset_splits)["train"]
+        train_dataset = clm_process(
+            raw_dataset=raw,
+            tokenizer=tokenizer,
+            text_column_name=data.dataset.text_column_name,
+            dataset_processing_num_proc_per_process=data.dataset.dataset_processing_num_proc_per_process,
+            dataset_overwrite_cache=data.dataset.dataset_overwrite_cache,
+            sequence_length=trainer.sequence_length,
+        )
+        return get_train_dataloader(
+            train_dataset=train_dataset,
+            sequence_length=trainer.sequence_length,
+            parallel_context=trainer.parallel_context,
+            input_pp_rank=input_pp_rank,
+            output_pp_rank=output_pp_rank,
+            micro_batch_size=trainer.micro_batch_size,
+            consumed_train_samples=trainer.consumed_train_samples,
+            dataloader_num_workers=data.num_loading_workers,
+            seed_worker=data.seed,
+            dataloader_drop_last=True,
+        )

@@ -1,0 +1,232 @@
+"""The portable engine: transformers' Llama under torch DistributedDataParallel, on CPU (gloo) or GPU (nccl).
+
+It trains what a nanotron 0.4 config describes, data parallel only (tp = pp = 1), with nanotron's init, AdamW and
+LR schedule, so a run can be tried on a CPU machine or a GPU node without nanotron's CUDA-only dependencies.
+
+A run resumes from `<checkpoints_path>/latest` when there is one, and honours stop requests
+(`launcher.train.stop`) at the next step boundary with a checkpoint. On CPU, a resumed run's losses equal an
+uninterrupted run's: the data stream is indexed by position, and model, optimizer and RNG states are restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.errors import TrainError
+from launcher.train import checkpoint
+from launcher.train.config import TrainConfig
+from launcher.train.data import MicroBatches, build_micro_batches
+from launcher.train.metrics import Reporter, StepMetrics
+from launcher.train.model import build_model, count_parameters, flops_per_token, peak_flops
+from launcher.train.schedule import lr_at
+from launcher.train.stop import STOP_MESSAGE, StopRequest
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in the job."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+def check_supported(cfg: TrainConfig, world_size: int) -> None:
+    """Refuse what this engine cannot train, before any process group exists."""
+    if cfg.tp > 1 or cfg.pp > 1:
+        raise TrainError(
+            f"the torch engine is data parallel only, but tp={cfg.tp} pp={cfg.pp}: use the nanotron engine "
+            "(--engine nanotron, on GPU nodes with flash_attn), or --tp 1 --pp 1"
+        )
+    if world_size != cfg.dp:
+        raise TrainError(
+            f"{world_size} process(es) started but the config has dp={cfg.dp}: start dp processes "
+            f"(torchrun --nproc_per_node ...) or set --dp {world_size}"
+        )
+    if torch.cuda.is_available() and cfg.dtype == "float16":
+        raise TrainError("the torch engine trains in bfloat16 or float32, not float16: set model.dtype to bfloat16")
+
+
+def init_distributed() -> Rank:
+    """Join torchrun's process group (env://), or make a one-process group when started without torchrun."""
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)  # before the process group, so NCCL binds each rank to its own GPU
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Rank(dist.get_rank(), dist.get_world_size(), device)
+
+
+def train(cfg: TrainConfig) -> None:
+    """Train the run described by `cfg` to `train_steps`, or until a stop request. Every rank calls it."""
+    check_supported(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    where = init_distributed()
+    try:
+        TorchTrainer(cfg, where).train()
+    finally:
+        dist.destroy_process_group()
+
+
+def _resume_point(cfg: TrainConfig) -> tuple[Path | None, list[str]]:
+    """Rank 0's choice of checkpoint (or its TrainError), the same on every rank."""
+    payload: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload[0] = checkpoint.find_resume(cfg)
+        except TrainError as e:
+            payload[0] = e
+    dist.broadcast_object_list(payload, src=0)
+    if isinstance(payload[0], TrainError):
+        raise payload[0]
+    return payload[0]
+
+
+class TorchTrainer:
+    """One rank's model, optimizer, data stream and position in the run."""
+
+    def __init__(self, cfg: TrainConfig, where: Rank):
+        self.cfg, self.where = cfg, where
+        self.reporter = Reporter(cfg, where.rank == 0)
+        self.batches: MicroBatches = build_micro_batches(cfg, where.rank, where.world_size)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.model: nn.Module = build_model(cfg.model, cfg.init_std, cfg.seed).to(where.device)  # seeds torch
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=lr_at(1, cfg.lr),
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.step, self.position = 0, 0  # optimizer steps done; micro-batches consumed by this rank
+        self.compute_dtype = torch.float32
+        if where.device.type == "cuda" and cfg.dtype == "bfloat16":
+            self.compute_dtype = torch.bfloat16
+        self._resume()
+
+    def _resume(self) -> None:
+        resume_from, notes = _resume_point(self.cfg)
+        for note in notes:
+            self.reporter.print(f"warning: {note}")
+        if resume_from is None:
+            return
+        restored = checkpoint.load(resume_from, self.model, self.optimizer)
+        self.step, self.position = restored.step, restored.data_position
+        self.reporter.print(f"resumed from checkpoint step {self.step} ({resume_from})")
+        if restored.config_hash != checkpoint.config_hash(self.cfg):
+            self.reporter.print("warning: the checkpoint was written with a different config; continuing from it")
+        if restored.world_size != self.where.world_size:
+            self.reporter.print(
+                f"warning: the checkpoint was written by {restored.world_size} ranks, not {self.where.world_size}: "
+                "data order and RNG states do not continue exactly"
+            )
+
+    def train(self) -> None:
+        """Steps `step + 1 .. train_steps`, logging, checkpointing and honouring stop requests."""
+        cfg, where = self.cfg, self.where
+        if self.step >= cfg.train_steps:
+            self.reporter.print(f"run already finished: checkpoint step {self.step}, train_steps {cfg.train_steps}")
+            return
+        if where.device.type == "cpu" and cfg.dtype != "float32":
+            self.reporter.print(f"note: model.dtype is {cfg.dtype}; on CPU the torch engine trains in float32")
+        self.reporter.print(
+            f"engine torch | world size {where.world_size} | device {where.device} | dtype {self.compute_dtype} | "
+            f"parameters {count_parameters(self.model):,} | global batch {cfg.global_batch_size} sequences "
+            f"({cfg.global_batch_size * cfg.sequence_length:,} tokens) | steps {self.step + 1}..{cfg.train_steps}"
+        )
+        ddp = DistributedDataParallel(self.model, device_ids=[where.device] if where.device.type == "cuda" else None)
+        stop = StopRequest(where.device)
+        self.reporter.start_wandb()
+        try:
+            if self.step == 0 and cfg.save_initial_state:
+                checkpoint.save(cfg, 0, self.model, self.optimizer, self.position)
+            window_start, window_steps = time.perf_counter(), 0
+            while self.step < cfg.train_steps:
+                self.step += 1
+                loss_sum, grad_norm = self.train_step(ddp)
+                window_steps += 1
+                if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
+                    self._log(loss_sum, grad_norm, window_steps, window_start)
+                    window_start, window_steps = time.perf_counter(), 0
+                stopping = stop.agreed()
+                periodic = cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0
+                if periodic or stopping or self.step == cfg.train_steps:
+                    checkpoint.save(cfg, self.step, self.model, self.optimizer, self.position)
+                    window_start = time.perf_counter()  # saving is not training time
+                if stopping:
+                    stop.consume(where.rank == 0)
+                    if self.step < cfg.train_steps:
+                        self.reporter.print(STOP_MESSAGE.format(step=self.step))
+                        return
+            self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
+        finally:
+            stop.close()
+            self.reporter.close()
+
+    def train_step(self, ddp: DistributedDataParallel) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over grad_accum_steps micro-batches; returns (sum of their losses, grad norm)."""
+        device, accum = self.where.device, self.cfg.grad_accum_steps
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, self.cfg.lr)
+        autocast = torch.autocast(device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            if self.batches.epoch(self.position) > self.batches.epoch(max(self.position - 1, 0)):
+                epoch = self.batches.epoch(self.position)
+                self.reporter.print(f"data: the dataset is exhausted; epoch {epoch + 1} begins at step {self.step}")
+            tokens = self.batches.micro_batch(self.position).to(device)
+            self.position += 1
+            # gradients are all-reduced once, on the last micro-batch
+            with ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext():
+                with autocast:
+                    logits = ddp(input_ids=tokens[:, :-1]).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad or math.inf)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm
+
+    def _log(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, steps: int, since: float) -> None:
+        """Report the step just done, and the throughput of the `steps` steps done since `since`.
+
+        A collective: the loss is averaged over the dp ranks.
+        """
+        cfg, where = self.cfg, self.where
+        loss = loss_sum / (cfg.grad_accum_steps * where.world_size)
+        dist.all_reduce(loss)
+        loss_value = loss.item()  # waits for the GPU: the step's kernels precede the all_reduce on the stream
+        tokens_per_s = steps * cfg.global_batch_size * cfg.sequence_length / (time.perf_counter() - since)
+        per_gpu = tokens_per_s / where.world_size
+        peak = peak_flops(where.device)
+        mfu = None if peak is None else per_gpu * flops_per_token(self.model, cfg.model, cfg.sequence_length) / peak
+        self.reporter.log(
+            StepMetrics(
+                step=self.step,
+                loss=loss_value,
+                lr=lr_at(self.step, cfg.lr),
+                grad_norm=grad_norm.item(),
+                tokens_per_s=tokens_per_s,
+                tokens_per_s_per_gpu=per_gpu,
+                mfu=mfu,
+                time=time.time(),
+            )
+        )

@@ -1,0 +1,38 @@
+"""The training job: `torchrun ... run_train.py --config-file CONFIG.yaml` on every node.
+
+Reads a nanotron 0.4 config and trains it with nanotron's trainer (GPU nodes with flash_attn) or the portable
+torch engine (data parallel, CPU or GPU). A user error prints one `error: ...` line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config-file", required=True, help="nanotron 0.4 config YAML written by the launcher")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "torch", "nanotron"),
+        default="auto",
+        help="auto: nanotron where CUDA, NCCL, flash_attn and nanotron are present, else torch",
+    )
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the launcher package sits next to this file
+    from launcher.errors import LauncherError
+    from launcher.train.main import run
+
+    try:
+        run(args.config_file, args.engine)
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Shared fixtures. Training job: a tiny local dataset and tokenizer, and nanotron configs that train on them."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is first imported: set it before that
+
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_CONFIG = ROOT / "configs" / "nanotron-0.4-base.yaml"
+
+
+@dataclass(frozen=True)
+class DemoData:
+    dataset: Path
+    tokenizer: Path
+    vocab: int  # len(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> DemoData:
+    """A small save_to_disk dataset (~150 windows of 65 tokens) and its word-level tokenizer."""
+    from transformers import AutoTokenizer
+
+    from launcher.demo_data import make_demo
+
+    dataset, tokenizer = make_demo(tmp_path_factory.mktemp("demo"), num_docs=150, seed=0)
+    return DemoData(dataset, tokenizer, len(AutoTokenizer.from_pretrained(str(tokenizer))))
+
+
+def tiny_config(demo: DemoData, checkpoints: Path, **overrides: Any) -> dict:
+    """A nanotron 0.4 config dict for a tiny Llama (hidden 32, 2 layers, 4 heads, 2 kv heads) on the demo data.
+
+    `overrides` maps dotted paths to values, e.g. `{"tokens.train_steps": 20}` (pass as `**{...}`).
+    The LR schedule is fully explicit, so it does not depend on train_steps.
+    """
+    with open(BASE_CONFIG, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    values = {
+        "general.project": "tests",
+        "general.run": "tiny",
+        "general.seed": 7,
+        "model.model_config.hidden_size": 32,
+        "model.model_config.intermediate_size": 64,
+        "model.model_config.num_hidden_layers": 2,
+        "model.model_config.num_attention_heads": 4,
+        "model.model_config.num_key_value_heads": 2,
+        "model.model_config.vocab_size": 128,
+        "model.model_config.max_position_embeddings": 64,
+        "tokenizer.tokenizer_name_or_path": str(demo.tokenizer),
+        "data.dataset.hf_dataset_or_datasets": str(demo.dataset),
+        "data.seed": 3,
+        "tokens.sequence_length": 64,
+        "tokens.micro_batch_size": 4,
+        "tokens.batch_accumulation_per_replica": 2,
+        "tokens.train_steps": 30,
+        "optimizer.learning_rate_scheduler.learning_rate": 0.01,
+        "optimizer.learning_rate_scheduler.min_decay_lr": 0.001,
+        "optimizer.learning_rate_scheduler.lr_warmup_steps": 3,
+        "optimizer.learning_rate_scheduler.lr_decay_steps": 27,
+        "optimizer.learning_rate_scheduler.lr_decay_starting_step": 3,
+        "checkpoints.checkpoints_path": str(checkpoints),
+        "checkpoints.checkpoint_interval": 1000,
+        "logging.iteration_step_info_interval": 1,
+        **overrides,
+    }
+    for dotted, value in values.items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    return config
+
+
+def write_config(path: Path, config: dict) -> Path:
+    """Write a config dict as YAML; returns the path."""
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+# The session's real Slurm cluster (tests/slurm_cluster.py).
+from slurm_cluster import slurm_cluster, slurm_env  # noqa: E402, F401
