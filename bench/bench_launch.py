@@ -1,0 +1,55 @@
+"""Time from the launch command to the first training step on the local cluster (target <= 15 s), and the
+batch script's prologue before torchrun starts (target <= 2 s). Not a test.
+
+    make cluster && SLURM_CONF=$PWD/.slurm/etc/slurm.conf python bench/bench_launch.py
+
+Launches the demo model (2 nodes x 2 processes, 5 steps) and watches its log: the prologue is the time between
+the job's "started" line and its "rendezvous" line (everything the script does before srun), the start-up is the
+time from the launch command to the log's "step 1/" line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stamp(log: str, needle: str) -> datetime:
+    line = next(x for x in log.splitlines() if needle in x)
+    return datetime.strptime(re.search(r"\[launcher (\S+)\]", line).group(1), "%H:%M:%S.%f")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "launcher.demo_data", f"{tmp}/demo"], cwd=ROOT, check=True,
+                       capture_output=True)
+        start = time.monotonic()
+        subprocess.run([sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "bench", "--nodes", "2",
+                        "--gpus_per_node", "2", "--dataset", f"{tmp}/demo/dataset", "--tokenizer",
+                        f"{tmp}/demo/tokenizer", "--train_steps", "5", "--warmup_steps", "1", "--wandb_disabled",
+                        "true"], cwd=tmp, check=True, capture_output=True)
+        submitted = time.monotonic() - start
+        (bundle,) = (Path(tmp) / "logs/configs/bench").iterdir()
+        log = Path(json.loads((bundle / "manifest.json").read_text())["outputs"]["log"])
+        while not (log.exists() and "step 1/" in log.read_text()):
+            time.sleep(0.05)
+        first_step = time.monotonic() - start
+        while "ended" not in log.read_text():
+            time.sleep(0.2)
+        text = log.read_text()
+    prologue = (stamp(text, "rendezvous") - stamp(text, "attempt 1 started")).total_seconds()
+    print(f"launch command until submitted: {submitted:.2f} s")
+    print(f"launch command until the first training step is logged: {first_step:.1f} s (target <= 15 s)")
+    print(f"batch prologue before srun/torchrun: {prologue:.3f} s (target <= 2 s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The whole mission on the real local cluster: real sbatch, srun, torchrun and the torch engine on CPU.
+
+The demo flow, a relaunch that resumes, preemption -> checkpoint -> requeue -> resume, a time limit crossed over
+several allocations, and a cancel that leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher_helpers import ROOT
+
+from launcher import slurm
+from launcher.nanotron_schema import load_train_config
+from launcher.plot import read_metrics
+from launcher.train.schedule import lr_at
+
+
+def launch(tmp_path: Path, env: dict, demo_data, run_name: str, *flags: str, follow: bool = True,
+           nodes: str = "2") -> subprocess.Popen:
+    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", run_name, "--nodes", nodes,
+            "--gpus_per_node", "2", "--model_size", "tiny", "--dataset", str(demo_data.dataset), "--tokenizer",
+            str(demo_data.tokenizer), "--grad_accum_steps", "1", "--learning_rate", "3e-3", "--min_lr", "3e-4",
+            "--warmup_steps", "3", "--save_interval", "10", "--wandb_disabled", "true", "--time_limit", "5:00",
+            *flags, *(["--show_logs"] if follow else [])]
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return proc.returncode, stdout + stderr
+
+
+def bundles(tmp_path: Path, run_name: str) -> list[Path]:
+    return sorted((tmp_path / "logs/configs" / run_name).iterdir())
+
+
+def manifest(bundle_dir: Path) -> dict:
+    return json.loads((bundle_dir / "manifest.json").read_text())
+
+
+def wait_for(predicate, timeout: float, every: float = 0.2):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("condition not met in time")
+
+
+def latest_step(checkpoints: Path) -> int:
+    try:
+        return int((checkpoints / "latest").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def leftover_processes(needle: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if needle in line and "ps -eo" not in line]
+
+
+def assert_continuous(bundle_dir: Path, train_steps: int) -> None:
+    """Every step from 1 to train_steps was logged, each with the LR an uninterrupted run would use."""
+    rows = {r["step"]: r for r in read_metrics(bundle_dir / "metrics.jsonl")}
+    assert sorted(rows) == list(range(1, train_steps + 1))
+    schedule = load_train_config(str(bundle_dir / "config.yaml")).lr
+    for step, row in rows.items():
+        assert abs(row["lr"] - lr_at(step, schedule)) <= 1e-12 + 1e-9 * abs(row["lr"]), step
+
+
+def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_data):
+    started = time.monotonic()
+    code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "30"), timeout=300)
+    assert code == 0, out
+    assert "Job " in out and "ended COMPLETED, exit code 0" in out
+    (first,) = bundles(tmp_path, "demo")
+    rows = read_metrics(first / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert sum(r["loss"] for r in rows[-5:]) / 5 < sum(r["loss"] for r in rows[:5]) / 5 - 0.5
+    assert (first / "loss.png").stat().st_size > 10_000 and "loss curve" in out
+    assert latest_step(tmp_path / "checkpoints/demo") == 30
+    assert leftover_processes(str(first)) == []  # nothing of the job runs on after it ended
+    print(f"demo flow: {time.monotonic() - started:.1f} s from launch to the follower's exit")
+
+    code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "40"), timeout=300)
+    assert code == 0, out
+    assert "from the checkpoint at step 30" in out  # said at launch
+    assert "resumed from checkpoint step 30" in out  # done by the job
+    second = bundles(tmp_path, "demo")[1]
+    assert [r["step"] for r in read_metrics(second / "metrics.jsonl")] == list(range(31, 41))
+
+    code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "5", "--resume", "false"),
+                       timeout=300)
+    assert code == 0 and "resumed from" not in out
+    third = bundles(tmp_path, "demo")[2]
+    assert manifest(third)["outputs"]["checkpoints"] != str(tmp_path / "checkpoints/demo")
+    assert latest_step(tmp_path / "checkpoints/demo") == 40  # the earlier run's checkpoints are untouched
+
+
+def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
+    proc = launch(tmp_path, slurm_env, demo_data, "preempt", "--train_steps", "120", "--max_requeues", "2")
+    (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/preempt").glob("*")), timeout=30)
+    job_id = wait_for(lambda: manifest(bundle_dir)["slurm"].get("job_id"), timeout=30)
+    wait_for(lambda: latest_step(tmp_path / "checkpoints/preempt") >= 10, timeout=120)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_env, check=True)
+    code, out = finish(proc, timeout=400)
+    assert code == 0, out
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    saved = int(log.split("preempted: checkpoint saved at step ")[1].split(";")[0])
+    assert saved >= 10
+    assert "requeueing (requeue 1 of 2)" in log and f"job {job_id} attempt 2 started" in log
+    assert f"resumed from checkpoint step {saved}" in log
+    assert "ended COMPLETED" in out and "requeued 1x" in out
+    assert_continuous(bundle_dir, 120)
+
+
+def test_time_limit_is_crossed_over_allocations(tmp_path: Path, slurm_env: dict, demo_data):
+    # 1 minute per allocation; Slurm warns 45 s before the end (its timer ticks every 30 s, so the warning lands
+    # 15-45 s into the allocation) and the run checkpoints, requeues and resumes until it is done.
+    # ~60 s of training (400 steps of 3 micro-batches) cannot fit in one allocation.
+    proc = launch(tmp_path, slurm_env, demo_data, "timelimit", "--train_steps", "400", "--grad_accum_steps", "3",
+                  "--time_limit", "1", "--signal_grace", "45", "--max_requeues", "4", "--save_interval", "50",
+                  nodes="1")
+    code, out = finish(proc, timeout=600)
+    assert code == 0, out
+    (bundle_dir,) = bundles(tmp_path, "timelimit")
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    assert log.count("preemption or time-limit signal") >= 1 and "attempt 2 started" in log
+    assert_continuous(bundle_dir, 400)
+
+
+def test_cancel_ends_every_process(tmp_path: Path, slurm_env: dict, demo_data):
+    launcher = launch(tmp_path, slurm_env, demo_data, "cancelme", "--train_steps", "100000", follow=False)
+    assert finish(launcher, timeout=60)[0] == 0
+    (bundle_dir,) = bundles(tmp_path, "cancelme")
+    job_id = manifest(bundle_dir)["slurm"]["job_id"]
+    log = Path(manifest(bundle_dir)["outputs"]["log"])
+    wait_for(lambda: log.exists() and "step 3/" in log.read_text(), timeout=120)
+    follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)], cwd=ROOT,
+                                env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    slurm.cancel(job_id)
+    code, out = finish(follower, timeout=60)
+    assert code == 1 and f"Job {job_id} ended CANCELLED" in out
+    wait_for(lambda: leftover_processes(str(bundle_dir)) == [], timeout=30)
