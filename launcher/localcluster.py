@@ -4,7 +4,8 @@ Everything the cluster needs lives under ONE directory (default `<project root>/
 
     etc/slurm.conf, etc/gres.conf   generated config; clients need only SLURM_CONF=<dir>/etc/slurm.conf
     dev/gpu0..                      plain files standing in for GPU devices (scheduling only, no CUDA)
-    munge/                          key, socket, pid, log and seed of a private munged (owned by user munge)
+    (munge)                         key, socket, pid, log and seed of a private munged (user munge) live in
+                                    /tmp/launcher-munge-<crc32(dir)>: munged must reach them from any checkout
     state/                          slurmctld's StateSaveLocation and each slurmd's spool dir (state/<node>)
     run/, log/                      the daemons' pid files and logs, and the job completion log
 
@@ -37,6 +38,7 @@ from launcher.errors import LauncherError
 PORT_BASE, PORT_SLOTS, PORT_STEP = 20000, 500, 20
 READY_TIMEOUT_S, STOP_TIMEOUT_S, PIDFILE_TIMEOUT_S = 30.0, 10.0, 10.0
 READY_STATES = {"idle", "mixed", "allocated", "completing"}
+MUNGE_ROOT = Path("/tmp")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol")
 
 
@@ -74,6 +76,12 @@ class ClusterSpec:
     def node_names(self) -> list[str]:
         return [f"node{k}" for k in range(1, self.nodes + 1)]
 
+    @property
+    def munge_dir(self) -> Path:
+        """munged runs as user munge, which must reach its socket and key: a world-traversable place under /tmp,
+        so the cluster directory may sit below private directories (a CI checkout, pytest's temp)."""
+        return MUNGE_ROOT / f"launcher-munge-{zlib.crc32(str(self.dir).encode()):08x}"
+
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": str(self.conf)}
 
@@ -95,7 +103,7 @@ SlurmdUser=root
 # A private munged; AuthInfo's socket is used by both auth/munge and cred/munge.
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={d}/munge/munge.socket.2,cred_expire=10
+AuthInfo=socket={spec.munge_dir}/munge.socket.2,cred_expire=10
 # Plain processes, no cgroups, no accounting database (finished jobs stay in scontrol/squeue MinJobAge seconds).
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -141,11 +149,11 @@ def _config_files(spec: ClusterSpec) -> dict[Path, str]:
 
 
 def _pidfile(spec: ClusterSpec, name: str) -> Path:
-    return spec.dir / ("munge/munged.pid" if name == "munged" else f"run/{name}.pid")
+    return spec.munge_dir / "munged.pid" if name == "munged" else spec.dir / f"run/{name}.pid"
 
 
 def _logfile(spec: ClusterSpec, name: str) -> Path:
-    return spec.dir / ("munge/munged.log" if name == "munged" else f"log/{name}.log")
+    return spec.munge_dir / "munged.log" if name == "munged" else spec.dir / f"log/{name}.log"
 
 
 def _daemon_names(spec: ClusterSpec) -> list[str]:
@@ -157,11 +165,12 @@ def _running_slurmds(spec: ClusterSpec) -> list[str]:
 
 
 def _ours(spec: ClusterSpec, pid: int) -> bool:
-    """Whether `pid` is a live process whose command line names this cluster's directory."""
+    """Whether `pid` is a live process whose command line names this cluster's (or its munge) directory."""
     try:
-        return f"{spec.dir}/".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    return any(f"{d}/".encode() in cmdline for d in (spec.dir, spec.munge_dir))
 
 
 def _pid(spec: ClusterSpec, name: str) -> int | None:
@@ -204,9 +213,9 @@ def _slurm(spec: ClusterSpec, *argv: str) -> subprocess.CompletedProcess[str]:
 
 def _check_searchable(spec: ClusterSpec) -> None:
     """munged runs as user munge and wants its socket reachable by all users: every parent must be o+x."""
-    closed = [p for p in spec.dir.parents if p.exists() and not p.stat().st_mode & 0o001]
+    closed = [p for p in spec.munge_dir.parents if p.exists() and not p.stat().st_mode & 0o001]
     if closed:
-        raise ClusterError(f"munged (user munge) cannot reach {spec.dir}: chmod o+x {closed[0]}, or use another --dir")
+        raise ClusterError(f"munged (user munge) cannot reach {spec.munge_dir}: chmod o+x {closed[0]}")
 
 
 def _prepare(spec: ClusterSpec) -> None:
@@ -214,17 +223,18 @@ def _prepare(spec: ClusterSpec) -> None:
     _check_searchable(spec)
     spec.dir.mkdir(parents=True, exist_ok=True)
     spec.dir.chmod(0o755)
-    for sub in ("etc", "dev", "munge", "state/ctld", "run", "log", *(f"state/{n}" for n in spec.node_names)):
+    spec.munge_dir.mkdir(mode=0o755, exist_ok=True)
+    for sub in ("etc", "dev", "state/ctld", "run", "log", *(f"state/{n}" for n in spec.node_names)):
         (spec.dir / sub).mkdir(parents=True, exist_ok=True)
     for path, text in _config_files(spec).items():
         path.write_text(text)
     for k in range(spec.gpus_per_node):
         (spec.dir / f"dev/gpu{k}").touch()
-    key = spec.dir / "munge/munge.key"
+    key = spec.munge_dir / "munge.key"
     if not key.exists():
         key.touch(mode=0o600)
         key.write_bytes(os.urandom(1024))
-    for path in (spec.dir / "munge", *(spec.dir / "munge").iterdir()):
+    for path in (spec.munge_dir, *spec.munge_dir.iterdir()):
         shutil.chown(path, "munge", "munge")
 
 
@@ -238,7 +248,7 @@ def _spawn(spec: ClusterSpec, name: str, argv: list[str]) -> None:
 
 
 def _start(spec: ClusterSpec) -> None:
-    m, conf = spec.dir / "munge", str(spec.conf)
+    m, conf = spec.munge_dir, str(spec.conf)
     munged = ["--key-file", m / "munge.key", "--socket", m / "munge.socket.2", "--pid-file", m / "munged.pid"]
     munged += ["--log-file", m / "munged.log", "--seed-file", m / "munged.seed"]
     _spawn(spec, "munged", ["runuser", "-u", "munge", "--", str(shutil.which("munged")), *map(str, munged)])

@@ -11,7 +11,6 @@ PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
   "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
 fi
-if ! "$PYTHON" -m pip show --quiet nanotron-slurm-launcher >/dev/null 2>&1; then
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[test]"
-fi
+# With torch 2.13.0 present, the project's `torch>=2.1` pulls no other torch build.
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[test]"
 echo "setup: Slurm, torch $("$PYTHON" -c 'import torch; print(torch.__version__)') and the project are installed"
