@@ -32,8 +32,10 @@ def main() -> None:
             start = time.perf_counter()
             subprocess.run(cmd, cwd=tmp, check=True, capture_output=True)
             times.append(time.perf_counter() - start)
-    print(f"dry run, {runs} runs: median {statistics.median(times):.3f} s, min {min(times):.3f} s, "
-          f"max {max(times):.3f} s (target: median <= 0.300 s)")
+    print(
+        f"dry run, {runs} runs: median {statistics.median(times):.3f} s, min {min(times):.3f} s, "
+        f"max {max(times):.3f} s (target: median <= 0.300 s)"
+    )
     if shutil.which("hyperfine"):
         print("for a second opinion: hyperfine --warmup 2 '" + " ".join(cmd) + "'  (in an empty directory)")
 

@@ -29,13 +29,35 @@ def stamp(log: str, needle: str) -> datetime:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "launcher.demo_data", f"{tmp}/demo"], cwd=ROOT, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "launcher.demo_data", f"{tmp}/demo"], cwd=ROOT, check=True, capture_output=True
+        )
         start = time.monotonic()
-        subprocess.run([sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "bench", "--nodes", "2",
-                        "--gpus_per_node", "2", "--dataset", f"{tmp}/demo/dataset", "--tokenizer",
-                        f"{tmp}/demo/tokenizer", "--train_steps", "5", "--warmup_steps", "1", "--wandb_disabled",
-                        "true"], cwd=tmp, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "slurm_launcher.py"),
+                "--run_name",
+                "bench",
+                "--nodes",
+                "2",
+                "--gpus_per_node",
+                "2",
+                "--dataset",
+                f"{tmp}/demo/dataset",
+                "--tokenizer",
+                f"{tmp}/demo/tokenizer",
+                "--train_steps",
+                "5",
+                "--warmup_steps",
+                "1",
+                "--wandb_disabled",
+                "true",
+            ],
+            cwd=tmp,
+            check=True,
+            capture_output=True,
+        )
         submitted = time.monotonic() - start
         (bundle,) = (Path(tmp) / "logs/configs/bench").iterdir()
         log = Path(json.loads((bundle / "manifest.json").read_text())["outputs"]["log"])

@@ -27,8 +27,13 @@ def _shell_problems(script: str) -> list[Problem]:
     out = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     if out.returncode == 0:
         return []
-    return [Problem("pre_launch_commands", f"the batch script does not parse: {out.stderr.strip()}",
-                    "fix the shell syntax of the commands")]
+    return [
+        Problem(
+            "pre_launch_commands",
+            f"the batch script does not parse: {out.stderr.strip()}",
+            "fix the shell syntax of the commands",
+        )
+    ]
 
 
 def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
@@ -41,8 +46,14 @@ def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
     a = spec.args
     run_ckpt = Path(a.paths.checkpoints_path) / a.run_name
     fresh = not a.paths.resume and latest_checkpoint_step(run_ckpt) is not None
-    paths = bundle.claim(a.run_name, a.paths.configs_path, a.paths.slurm_scripts_dir, a.paths.slurm_logs_path,
-                         a.paths.checkpoints_path, fresh)
+    paths = bundle.claim(
+        a.run_name,
+        a.paths.configs_path,
+        a.paths.slurm_scripts_dir,
+        a.paths.slurm_logs_path,
+        a.paths.checkpoints_path,
+        fresh,
+    )
     config_text = nanotron_schema.dump(nanotron_schema.build_config(spec, str(paths.checkpoints)))
     script_text = sbatch.render(spec, paths)
     problems = _shell_problems(script_text)
@@ -50,8 +61,10 @@ def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
         paths.bundle_dir.rmdir()  # still empty: nothing of this launch stays behind
         raise ConfigError(report(problems))
     figures = summary.derived(spec)
-    hashes = {"config": bundle.write_new(paths.config, config_text),
-              "script": bundle.write_new(paths.script, script_text, mode=0o755)}
+    hashes = {
+        "config": bundle.write_new(paths.config, config_text),
+        "script": bundle.write_new(paths.script, script_text, mode=0o755),
+    }
     bundle.write_manifest(paths.manifest, bundle.manifest(a, argv, paths, hashes, figures), new=True)
     return spec, paths, figures
 

@@ -20,8 +20,17 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("nanotron", "torch", "transformers", "datasets", "tokenizers", "wandb", "simple-parsing", "pyyaml",
-            "jinja2")
+PACKAGES = (
+    "nanotron",
+    "torch",
+    "transformers",
+    "datasets",
+    "tokenizers",
+    "wandb",
+    "simple-parsing",
+    "pyyaml",
+    "jinja2",
+)
 
 
 @dataclass(frozen=True)
@@ -45,14 +54,20 @@ class BundlePaths:
 def _paths(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Path, checkpoints: Path) -> BundlePaths:
     bundle_dir = configs / run_name / stamp
     return BundlePaths(
-        bundle_dir=bundle_dir, config=bundle_dir / "config.yaml", manifest=bundle_dir / "manifest.json",
-        script=scripts / run_name / f"{stamp}.sbatch", log=logs / run_name / f"{stamp}.out",
-        stop_file=bundle_dir / "stop-requested", metrics=bundle_dir / "metrics.jsonl", checkpoints=checkpoints,
+        bundle_dir=bundle_dir,
+        config=bundle_dir / "config.yaml",
+        manifest=bundle_dir / "manifest.json",
+        script=scripts / run_name / f"{stamp}.sbatch",
+        log=logs / run_name / f"{stamp}.out",
+        stop_file=bundle_dir / "stop-requested",
+        metrics=bundle_dir / "metrics.jsonl",
+        checkpoints=checkpoints,
     )
 
 
-def claim(run_name: str, configs: str, scripts: str, logs: str, checkpoints: str, fresh: bool,
-          now: float | None = None) -> BundlePaths:
+def claim(
+    run_name: str, configs: str, scripts: str, logs: str, checkpoints: str, fresh: bool, now: float | None = None
+) -> BundlePaths:
     """Create a new, empty bundle directory and return the paths of its files.
 
     `fresh` starts a run afresh beside existing checkpoints: it gets its own checkpoint directory.
@@ -61,8 +76,14 @@ def claim(run_name: str, configs: str, scripts: str, logs: str, checkpoints: str
     ckpt = Path(checkpoints) / run_name
     for n in range(1, 10_000):
         candidate = stamp if n == 1 else f"{stamp}-{n}"
-        paths = _paths(run_name, candidate, Path(configs), Path(scripts), Path(logs),
-                       ckpt.with_name(f"{run_name}-{candidate}") if fresh else ckpt)
+        paths = _paths(
+            run_name,
+            candidate,
+            Path(configs),
+            Path(scripts),
+            Path(logs),
+            ckpt.with_name(f"{run_name}-{candidate}") if fresh else ckpt,
+        )
         if paths.script.exists() or paths.log.exists():
             continue
         paths.bundle_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -119,8 +140,10 @@ def manifest(args: object, argv: list[str], paths: BundlePaths, hashes: dict[str
             "script": {"path": str(paths.script), "sha256": hashes["script"]},
         },
         "outputs": {"log": str(paths.log), "checkpoints": str(paths.checkpoints), "metrics": str(paths.metrics)},
-        "project": {"commit": described.removesuffix("-dirty") if described else None,
-                    "dirty": described.endswith("-dirty") if described else None},
+        "project": {
+            "commit": described.removesuffix("-dirty") if described else None,
+            "dirty": described.endswith("-dirty") if described else None,
+        },
         "host": {"hostname": platform.node(), "user": os.environ.get("USER")},
         "versions": _versions(),
         "slurm": {"submitted": False},

@@ -131,7 +131,16 @@ class LaunchArgs:
     execution: ExecutionArgs = field(default_factory=ExecutionArgs)
 
 
-GROUPS = ("slurm", "model", "training", "parallelism", "data", "paths", "logging", "execution")
+GROUPS = {
+    "slurm": SlurmArgs,
+    "model": ModelArgs,
+    "training": TrainingArgs,
+    "parallelism": ParallelismArgs,
+    "data": DataArgs,
+    "paths": PathArgs,
+    "logging": LoggingArgs,
+    "execution": ExecutionArgs,
+}
 
 
 def build_parser() -> ArgumentParser:
@@ -148,8 +157,8 @@ def build_parser() -> ArgumentParser:
 def flag_names() -> list[str]:
     """Every flag the launcher accepts, without dashes (the interface snapshot)."""
     names = ["run_name"]
-    for group in GROUPS:
-        names += [f.name for f in dataclasses.fields(LaunchArgs.__dataclass_fields__[group].default_factory)]  # type: ignore[misc]
+    for group in GROUPS.values():
+        names += [f.name for f in dataclasses.fields(group)]
     return names
 
 

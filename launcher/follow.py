@@ -50,8 +50,16 @@ def _describe(state: slurm.JobState) -> str:
     return text
 
 
-def follow(job_id: str, log: Path, *, out: BinaryIO | None = None, say: Callable[[str], None] | None = None,
-           tick: float = 0.25, state_every: float = 1.0, max_state_every: float = 5.0) -> slurm.JobState:
+def follow(
+    job_id: str,
+    log: Path,
+    *,
+    out: BinaryIO | None = None,
+    say: Callable[[str], None] | None = None,
+    tick: float = 0.25,
+    state_every: float = 1.0,
+    max_state_every: float = 5.0,
+) -> slurm.JobState:
     """Stream the job's log and report state changes until the job ends; return its final state."""
     out = out or sys.stdout.buffer
     say = say or (lambda text: print(f"[follow] {text}", file=sys.stderr, flush=True))

@@ -1,6 +1,6 @@
 """Submitted runs: submit a bundle and follow it, and later re-attach to it, show its status or cancel it.
 
-    python -m launcher.jobs status|attach|cancel BUNDLE_DIR_OR_JOB_ID
+python -m launcher.jobs status|attach|cancel BUNDLE_DIR_OR_JOB_ID
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ def submit(paths: bundle.BundlePaths) -> str:
 
 
 def _how_to(target: str) -> str:
-    return (f"  re-attach: python -m launcher.jobs attach {target}\n"
-            f"  status:    python -m launcher.jobs status {target}\n"
-            f"  cancel:    python -m launcher.jobs cancel {target}")
+    return (
+        f"  re-attach: python -m launcher.jobs attach {target}\n"
+        f"  status:    python -m launcher.jobs status {target}\n"
+        f"  cancel:    python -m launcher.jobs cancel {target}"
+    )
 
 
 def follow_to_end(job_id: str, log: Path, target: str) -> int:

@@ -85,17 +85,32 @@ def build_config(spec: RunSpec, checkpoints_dir: str) -> dict:
     a = spec.args
     config = copy.deepcopy(spec.base_config)
     values: dict[str, Any] = {
-        "project": a.paths.project, "seed": a.training.seed, "dp": a.parallelism.dp, "tp": a.parallelism.tp,
-        "pp": a.parallelism.pp, "hidden_size": a.model.hidden_size, "intermediate_size": a.model.intermediate_size,
-        "num_layers": a.model.num_layers, "num_heads": a.model.num_heads, "num_kv_heads": a.model.num_kv_heads,
-        "vocab_size": a.model.vocab_size, "max_seq_len": a.model.max_seq_len,
-        "tie_word_embeddings": spec.tie_word_embeddings, "tokenizer": a.data.tokenizer,
-        "save_interval": a.paths.save_interval, "save_initial_state": a.paths.save_initial_state,
-        "log_interval": a.logging.log_interval, "train_steps": a.training.train_steps,
-        "micro_batch_size": a.training.micro_batch_size, "grad_accum_steps": a.training.grad_accum_steps,
-        "weight_decay": a.training.weight_decay, "grad_clip": a.training.grad_clip or None,
-        "learning_rate": a.training.learning_rate, "min_lr": a.training.min_lr,
-        "warmup_steps": a.training.warmup_steps, "lr_decay_style": a.training.lr_decay_style,
+        "project": a.paths.project,
+        "seed": a.training.seed,
+        "dp": a.parallelism.dp,
+        "tp": a.parallelism.tp,
+        "pp": a.parallelism.pp,
+        "hidden_size": a.model.hidden_size,
+        "intermediate_size": a.model.intermediate_size,
+        "num_layers": a.model.num_layers,
+        "num_heads": a.model.num_heads,
+        "num_kv_heads": a.model.num_kv_heads,
+        "vocab_size": a.model.vocab_size,
+        "max_seq_len": a.model.max_seq_len,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "tokenizer": a.data.tokenizer,
+        "save_interval": a.paths.save_interval,
+        "save_initial_state": a.paths.save_initial_state,
+        "log_interval": a.logging.log_interval,
+        "train_steps": a.training.train_steps,
+        "micro_batch_size": a.training.micro_batch_size,
+        "grad_accum_steps": a.training.grad_accum_steps,
+        "weight_decay": a.training.weight_decay,
+        "grad_clip": a.training.grad_clip or None,
+        "learning_rate": a.training.learning_rate,
+        "min_lr": a.training.min_lr,
+        "warmup_steps": a.training.warmup_steps,
+        "lr_decay_style": a.training.lr_decay_style,
     }
     for flag, value in values.items():
         _set(config, FLAG_PATHS[flag], value)
@@ -108,8 +123,9 @@ def build_config(spec: RunSpec, checkpoints_dir: str) -> dict:
     else:
         _set(config, FLAG_PATHS["dataset"], a.data.dataset)
         _set(config, FLAG_PATHS["text_column"], a.data.text_column)
-    config["profiler"] = {"profiler_export_path": a.logging.profiler_export_path} if a.logging.profiler_export_path \
-        else None
+    config["profiler"] = (
+        {"profiler_export_path": a.logging.profiler_export_path} if a.logging.profiler_export_path else None
+    )
     return config
 
 
@@ -140,28 +156,42 @@ def to_train_config(config: dict) -> TrainConfig:
         run_name=config["general"].get("run") or "run",
         seed=_require(config, ("general", "seed"), 42),
         model=ModelShape(
-            hidden_size=mc["hidden_size"], intermediate_size=mc["intermediate_size"],
-            num_hidden_layers=mc["num_hidden_layers"], num_attention_heads=heads,
-            num_key_value_heads=mc.get("num_key_value_heads") or heads, vocab_size=mc["vocab_size"],
+            hidden_size=mc["hidden_size"],
+            intermediate_size=mc["intermediate_size"],
+            num_hidden_layers=mc["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=mc.get("num_key_value_heads") or heads,
+            vocab_size=mc["vocab_size"],
             max_position_embeddings=mc.get("max_position_embeddings", 2048),
-            rms_norm_eps=mc.get("rms_norm_eps", 1e-6), tie_word_embeddings=mc.get("tie_word_embeddings", False),
-            hidden_act=mc.get("hidden_act", "silu"), rope_theta=ROPE_THETA,
-            bos_token_id=mc.get("bos_token_id", 1), eos_token_id=mc.get("eos_token_id", 2),
+            rms_norm_eps=mc.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=mc.get("tie_word_embeddings", False),
+            hidden_act=mc.get("hidden_act", "silu"),
+            rope_theta=ROPE_THETA,
+            bos_token_id=mc.get("bos_token_id", 1),
+            eos_token_id=mc.get("eos_token_id", 2),
         ),
         init_std=_require(config, ("model", "init_method", "std"), 0.02),
         dtype=_require(config, ("model", "dtype"), "bfloat16"),
-        dp=config["parallelism"]["dp"], tp=config["parallelism"]["tp"], pp=config["parallelism"]["pp"],
-        sequence_length=tokens["sequence_length"], micro_batch_size=tokens["micro_batch_size"],
-        grad_accum_steps=tokens["batch_accumulation_per_replica"], train_steps=tokens["train_steps"],
+        dp=config["parallelism"]["dp"],
+        tp=config["parallelism"]["tp"],
+        pp=config["parallelism"]["pp"],
+        sequence_length=tokens["sequence_length"],
+        micro_batch_size=tokens["micro_batch_size"],
+        grad_accum_steps=tokens["batch_accumulation_per_replica"],
+        train_steps=tokens["train_steps"],
         lr=LRSchedule(
             learning_rate=lrs["learning_rate"],
             min_decay_lr=lrs["learning_rate"] if lrs.get("min_decay_lr") is None else lrs["min_decay_lr"],
-            warmup_steps=warmup, warmup_style=lrs.get("lr_warmup_style") or "linear",
-            decay_style=lrs.get("lr_decay_style") or "linear", decay_steps=decay_steps,
+            warmup_steps=warmup,
+            warmup_style=lrs.get("lr_warmup_style") or "linear",
+            decay_style=lrs.get("lr_decay_style") or "linear",
+            decay_steps=decay_steps,
             decay_starting_step=warmup if decay_start is None else decay_start,
         ),
-        weight_decay=config["optimizer"]["weight_decay"], adam_beta1=config["optimizer"]["adam_beta1"],
-        adam_beta2=config["optimizer"]["adam_beta2"], adam_eps=config["optimizer"]["adam_eps"],
+        weight_decay=config["optimizer"]["weight_decay"],
+        adam_beta1=config["optimizer"]["adam_beta1"],
+        adam_beta2=config["optimizer"]["adam_beta2"],
+        adam_eps=config["optimizer"]["adam_eps"],
         clip_grad=config["optimizer"].get("clip_grad"),
         dataset=dataset["hf_dataset_or_datasets"] if dataset else None,
         dataset_split=(dataset or {}).get("hf_dataset_splits") or "train",

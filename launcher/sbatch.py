@@ -27,8 +27,12 @@ def _comment(value: object) -> str:
 
 def _environment() -> Environment:
     env = Environment(
-        loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-        keep_trailing_newline=True, autoescape=False,
+        loader=FileSystemLoader(TEMPLATES),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
     )
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["comment"] = _comment
@@ -40,14 +44,34 @@ def render(spec: RunSpec, paths: BundlePaths) -> str:
     a = spec.args
     # Validation refuses such log paths (validate.SBATCH_UNSAFE); reaching here with one is a launcher bug.
     assert not SBATCH_UNSAFE.search(str(paths.log)), f"unsafe #SBATCH path {paths.log!r}"
-    return _environment().get_template("sbatch.sh.j2").render(
-        run_name=a.run_name, nodes=a.slurm.nodes, gpus_per_node=a.slurm.gpus_per_node,
-        cpus_per_node=a.slurm.cpus_per_node, time_limit=a.slurm.time_limit, partition=a.slurm.partition,
-        qos=a.slurm.qos, account=a.slurm.account, email=a.slurm.email, max_requeues=a.slurm.max_requeues,
-        signal_grace=a.slurm.signal_grace, python=a.slurm.python or sys.executable,
-        train_script=a.paths.run_train_script, config_path=paths.config, log_path=paths.log,
-        log_dir=paths.log.parent, stop_file=paths.stop_file, metrics_file=paths.metrics,
-        tmp_dir=a.slurm.tmp_dir, wandb_disabled=a.logging.wandb_disabled, extra_env=spec.extra_env,
-        pre_launch_commands=a.slurm.pre_launch_commands, bundle_dir=paths.bundle_dir, script_path=paths.script,
-        heartbeat_s=HEARTBEAT_S,
+    return (
+        _environment()
+        .get_template("sbatch.sh.j2")
+        .render(
+            run_name=a.run_name,
+            nodes=a.slurm.nodes,
+            gpus_per_node=a.slurm.gpus_per_node,
+            cpus_per_node=a.slurm.cpus_per_node,
+            time_limit=a.slurm.time_limit,
+            partition=a.slurm.partition,
+            qos=a.slurm.qos,
+            account=a.slurm.account,
+            email=a.slurm.email,
+            max_requeues=a.slurm.max_requeues,
+            signal_grace=a.slurm.signal_grace,
+            python=a.slurm.python or sys.executable,
+            train_script=a.paths.run_train_script,
+            config_path=paths.config,
+            log_path=paths.log,
+            log_dir=paths.log.parent,
+            stop_file=paths.stop_file,
+            metrics_file=paths.metrics,
+            tmp_dir=a.slurm.tmp_dir,
+            wandb_disabled=a.logging.wandb_disabled,
+            extra_env=spec.extra_env,
+            pre_launch_commands=a.slurm.pre_launch_commands,
+            bundle_dir=paths.bundle_dir,
+            script_path=paths.script,
+            heartbeat_s=HEARTBEAT_S,
+        )
     )

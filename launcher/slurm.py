@@ -15,19 +15,35 @@ from pathlib import Path
 
 from launcher.errors import SlurmUnavailable, SubmissionError
 
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                      "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SPECIAL_EXIT",
+    }
+)
 JOB_ID = re.compile(r"^\d+(_\d+)?$")
-NO_SLURM = ("Slurm's commands ({}) are not installed or not on PATH here. Use --dry_run to write the bundle "
-            "without submitting, or start the project's local cluster: python -m launcher.localcluster up "
-            "(then export SLURM_CONF as it prints).")
+NO_SLURM = (
+    "Slurm's commands ({}) are not installed or not on PATH here. Use --dry_run to write the bundle "
+    "without submitting, or start the project's local cluster: python -m launcher.localcluster up "
+    "(then export SLURM_CONF as it prints)."
+)
 HINTS = (  # sbatch's words -> the flag to change
     ("invalid partition", "--partition: pick one listed by `sinfo -s`, or leave it out for the default"),
     ("invalid qos", "--qos: pick one you may use (`sacctmgr show assoc user=$USER format=qos`)"),
     ("invalid account", "--account: pick one of yours (`sacctmgr show assoc user=$USER format=account`)"),
     ("time limit", "--time_limit: stay under the partition's limit (`sinfo -o '%P %l'`)"),
-    ("node configuration is not available", "--nodes / --gpus_per_node: the partition has no such nodes "
-     "(`sinfo -o '%P %D %G'`)"),
+    (
+        "node configuration is not available",
+        "--nodes / --gpus_per_node: the partition has no such nodes (`sinfo -o '%P %D %G'`)",
+    ),
     ("gres", "--gpus_per_node: the nodes have fewer GPUs (`sinfo -o '%P %G'`)"),
 )
 
@@ -53,8 +69,10 @@ def _command(name: str) -> str:
         raise SlurmUnavailable(NO_SLURM.format(name))
     conf = os.environ.get("SLURM_CONF")
     if conf and not os.path.isfile(conf):  # Slurm would spend a minute looking elsewhere before failing
-        raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist. Unset it to use the system's configuration, "
-                               "or start the local cluster: python -m launcher.localcluster up")
+        raise SlurmUnavailable(
+            f"SLURM_CONF={conf} does not exist. Unset it to use the system's configuration, "
+            "or start the local cluster: python -m launcher.localcluster up"
+        )
     return path
 
 
@@ -66,9 +84,16 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
 
 
 def _unreachable(stderr: str) -> bool:
-    return any(w in stderr.lower() for w in ("unable to contact slurm controller", "connection refused",
-                                              "zero bytes were transmitted", "could not open configuration",
-                                              "cannot stat file"))
+    return any(
+        w in stderr.lower()
+        for w in (
+            "unable to contact slurm controller",
+            "connection refused",
+            "zero bytes were transmitted",
+            "could not open configuration",
+            "cannot stat file",
+        )
+    )
 
 
 def submit(script: Path) -> str:
@@ -77,11 +102,17 @@ def submit(script: Path) -> str:
     if out.returncode != 0:
         stderr = out.stderr.strip()
         if _unreachable(stderr):
-            raise SlurmUnavailable(f"sbatch cannot reach the Slurm controller:\n  {stderr}\n" + NO_SLURM.format(
-                "sbatch works, but the controller does not answer; is SLURM_CONF right?"))
+            raise SlurmUnavailable(
+                f"sbatch cannot reach the Slurm controller:\n  {stderr}\n"
+                + NO_SLURM.format("sbatch works, but the controller does not answer; is SLURM_CONF right?")
+            )
         hints = [h for words, h in HINTS if words in stderr.lower()]
-        raise SubmissionError("sbatch rejected the job:\n  " + stderr.replace("\n", "\n  ") + "\n" + "\n".join(
-            f"  fix {h}" for h in hints or ["check the #SBATCH options in the script against `sinfo`"]))
+        raise SubmissionError(
+            "sbatch rejected the job:\n  "
+            + stderr.replace("\n", "\n  ")
+            + "\n"
+            + "\n".join(f"  fix {h}" for h in hints or ["check the #SBATCH options in the script against `sinfo`"])
+        )
     job_id = out.stdout.strip().split(";")[0]
     if not JOB_ID.match(job_id):
         raise SubmissionError(f"sbatch answered {out.stdout.strip()!r}, not a job id")
@@ -112,8 +143,9 @@ def _from_sacct(job_id: str) -> JobState | None:
         return None
     state, code, reason, nodes, restarts = (line.split("|") + [""] * 5)[:5]
     status, sig = _exit(code)
-    return JobState(job_id, state.split()[0], reason or "None", status, sig,
-                    int(restarts) if restarts.isdigit() else 0, nodes)
+    return JobState(
+        job_id, state.split()[0], reason or "None", status, sig, int(restarts) if restarts.isdigit() else 0, nodes
+    )
 
 
 def job_state(job_id: str) -> JobState | None:
@@ -122,8 +154,15 @@ def job_state(job_id: str) -> JobState | None:
     if out.returncode == 0 and "JobState=" in out.stdout:
         f = parse_scontrol(out.stdout)
         status, sig = _exit(f.get("ExitCode", ""))
-        return JobState(job_id, f["JobState"], f.get("Reason", "None"), status, sig,
-                        int(f.get("Restarts", "0") or 0), f.get("NodeList", ""))
+        return JobState(
+            job_id,
+            f["JobState"],
+            f.get("Reason", "None"),
+            status,
+            sig,
+            int(f.get("Restarts", "0") or 0),
+            f.get("NodeList", ""),
+        )
     if out.returncode != 0 and _unreachable(out.stderr):
         raise SlurmUnavailable(f"scontrol cannot reach the Slurm controller: {out.stderr.strip()}")
     return _from_sacct(job_id)

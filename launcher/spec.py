@@ -13,18 +13,37 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import yaml
 
 from launcher import nanotron_schema
-from launcher.cli import LaunchArgs
+from launcher.cli import GROUPS, LaunchArgs
 from launcher.problems import Problem
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = PROJECT_ROOT / "configs"
 PRESETS_DIR = CONFIGS_DIR / "presets"
 BASE_CONFIG = CONFIGS_DIR / "nanotron-0.4-base.yaml"
 PATH_FIELDS = ("configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scripts_dir", "run_train_script")
+
+
+G = TypeVar("G", bound="DataclassInstance")
+
+
+class Shape(NamedTuple):
+    """The resolved model shape as plain integers."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,22 @@ class RunSpec:
     @property
     def world_size(self) -> int:
         return self.args.slurm.nodes * self.args.slurm.gpus_per_node
+
+    @property
+    def shape(self) -> Shape:
+        """The model shape; every field is resolved (a preset defines them all)."""
+        m = self.args.model
+        values = (
+            m.hidden_size,
+            m.intermediate_size,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.vocab_size,
+            m.max_seq_len,
+        )
+        assert all(v is not None for v in values), f"unresolved model shape {m}"
+        return Shape(*values)  # type: ignore[arg-type]
 
 
 def preset_names() -> list[str]:
@@ -97,11 +132,11 @@ def _load_base(path: str | None) -> tuple[dict, str, list[Problem]]:
     return data, str(target.resolve()), []
 
 
-def _override(group: object, values: dict, explicit: set[str]) -> object:
+def _override(group: G, values: dict, explicit: set[str]) -> G:
     """Replace the group's fields with `values`, except those the user typed."""
-    names = {f.name for f in dataclasses.fields(group)}  # type: ignore[arg-type]
+    names = {f.name for f in dataclasses.fields(group)}
     changes = {k: v for k, v in values.items() if k in names and k not in explicit and v is not None}
-    return dataclasses.replace(group, **changes)  # type: ignore[type-var]
+    return dataclasses.replace(group, **changes)
 
 
 def _absolute(path: str, cwd: Path) -> str:
@@ -125,7 +160,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     preset_values = {**preset["model"], **preset["parallelism"]}
 
     groups = {}
-    for name in ("slurm", "model", "training", "parallelism", "data", "paths", "logging", "execution"):
+    for name in GROUPS:
         group = getattr(args, name)
         group = _override(group, preset_values, explicit | set(from_config))
         group = _override(group, from_config, explicit)
@@ -157,8 +192,15 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
         problems.append(Problem("extra_env", f"{item!r} is not KEY=VALUE", "write NAME=value, e.g. NCCL_DEBUG=WARN"))
 
     resolved = dataclasses.replace(
-        args, slurm=groups["slurm"], model=model, training=groups["training"], parallelism=par, data=data,
-        paths=paths, logging=logging, execution=groups["execution"],
+        args,
+        slurm=groups["slurm"],
+        model=model,
+        training=groups["training"],
+        parallelism=par,
+        data=data,
+        paths=paths,
+        logging=logging,
+        execution=groups["execution"],
     )
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
     spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path)

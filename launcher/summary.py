@@ -6,8 +6,9 @@ from launcher.bundle import BundlePaths
 from launcher.spec import RunSpec
 
 
-def parameter_count(*, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int,
-                    tied: bool) -> int:
+def parameter_count(
+    *, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int, tied: bool
+) -> int:
     """Parameters of a Llama with grouped-query attention (RMSNorm weights included, no biases)."""
     head_dim = hidden // heads
     attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim  # q, o; k, v
@@ -19,18 +20,24 @@ def parameter_count(*, hidden: int, intermediate: int, layers: int, heads: int, 
 
 def derived(spec: RunSpec) -> dict:
     """The numbers the summary shows, also stored in the manifest."""
-    m, t, p = spec.args.model, spec.args.training, spec.args.parallelism
-    params = parameter_count(hidden=m.hidden_size, intermediate=m.intermediate_size, layers=m.num_layers,
-                             heads=m.num_heads, kv_heads=m.num_kv_heads, vocab=m.vocab_size,
-                             tied=spec.tie_word_embeddings)
+    s, t, p = spec.shape, spec.args.training, spec.args.parallelism
+    params = parameter_count(
+        hidden=s.hidden,
+        intermediate=s.intermediate,
+        layers=s.layers,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        vocab=s.vocab,
+        tied=spec.tie_word_embeddings,
+    )
     sequences = t.micro_batch_size * t.grad_accum_steps * (p.dp or 0)
     return {
         "parameters": params,
         "world_size": spec.world_size,
         "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
         "global_batch_sequences": sequences,
-        "global_batch_tokens": sequences * m.max_seq_len,
-        "total_training_tokens": sequences * m.max_seq_len * t.train_steps,
+        "global_batch_tokens": sequences * s.seq,
+        "total_training_tokens": sequences * s.seq * t.train_steps,
     }
 
 
@@ -46,17 +53,29 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
     a = spec.args
     lay = figures["layout"]
     rows = [
-        ("model", f"{a.model.model_size} preset: {_human(figures['parameters'])} parameters "
-                  f"(hidden {a.model.hidden_size}, {a.model.num_layers} layers, {a.model.num_heads} heads / "
-                  f"{a.model.num_kv_heads} kv, vocab {a.model.vocab_size}, seq {a.model.max_seq_len})"),
-        ("layout", f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
-                   f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"),
-        ("batch", f"{figures['global_batch_sequences']} sequences = {_human(figures['global_batch_tokens'])} tokens "
-                  f"per step (micro {a.training.micro_batch_size} x accum {a.training.grad_accum_steps} x dp "
-                  f"{lay['dp']})"),
-        ("training", f"{a.training.train_steps} steps = {_human(figures['total_training_tokens'])} tokens, "
-                     f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
-                     f"{a.training.warmup_steps} warmup)"),
+        (
+            "model",
+            f"{a.model.model_size} preset: {_human(figures['parameters'])} parameters "
+            f"(hidden {a.model.hidden_size}, {a.model.num_layers} layers, {a.model.num_heads} heads / "
+            f"{a.model.num_kv_heads} kv, vocab {a.model.vocab_size}, seq {a.model.max_seq_len})",
+        ),
+        (
+            "layout",
+            f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
+            f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})",
+        ),
+        (
+            "batch",
+            f"{figures['global_batch_sequences']} sequences = {_human(figures['global_batch_tokens'])} tokens "
+            f"per step (micro {a.training.micro_batch_size} x accum {a.training.grad_accum_steps} x dp "
+            f"{lay['dp']})",
+        ),
+        (
+            "training",
+            f"{a.training.train_steps} steps = {_human(figures['total_training_tokens'])} tokens, "
+            f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
+            f"{a.training.warmup_steps} warmup)",
+        ),
         ("bundle", str(paths.bundle_dir)),
         ("config", str(paths.config)),
         ("script", str(paths.script)),

@@ -24,11 +24,19 @@ def spec_for(*flags: str, cwd: Path | None = None) -> tuple[RunSpec, list]:
 
 def fixed_paths(run_name: str, root: Path = Path("/project")) -> BundlePaths:
     """Bundle paths as a launch from `root` at a fixed time would get them."""
-    return _paths(run_name, "20260101-000000", root / "logs/configs", root / "logs/slurm_scripts",
-                  root / "logs/slurm_logs", root / "checkpoints" / run_name)
+    return _paths(
+        run_name,
+        "20260101-000000",
+        root / "logs/configs",
+        root / "logs/slurm_scripts",
+        root / "logs/slurm_logs",
+        root / "checkpoints" / run_name,
+    )
 
 
-def run_launcher(*flags: str, cwd: Path, env: dict | None = None, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_launcher(
+    *flags: str, cwd: Path, env: dict | None = None, block: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     """Run slurm_launcher.py in a subprocess; `block` names modules whose import must fail."""
     code = (
         "import sys, runpy\n"
@@ -36,5 +44,11 @@ def run_launcher(*flags: str, cwd: Path, env: dict | None = None, block: tuple[s
         f"sys.argv = [{str(LAUNCHER)!r}, *{list(flags)!r}]\n"
         f"runpy.run_path({str(LAUNCHER)!r}, run_name='__main__')\n"
     )
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )

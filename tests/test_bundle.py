@@ -23,15 +23,42 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def flags(*extra: str) -> list[str]:
-    return ["--run_name", "r", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none", "--dry_run", "true",
-            "--run_train_script", "train.py", *extra]
+    return [
+        "--run_name",
+        "r",
+        "--nodes",
+        "1",
+        "--gpus_per_node",
+        "2",
+        "--dataset",
+        "none",
+        "--dry_run",
+        "true",
+        "--run_train_script",
+        "train.py",
+        *extra,
+    ]
 
 
 def test_same_second_launches_get_distinct_bundles(tmp_path: Path):
-    a = bundle.claim("r", str(tmp_path / "c"), str(tmp_path / "s"), str(tmp_path / "l"), str(tmp_path / "k"),
-                     False, now=1_700_000_000)
-    b = bundle.claim("r", str(tmp_path / "c"), str(tmp_path / "s"), str(tmp_path / "l"), str(tmp_path / "k"),
-                     False, now=1_700_000_000)
+    a = bundle.claim(
+        "r",
+        str(tmp_path / "c"),
+        str(tmp_path / "s"),
+        str(tmp_path / "l"),
+        str(tmp_path / "k"),
+        False,
+        now=1_700_000_000,
+    )
+    b = bundle.claim(
+        "r",
+        str(tmp_path / "c"),
+        str(tmp_path / "s"),
+        str(tmp_path / "l"),
+        str(tmp_path / "k"),
+        False,
+        now=1_700_000_000,
+    )
     assert a.bundle_dir != b.bundle_dir and a.script != b.script and a.log != b.log
     assert b.bundle_dir.name == a.bundle_dir.name + "-2"
 

@@ -19,8 +19,9 @@ def test_dry_run_imports_no_heavy_library(tmp_path: Path):
 
 
 def test_user_errors_exit_2_with_every_problem_and_no_traceback(tmp_path: Path):
-    out = run_launcher("--run_name", "x y", "--nodes", "2", "--tp", "3", "--time_limit", "soon", "--dry_run",
-                       cwd=tmp_path, block=HEAVY)
+    out = run_launcher(
+        "--run_name", "x y", "--nodes", "2", "--tp", "3", "--time_limit", "soon", "--dry_run", cwd=tmp_path, block=HEAVY
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     for flag in ("--run_name", "--tp", "--time_limit"):
@@ -37,8 +38,9 @@ def test_submission_without_slurm_names_dry_run_and_local_cluster(tmp_path: Path
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "bash").symlink_to(shutil.which("bash"))
-    out = run_launcher("--run_name", "x", "--nodes", "1", "--gpus_per_node", "1", cwd=tmp_path,
-                       env={"PATH": str(bin_dir)})  # a machine without Slurm's commands
+    out = run_launcher(
+        "--run_name", "x", "--nodes", "1", "--gpus_per_node", "1", cwd=tmp_path, env={"PATH": str(bin_dir)}
+    )  # a machine without Slurm's commands
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--dry_run" in out.stderr and "launcher.localcluster" in out.stderr
     manifest = next((tmp_path / "logs/configs/x").iterdir()) / "manifest.json"

@@ -20,13 +20,41 @@ from launcher.plot import read_metrics
 from launcher.train.schedule import lr_at
 
 
-def launch(tmp_path: Path, env: dict, demo_data, run_name: str, *flags: str, follow: bool = True,
-           nodes: str = "2") -> subprocess.Popen:
-    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", run_name, "--nodes", nodes,
-            "--gpus_per_node", "2", "--model_size", "tiny", "--dataset", str(demo_data.dataset), "--tokenizer",
-            str(demo_data.tokenizer), "--grad_accum_steps", "1", "--learning_rate", "3e-3", "--min_lr", "3e-4",
-            "--warmup_steps", "3", "--save_interval", "10", "--wandb_disabled", "true", "--time_limit", "5:00",
-            *flags, *(["--show_logs"] if follow else [])]
+def launch(
+    tmp_path: Path, env: dict, demo_data, run_name: str, *flags: str, follow: bool = True, nodes: str = "2"
+) -> subprocess.Popen:
+    argv = [
+        sys.executable,
+        str(ROOT / "slurm_launcher.py"),
+        "--run_name",
+        run_name,
+        "--nodes",
+        nodes,
+        "--gpus_per_node",
+        "2",
+        "--model_size",
+        "tiny",
+        "--dataset",
+        str(demo_data.dataset),
+        "--tokenizer",
+        str(demo_data.tokenizer),
+        "--grad_accum_steps",
+        "1",
+        "--learning_rate",
+        "3e-3",
+        "--min_lr",
+        "3e-4",
+        "--warmup_steps",
+        "3",
+        "--save_interval",
+        "10",
+        "--wandb_disabled",
+        "true",
+        "--time_limit",
+        "5:00",
+        *flags,
+        *(["--show_logs"] if follow else []),
+    ]
     return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -95,8 +123,9 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     second = bundles(tmp_path, "demo")[1]
     assert [r["step"] for r in read_metrics(second / "metrics.jsonl")] == list(range(31, 41))
 
-    code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "5", "--resume", "false"),
-                       timeout=300)
+    code, out = finish(
+        launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "5", "--resume", "false"), timeout=300
+    )
     assert code == 0 and "resumed from" not in out
     third = bundles(tmp_path, "demo")[2]
     assert manifest(third)["outputs"]["checkpoints"] != str(tmp_path / "checkpoints/demo")
@@ -124,9 +153,25 @@ def test_time_limit_is_crossed_over_allocations(tmp_path: Path, slurm_env: dict,
     # 1 minute per allocation; Slurm warns 45 s before the end (its timer ticks every 30 s, so the warning lands
     # 15-45 s into the allocation) and the run checkpoints, requeues and resumes until it is done.
     # ~60 s of training (400 steps of 3 micro-batches) cannot fit in one allocation.
-    proc = launch(tmp_path, slurm_env, demo_data, "timelimit", "--train_steps", "400", "--grad_accum_steps", "3",
-                  "--time_limit", "1", "--signal_grace", "45", "--max_requeues", "4", "--save_interval", "50",
-                  nodes="1")
+    proc = launch(
+        tmp_path,
+        slurm_env,
+        demo_data,
+        "timelimit",
+        "--train_steps",
+        "400",
+        "--grad_accum_steps",
+        "3",
+        "--time_limit",
+        "1",
+        "--signal_grace",
+        "45",
+        "--max_requeues",
+        "4",
+        "--save_interval",
+        "50",
+        nodes="1",
+    )
     code, out = finish(proc, timeout=600)
     assert code == 0, out
     (bundle_dir,) = bundles(tmp_path, "timelimit")
@@ -142,8 +187,14 @@ def test_cancel_ends_every_process(tmp_path: Path, slurm_env: dict, demo_data):
     job_id = manifest(bundle_dir)["slurm"]["job_id"]
     log = Path(manifest(bundle_dir)["outputs"]["log"])
     wait_for(lambda: log.exists() and "step 3/" in log.read_text(), timeout=120)
-    follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)], cwd=ROOT,
-                                env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)],
+        cwd=ROOT,
+        env=slurm_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1)
     slurm.cancel(job_id)
     code, out = finish(follower, timeout=60)

@@ -41,8 +41,20 @@ def test_every_preset_passes_nanotrons_parser(preset: str, tmp_path: Path, nanot
 
 
 def test_round_trip_to_train_config(tmp_path: Path):
-    spec, _ = spec_for("--nodes", "1", "--gpus_per_node", "4", "--tp", "2", "--train_steps", "50",
-                       "--warmup_steps", "5", "--dataset", "none")
+    spec, _ = spec_for(
+        "--nodes",
+        "1",
+        "--gpus_per_node",
+        "4",
+        "--tp",
+        "2",
+        "--train_steps",
+        "50",
+        "--warmup_steps",
+        "5",
+        "--dataset",
+        "none",
+    )
     cfg = nanotron_schema.load_train_config(str(write(spec, tmp_path)))
     assert (cfg.dp, cfg.tp, cfg.pp) == (2, 2, 1)
     assert cfg.dataset is None and cfg.train_steps == 50

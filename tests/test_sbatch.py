@@ -21,9 +21,26 @@ IN_CI = os.environ.get("CI") == "true"
 
 
 def golden_script(preset: str) -> str:
-    flags = ["--run_name", f"golden-{preset}", "--model_size", preset, "--nodes", NODES.get(preset, "2"),
-             "--python", "/usr/bin/python3", "--run_train_script", "/project/run_train.py", "--dataset", "none",
-             "--partition", "gpu", "--extra_env", "NCCL_DEBUG=INFO", "--wandb_disabled", "true"]
+    flags = [
+        "--run_name",
+        f"golden-{preset}",
+        "--model_size",
+        preset,
+        "--nodes",
+        NODES.get(preset, "2"),
+        "--python",
+        "/usr/bin/python3",
+        "--run_train_script",
+        "/project/run_train.py",
+        "--dataset",
+        "none",
+        "--partition",
+        "gpu",
+        "--extra_env",
+        "NCCL_DEBUG=INFO",
+        "--wandb_disabled",
+        "true",
+    ]
     spec, _ = spec_for(*flags, cwd=Path("/project"))
     return sbatch.render(spec, fixed_paths(spec.args.run_name))
 
@@ -60,8 +77,7 @@ def shell_value(text: str, variable: str) -> str:
         if probe.returncode == 0:
             break
         end = text.index("\n", end + 1)
-    out = subprocess.run(["bash", "-c", text[start:end] + f'\nprintf %s "${variable}"'], capture_output=True,
-                         text=True)
+    out = subprocess.run(["bash", "-c", text[start:end] + f'\nprintf %s "${variable}"'], capture_output=True, text=True)
     return out.stdout
 
 
@@ -73,10 +89,24 @@ def test_scripts_lint_clean(preset: str, tmp_path: Path):
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_paths_are_quoted(name: str, tmp_path: Path):
     root = tmp_path / name
-    flags = ["--run_name", "h", "--checkpoints_path", str(root / "ck"), "--dataset", str(root / "data"),
-             "--tokenizer", str(root / "tok"), "--python", str(root / "bin/python"), "--run_train_script",
-             str(root / "train.py"), "--extra_env", f"X={name.replace(chr(10), '_').replace(' ', '_')}",
-             "--configs_path", str(root / "cfg")]
+    flags = [
+        "--run_name",
+        "h",
+        "--checkpoints_path",
+        str(root / "ck"),
+        "--dataset",
+        str(root / "data"),
+        "--tokenizer",
+        str(root / "tok"),
+        "--python",
+        str(root / "bin/python"),
+        "--run_train_script",
+        str(root / "train.py"),
+        "--extra_env",
+        f"X={name.replace(chr(10), '_').replace(' ', '_')}",
+        "--configs_path",
+        str(root / "cfg"),
+    ]
     spec, _ = spec_for(*flags, cwd=tmp_path)
     paths = dataclasses.replace(fixed_paths("h", root=root), log=tmp_path / "logs" / "h.out")  # see next tests
     text = sbatch.render(spec, paths)
@@ -108,8 +138,17 @@ def test_log_dir_slurm_cannot_carry_is_refused(tmp_path: Path):
 
 def test_script_holds_the_operational_basics():
     text = golden_script("tiny")
-    for needle in ("set -euo pipefail", "trap cleanup EXIT", "CUDA_DEVICE_MAX_CONNECTIONS=1",
-                   "--rdzv_backend=c10d", '--rdzv_id="$SLURM_JOB_ID"', "--nproc_per_node=8", "WANDB_MODE=disabled",
-                   "#SBATCH --ntasks-per-node=1", "#SBATCH --signal=B:USR1@120", "#SBATCH --open-mode=append"):
+    for needle in (
+        "set -euo pipefail",
+        "trap cleanup EXIT",
+        "CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "--rdzv_backend=c10d",
+        '--rdzv_id="$SLURM_JOB_ID"',
+        "--nproc_per_node=8",
+        "WANDB_MODE=disabled",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --signal=B:USR1@120",
+        "#SBATCH --open-mode=append",
+    ):
         assert needle in text
     assert "printenv" not in text and "env |" not in text

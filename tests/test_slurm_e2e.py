@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher_helpers import ROOT, run_launcher
+from launcher_helpers import ROOT
 
 from launcher import slurm
 
@@ -34,9 +34,23 @@ def script(tmp_path: Path, name: str, text: str) -> str:
 
 
 def launch(tmp_path: Path, env: dict, run_name: str, train_script: str, *flags: str, timeout: float = 180):
-    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", run_name, "--nodes", "2",
-            "--gpus_per_node", "2", "--run_train_script", train_script, "--dataset", "none", "--time_limit", "5:00",
-            *flags]
+    argv = [
+        sys.executable,
+        str(ROOT / "slurm_launcher.py"),
+        "--run_name",
+        run_name,
+        "--nodes",
+        "2",
+        "--gpus_per_node",
+        "2",
+        "--run_train_script",
+        train_script,
+        "--dataset",
+        "none",
+        "--time_limit",
+        "5:00",
+        *flags,
+    ]
     return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -55,8 +69,9 @@ def test_four_ranks_rendezvous_and_complete(tmp_path: Path, slurm_env: dict):
     job_id = manifest["slurm"]["job_id"]
     assert manifest["slurm"]["submitted"] is True and slurm.JOB_ID.match(job_id)
     # the file on disk is the file Slurm ran, and the log we followed is the one Slurm wrote
-    stored = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], env=slurm_env,
-                            capture_output=True, text=True, check=True).stdout
+    stored = subprocess.run(
+        ["scontrol", "write", "batch_script", job_id, "-"], env=slurm_env, capture_output=True, text=True, check=True
+    ).stdout
     assert stored == Path(manifest["files"]["script"]["path"]).read_text()
     assert slurm.job_log_path(job_id) == Path(manifest["outputs"]["log"])
 
@@ -87,8 +102,9 @@ def test_missing_slurm_conf_is_named(tmp_path: Path, slurm_env: dict):
 def test_dead_controller_names_dry_run(tmp_path: Path, slurm_env: dict):
     conf = Path(slurm_env["SLURM_CONF"]).read_text()
     dead = tmp_path / "dead.conf"  # the same cluster, but a port no controller listens on
-    dead.write_text("\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
-                              for line in conf.splitlines()))
+    dead.write_text(
+        "\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line for line in conf.splitlines())
+    )
     out = launch(tmp_path, {**slurm_env, "SLURM_CONF": str(dead)}, "nowhere", script(tmp_path, "ok.py", "1\n"))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "cannot reach the Slurm controller" in out.stderr and "--dry_run" in out.stderr
@@ -107,13 +123,20 @@ def wait_for(predicate, timeout: float = 60.0, every: float = 0.2):
 
 
 def jobs(*argv: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.jobs", *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.jobs", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_status_attach_and_cancel(tmp_path: Path, slurm_env: dict):
-    out = launch(tmp_path, slurm_env, "sleeper", script(tmp_path, "sleep.py", SLEEP), "--nodes", "1",
-                 "--gpus_per_node", "1")
+    out = launch(
+        tmp_path, slurm_env, "sleeper", script(tmp_path, "sleep.py", SLEEP), "--nodes", "1", "--gpus_per_node", "1"
+    )
     assert out.returncode == 0 and "Submitted job" in out.stdout
     bundle_dir = only_bundle(tmp_path, "sleeper")
     job_id = json.loads((bundle_dir / "manifest.json").read_text())["slurm"]["job_id"]
@@ -122,25 +145,40 @@ def test_status_attach_and_cancel(tmp_path: Path, slurm_env: dict):
     status = jobs("status", str(bundle_dir), env=slurm_env)
     assert status.returncode == 0 and f"job {job_id} RUNNING" in status.stdout
 
-    follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", job_id], cwd=ROOT, env=slurm_env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "launcher.jobs", "attach", job_id],
+        cwd=ROOT,
+        env=slurm_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(2)
     assert jobs("cancel", str(bundle_dir), env=slurm_env).returncode == 0
     stdout, _ = follower.communicate(timeout=60)
     assert follower.returncode == 1
     assert "sleeping" in stdout and f"Job {job_id} ended CANCELLED" in stdout
     # nothing of the job survives on the nodes
-    wait_for(lambda: "sleep.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
-                                                       text=True).stdout, timeout=30)
+    wait_for(
+        lambda: "sleep.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout,
+        timeout=30,
+    )
 
 
 def test_ctrl_c_stops_following_not_the_job(tmp_path: Path, slurm_env: dict):
-    out = launch(tmp_path, slurm_env, "ctrlc", script(tmp_path, "sleep.py", SLEEP), "--nodes", "1",
-                 "--gpus_per_node", "1")
+    out = launch(
+        tmp_path, slurm_env, "ctrlc", script(tmp_path, "sleep.py", SLEEP), "--nodes", "1", "--gpus_per_node", "1"
+    )
     bundle_dir = only_bundle(tmp_path, "ctrlc")
     job_id = json.loads((bundle_dir / "manifest.json").read_text())["slurm"]["job_id"]
-    follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)], cwd=ROOT,
-                                env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)],
+        cwd=ROOT,
+        env=slurm_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: (slurm.job_state(job_id) or slurm.job_state(job_id)).state == "RUNNING")
     time.sleep(1)
     follower.send_signal(2)  # SIGINT, as Ctrl-C
@@ -155,8 +193,7 @@ def test_ctrl_c_stops_following_not_the_job(tmp_path: Path, slurm_env: dict):
 def test_hostile_paths_run_for_real(tmp_path: Path, slurm_env: dict, bad: str):
     root = tmp_path / bad
     root.mkdir()
-    out = launch(root, slurm_env, "hostile", script(root, "allreduce.py", ALLREDUCE), "--nodes", "1",
-                 "--show_logs")
+    out = launch(root, slurm_env, "hostile", script(root, "allreduce.py", ALLREDUCE), "--nodes", "1", "--show_logs")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rank 1/2 sum=3 expected=3" in out.stdout
     assert not list(tmp_path.rglob("pwned")) and not (ROOT / "pwned").exists()

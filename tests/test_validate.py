@@ -39,27 +39,58 @@ def test_replica_larger_than_job_suggests_nodes():
 
 
 def test_heads_not_divisible_by_tp_lists_choices():
-    problems = problems_for("--num_heads", "12", "--num_kv_heads", "12", "--hidden_size", "768", "--tp", "8",
-                            "--nodes", "1")
+    problems = problems_for(
+        "--num_heads", "12", "--num_kv_heads", "12", "--hidden_size", "768", "--tp", "8", "--nodes", "1"
+    )
     assert any(p.flag == "tp" and "12" in p.message and "6" in p.fix for p in problems)
 
 
 def test_every_mistake_is_reported_at_once(tmp_path: Path):
     problems = problems_for(
-        "--run_name", "bad name", "--time_limit", "1h", "--email", "nope", "--extra_env", "A=1 B",
-        "--warmup_steps", "20000", "--min_lr", "1", "--dataset", str(tmp_path / "missing"), "--pp", "3",
-        "--num_layers", "2", "--grad_accum_steps", "1",
+        "--run_name",
+        "bad name",
+        "--time_limit",
+        "1h",
+        "--email",
+        "nope",
+        "--extra_env",
+        "A=1 B",
+        "--warmup_steps",
+        "20000",
+        "--min_lr",
+        "1",
+        "--dataset",
+        str(tmp_path / "missing"),
+        "--pp",
+        "3",
+        "--num_layers",
+        "2",
+        "--grad_accum_steps",
+        "1",
     )
-    assert set(flags_of(problems)) >= {"run_name", "time_limit", "email", "extra_env", "warmup_steps", "min_lr",
-                                       "dataset", "pp", "grad_accum_steps"}
+    assert set(flags_of(problems)) >= {
+        "run_name",
+        "time_limit",
+        "email",
+        "extra_env",
+        "warmup_steps",
+        "min_lr",
+        "dataset",
+        "pp",
+        "grad_accum_steps",
+    }
     text = report(problems)
     assert text.count("\n  - --") == len(problems)
 
 
-@pytest.mark.parametrize("flag,value", [
-    ("extra_env", "HF_TOKEN=hf_abc"), ("extra_env", "WANDB_API_KEY=xyz"),
-    ("pre_launch_commands", "export WANDB_API_KEY=xyz"),
-])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("extra_env", "HF_TOKEN=hf_abc"),
+        ("extra_env", "WANDB_API_KEY=xyz"),
+        ("pre_launch_commands", "export WANDB_API_KEY=xyz"),
+    ],
+)
 def test_secrets_in_flags_are_refused(flag: str, value: str):
     problems = problems_for(f"--{flag}", value)
     assert flag in flags_of(problems)
@@ -75,8 +106,9 @@ def test_tokenizer_larger_than_vocab(tmp_path: Path):
     assert spec.args.model.vocab_size == 320
 
 
-@pytest.mark.parametrize("text,seconds", [("30", 1800), ("1:00:00", 3600), ("2-00", 172800), ("10:30", 630),
-                                          ("1-02:03:04", 93784)])
+@pytest.mark.parametrize(
+    "text,seconds", [("30", 1800), ("1:00:00", 3600), ("2-00", 172800), ("10:30", 630), ("1-02:03:04", 93784)]
+)
 def test_time_limit_seconds(text: str, seconds: int):
     assert time_limit_seconds(text) == seconds
 
@@ -90,22 +122,47 @@ def test_profiler_needs_short_runs():
     assert "profiler_export_path" in flags_of(problems_for("--profiler_export_path", "/tmp/prof"))
 
 
-layouts = st.fixed_dictionaries({
-    "nodes": st.integers(1, 4), "gpus": st.sampled_from([1, 2, 4, 8]), "tp": st.sampled_from([None, 1, 2, 4, 8]),
-    "pp": st.sampled_from([None, 1, 2, 4]), "dp": st.sampled_from([None, 1, 2, 4, 8, 16]),
-    "heads": st.sampled_from([4, 6, 8, 12, 16, 32]), "kv": st.sampled_from([1, 2, 4, 8, 16]),
-    "head_dim": st.sampled_from([8, 16, 64]), "layers": st.integers(1, 8), "accum": st.integers(1, 4),
-    "inter": st.sampled_from([96, 256, 1000]), "vocab": st.sampled_from([1000, 32000, 50257]),
-})
+layouts = st.fixed_dictionaries(
+    {
+        "nodes": st.integers(1, 4),
+        "gpus": st.sampled_from([1, 2, 4, 8]),
+        "tp": st.sampled_from([None, 1, 2, 4, 8]),
+        "pp": st.sampled_from([None, 1, 2, 4]),
+        "dp": st.sampled_from([None, 1, 2, 4, 8, 16]),
+        "heads": st.sampled_from([4, 6, 8, 12, 16, 32]),
+        "kv": st.sampled_from([1, 2, 4, 8, 16]),
+        "head_dim": st.sampled_from([8, 16, 64]),
+        "layers": st.integers(1, 8),
+        "accum": st.integers(1, 4),
+        "inter": st.sampled_from([96, 256, 1000]),
+        "vocab": st.sampled_from([1000, 32000, 50257]),
+    }
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts)
 def test_accepted_layouts_satisfy_nanotron(x: dict):
-    flags = ["--nodes", str(x["nodes"]), "--gpus_per_node", str(x["gpus"]), "--num_heads", str(x["heads"]),
-             "--num_kv_heads", str(x["kv"]), "--hidden_size", str(x["heads"] * x["head_dim"]),
-             "--num_layers", str(x["layers"]), "--grad_accum_steps", str(x["accum"]),
-             "--intermediate_size", str(x["inter"]), "--vocab_size", str(x["vocab"])]
+    flags = [
+        "--nodes",
+        str(x["nodes"]),
+        "--gpus_per_node",
+        str(x["gpus"]),
+        "--num_heads",
+        str(x["heads"]),
+        "--num_kv_heads",
+        str(x["kv"]),
+        "--hidden_size",
+        str(x["heads"] * x["head_dim"]),
+        "--num_layers",
+        str(x["layers"]),
+        "--grad_accum_steps",
+        str(x["accum"]),
+        "--intermediate_size",
+        str(x["inter"]),
+        "--vocab_size",
+        str(x["vocab"]),
+    ]
     for name in ("tp", "pp", "dp"):
         if x[name] is not None:
             flags += [f"--{name}", str(x[name])]
@@ -122,6 +179,18 @@ def test_accepted_layouts_satisfy_nanotron(x: dict):
 
 
 def test_check_layout_is_shared_with_the_trainer():
-    problems = check_layout(world=4, dp=1, tp=1, pp=1, hidden=64, intermediate=256, layers=2, heads=4, kv_heads=2,
-                            vocab=256, grad_accum=1, world_flags="processes started by torchrun")
+    problems = check_layout(
+        world=4,
+        dp=1,
+        tp=1,
+        pp=1,
+        hidden=64,
+        intermediate=256,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        vocab=256,
+        grad_accum=1,
+        world_flags="processes started by torchrun",
+    )
     assert flags_of(problems) == ["dp"] and "torchrun" in problems[0].message
