@@ -15,11 +15,13 @@ from launcher.validate import validate
 
 
 def latest_checkpoint_step(checkpoints: Path) -> int | None:
-    """The step named by a run's `latest` pointer (written by the training job), if any."""
-    try:
-        return int((checkpoints / "latest").read_text().strip())
-    except (OSError, ValueError):
-        return None
+    """The step of a run's newest checkpoint: the torch engine's `latest` pointer or nanotron's `latest.txt`."""
+    for pointer in ("latest", "latest.txt"):
+        try:
+            return int((checkpoints / pointer).read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _shell_problems(script: str) -> list[Problem]:

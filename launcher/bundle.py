@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+LAUNCHER_SCRIPT = Path(__file__).resolve().parent.parent / "slurm_launcher.py"
 PACKAGES = (
     "nanotron",
     "torch",
@@ -43,6 +44,7 @@ class BundlePaths:
     script: Path
     log: Path
     stop_file: Path
+    stopped_file: Path
     metrics: Path
     checkpoints: Path
 
@@ -60,6 +62,7 @@ def _paths(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Path, 
         script=scripts / run_name / f"{stamp}.sbatch",
         log=logs / run_name / f"{stamp}.out",
         stop_file=bundle_dir / "stop-requested",
+        stopped_file=bundle_dir / "stopped-at-checkpoint",
         metrics=bundle_dir / "metrics.jsonl",
         checkpoints=checkpoints,
     )
@@ -98,10 +101,26 @@ def claim(
 
 
 def write_new(path: Path, text: str, mode: int = 0o644) -> str:
-    """Create `path` (it must not exist) with `text`; return its sha256."""
-    with open(path, "x", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, mode)
+    """Create `path` (it must not exist) with `text`, complete or not at all; return its sha256.
+
+    The text goes to a private temporary file first, which is then hard-linked to `path`: `link` fails if `path`
+    exists (no launch replaces another's file) and is atomic (a reader never sees a half-written file).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a filesystem without hard links: exclusive create, still never a replace
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(path, mode)
+    finally:
+        tmp.unlink(missing_ok=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -131,7 +150,7 @@ def manifest(args: object, argv: list[str], paths: BundlePaths, hashes: dict[str
         "run_name": paths.bundle_dir.parent.name,
         "bundle_id": paths.bundle_id,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": shlex.join([sys.executable, *argv]),
+        "command": shlex.join([sys.executable, str(LAUNCHER_SCRIPT), *argv]),  # run it again from "cwd"
         "cwd": os.getcwd(),
         "resolved": dataclasses.asdict(args),  # type: ignore[call-overload]
         "derived": derived,

@@ -65,6 +65,7 @@ def render(spec: RunSpec, paths: BundlePaths) -> str:
             log_path=paths.log,
             log_dir=paths.log.parent,
             stop_file=paths.stop_file,
+            stopped_file=paths.stopped_file,
             metrics_file=paths.metrics,
             tmp_dir=a.slurm.tmp_dir,
             wandb_disabled=a.logging.wandb_disabled,

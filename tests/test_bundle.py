@@ -69,6 +69,15 @@ def test_write_new_never_replaces(tmp_path: Path):
     with pytest.raises(FileExistsError):
         bundle.write_new(target, "second")
     assert target.read_text() == "first"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["f"]  # no temporary file left behind
+
+
+def test_write_new_appears_whole_with_its_mode(tmp_path: Path):
+    target = tmp_path / "job.sbatch"
+    digest = bundle.write_new(target, "#!/bin/bash\n" * 10_000, mode=0o755)
+    assert target.stat().st_mode & 0o777 == 0o755
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == digest
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["job.sbatch"]
 
 
 def test_two_launches_keep_both_bundles(workdir: Path):
@@ -106,3 +115,11 @@ def test_resume_false_gets_its_own_checkpoints(workdir: Path):
     _, fresh, _ = app.prepare(flags("--resume", "false"))
     assert resumed.checkpoints == ckpt
     assert fresh.checkpoints != ckpt and fresh.checkpoints.name.startswith("r-")
+
+
+@pytest.mark.parametrize("pointer", ["latest", "latest.txt"])  # the torch engine's, nanotron's
+def test_relaunch_says_it_resumes_from_either_engines_checkpoints(workdir: Path, pointer: str, capsys):
+    (workdir / "checkpoints" / "r").mkdir(parents=True)
+    (workdir / "checkpoints" / "r" / pointer).write_text("70\n")
+    assert app.launch(flags()) == 0
+    assert "resume       from the checkpoint at step 70" in capsys.readouterr().out

@@ -111,13 +111,16 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
 
     leg("first", "b", **{"tokens.train_steps": 10})  # same schedule (explicit decay steps): stops at 10
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["10", "5", "latest"]
-    stop_file = tmp_path / "STOP"
+    stop_file, stopped_file = tmp_path / "STOP", tmp_path / "STOPPED"
     stop_file.touch()
     monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))
+    monkeypatch.setenv("LAUNCHER_STOPPED_FILE", str(stopped_file))
     _, out = leg("second", "b", **{"tokens.train_steps": 20})
     assert f"resumed from checkpoint step 10 ({tmp_path / 'b' / '10'})" in out
     assert out.strip().endswith("preempted: checkpoint saved at step 11; exiting so the job can be requeued")
     assert not stop_file.exists(), "the stop request must be consumed so the requeued job trains on"
+    assert stopped_file.read_text() == "11\n", "the batch script requeues only on this marker"
+    stopped_file.unlink()
     _, out = leg("third", "b", **{"tokens.train_steps": 20})
     assert "resumed from checkpoint step 11" in out and "training finished at step 20" in out
 
@@ -133,6 +136,12 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
 
     _, out = leg("again", "b", **{"tokens.train_steps": 20})
     assert "run already finished: checkpoint step 20, train_steps 20" in out
+
+    # a request that lands on the last step: checkpointed, consumed, and the run counts as finished (no marker)
+    stop_file.touch()
+    _, out = leg("fourth", "b", **{"tokens.train_steps": 21})
+    assert "training finished at step 21" in out and "preempted" not in out
+    assert not stop_file.exists() and not stopped_file.exists()
 
 
 def test_half_written_checkpoints_are_never_loaded(

@@ -7,8 +7,10 @@ Beyond nanotron's own loop, a small subclass adds the launcher's two job-side co
 - stop requests (`launcher.train.stop`): checked after every step; the checkpoint is nanotron's own;
 - `LAUNCHER_METRICS_FILE`: the first rank that holds the loss (nanotron's logger rank) appends one JSON line
   per logged step (grad_norm is null when clipping is off: nanotron computes it only while clipping).
-nanotron resumes only from `checkpoints.resume_checkpoint_path` (a checkpoint, or a directory whose latest.txt
-names one): a requeued job resumes when the config points it at its own checkpoints_path.
+nanotron 0.4 resumes only from `checkpoints.resume_checkpoint_path` (a checkpoint, or a directory whose latest.txt
+names one). The generated config leaves it empty (a fresh run has nothing to resume), so at start-up
+`resume_path` points it at the run's own checkpoints_path once that holds a checkpoint: a requeued or relaunched
+job resumes where the last attempt saved, as the torch engine does.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import yaml
 
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
@@ -41,6 +45,45 @@ def missing() -> list[str]:
     return lacking
 
 
+NANOTRON_POINTER = "latest.txt"  # written by nanotron's save_checkpoint into checkpoints_path
+
+
+def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None) -> str | None:
+    """Where nanotron should resume from: the config's own choice, else the run's checkpoints once it has one."""
+    if resume_checkpoint_path:
+        return resume_checkpoint_path
+    if checkpoints_path and (Path(checkpoints_path) / NANOTRON_POINTER).is_file():
+        return checkpoints_path
+    return None
+
+
+def resumable_config(config_file: str, tmp_dir: str) -> str:
+    """The config nanotron should load: `config_file` itself, or, once the run has a checkpoint and the config
+    names none to resume from, a private copy (in `tmp_dir`) that differs only in resume_checkpoint_path.
+
+    (nanotron 0.4's DistributedTrainer takes a file path only: its constructor opens what it is given.)
+    """
+    with open(config_file, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    ckpt = data.get("checkpoints") or {}
+    if ckpt.get("resume_checkpoint_path"):
+        return config_file
+    resume = resume_path(ckpt.get("checkpoints_path"), None)
+    if resume is None:
+        return config_file
+    ckpt["resume_checkpoint_path"] = resume
+    rank = os.environ.get("RANK", "0")
+    derived = Path(tmp_dir) / f"launcher-nanotron-{os.getpid()}-rank{rank}.yaml"
+    derived.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    if rank == "0":
+        print(f"resuming from the run's own checkpoints in {resume} (latest: {_pointer(resume)})", flush=True)
+    return str(derived)
+
+
+def _pointer(checkpoints_path: str) -> str:
+    return (Path(checkpoints_path) / NANOTRON_POINTER).read_text(encoding="utf-8").strip()
+
+
 def train(config_file: str, cfg: TrainConfig) -> None:
     """Train `config_file` with nanotron's DistributedTrainer (every rank calls it); `cfg` is the same file."""
     lacking = missing()
@@ -54,6 +97,8 @@ def train(config_file: str, cfg: TrainConfig) -> None:
     nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
     from nanotron.trainer import DistributedTrainer
 
+    config_file = resumable_config(config_file, os.environ.get("TMPDIR") or "/tmp")
+
     class LauncherTrainer(DistributedTrainer):  # type: ignore[misc, valid-type]
         def post_init(self) -> None:
             self.stop_request = StopRequest(torch.device("cuda", torch.cuda.current_device()))
@@ -62,10 +107,13 @@ def train(config_file: str, cfg: TrainConfig) -> None:
         def post_train_step(self) -> None:
             if not self.stop_request.agreed():
                 return
+            if self.iteration_step >= self.config.tokens.train_steps:  # the last step: the run ends anyway
+                self.stop_request.consume(dist.get_rank() == 0, stopped_at=None)
+                return
             # nanotron's loop counts this step's samples after this hook: count them before saving
             self.consumed_train_samples += self.global_batch_size
             self.save_checkpoint()
-            self.stop_request.consume(dist.get_rank() == 0)
+            self.stop_request.consume(dist.get_rank() == 0, stopped_at=self.iteration_step)
             if dist.get_rank() == 0:
                 print(STOP_MESSAGE.format(step=self.iteration_step), flush=True)
             dist.barrier()

@@ -3,6 +3,10 @@
 Either asks the job to save a checkpoint at the next step boundary and exit 0, so Slurm can requeue it. The
 ranks agree every step with an all_reduce(MAX) of their flags. The request is consumed: rank 0 removes the
 stop file once the checkpoint is saved, so the requeued job trains on.
+
+The outcome is explicit: a run that stopped *before* its last step leaves `LAUNCHER_STOPPED_FILE` (holding the
+step of its checkpoint), and only then does the batch script requeue. A request that comes as the run ends (the
+time-limit warning landing during the last steps) leaves no marker: the run is complete, not stopped.
 """
 
 from __future__ import annotations
@@ -38,11 +42,20 @@ class StopRequest:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def consume(self, is_main: bool) -> None:
-        """Remove the stop file (rank 0 only) once the checkpoint is saved."""
-        if is_main and self.path is not None:
+    def consume(self, is_main: bool, stopped_at: int | None) -> None:
+        """Once the checkpoint is saved (rank 0 only): remove the stop file; if the run stops before its end
+        (`stopped_at`: the step checkpointed), leave the marker that tells the batch script to requeue."""
+        if not is_main:
+            return
+        if self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
+        marker = os.environ.get("LAUNCHER_STOPPED_FILE")
+        if marker and stopped_at is not None:
+            tmp = f"{marker}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(f"{stopped_at}\n")
+            os.replace(tmp, marker)
 
     def close(self) -> None:
         """Put back the SIGUSR1 handler that was there before."""

@@ -171,8 +171,9 @@ class TorchTrainer:
                     checkpoint.save(cfg, self.step, self.model, self.optimizer, self.position)
                     window_start = time.perf_counter()  # saving is not training time
                 if stopping:
-                    stop.consume(where.rank == 0)
-                    if self.step < cfg.train_steps:
+                    early = self.step < cfg.train_steps
+                    stop.consume(where.rank == 0, stopped_at=self.step if early else None)
+                    if early:
                         self.reporter.print(STOP_MESSAGE.format(step=self.step))
                         return
             self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
