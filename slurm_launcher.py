@@ -5,6 +5,7 @@ Flags -> validated config, sbatch script and manifest (the bundle) -> submitted 
 `--help` lists every flag. User mistakes end in a message and a non-zero exit code, never a traceback.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,9 @@ def run() -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the output went to a pipe that closed (`| head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -149,6 +149,7 @@ def build_parser() -> ArgumentParser:
         description="Turn a few flags into a validated nanotron training run on Slurm: config, sbatch script, "
         "manifest; submit it and follow it to its end.",
         add_config_path_arg=False,
+        allow_abbrev=False,  # `--hidden 128` must not quietly mean --hidden_size (and lose to the preset)
     )
     parser.add_arguments(LaunchArgs, dest="args")
     return parser
@@ -163,10 +164,11 @@ def flag_names() -> list[str]:
 
 
 def explicit_flags(argv: list[str]) -> set[str]:
-    """Names of the flags typed on the command line (`--x v` or `--x=v`)."""
+    """Names of the flags typed on the command line (`--x v`, `--x=v`, and `--nox` for a boolean x)."""
     known = set(flag_names())
     typed = {tok[2:].split("=", 1)[0] for tok in argv if tok.startswith("--")}
-    return typed & known
+    negated = {name[2:] for name in typed if name.startswith("no")}
+    return (typed | negated) & known
 
 
 def parse(argv: list[str]) -> tuple[LaunchArgs, set[str]]:

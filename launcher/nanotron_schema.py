@@ -73,11 +73,73 @@ def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
 
 
 def flags_from_config(config: dict) -> dict[str, Any]:
-    """The launcher flags a nanotron YAML sets (values that are present and not null)."""
+    """The launcher flags a nanotron YAML sets (values that are present and not null; `dataset: null`, nanotron's
+    random tokens, reads as --dataset none)."""
     values = {flag: _get(config, path) for flag, path in FLAG_PATHS.items()}
-    if values.get("grad_clip") is None and _get(config, ("optimizer",)) is not None:
-        values["grad_clip"] = 0.0
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, dict) and "clip_grad" in optimizer and optimizer["clip_grad"] is None:
+        values["grad_clip"] = 0.0  # nanotron's null: no clipping (absent: the base's value)
+    data = config.get("data")
+    if isinstance(data, dict) and "dataset" in data and data["dataset"] is None:
+        values["dataset"] = "none"
     return {k: v for k, v in values.items() if v is not None}
+
+
+# Keys nanotron types more loosely than the reference's value (str | list of splits, one name | a mixture).
+LOOSE = {("data", "dataset", "hf_dataset_splits"), ("data", "dataset", "hf_dataset_or_datasets")}
+SECTIONS = frozenset(
+    ("general", "parallelism", "model", "tokenizer", "checkpoints", "logging", "tokens", "optimizer", "data")
+    + ("profiler", "lighteval")
+)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, dict):
+        return "a section"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+def _fits(value: Any, reference: Any) -> bool:
+    if isinstance(reference, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(reference, bool)
+    if isinstance(reference, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(reference))
+
+
+def shape_problems(config: dict, reference: dict, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """Where a nanotron YAML cannot be what nanotron 0.4 loads, judged against `reference` (a complete, valid
+    config: the base YAML): sections nanotron does not have, and values of another kind than the reference's
+    (text where a number belongs, ...). Returns (key path, what is wrong) pairs."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    if not path:
+        out += [((key,), "is not a section of a nanotron 0.4 config") for key in config if key not in SECTIONS]
+    for key, value in config.items():
+        ref = reference.get(key)
+        if value is None or ref is None:
+            continue
+        if (*path, key) in LOOSE:
+            continue
+        if isinstance(ref, dict) and isinstance(value, dict):
+            out += shape_problems(value, ref, (*path, key))
+        elif not _fits(value, ref):
+            hint = " (YAML reads 3e-4 as text: write 3.0e-4)" if isinstance(value, str) and _numeric(value) else ""
+            out.append(((*path, key), f"is {value!r}, {_kind(value)}, where nanotron expects {_kind(ref)}{hint}"))
+    return out
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def build_config(spec: RunSpec, checkpoints_dir: str) -> dict:

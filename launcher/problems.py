@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.secrets_guard import redact
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -16,6 +18,6 @@ class Problem:
 
 
 def report(problems: list[Problem]) -> str:
-    """All problems as one message, one per line."""
+    """All problems as one message, one per line; a value that looks like a secret is never repeated."""
     head = f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found, nothing was written or submitted:"
-    return "\n".join([head, *(f"  - {p}" for p in problems)])
+    return "\n".join([head, *(f"  - {redact(str(p))}" for p in problems)])

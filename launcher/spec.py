@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
@@ -19,6 +20,7 @@ import yaml
 
 from launcher import nanotron_schema
 from launcher.cli import GROUPS, LaunchArgs
+from launcher.datasource import is_local_path
 from launcher.problems import Problem
 
 if TYPE_CHECKING:
@@ -87,11 +89,6 @@ def load_preset(name: str) -> dict:
         return yaml.safe_load(f)
 
 
-def is_local_path(value: str) -> bool:
-    """A dataset/tokenizer argument meant as a path rather than a hub name."""
-    return value.startswith(("/", "./", "../", "~")) or os.path.exists(os.path.expanduser(value))
-
-
 def tokenizer_vocab_size(path: str) -> int | None:
     """Vocabulary size of a local tokenizer (tokenizer.json, without importing transformers), or None."""
     tok_file = Path(os.path.expanduser(path)) / "tokenizer.json"
@@ -118,18 +115,72 @@ def parse_extra_env(text: str | None) -> tuple[dict[str, str], list[str]]:
     return env, bad
 
 
-def _load_base(path: str | None) -> tuple[dict, str, list[Problem]]:
-    target = Path(path).expanduser() if path else BASE_CONFIG
+def _read_yaml(target: Path) -> tuple[dict, list[Problem]]:
     try:
         with open(target, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except OSError as e:
-        return {}, str(target), [Problem("config", f"cannot read {target}: {e.strerror}", "give a readable YAML")]
+        return {}, [Problem("config", f"cannot read {target}: {e.strerror}", "give a readable YAML")]
     except yaml.YAMLError as e:
-        return {}, str(target), [Problem("config", f"{target} is not valid YAML ({e})", "fix the file")]
+        return {}, [Problem("config", f"{target} is not valid YAML ({e})", "fix the file")]
     if not isinstance(data, dict):
-        return {}, str(target), [Problem("config", f"{target} is not a nanotron config", "give a nanotron YAML")]
-    return data, str(target.resolve()), []
+        return {}, [Problem("config", f"{target} is not a nanotron config", "give a nanotron YAML")]
+    return data, []
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """`over` laid onto `base` section by section: a partial YAML keeps the base's other settings."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merge(base[key], value) if both else value
+    return out
+
+
+def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, list[Problem]]:
+    """The YAML the run starts from (the project's base, or --config laid onto it, checked against it), and the
+    --config YAML alone (empty without one)."""
+    base, problems = _read_yaml(BASE_CONFIG)
+    assert not problems, problems  # the project's own file
+    if not path:
+        return base, {}, str(BASE_CONFIG), []
+    target = Path(path).expanduser()
+    user, problems = _read_yaml(target)
+    if problems:
+        return {}, {}, str(target), problems
+    replaced = {nanotron_schema.FLAG_PATHS[f] for f in explicit if f in nanotron_schema.FLAG_PATHS}
+    for keys, what in nanotron_schema.shape_problems(user, base):
+        if keys not in replaced:
+            flag = next((f for f, p in nanotron_schema.FLAG_PATHS.items() if p == keys), None)
+            fix = f"fix it in {target}" + (f" or give --{flag}" if flag else "")
+            problems.append(Problem("config", f"{'.'.join(keys)} {what}", fix))
+    return _merge(base, user), user, str(target.resolve()), problems
+
+
+def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
+    """Drop --config values of the wrong type for their flag, each one a problem (unless the flag replaces it)."""
+    kinds: dict[str, type] = {}
+    for group in GROUPS.values():  # evaluated hints: simple-parsing rewrites the fields' own `type` as it parses
+        for name, hint in typing.get_type_hints(group).items():
+            kinds[name] = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    kept, problems = {}, []
+    for flag, value in values.items():
+        kind = kinds.get(flag)
+        fits = (
+            kind is None
+            or (kind is bool and isinstance(value, bool))
+            or (kind is int and isinstance(value, int) and not isinstance(value, bool))
+            or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+            or (kind is str and isinstance(value, str))
+        )
+        if fits or flag in explicit:
+            kept[flag] = value
+            continue
+        mixture = " (the launcher trains one dataset, not a mixture)" if flag == "dataset" else ""
+        where = ".".join(nanotron_schema.FLAG_PATHS[flag])
+        name = getattr(kind, "__name__", str(kind))
+        problems.append(Problem("config", f"{where} is {value!r}, not a {name}", f"give --{flag}{mixture}"))
+    return kept, problems
 
 
 def _override(group: G, values: dict, explicit: set[str]) -> G:
@@ -147,9 +198,12 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     """Resolve flags into a RunSpec, collecting the problems resolution itself finds."""
     cwd = cwd or Path.cwd()
     problems: list[Problem] = []
-    base, base_path, base_problems = _load_base(args.execution.config)
+    base, user_config, base_path, base_problems = _load_base(args.execution.config, explicit)
     problems += base_problems
-    from_config = nanotron_schema.flags_from_config(base) if args.execution.config and base else {}
+    from_config = nanotron_schema.flags_from_config(user_config)
+    from_config, type_problems = _typed(from_config, explicit)
+    said = {p.message.split(" ")[0] for p in problems}  # the key paths the shape check already reported
+    problems += [p for p in type_problems if p.message.split(" ")[0] not in said]
     from_config.pop("dp", None)  # dp is derived from this job's size, whatever job the YAML was made for
 
     size = args.model.model_size
@@ -158,6 +212,8 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
         size = "tiny"
     preset = load_preset(size)
     preset_values = {**preset["model"], **preset["parallelism"]}
+    if "model_size" in explicit:  # a preset you typed is a choice: its shape wins over the --config YAML's
+        from_config = {k: v for k, v in from_config.items() if k not in preset_values}
 
     groups = {}
     for name in GROUPS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from launcher.bundle import BundlePaths
-from launcher.spec import RunSpec
+from launcher.spec import RunSpec, load_preset
 
 
 def parameter_count(
@@ -52,10 +52,13 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
     """The text printed after the bundle is written."""
     a = spec.args
     lay = figures["layout"]
+    preset = load_preset(a.model.model_size)["model"]
+    as_preset = all(getattr(a.model, k) == v for k, v in preset.items() if hasattr(a.model, k) and k != "vocab_size")
+    origin = f"{a.model.model_size} preset" if as_preset else f"{a.model.model_size} preset, reshaped by flags/--config"
     rows = [
         (
             "model",
-            f"{a.model.model_size} preset: {_human(figures['parameters'])} parameters "
+            f"{origin}: {_human(figures['parameters'])} parameters "
             f"(hidden {a.model.hidden_size}, {a.model.num_layers} layers, {a.model.num_heads} heads / "
             f"{a.model.num_kv_heads} kv, vocab {a.model.vocab_size}, seq {a.model.max_seq_len})",
         ),

@@ -1,40 +1,34 @@
-"""Validation: pure functions that return every problem at once, each naming the flag and the fix.
+"""Validation of the flags: pure functions that return every problem at once, each naming the flag and the fix.
 
-The model/parallelism checks (`check_layout`) are shared with the training job (`check_train_config`), so the
-launcher and the trainer cannot disagree about what nanotron accepts.
+The model/parallelism rules live in `launcher.layout`, shared with the training job, so the launcher and the
+trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing line
+break is not a safe run name.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
+import subprocess
 
+from launcher.cli import GROUPS
+from launcher.datasource import is_local_path
+from launcher.layout import check_layout
 from launcher.problems import Problem
-from launcher.spec import RunSpec, is_local_path
-from launcher.train.config import TrainConfig
+from launcher.secrets_guard import SECRET_ASSIGNMENT, SECRET_NAME, has_secret_value
+from launcher.spec import RunSpec
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-# Slurm --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-TIME_LIMIT = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2})$")
-HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-SECRET_NAME = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
-SECRET_ASSIGNMENT = re.compile(r"\b\w*(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD)\w*\s*=\s*\S", re.IGNORECASE)
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+# Slurm --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; 0, UNLIMITED or INFINITE for no limit
+TIME_LIMIT = re.compile(r"\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}")
+NO_TIME_LIMIT = ("0", "UNLIMITED", "INFINITE")
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SBATCH_UNSAFE = re.compile(r'["%\\\n\r]')  # characters an #SBATCH --output path cannot carry
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
-
-
-def _choices(values: list[int]) -> str:
-    return ", ".join(map(str, values[:-1])) + (" or " if len(values) > 1 else "") + str(values[-1])
-
-
-def _nodes_for(replica: int, world: int, nodes: int) -> int:
-    """The smallest node count whose GPUs hold a whole number of model replicas."""
-    per_node = max(world // max(nodes, 1), 1)
-    return next(n for n in range(1, replica + 1) if (n * per_node) % replica == 0)
+SEED_MAX = 2**32 - 1  # numpy's seed range
 
 
 def time_limit_seconds(text: str) -> int:
@@ -52,135 +46,18 @@ def time_limit_seconds(text: str) -> int:
     return ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
 
 
-def check_layout(
-    *,
-    world: int,
-    dp: int,
-    tp: int,
-    pp: int,
-    hidden: int,
-    intermediate: int,
-    layers: int,
-    heads: int,
-    kv_heads: int,
-    vocab: int,
-    grad_accum: int,
-    world_flags: str = "--nodes x --gpus_per_node",
-    nodes_hint: int = 1,
-) -> list[Problem]:
-    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue)."""
-    out: list[Problem] = []
-    sizes = {
-        "hidden_size": hidden,
-        "intermediate_size": intermediate,
-        "num_layers": layers,
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "vocab_size": vocab,
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-    }
-    for flag, value in sizes.items():
-        if value <= 0:
-            out.append(Problem(flag, f"must be a positive integer, got {value}", f"give --{flag} >= 1"))
-    if out:
-        return out
-    if dp * tp * pp != world:
-        if world % (tp * pp):
-            out.append(
-                Problem(
-                    "tp",
-                    f"--tp {tp} x --pp {pp} = {tp * pp} GPUs per model replica does not divide the job's "
-                    f"{world} GPUs ({world_flags})",
-                    f"make the job a multiple of {tp * pp} GPUs "
-                    f"(e.g. --nodes {_nodes_for(tp * pp, world, nodes_hint)}) or lower --tp/--pp",
-                )
-            )
-        else:
-            out.append(
-                Problem(
-                    "dp",
-                    f"--dp {dp} x --tp {tp} x --pp {pp} = {dp * tp * pp}, but the job has {world} GPUs "
-                    f"({world_flags}); nanotron requires them equal",
-                    f"use --dp {world // (tp * pp)} or leave --dp out to derive it",
-                )
-            )
-    if heads % tp:
-        ok = [d for d in divisors(heads) if d <= world]
-        out.append(Problem("tp", f"--tp {tp} does not divide --num_heads {heads}", f"use --tp {_choices(ok)}"))
-    if kv_heads % tp:
-        ok = [d for d in divisors(kv_heads) if d <= world]
-        out.append(Problem("tp", f"--tp {tp} does not divide --num_kv_heads {kv_heads}", f"use --tp {_choices(ok)}"))
-    if heads % kv_heads:
-        out.append(
-            Problem(
-                "num_kv_heads",
-                f"--num_kv_heads {kv_heads} does not divide --num_heads {heads}",
-                f"use --num_kv_heads {_choices(divisors(heads))}",
-            )
-        )
-    if hidden % heads or (hidden // heads) % 2:
-        out.append(
-            Problem(
-                "hidden_size",
-                f"--hidden_size {hidden} / --num_heads {heads} is not an even head size",
-                f"use a hidden size that is a multiple of {2 * heads}",
-            )
-        )
-    if layers < pp:
-        out.append(Problem("pp", f"--pp {pp} is more than --num_layers {layers}", f"use --pp <= {layers}"))
-    if intermediate % tp:
-        out.append(
-            Problem(
-                "intermediate_size",
-                f"--intermediate_size {intermediate} is not divisible by --tp {tp}",
-                f"use a multiple of {tp}, e.g. {-(-intermediate // tp) * tp}",
-            )
-        )
-    if vocab % tp:
-        out.append(
-            Problem(
-                "vocab_size",
-                f"--vocab_size {vocab} is not divisible by --tp {tp}",
-                f"use a multiple of {tp}, e.g. {-(-vocab // tp) * tp}",
-            )
-        )
-    if pp > 1 and grad_accum < pp - 1:
-        out.append(
-            Problem(
-                "grad_accum_steps",
-                f"nanotron's 1F1B pipeline needs --grad_accum_steps >= --pp - 1 = {pp - 1}, got {grad_accum}",
-                f"use --grad_accum_steps {pp - 1} or more",
-            )
-        )
-    return out
-
-
-def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
-    """The training job's start-up check: the same layout rules, against the processes actually started."""
-    m = cfg.model
-    return check_layout(
-        world=world_size,
-        dp=cfg.dp,
-        tp=cfg.tp,
-        pp=cfg.pp,
-        hidden=m.hidden_size,
-        intermediate=m.intermediate_size,
-        layers=m.num_hidden_layers,
-        heads=m.num_attention_heads,
-        kv_heads=m.num_key_value_heads,
-        vocab=m.vocab_size,
-        grad_accum=cfg.grad_accum_steps,
-        world_flags="processes started by torchrun",
-    )
-
-
 def _check_training(spec: RunSpec) -> list[Problem]:
     t, out = spec.args.training, []
     for flag in ("train_steps", "micro_batch_size", "grad_accum_steps"):
         if getattr(t, flag) <= 0:
             out.append(Problem(flag, f"must be positive, got {getattr(t, flag)}", f"give --{flag} >= 1"))
+    if not 0 <= t.seed <= SEED_MAX:
+        out.append(Problem("seed", f"must be within [0, {SEED_MAX}], got {t.seed}", "e.g. --seed 42"))
+    for flag in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
+        if not math.isfinite(getattr(t, flag)):
+            out.append(Problem(flag, f"must be a finite number, got {getattr(t, flag)}", f"give a number to --{flag}"))
+    if any(p.flag != "seed" for p in out):
+        return out  # comparisons with nan or inf would say nothing useful
     if t.learning_rate <= 0:
         out.append(Problem("learning_rate", f"must be positive, got {t.learning_rate}", "e.g. --learning_rate 3e-4"))
     if t.min_lr < 0 or t.min_lr > t.learning_rate:
@@ -215,8 +92,18 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
     for flag in ("nodes", "gpus_per_node"):
         if getattr(s, flag) <= 0:
             out.append(Problem(flag, f"must be positive, got {getattr(s, flag)}", f"give --{flag} >= 1"))
-    if not TIME_LIMIT.match(s.time_limit):
-        out.append(Problem("time_limit", f"{s.time_limit!r} is not a Slurm time", "use HH:MM:SS, e.g. 24:00:00"))
+    if s.cpus_per_node is not None and s.cpus_per_node <= 0:
+        out.append(Problem("cpus_per_node", f"must be positive, got {s.cpus_per_node}", "leave it out for the default"))
+    if s.time_limit.upper() in NO_TIME_LIMIT:
+        pass  # no limit: the warning signal still comes before a preemption
+    elif not TIME_LIMIT.fullmatch(s.time_limit):
+        out.append(
+            Problem(
+                "time_limit",
+                f"{s.time_limit!r} is not a Slurm time",
+                "use HH:MM:SS, e.g. 24:00:00 (or D-HH:MM:SS, minutes, UNLIMITED)",
+            )
+        )
     elif s.max_requeues and time_limit_seconds(s.time_limit) <= s.signal_grace:
         out.append(
             Problem(
@@ -225,7 +112,7 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 "use a longer --time_limit or a shorter --signal_grace",
             )
         )
-    if s.email is not None and not EMAIL.match(s.email):
+    if s.email is not None and not EMAIL.fullmatch(s.email):
         out.append(Problem("email", f"{s.email!r} is not an e-mail address", "use name@example.org"))
     for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
@@ -237,6 +124,11 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 f"got --max_requeues {s.max_requeues}, --signal_grace {s.signal_grace}",
                 "use --max_requeues >= 0 and --signal_grace >= 10",
             )
+        )
+    odd = [k for k in spec.extra_env if not ENV_NAME.fullmatch(k)]
+    if odd:
+        out.append(
+            Problem("extra_env", f"{', '.join(odd)} is not a shell variable name", "use ASCII letters, digits and '_'")
         )
     secrets = [k for k in spec.extra_env if SECRET_NAME.search(k)]
     if secrets:
@@ -255,6 +147,8 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 "export the secret in your shell before launching instead",
             )
         )
+    if s.pre_launch_commands:
+        out += _check_shell(s.pre_launch_commands)
     if not os.path.isabs(s.tmp_dir):
         out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
     if s.python and os.sep in s.python and not os.access(s.python, os.X_OK):
@@ -264,7 +158,7 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
 
 def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
     a, out = spec.args, []
-    if not RUN_NAME.match(a.run_name):
+    if not RUN_NAME.fullmatch(a.run_name):
         out.append(
             Problem(
                 "run_name",
@@ -277,7 +171,7 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
             continue
         if is_local_path(value) and not os.path.exists(value):
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))
-        elif not is_local_path(value) and not HUB_NAME.match(value):
+        elif not is_local_path(value) and not HUB_NAME.fullmatch(value):
             out.append(Problem(flag, f"{value!r} is neither an existing path nor a hub name", "check the spelling"))
     vocab = spec.tokenizer_vocab
     if vocab and vocab > spec.shape.vocab:
@@ -304,14 +198,9 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
                 "use a directory name without them",
             )
         )
-    if a.paths.save_interval <= 0 or a.logging.log_interval <= 0:
-        out.append(
-            Problem(
-                "save_interval" if a.paths.save_interval <= 0 else "log_interval",
-                "must be positive",
-                "give a number of steps >= 1",
-            )
-        )
+    for flag, steps in (("save_interval", a.paths.save_interval), ("log_interval", a.logging.log_interval)):
+        if steps <= 0:
+            out.append(Problem(flag, f"must be positive, got {steps}", "give a number of steps >= 1"))
     if a.logging.profiler_export_path and a.training.train_steps >= 10:
         out.append(
             Problem(
@@ -323,13 +212,40 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
     return out
 
 
+def _check_shell(commands: str) -> list[Problem]:
+    """`bash -n` on --pre_launch_commands: a syntax error is found now, not when the job starts."""
+    out = subprocess.run(["bash", "-n"], input=commands, capture_output=True, text=True)
+    if out.returncode == 0:
+        return []
+    first = out.stderr.strip().splitlines()[0] if out.stderr.strip() else "syntax error"
+    return [Problem("pre_launch_commands", f"the commands do not parse ({first})", "fix their shell syntax")]
+
+
+def _check_secrets(spec: RunSpec) -> list[Problem]:
+    """Any flag whose value looks like a token or key: it would be written to the bundle."""
+    out = []
+    for name in GROUPS:
+        group = getattr(spec.args, name)
+        for field in dataclasses.fields(group):
+            value = getattr(group, field.name)
+            if isinstance(value, str) and has_secret_value(value):
+                out.append(
+                    Problem(
+                        field.name,
+                        "it holds what looks like a token or key, and flags are written to the bundle",
+                        "export the secret in your shell before launching (the job inherits it; no file holds it)",
+                    )
+                )
+    return out
+
+
 def validate(spec: RunSpec) -> list[Problem]:
     """Every problem with a resolved spec, in flag order."""
     s, p, t = spec.shape, spec.args.parallelism, spec.args.training
     layout = (
         check_layout(
             world=spec.world_size,
-            dp=p.dp or 0,
+            dp=p.dp if p.dp is not None else 1,  # None: not derivable, as tp or pp is not positive (said there)
             tp=p.tp or 0,
             pp=p.pp or 0,
             hidden=s.hidden,
@@ -344,4 +260,5 @@ def validate(spec: RunSpec) -> list[Problem]:
         if spec.world_size > 0
         else []
     )
-    return _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec)
+    checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec)
+    return _check_secrets(spec) + checks

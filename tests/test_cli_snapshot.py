@@ -34,3 +34,23 @@ def test_every_flag_has_help_text():
     helps = {a.dest.split(".")[-1]: a.help for a in parser._actions if a.dest.startswith("args")}
     missing = [name for name in flag_names() if not (helps.get(name) or "").strip()]
     assert missing == []
+
+
+def test_abbreviated_flags_are_refused_not_guessed():
+    # argparse would take --hidden for --hidden_size, but then the preset would quietly win over it
+    parser = build_parser()
+    try:
+        parser.parse_args(["--run_name", "x", "--hidden", "128"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("--hidden was accepted")
+
+
+def test_negated_boolean_flags_count_as_typed():
+    from launcher.cli import explicit_flags, parse
+
+    args, explicit = parse(["--run_name", "x", "--nosave_initial_state", "--noresume"])
+    assert args.paths.save_initial_state is False and args.paths.resume is False
+    assert {"save_initial_state", "resume"} <= explicit
+    assert explicit_flags(["--run_name", "x", "--nodes=4", "--notes", "1"]) == {"run_name", "nodes"}

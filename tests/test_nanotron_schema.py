@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from launcher_helpers import spec_for
 
 from launcher import nanotron_schema
 from launcher.nanotron_compat import import_nanotron_config
 from launcher.spec import preset_names
+from launcher.validate import validate
 
 PRESET_JOBS = {"70b": ("--nodes", "4"), "13b": ("--nodes", "1"), "7b": ("--nodes", "1"), "8b": ("--nodes", "1")}
 
@@ -79,3 +81,80 @@ def test_config_flag_starts_from_a_yaml_and_flags_win(tmp_path: Path, nanotron_c
 def test_unreadable_config_is_a_problem(tmp_path: Path):
     _, problems = spec_for("--config", str(tmp_path / "nope.yaml"))
     assert [p.flag for p in problems] == ["config"]
+
+
+def test_nanotron_engine_resumes_from_the_runs_own_checkpoints(tmp_path: Path, nanotron_config):
+    """nanotron 0.4 resumes only from resume_checkpoint_path, which a generated config leaves empty: once the run
+    has a checkpoint (nanotron's latest.txt), the engine hands nanotron a copy that points there."""
+    from launcher.train.nanotron_engine import resumable_config
+
+    spec, _ = spec_for("--model_size", "tiny")
+    original = write(spec, tmp_path)
+    assert resumable_config(str(original), str(tmp_path)) == str(original)  # nothing saved yet: a fresh start
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest.txt").write_text("120")
+    derived = resumable_config(str(original), str(tmp_path))
+    assert derived != str(original) and original.read_text() == write_text_of(spec, tmp_path)  # bundle untouched
+    config = nanotron_config.get_config_from_file(derived)
+    assert str(config.checkpoints.resume_checkpoint_path) == str(tmp_path / "ckpt")
+    before, after = yaml.safe_load(original.read_text()), yaml.safe_load(Path(derived).read_text())
+    before["checkpoints"]["resume_checkpoint_path"] = str(tmp_path / "ckpt")
+    assert before == after  # nothing else differs
+
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(original.read_text().replace("resume_checkpoint_path: null", "resume_checkpoint_path: /x/50"))
+    assert resumable_config(str(pinned), str(tmp_path)) == str(pinned)  # the user's own choice stands
+
+
+def write_text_of(spec, tmp_path: Path) -> str:
+    return nanotron_schema.dump(nanotron_schema.build_config(spec, str(tmp_path / "ckpt")))
+
+
+def test_partial_config_is_completed_from_the_base(tmp_path: Path, nanotron_config):
+    partial = tmp_path / "partial.yaml"
+    partial.write_text(
+        "tokens:\n  train_steps: 123\noptimizer:\n  learning_rate_scheduler:\n    learning_rate: 0.001\n"
+    )
+    spec, problems = spec_for("--config", str(partial), "--dataset", "none")
+    assert problems == []
+    assert spec.args.training.train_steps == 123 and spec.args.training.learning_rate == 0.001
+    assert spec.args.training.grad_clip == 1.0  # absent from the YAML: the base's, not "no clipping"
+    (tmp_path / "out").mkdir()
+    config = nanotron_config.get_config_from_file(str(write(spec, tmp_path / "out")))
+    assert config.tokens.train_steps == 123 and config.optimizer.clip_grad == 1.0
+
+
+def test_ill_typed_config_is_reported_not_raised(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "model:\n  model_config:\n    hidden_size: big\n"
+        "optimizer:\n  learning_rate_scheduler:\n    learning_rate: 3e-4\n"  # PyYAML: text, not a number
+        "data_stages: []\n"  # a newer nanotron's section
+        "data:\n  dataset:\n    hf_dataset_or_datasets: {a: 0.5, b: 0.5}\n"
+    )
+    spec, problems = spec_for("--config", str(bad))
+    problems += validate(spec)
+    text = "\n".join(map(str, problems))
+    assert {p.flag for p in problems} == {"config"}, text
+    assert "model.model_config.hidden_size is 'big'" in text and "write 3.0e-4" in text
+    assert "data_stages is not a section" in text and "not a mixture" in text
+    # a flag replaces the YAML's value, so that value is no longer a problem
+    spec, problems = spec_for("--config", str(bad), "--hidden_size", "128", "--learning_rate", "1e-3")
+    assert "hidden_size" not in "\n".join(map(str, problems)) and "3.0e-4" not in "\n".join(map(str, problems))
+
+
+def test_config_dataset_null_means_random_tokens(tmp_path: Path):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("data:\n  dataset: null\n  seed: 1\n")
+    spec, problems = spec_for("--config", str(yaml_file))
+    assert problems == [] and spec.args.data.dataset is None
+
+
+def test_a_typed_preset_wins_over_the_configs_shape(tmp_path: Path):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("model:\n  model_config:\n    hidden_size: 128\n    num_hidden_layers: 3\n")
+    spec, _ = spec_for("--config", str(yaml_file), "--dataset", "none")
+    assert (spec.args.model.hidden_size, spec.args.model.num_layers) == (128, 3)  # the YAML over the default preset
+    spec, _ = spec_for("--config", str(yaml_file), "--dataset", "none", "--model_size", "small")
+    assert (spec.args.model.hidden_size, spec.args.model.num_layers) == (768, 12)  # the preset you typed

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from launcher_helpers import spec_for
 
 from launcher.cli import flag_names
+from launcher.layout import check_layout
 from launcher.problems import report
-from launcher.validate import check_layout, time_limit_seconds, validate
+from launcher.validate import time_limit_seconds, validate
 
 
 def problems_for(*flags: str) -> list:
@@ -140,7 +141,7 @@ layouts = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts)
 def test_accepted_layouts_satisfy_nanotron(x: dict):
     flags = [
@@ -169,6 +170,21 @@ def test_accepted_layouts_satisfy_nanotron(x: dict):
     spec, problems = spec_for(*flags)
     problems += validate(spec)
     assert all(p.flag in flag_names() and p.fix for p in problems)
+    # Both ways: accepted exactly when nanotron's constraints hold (computed here, independently; tiny: tp=pp=1).
+    tp, pp, world = x["tp"] or 1, x["pp"] or 1, x["nodes"] * x["gpus"]
+    dp = x["dp"] or world // (tp * pp)
+    nanotron_ok = (
+        dp >= 1
+        and dp * tp * pp == world
+        and x["heads"] % tp == 0
+        and x["kv"] % tp == 0
+        and x["heads"] % x["kv"] == 0
+        and x["layers"] >= pp
+        and x["inter"] % tp == 0
+        and x["vocab"] % tp == 0
+        and (pp == 1 or x["accum"] >= pp - 1)
+    )
+    assert (problems == []) == nanotron_ok, problems
     if problems:
         return
     p, m = spec.args.parallelism, spec.args.model
@@ -194,3 +210,56 @@ def test_check_layout_is_shared_with_the_trainer():
         world_flags="processes started by torchrun",
     )
     assert flags_of(problems) == ["dp"] and "torchrun" in problems[0].message
+
+
+@pytest.mark.parametrize(
+    "flags,flag",
+    [
+        (("--run_name", "abc\n"), "run_name"),  # a trailing line break: `$` alone would let it through
+        (("--email", "a@b.org\n"), "email"),
+        (("--time_limit", "10\n"), "time_limit"),
+        (("--seed", "-5"), "seed"),
+        (("--seed", str(2**32)), "seed"),
+        (("--learning_rate", "nan"), "learning_rate"),
+        (("--min_lr", "inf"), "min_lr"),
+        (("--cpus_per_node", "-1"), "cpus_per_node"),
+        (("--extra_env", "é=1"), "extra_env"),
+        (("--dataset", "data/missing.jsonl"), "dataset"),  # a data file by its suffix: local, and missing
+        (("--tp", "0"), "tp"),
+    ],
+)
+def test_values_the_job_would_choke_on(flags: tuple, flag: str):
+    problems = problems_for(*flags)
+    assert flags_of(problems) == [flag], problems
+
+
+def test_no_time_limit_is_a_time_limit():
+    for text in ("UNLIMITED", "infinite", "0"):
+        assert problems_for("--time_limit", text) == []
+
+
+def test_both_intervals_are_reported():
+    assert flags_of(problems_for("--save_interval", "0", "--log_interval", "0")) == ["save_interval", "log_interval"]
+
+
+def test_shell_syntax_is_checked_with_everything_else():
+    problems = problems_for("--pre_launch_commands", "if then", "--time_limit", "3h")
+    assert sorted(flags_of(problems)) == ["pre_launch_commands", "time_limit"]
+
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("pre_launch_commands", "huggingface-cli login --token hf_abcdefghijklmnopqrstuvwx"),
+        ("pre_launch_commands", "wandb login 0123456789abcdef0123456789abcdef01234567"),
+        ("extra_env", "SOME_VAR=ghp_abcdefghijklmnopqrstuvwxyz0123"),
+        ("tokenizer", "hf_abcdefghijklmnopqrstuvwx"),
+        ("extra_env", "WANDB_KEY=abc"),
+    ],
+)
+def test_secret_values_are_refused_and_never_repeated(flag: str, value: str):
+    problems = problems_for(f"--{flag}", value)
+    assert flag in flags_of(problems)
+    text = report(problems)
+    secret = value.split()[-1].split("=")[-1]
+    assert secret not in text, text

@@ -19,10 +19,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from launcher.datasource import DATA_FILE_BUILDERS, is_local_path
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
-
-DATA_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 
 
 class MicroBatches(Protocol):
@@ -87,11 +86,6 @@ class PackedWindows:
         return ((index + 1) * self.micro_batch_size - 1) // self.per_rank  # the epoch of its last sample
 
 
-def _is_local_name(name: str) -> bool:
-    """Whether a dataset name is meant as a local path rather than a hub name."""
-    return os.path.isabs(name) or name.startswith((".", "~")) or Path(name).suffix in DATA_FILE_BUILDERS
-
-
 def load_texts(cfg: TrainConfig) -> list[str]:
     """The text column of the configured dataset."""
     import datasets
@@ -112,7 +106,7 @@ def load_texts(cfg: TrainConfig) -> list[str]:
         if builder is None:
             raise TrainError(f"dataset file {path}: unknown type, use one of {', '.join(DATA_FILE_BUILDERS)}")
         loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
-    elif _is_local_name(cfg.dataset):
+    elif is_local_path(cfg.dataset):
         raise TrainError(f"dataset path {cfg.dataset} does not exist: give an existing directory or data file")
     else:
         try:

@@ -8,9 +8,9 @@ import torch
 import yaml
 
 from launcher.errors import ConfigError, TrainError
+from launcher.layout import check_train_config
 from launcher.nanotron_schema import load_train_config
 from launcher.train.config import TrainConfig
-from launcher.validate import check_train_config
 
 ENGINES = ("auto", "torch", "nanotron")
 

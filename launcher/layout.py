@@ -1,0 +1,148 @@
+"""nanotron's rules for a model shape on a parallel layout: what it asserts at start-up, checked before the queue.
+
+Shared by the launcher (`launcher.validate`, on the flags) and the training job (`launcher.train.main`, on the
+config and the processes torchrun actually started), so the two cannot disagree. Pure functions.
+"""
+
+from __future__ import annotations
+
+from launcher.problems import Problem
+from launcher.train.config import TrainConfig
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+
+
+def _choices(values: list[int]) -> str:
+    return ", ".join(map(str, values[:-1])) + (" or " if len(values) > 1 else "") + str(values[-1])
+
+
+def _nodes_for(replica: int, world: int, nodes: int) -> int:
+    """The smallest node count whose GPUs hold a whole number of model replicas."""
+    per_node = max(world // max(nodes, 1), 1)
+    return next(n for n in range(1, replica + 1) if (n * per_node) % replica == 0)
+
+
+def check_layout(
+    *,
+    world: int,
+    dp: int,
+    tp: int,
+    pp: int,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    vocab: int,
+    grad_accum: int,
+    world_flags: str = "--nodes x --gpus_per_node",
+    nodes_hint: int = 1,
+) -> list[Problem]:
+    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue)."""
+    out: list[Problem] = []
+    sizes = {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "vocab_size": vocab,
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+    }
+    for flag, value in sizes.items():
+        if value <= 0:
+            out.append(Problem(flag, f"must be a positive integer, got {value}", f"give --{flag} >= 1"))
+    if out:
+        return out
+    if dp * tp * pp != world:
+        if world % (tp * pp):
+            out.append(
+                Problem(
+                    "tp",
+                    f"--tp {tp} x --pp {pp} = {tp * pp} GPUs per model replica does not divide the job's "
+                    f"{world} GPUs ({world_flags})",
+                    f"make the job a multiple of {tp * pp} GPUs "
+                    f"(e.g. --nodes {_nodes_for(tp * pp, world, nodes_hint)}) or lower --tp/--pp",
+                )
+            )
+        else:
+            out.append(
+                Problem(
+                    "dp",
+                    f"--dp {dp} x --tp {tp} x --pp {pp} = {dp * tp * pp}, but the job has {world} GPUs "
+                    f"({world_flags}); nanotron requires them equal",
+                    f"use --dp {world // (tp * pp)} or leave --dp out to derive it",
+                )
+            )
+    if heads % tp:
+        ok = [d for d in divisors(heads) if d <= world]
+        out.append(Problem("tp", f"--tp {tp} does not divide --num_heads {heads}", f"use --tp {_choices(ok)}"))
+    if kv_heads % tp:
+        ok = [d for d in divisors(kv_heads) if d <= world]
+        out.append(Problem("tp", f"--tp {tp} does not divide --num_kv_heads {kv_heads}", f"use --tp {_choices(ok)}"))
+    if heads % kv_heads:
+        out.append(
+            Problem(
+                "num_kv_heads",
+                f"--num_kv_heads {kv_heads} does not divide --num_heads {heads}",
+                f"use --num_kv_heads {_choices(divisors(heads))}",
+            )
+        )
+    if hidden % heads or (hidden // heads) % 2:
+        out.append(
+            Problem(
+                "hidden_size",
+                f"--hidden_size {hidden} / --num_heads {heads} is not an even head size",
+                f"use a hidden size that is a multiple of {2 * heads}",
+            )
+        )
+    if layers < pp:
+        out.append(Problem("pp", f"--pp {pp} is more than --num_layers {layers}", f"use --pp <= {layers}"))
+    if intermediate % tp:
+        out.append(
+            Problem(
+                "intermediate_size",
+                f"--intermediate_size {intermediate} is not divisible by --tp {tp}",
+                f"use a multiple of {tp}, e.g. {-(-intermediate // tp) * tp}",
+            )
+        )
+    if vocab % tp:
+        out.append(
+            Problem(
+                "vocab_size",
+                f"--vocab_size {vocab} is not divisible by --tp {tp}",
+                f"use a multiple of {tp}, e.g. {-(-vocab // tp) * tp}",
+            )
+        )
+    if pp > 1 and grad_accum < pp - 1:
+        out.append(
+            Problem(
+                "grad_accum_steps",
+                f"nanotron's 1F1B pipeline needs --grad_accum_steps >= --pp - 1 = {pp - 1}, got {grad_accum}",
+                f"use --grad_accum_steps {pp - 1} or more",
+            )
+        )
+    return out
+
+
+def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
+    """The training job's start-up check: the same layout rules, against the processes actually started."""
+    m = cfg.model
+    return check_layout(
+        world=world_size,
+        dp=cfg.dp,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        hidden=m.hidden_size,
+        intermediate=m.intermediate_size,
+        layers=m.num_hidden_layers,
+        heads=m.num_attention_heads,
+        kv_heads=m.num_key_value_heads,
+        vocab=m.vocab_size,
+        grad_accum=cfg.grad_accum_steps,
+        world_flags="processes started by torchrun",
+    )
