@@ -119,7 +119,7 @@ def shape_problems(config: dict, reference: dict, path: tuple[str, ...] = ()) ->
     (text where a number belongs, ...). Returns (key path, what is wrong) pairs."""
     out: list[tuple[tuple[str, ...], str]] = []
     if not path:
-        out += [((key,), "is not a section of a nanotron 0.4 config") for key in config if key not in SECTIONS]
+        out += [((key,), "is not a section of nanotron 0.4's config (the one PyPI release, which this launcher writes)") for key in config if key not in SECTIONS]
     for key, value in config.items():
         ref = reference.get(key)
         if value is None or ref is None:

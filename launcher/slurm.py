@@ -30,11 +30,11 @@ TERMINAL = frozenset(
     }
 )
 JOB_ID = re.compile(r"^\d+(_\d+)?$")
-NO_SLURM = (
-    "Slurm's commands ({}) are not installed or not on PATH here. Use --dry_run to write the bundle "
-    "without submitting, or start the project's local cluster: python -m launcher.localcluster up "
-    "(then export SLURM_CONF as it prints)."
+WHAT_NOW = (
+    "Use --dry_run to write the bundle without submitting, or start the project's local cluster: "
+    "python -m launcher.localcluster up (then export SLURM_CONF as it prints)."
 )
+NO_SLURM = "Slurm's commands ({}) are not installed or not on PATH here. " + WHAT_NOW
 HINTS = (  # sbatch's words -> the flag to change
     ("invalid partition", "--partition: pick one listed by `sinfo -s`, or leave it out for the default"),
     ("invalid qos", "--qos: pick one you may use (`sacctmgr show assoc user=$USER format=qos`)"),
@@ -104,7 +104,8 @@ def submit(script: Path) -> str:
         if _unreachable(stderr):
             raise SlurmUnavailable(
                 f"sbatch cannot reach the Slurm controller:\n  {stderr}\n"
-                + NO_SLURM.format("sbatch works, but the controller does not answer; is SLURM_CONF right?")
+                f"Is slurmctld up, and SLURM_CONF ({os.environ.get('SLURM_CONF', 'not set')}) the right file? "
+                + WHAT_NOW
             )
         hints = [h for words, h in HINTS if words in stderr.lower()]
         raise SubmissionError(

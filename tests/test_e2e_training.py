@@ -96,9 +96,19 @@ def latest_step(checkpoints: Path) -> int:
         return 0
 
 
-def leftover_processes(needle: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in ps if needle in line and "ps -eo" not in line]
+def leftover_processes(job_id: str) -> list[str]:
+    """Every process on this machine (all the virtual nodes) started for the job: its environment names the job,
+    whatever its command line (the heartbeat's sleep, srun, torchrun, the trainers, a GPU monitor)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in environ.split(b"\0"):
+            found.append(f"{proc.name} {cmdline}")
+    return found
 
 
 def assert_continuous(bundle_dir: Path, train_steps: int) -> None:
@@ -110,9 +120,25 @@ def assert_continuous(bundle_dir: Path, train_steps: int) -> None:
         assert abs(row["lr"] - lr_at(step, schedule)) <= 1e-12 + 1e-9 * abs(row["lr"]), step
 
 
+FAKE_NVIDIA_SMI = """#!/bin/bash
+# stands in for `nvidia-smi dmon ... -f FILE`: samples into FILE until stopped
+while :; do echo "# gpu sample" >> "${@: -1}"; sleep 2; done
+"""
+
+
+def with_fake_nvidia_smi(tmp_path: Path, env: dict) -> dict:
+    """The job's environment with a stand-in nvidia-smi first on PATH, so the GPU monitor runs (and must stop)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+
+
 def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_data):
     started = time.monotonic()
-    code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "30"), timeout=300)
+    job_env = with_fake_nvidia_smi(tmp_path, slurm_env)
+    code, out = finish(launch(tmp_path, job_env, demo_data, "demo", "--train_steps", "30"), timeout=300)
     assert code == 0, out
     assert "Job " in out and "ended COMPLETED, exit code 0" in out
     (first,) = bundles(tmp_path, "demo")
@@ -121,7 +147,9 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     assert sum(r["loss"] for r in rows[-5:]) / 5 < sum(r["loss"] for r in rows[:5]) / 5 - 0.5
     assert (first / "loss.png").stat().st_size > 10_000 and "loss curve" in out
     assert latest_step(tmp_path / "checkpoints/demo") == 30
-    assert leftover_processes(str(first)) == []  # nothing of the job runs on after it ended
+    job_id = manifest(first)["slurm"]["job_id"]
+    assert "# gpu sample" in next((tmp_path / "logs/slurm_logs/demo").glob(f"gpu-{job_id}-*.log")).read_text()
+    wait_for(lambda: leftover_processes(job_id) == [], timeout=15)  # nothing of the job runs on after it ended
     print(f"demo flow: {time.monotonic() - started:.1f} s from launch to the follower's exit")
 
     code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "40"), timeout=300)
@@ -192,6 +220,7 @@ def test_time_limit_is_crossed_over_allocations(tmp_path: Path, slurm_env: dict,
 
 
 def test_cancel_ends_every_process(tmp_path: Path, slurm_env: dict, demo_data):
+    slurm_env = with_fake_nvidia_smi(tmp_path, slurm_env)  # a GPU monitor per node, whose stop is checked too
     launcher = launch(tmp_path, slurm_env, demo_data, "cancelme", "--train_steps", "100000", follow=False)
     assert finish(launcher, timeout=60)[0] == 0
     (bundle_dir,) = bundles(tmp_path, "cancelme")
@@ -207,7 +236,11 @@ def test_cancel_ends_every_process(tmp_path: Path, slurm_env: dict, demo_data):
         text=True,
     )
     time.sleep(1)
+    running = leftover_processes(job_id)
+    assert any("run_train.py" in p for p in running) and any("sleep" in p for p in running), running  # seen
+    assert sum("nvidia-smi dmon" in p for p in running) == 2, running  # one monitor per node
+    assert len(list(log.parent.glob(f"gpu-{job_id}-*.log"))) == 1  # both virtual nodes share one hostname
     slurm.cancel(job_id)
     code, out = finish(follower, timeout=60)
     assert code == 1 and f"Job {job_id} ended CANCELLED" in out
-    wait_for(lambda: leftover_processes(str(bundle_dir)) == [], timeout=30)
+    wait_for(lambda: leftover_processes(job_id) == [], timeout=30)

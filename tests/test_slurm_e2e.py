@@ -80,8 +80,36 @@ def test_failing_job_reports_failed_and_exits_nonzero(tmp_path: Path, slurm_env:
     out = launch(tmp_path, slurm_env, "failing", script(tmp_path, "fail.py", FAIL), "--show_logs")
     assert out.returncode == 1
     assert "about to fail" in out.stdout
-    assert "ended FAILED" in out.stdout and "exit code 0" not in out.stdout
+    assert "ended FAILED, exit code 1" in out.stdout  # torchrun's code for a failed worker, via srun and the script
     assert "Traceback (most recent call last)" not in out.stderr  # no launcher traceback
+
+
+def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict):
+    holder = launch(tmp_path, slurm_env, "holder", script(tmp_path, "sleep.py", SLEEP))  # all 4 GPUs, no follow
+    assert holder.returncode == 0, holder.stderr
+    holder_id = json.loads((only_bundle(tmp_path, "holder") / "manifest.json").read_text())["slurm"]["job_id"]
+    try:
+        wait_for(lambda: slurm.job_state(holder_id).state == "RUNNING")
+        argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "waiter", "--nodes", "1"]
+        argv += ["--gpus_per_node", "2", "--run_train_script", script(tmp_path, "allreduce.py", ALLREDUCE)]
+        argv += ["--dataset", "none", "--time_limit", "5:00", "--show_logs"]
+        waiter = subprocess.Popen(argv, cwd=tmp_path, env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        manifest = tmp_path / "logs/configs/waiter"
+        waiter_id = wait_for(
+            lambda: (
+                manifest.exists()
+                and any((d / "manifest.json").exists() for d in manifest.iterdir())
+                and json.loads(next(manifest.glob("*/manifest.json")).read_text())["slurm"].get("job_id")
+            )
+        )
+        wait_for(lambda: slurm.job_state(waiter_id).reason == "Resources")
+        time.sleep(1.5)  # the follower polls every second
+    finally:
+        slurm.cancel(holder_id)
+    stdout, stderr = waiter.communicate(timeout=120)
+    assert waiter.returncode == 0, stdout + stderr
+    assert f"job {waiter_id} PENDING (reason: Resources)" in stderr.decode()
+    assert f"job {waiter_id} RUNNING" in stderr.decode() and "rank 1/2 sum=3" in stdout.decode()
 
 
 def test_rejected_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict):
