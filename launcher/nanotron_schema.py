@@ -119,7 +119,8 @@ def shape_problems(config: dict, reference: dict, path: tuple[str, ...] = ()) ->
     (text where a number belongs, ...). Returns (key path, what is wrong) pairs."""
     out: list[tuple[tuple[str, ...], str]] = []
     if not path:
-        out += [((key,), "is not a section of nanotron 0.4's config (the one PyPI release, which this launcher writes)") for key in config if key not in SECTIONS]
+        unknown = "is not a section of nanotron 0.4's config (the one PyPI release, which this launcher writes)"
+        out += [((key,), unknown) for key in config if key not in SECTIONS]
     for key, value in config.items():
         ref = reference.get(key)
         if value is None or ref is None:
