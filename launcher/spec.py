@@ -30,6 +30,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = PROJECT_ROOT / "configs"
 PRESETS_DIR = CONFIGS_DIR / "presets"
 BASE_CONFIG = CONFIGS_DIR / "nanotron-0.4-base.yaml"
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it: 10x faster
 PATH_FIELDS = ("configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scripts_dir", "run_train_script")
 
 
@@ -86,7 +87,7 @@ def preset_names() -> list[str]:
 
 def load_preset(name: str) -> dict:
     with open(PRESETS_DIR / f"{name}.yaml", encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=YAML_LOADER)
 
 
 def tokenizer_vocab_size(path: str) -> int | None:
@@ -118,7 +119,7 @@ def parse_extra_env(text: str | None) -> tuple[dict[str, str], list[str]]:
 def _read_yaml(target: Path) -> tuple[dict, list[Problem]]:
     try:
         with open(target, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=YAML_LOADER)
     except OSError as e:
         return {}, [Problem("config", f"cannot read {target}: {e.strerror}", "give a readable YAML")]
     except yaml.YAMLError as e:

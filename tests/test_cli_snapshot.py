@@ -54,3 +54,17 @@ def test_negated_boolean_flags_count_as_typed():
     assert args.paths.save_initial_state is False and args.paths.resume is False
     assert {"save_initial_state", "resume"} <= explicit
     assert explicit_flags(["--run_name", "x", "--nodes=4", "--notes", "1"]) == {"run_name", "nodes"}
+
+
+def test_help_shows_the_field_comments():
+    # the dry run skips reading help text (launcher.cli._without_help_text); --help must still have it all
+    import subprocess
+    import sys
+
+    from launcher_helpers import LAUNCHER
+
+    out = subprocess.run([sys.executable, str(LAUNCHER), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for phrase in ("Number of nodes.", "Hub dataset name or a local path", "Write the bundle, do not submit."):
+        assert phrase in text, phrase
