@@ -35,4 +35,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Past this point everything is saved and closed (checkpoints fsynced, metrics appended, wandb finished, the
+    # process group destroyed). Skip the interpreter's teardown of torch and transformers: ~1.3 s per process,
+    # which every rank of a node pays, on its cores, before the job can end. (An exception never gets here.)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,5 +1,5 @@
 """Time from the launch command to the first training step on the local cluster (target <= 15 s), and the
-batch script's prologue before torchrun starts (target <= 2 s). Not a test.
+batch script's prologue before torchrun starts (target <= 2 s), and the job's end after its last step. Not a test.
 
     make cluster && SLURM_CONF=$PWD/.slurm/etc/slurm.conf python bench/bench_launch.py
 
@@ -33,7 +33,7 @@ def main() -> None:
             [sys.executable, "-m", "launcher.demo_data", f"{tmp}/demo"], cwd=ROOT, check=True, capture_output=True
         )
         start = time.monotonic()
-        subprocess.run(
+        launched = subprocess.run(
             [
                 sys.executable,
                 str(ROOT / "slurm_launcher.py"),
@@ -55,22 +55,29 @@ def main() -> None:
                 "true",
             ],
             cwd=tmp,
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if launched.returncode != 0:
+            sys.exit(f"the launch failed (is the local cluster up? make cluster):\n{launched.stderr}")
         submitted = time.monotonic() - start
         (bundle,) = (Path(tmp) / "logs/configs/bench").iterdir()
         log = Path(json.loads((bundle / "manifest.json").read_text())["outputs"]["log"])
         while not (log.exists() and "step 1/" in log.read_text()):
             time.sleep(0.05)
         first_step = time.monotonic() - start
+        while "training finished" not in log.read_text():
+            time.sleep(0.05)
+        finished = time.monotonic()
         while "ended" not in log.read_text():
-            time.sleep(0.2)
+            time.sleep(0.05)
+        teardown = time.monotonic() - finished
         text = log.read_text()
     prologue = (stamp(text, "rendezvous") - stamp(text, "attempt 1 started")).total_seconds()
     print(f"launch command until submitted: {submitted:.2f} s")
     print(f"launch command until the first training step is logged: {first_step:.1f} s (target <= 15 s)")
     print(f"batch prologue before srun/torchrun: {prologue:.3f} s (target <= 2 s)")
+    print(f"from the last step until the job has ended: {teardown:.2f} s")
 
 
 if __name__ == "__main__":
