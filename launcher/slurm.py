@@ -92,6 +92,7 @@ def _unreachable(stderr: str) -> bool:
             "zero bytes were transmitted",
             "could not open configuration",
             "cannot stat file",
+            "could not establish a configuration source",  # no slurm.conf, no SLURM_CONF, no DNS SRV record
         )
     )
 

@@ -127,6 +127,17 @@ def test_missing_slurm_conf_is_named(tmp_path: Path, slurm_env: dict):
     assert "missing.conf does not exist" in out.stderr and "localcluster up" in out.stderr
 
 
+def test_no_slurm_configuration_at_all_is_named(tmp_path: Path, slurm_env: dict):
+    # sbatch installed, but no SLURM_CONF, no /etc/slurm/slurm.conf, no DNS SRV record: not a rejected job
+    if Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("this machine has a system Slurm configuration, which sbatch would use")
+    env = {k: v for k, v in slurm_env.items() if k != "SLURM_CONF"}
+    out = launch(tmp_path, env, "noconf", script(tmp_path, "ok.py", "print(1)\n"))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "cannot reach the Slurm controller" in out.stderr and "SLURM_CONF (not set)" in out.stderr
+    assert "rejected" not in out.stderr and "localcluster up" in out.stderr
+
+
 def test_dead_controller_names_dry_run(tmp_path: Path, slurm_env: dict):
     conf = Path(slurm_env["SLURM_CONF"]).read_text()
     dead = tmp_path / "dead.conf"  # the same cluster, but a port no controller listens on

@@ -1,10 +1,12 @@
-"""CPU throughput of the torch engine's training step for the tiny and small presets (not a test).
+"""Throughput of the torch engine's training step, per preset (not a test).
 
-    python bench/bench_train_cpu.py [--presets tiny small] [--seq-len 256] [--micro-batch-size 4]
+    python bench/bench_train.py [--presets tiny small] [--seq-len 256] [--micro-batch-size 4]   # CPU, float32
+    python bench/bench_train.py --presets 1b --seq-len 4096 --micro-batch-size 2                # one GPU, bf16
 
 Each preset's model shape comes from configs/presets/<name>.yaml; the data is random tokens; each step is the
-engine's own `TorchTrainer.train_step` (forward, backward, clip, AdamW) under a one-process DDP. The first step is
-warm-up and is not timed.
+engine's own `TorchTrainer.train_step` (forward, backward, clip, AdamW) under a one-process DDP, on the GPU where
+there is one (in --dtype, bfloat16 by default there) and on the CPU in float32 otherwise. The first steps are
+warm-up and are not timed. On a known GPU (H100, H200, A100) it prints the model FLOPs utilisation as well.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import yaml  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from launcher.train.config import LRSchedule, ModelShape, TrainConfig  # noqa: E402
-from launcher.train.model import count_parameters, flops_per_token  # noqa: E402
+from launcher.train.model import count_parameters, flops_per_token, peak_flops  # noqa: E402
 from launcher.train.torch_engine import Rank, TorchTrainer, init_distributed  # noqa: E402
 
-STEPS = {"tiny": 10, "small": 3}  # timed steps per preset (after one warm-up step)
+STEPS = {"tiny": 10, "small": 3}  # timed steps per preset (after the warm-up steps); others: 3
 
 
 def preset_shape(name: str) -> ModelShape:
@@ -53,10 +55,10 @@ def preset_shape(name: str) -> ModelShape:
     )
 
 
-def bench_config(shape: ModelShape, seq_len: int, micro_batch_size: int, checkpoints: str) -> TrainConfig:
-    """A float32 run on random tokens (no data loading in the timed steps)."""
+def bench_config(shape: ModelShape, seq_len: int, micro_batch_size: int, checkpoints: str, dtype: str) -> TrainConfig:
+    """A run on random tokens (no data loading in the timed steps)."""
     return TrainConfig(
-        project="bench", run_name="bench", seed=0, model=shape, init_std=0.02, dtype="float32", dp=1, tp=1, pp=1,
+        project="bench", run_name="bench", seed=0, model=shape, init_std=0.02, dtype=dtype, dp=1, tp=1, pp=1,
         sequence_length=seq_len, micro_batch_size=micro_batch_size, grad_accum_steps=1, train_steps=1000,
         lr=LRSchedule(3e-4, 3e-5, 0, "linear", "cosine", 1000, 0), weight_decay=0.01, adam_beta1=0.9,
         adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, dataset=None, dataset_split="train",
@@ -69,19 +71,30 @@ def bench_config(shape: ModelShape, seq_len: int, micro_batch_size: int, checkpo
 def measure(cfg: TrainConfig, steps: int, where: Rank) -> dict:
     """Seconds per step, tokens/s and achieved GFLOP/s of `steps` timed training steps."""
     trainer = TorchTrainer(cfg, where)
-    ddp = DistributedDataParallel(trainer.model)
+    on_gpu = where.device.type == "cuda"
+    ddp = DistributedDataParallel(trainer.model, device_ids=[where.device] if on_gpu else None)
+    warmup = 3 if on_gpu else 1
     times = []
-    for _ in range(steps + 1):
+    for _ in range(steps + warmup):
         trainer.step += 1
         start = time.perf_counter()
         loss, _ = trainer.train_step(ddp)
-        loss.item()
+        loss.item()  # waits for the GPU
         times.append(time.perf_counter() - start)
-    per_step = sum(times[1:]) / steps
+    per_step = sum(times[warmup:]) / steps
     tokens_per_s = cfg.micro_batch_size * cfg.sequence_length / per_step
     params = count_parameters(trainer.model)
-    gflops = tokens_per_s * flops_per_token(trainer.model, cfg.model, cfg.sequence_length) / 1e9
-    return {"params": params, "step_s": per_step, "tokens_per_s": tokens_per_s, "gflops": gflops}
+    flops = tokens_per_s * flops_per_token(trainer.model, cfg.model, cfg.sequence_length)
+    peak = peak_flops(where.device)
+    memory = torch.cuda.max_memory_allocated(where.device) / 2**30 if on_gpu else None
+    return {
+        "params": params,
+        "step_s": per_step,
+        "tokens_per_s": tokens_per_s,
+        "gflops": flops / 1e9,
+        "mfu": None if peak is None else flops / peak,
+        "memory_gib": memory,
+    }
 
 
 def main() -> None:
@@ -89,11 +102,18 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="GPU: bfloat16; CPU: float32")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default: per preset)")
     args = parser.parse_args()
     where = init_distributed()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, seq {args.seq_len}, "
-          f"micro batch {args.micro_batch_size}, float32")  # fmt: skip
-    print(f"{'preset':<8}{'params':>14}{'s/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}")
+    dtype = args.dtype or ("bfloat16" if where.device.type == "cuda" else "float32")
+    device = (
+        torch.cuda.get_device_name(where.device)
+        if where.device.type == "cuda"
+        else f"{torch.get_num_threads()} CPU threads"
+    )
+    print(f"torch {torch.__version__}, {device}, seq {args.seq_len}, micro batch {args.micro_batch_size}, {dtype}")
+    print(f"{'preset':<8}{'params':>14}{'s/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}{'MFU':>8}{'GiB':>8}")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name in args.presets:
@@ -101,8 +121,14 @@ def main() -> None:
                 shape = dataclasses.replace(
                     shape, max_position_embeddings=max(shape.max_position_embeddings, args.seq_len)
                 )
-                r = measure(bench_config(shape, args.seq_len, args.micro_batch_size, tmp), STEPS.get(name, 3), where)
-                print(f"{name:<8}{r['params']:>14,}{r['step_s']:>10.3f}{r['tokens_per_s']:>12,.0f}{r['gflops']:>10.1f}")
+                cfg = bench_config(shape, args.seq_len, args.micro_batch_size, tmp, dtype)
+                r = measure(cfg, args.steps or STEPS.get(name, 3), where)
+                mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+                gib = "-" if r["memory_gib"] is None else f"{r['memory_gib']:.1f}"
+                print(
+                    f"{name:<8}{r['params']:>14,}{r['step_s']:>10.3f}{r['tokens_per_s']:>12,.0f}"
+                    f"{r['gflops']:>10.1f}{mfu:>8}{gib:>8}"
+                )
     finally:
         dist.destroy_process_group()
 
