@@ -6,6 +6,8 @@ config and the processes torchrun actually started), so the two cannot disagree.
 
 from __future__ import annotations
 
+import math
+
 from launcher.problems import Problem
 from launcher.train.config import TrainConfig
 
@@ -78,12 +80,13 @@ def check_layout(
                     f"use --dp {world // (tp * pp)} or leave --dp out to derive it",
                 )
             )
-    if heads % tp:
-        ok = [d for d in divisors(heads) if d <= world]
-        out.append(Problem("tp", f"--tp {tp} does not divide --num_heads {heads}", f"use --tp {_choices(ok)}"))
-    if kv_heads % tp:
-        ok = [d for d in divisors(kv_heads) if d <= world]
-        out.append(Problem("tp", f"--tp {tp} does not divide --num_kv_heads {kv_heads}", f"use --tp {_choices(ok)}"))
+    # a --tp to suggest divides both head counts and fits the job (tp x pp divides its GPUs)
+    tp_ok = [d for d in divisors(math.gcd(heads, kv_heads)) if world % (d * pp) == 0] or [1]
+    undivided = [
+        f"--{what} {count}" for what, count in (("num_heads", heads), ("num_kv_heads", kv_heads)) if count % tp
+    ]
+    if undivided:
+        out.append(Problem("tp", f"--tp {tp} does not divide {' nor '.join(undivided)}", f"use --tp {_choices(tp_ok)}"))
     if heads % kv_heads:
         out.append(
             Problem(

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,10 +105,15 @@ def tokenizer_vocab_size(path: str) -> int | None:
 
 
 def parse_extra_env(text: str | None) -> tuple[dict[str, str], list[str]]:
-    """`KEY=VALUE` items separated by whitespace -> (mapping, malformed items)."""
+    """`KEY=VALUE` items separated by spaces or lines, shell-quoted where a value has spaces (`A="x y" B=2`)
+    -> (mapping, malformed items)."""
     env: dict[str, str] = {}
     bad: list[str] = []
-    for item in (text or "").split():
+    try:
+        items = shlex.split(text or "")
+    except ValueError as e:  # an unclosed quote
+        return {}, [f"{text} ({e})"]
+    for item in items:
         key, sep, value = item.partition("=")
         if sep and key.isidentifier():
             env[key] = value

@@ -152,3 +152,19 @@ def test_script_holds_the_operational_basics():
     ):
         assert needle in text
     assert "printenv" not in text and "env |" not in text
+
+
+def test_extra_env_values_with_spaces_and_lines(tmp_path: Path):
+    spec, problems = spec_for("--extra_env", "NCCL_DEBUG=INFO\nMY_OPTS=\"--a 1 --b $(touch pwned)\"\nX='y z'")
+    assert problems == [] and spec.extra_env == {
+        "NCCL_DEBUG": "INFO",
+        "MY_OPTS": "--a 1 --b $(touch pwned)",
+        "X": "y z",
+    }
+    script = sbatch.render(spec, fixed_paths("t", tmp_path))
+    exports = [line for line in script.splitlines() if line.startswith(("export MY_OPTS", "export X="))]
+    # the values arrive intact in a shell, and nothing in them runs
+    out = subprocess.run(["bash", "-c", "\n".join(exports) + '\nprintf "%s|%s" "$MY_OPTS" "$X"'], cwd=tmp_path,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.stdout == "--a 1 --b $(touch pwned)|y z" and not (tmp_path / "pwned").exists()
+    assert spec_for("--extra_env", 'A="unclosed')[1][0].flag == "extra_env"

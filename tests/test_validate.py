@@ -39,11 +39,13 @@ def test_replica_larger_than_job_suggests_nodes():
     assert "--nodes 4" in problems[0].fix
 
 
-def test_heads_not_divisible_by_tp_lists_choices():
-    problems = problems_for(
-        "--num_heads", "12", "--num_kv_heads", "12", "--hidden_size", "768", "--tp", "8", "--nodes", "1"
-    )
-    assert any(p.flag == "tp" and "12" in p.message and "6" in p.fix for p in problems)
+def test_heads_not_divisible_by_tp_lists_choices_that_work():
+    shape = ("--num_heads", "12", "--num_kv_heads", "12", "--hidden_size", "768", "--nodes", "1")
+    (problem,) = problems_for(*shape, "--tp", "8")
+    assert problem.flag == "tp" and "--num_heads 12 nor --num_kv_heads 12" in problem.message
+    assert problem.fix == "use --tp 1, 2 or 4"  # 3, 6 and 12 divide the heads but not the job's 8 GPUs
+    for tp in ("1", "2", "4"):
+        assert problems_for(*shape, "--tp", tp) == []
 
 
 def test_every_mistake_is_reported_at_once(tmp_path: Path):
@@ -82,20 +84,6 @@ def test_every_mistake_is_reported_at_once(tmp_path: Path):
     }
     text = report(problems)
     assert text.count("\n  - --") == len(problems)
-
-
-@pytest.mark.parametrize(
-    "flag,value",
-    [
-        ("extra_env", "HF_TOKEN=hf_abc"),
-        ("extra_env", "WANDB_API_KEY=xyz"),
-        ("pre_launch_commands", "export WANDB_API_KEY=xyz"),
-    ],
-)
-def test_secrets_in_flags_are_refused(flag: str, value: str):
-    problems = problems_for(f"--{flag}", value)
-    assert flag in flags_of(problems)
-    assert all("xyz" not in str(p) and "hf_abc" not in str(p) for p in problems)
 
 
 def test_tokenizer_larger_than_vocab(tmp_path: Path):
@@ -250,7 +238,10 @@ def test_shell_syntax_is_checked_with_everything_else():
 @pytest.mark.parametrize(
     "flag,value",
     [
-        ("pre_launch_commands", "huggingface-cli login --token hf_abcdefghijklmnopqrstuvwx"),
+        ("extra_env", "HF_TOKEN=hf_abc"),  # by name
+        ("extra_env", "WANDB_API_KEY=xyz"),
+        ("pre_launch_commands", "export WANDB_API_KEY=xyz"),
+        ("pre_launch_commands", "huggingface-cli login --token hf_abcdefghijklmnopqrstuvwx"),  # by value
         ("pre_launch_commands", "wandb login 0123456789abcdef0123456789abcdef01234567"),
         ("extra_env", "SOME_VAR=ghp_abcdefghijklmnopqrstuvwxyz0123"),
         ("tokenizer", "hf_abcdefghijklmnopqrstuvwx"),
