@@ -363,8 +363,7 @@ def test_nanotron_engine_uses_nanotron_04s_real_api() -> None:
     from launcher.train import nanotron_engine
 
     spec = importlib.util.find_spec("nanotron")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("nanotron is not installed")
+    assert spec is not None and spec.submodule_search_locations, "nanotron (a dependency) is not installed"
     package = Path(next(iter(spec.submodule_search_locations)))
 
     def functions(module: str) -> dict[str, list[str]]:

@@ -83,11 +83,13 @@ schedules = st.builds(
 @given(s=schedules)
 def test_matches_nanotron_lambdalr_bit_for_bit(s: LRSchedule) -> None:
     """nanotron's own lr_scheduler_builder, driven as its trainer drives it (step after each optimizer step)."""
-    torch = pytest.importorskip("torch")
-    compat = pytest.importorskip("launcher.nanotron_compat")
-    compat.apply()
-    helpers = pytest.importorskip("nanotron.helpers")
-    config = pytest.importorskip("nanotron.config")
+    import torch  # dependencies of the project: a missing one fails here, never skips
+
+    from launcher import nanotron_compat
+
+    nanotron_compat.apply()
+    import nanotron.config as config
+    import nanotron.helpers as helpers
 
     args = config.LRSchedulerArgs(
         learning_rate=s.learning_rate,
