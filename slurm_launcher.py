@@ -5,14 +5,13 @@ Flags -> validated config, sbatch script and manifest (the bundle) -> submitted 
 `--help` lists every flag. User mistakes end in a message and a non-zero exit code, never a traceback.
 """
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from launcher.app import main  # noqa: E402
-from launcher.errors import LauncherError  # noqa: E402
+from launcher.errors import LauncherError, closed_pipe  # noqa: E402
 
 
 def run() -> int:
@@ -23,9 +22,8 @@ def run() -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # the output went to a pipe that closed (`| head`): nothing left to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:
+        return closed_pipe()
 
 
 if __name__ == "__main__":

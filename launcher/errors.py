@@ -1,4 +1,4 @@
-"""The user-facing error hierarchy.
+"""The user-facing error hierarchy, and what a command does when its output pipe closes.
 
 Every error a user can cause is a `LauncherError`: the entry scripts print its message (which says what is wrong
 and how to fix it) and exit non-zero. Anything else escaping is a bug in the launcher, and shows a traceback.
@@ -29,3 +29,13 @@ class TrainError(LauncherError):
     """The training job cannot start or continue with this config or environment."""
 
     exit_code = 2
+
+
+def closed_pipe() -> int:
+    """The exit code for a command whose stdout went to a pipe that closed (`| head`): nothing left to say, and
+    Python must not complain again while flushing at exit."""
+    import os
+    import sys
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from launcher import bundle, follow, slurm
-from launcher.errors import LauncherError, SubmissionError
+from launcher.errors import LauncherError, SubmissionError, closed_pipe
 
 
 def _record(paths_manifest: Path, **slurm_fields: object) -> None:
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        return closed_pipe()
 
 
 if __name__ == "__main__":
