@@ -139,10 +139,16 @@ def _from_sacct(job_id: str) -> JobState | None:
     sacct = shutil.which("sacct")
     if sacct is None:
         return None
-    out = _run([sacct, "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode,Reason,NodeList,Restarts"])
+    out = _run([sacct, "-j", job_id, "-X", "-n", "-P", "-o", SACCT_FIELDS])
     line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
-    if not line:
-        return None
+    return parse_sacct(job_id, line) if line else None
+
+
+SACCT_FIELDS = "State,ExitCode,Reason,NodeList,Restarts"
+
+
+def parse_sacct(job_id: str, line: str) -> JobState:
+    """One line of `sacct -X -n -P -o State,ExitCode,Reason,NodeList,Restarts` ("CANCELLED by 0" -> CANCELLED)."""
     state, code, reason, nodes, restarts = (line.split("|") + [""] * 5)[:5]
     status, sig = _exit(code)
     return JobState(

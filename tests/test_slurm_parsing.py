@@ -1,0 +1,40 @@
+"""Parsing what Slurm's commands print (pure): scontrol's one-line records and sacct's parsable lines.
+
+scontrol is also exercised for real by the end-to-end tests; sacct needs an accounting database, which the local
+cluster does not run, so its format is pinned here from sacct's documented -P output.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import slurm
+
+SCONTROL = (
+    "JobId=42 JobName=demo UserId=root(0) GroupId=root(0) JobState=PENDING Reason=Resources Dependency=(null) "
+    "Requeue=1 Restarts=2 BatchFlag=1 ExitCode=0:0 NodeList=(null) Command=/a b/job.sbatch "
+    "StdOut=/logs/run dir/20260101.out"
+)
+
+
+def test_scontrol_record():
+    fields = slurm.parse_scontrol(SCONTROL)
+    assert fields["JobState"] == "PENDING" and fields["Reason"] == "Resources" and fields["Restarts"] == "2"
+    assert fields["StdOut"] == "/logs/run dir/20260101.out"  # a value with a space stays whole
+    assert fields["Command"] == "/a b/job.sbatch"
+
+
+@pytest.mark.parametrize(
+    "line,state,code,signal,restarts,reason",
+    [
+        ("COMPLETED|0:0|None|node[1-2]|0", "COMPLETED", 0, 0, 0, "None"),
+        ("FAILED|7:0|NonZeroExitCode|node1|1", "FAILED", 7, 0, 1, "NonZeroExitCode"),
+        ("CANCELLED by 0|0:15|None|node1|0", "CANCELLED", 0, 15, 0, "None"),
+        ("TIMEOUT|0:0||node1|3", "TIMEOUT", 0, 0, 3, "None"),
+        ("PENDING|0:0|Priority|None assigned|0", "PENDING", 0, 0, 0, "Priority"),
+    ],
+)
+def test_sacct_line(line: str, state: str, code: int, signal: int, restarts: int, reason: str):
+    job = slurm.parse_sacct("7", line)
+    assert (job.state, job.exit_code, job.signal, job.restarts, job.reason) == (state, code, signal, restarts, reason)
+    assert job.terminal == (state != "PENDING")
