@@ -7,6 +7,7 @@ torch engine (data parallel, CPU or GPU). A user error prints one `error: ...` l
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 
@@ -36,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    # Past this point everything is saved and closed (checkpoints fsynced, metrics appended, wandb finished, the
-    # process group destroyed). Skip the interpreter's teardown of torch and transformers: ~1.3 s per process,
-    # which every rank of a node pays, on its cores, before the job can end. (An exception never gets here.)
+    # Training is over and saved. Run the exit hooks libraries registered (wandb finishes its run there: nanotron
+    # 0.4 never calls wandb.finish), then skip the interpreter's teardown of torch and transformers: ~1.3 s per
+    # process, which every rank of a node pays, on its cores, before the job can end. (An exception, or the
+    # SystemExit of a stop, never gets here: those exit the usual way.)
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -45,7 +45,8 @@ class BundlePaths:
     script: Path
     log: Path
     stop_file: Path
-    stopped_file: Path
+    outcome_file: Path
+    srun_status_file: Path
     metrics: Path
     checkpoints: Path
 
@@ -63,7 +64,8 @@ def _paths(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Path, 
         script=scripts / run_name / f"{stamp}.sbatch",
         log=logs / run_name / f"{stamp}.out",
         stop_file=bundle_dir / "stop-requested",
-        stopped_file=bundle_dir / "stopped-at-checkpoint",
+        outcome_file=bundle_dir / "outcome",
+        srun_status_file=bundle_dir / "srun-exit-code",
         metrics=bundle_dir / "metrics.jsonl",
         checkpoints=checkpoints,
     )

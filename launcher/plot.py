@@ -33,6 +33,8 @@ def loss_curve(metrics: Path, png: Path) -> Path:
     lr_ax = ax.twinx()
     lr_ax.plot(steps, [rows[s].get("lr", 0.0) for s in steps], color="tab:orange", alpha=0.6, label="lr")
     lr_ax.set_ylabel("learning rate")
+    lines = ax.get_lines() + lr_ax.get_lines()  # one legend for both axes
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="upper right", frameon=False)
     ax.set_title(f"{metrics.parent.parent.name}: loss over {len(steps)} steps")
     fig.tight_layout()
     fig.savefig(png)

@@ -102,9 +102,14 @@ def test_nanotron_engine_resumes_from_the_runs_own_checkpoints(tmp_path: Path, n
     before["checkpoints"]["resume_checkpoint_path"] = str(tmp_path / "ckpt")
     assert before == after  # nothing else differs
 
+    # a config that starts from a given checkpoint (fine-tuning): the run's own checkpoints win once they exist,
+    # so a requeue continues rather than starting over from the given one
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text(original.read_text().replace("resume_checkpoint_path: null", "resume_checkpoint_path: /x/50"))
-    assert resumable_config(str(pinned), str(tmp_path)) == str(pinned)  # the user's own choice stands
+    derived = resumable_config(str(pinned), str(tmp_path))
+    assert yaml.safe_load(Path(derived).read_text())["checkpoints"]["resume_checkpoint_path"] == str(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "latest.txt").unlink()
+    assert resumable_config(str(pinned), str(tmp_path)) == str(pinned)  # before that, the given one stands
 
 
 def write_text_of(spec, tmp_path: Path) -> str:

@@ -111,18 +111,18 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
 
     leg("first", "b", **{"tokens.train_steps": 10})  # same schedule (explicit decay steps): stops at 10
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["10", "5", "latest"]
-    stop_file, stopped_file = tmp_path / "STOP", tmp_path / "STOPPED"
+    stop_file, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
     stop_file.touch()
     monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))
-    monkeypatch.setenv("LAUNCHER_STOPPED_FILE", str(stopped_file))
+    monkeypatch.setenv("LAUNCHER_OUTCOME_FILE", str(outcome))
     _, out = leg("second", "b", **{"tokens.train_steps": 20})
     assert f"resumed from checkpoint step 10 ({tmp_path / 'b' / '10'})" in out
     assert out.strip().endswith("preempted: checkpoint saved at step 11; exiting so the job can be requeued")
     assert not stop_file.exists(), "the stop request must be consumed so the requeued job trains on"
-    assert stopped_file.read_text() == "11\n", "the batch script requeues only on this marker"
-    stopped_file.unlink()
+    assert outcome.read_text() == "stopped 11\n", "the batch script requeues on this"
     _, out = leg("third", "b", **{"tokens.train_steps": 20})
     assert "resumed from checkpoint step 11" in out and "training finished at step 20" in out
+    assert outcome.read_text() == "finished 20\n", "and never requeues this"
 
     straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
     assert sorted(resumed) == sorted(straight) == list(range(1, 21))
@@ -141,7 +141,7 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
     stop_file.touch()
     _, out = leg("fourth", "b", **{"tokens.train_steps": 21})
     assert "training finished at step 21" in out and "preempted" not in out
-    assert not stop_file.exists() and not stopped_file.exists()
+    assert not stop_file.exists() and outcome.read_text() == "finished 21\n"
 
 
 def test_half_written_checkpoints_are_never_loaded(

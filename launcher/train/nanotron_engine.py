@@ -29,7 +29,7 @@ from launcher.train.config import TrainConfig
 from launcher.train.metrics import StepMetrics, append_metrics
 from launcher.train.model import PEAK_BF16_FLOPS
 from launcher.train.schedule import lr_at
-from launcher.train.stop import STOP_MESSAGE, StopRequest
+from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome
 
 
 def missing() -> list[str]:
@@ -49,27 +49,24 @@ NANOTRON_POINTER = "latest.txt"  # written by nanotron's save_checkpoint into ch
 
 
 def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None) -> str | None:
-    """Where nanotron should resume from: the config's own choice, else the run's checkpoints once it has one."""
-    if resume_checkpoint_path:
-        return resume_checkpoint_path
+    """Where nanotron should resume from: the run's own checkpoints once it has one (as the torch engine does: a
+    requeued or relaunched run continues), else the config's resume_checkpoint_path (e.g. a fine-tuning start)."""
     if checkpoints_path and (Path(checkpoints_path) / NANOTRON_POINTER).is_file():
         return checkpoints_path
-    return None
+    return resume_checkpoint_path or None
 
 
 def resumable_config(config_file: str, tmp_dir: str) -> str:
-    """The config nanotron should load: `config_file` itself, or, once the run has a checkpoint and the config
-    names none to resume from, a private copy (in `tmp_dir`) that differs only in resume_checkpoint_path.
+    """The config nanotron should load: `config_file` itself, or, when the run should resume from somewhere the
+    config does not name, a private copy (in `tmp_dir`) that differs only in resume_checkpoint_path.
 
     (nanotron 0.4's DistributedTrainer takes a file path only: its constructor opens what it is given.)
     """
     with open(config_file, encoding="utf-8") as f:
         data = yaml.safe_load(f)
     ckpt = data.get("checkpoints") or {}
-    if ckpt.get("resume_checkpoint_path"):
-        return config_file
-    resume = resume_path(ckpt.get("checkpoints_path"), None)
-    if resume is None:
+    resume = resume_path(ckpt.get("checkpoints_path"), ckpt.get("resume_checkpoint_path"))
+    if resume is None or resume == ckpt.get("resume_checkpoint_path"):
         return config_file
     ckpt["resume_checkpoint_path"] = resume
     rank = os.environ.get("RANK", "0")
@@ -97,6 +94,14 @@ def train(config_file: str, cfg: TrainConfig) -> None:
     nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
     from nanotron.trainer import DistributedTrainer
 
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    done = _saved_step(cfg.checkpoints_path)
+    if done is not None and done >= cfg.train_steps:  # nanotron would assert; say it as the torch engine does
+        report_outcome(is_main, finished=True, step=done)
+        if is_main:
+            print(f"run already finished: checkpoint step {done}, train_steps {cfg.train_steps}", flush=True)
+        return
+    given = config_file
     config_file = resumable_config(config_file, os.environ.get("TMPDIR") or "/tmp")
 
     class LauncherTrainer(DistributedTrainer):  # type: ignore[misc, valid-type]
@@ -107,13 +112,16 @@ def train(config_file: str, cfg: TrainConfig) -> None:
         def post_train_step(self) -> None:
             if not self.stop_request.agreed():
                 return
-            if self.iteration_step >= self.config.tokens.train_steps:  # the last step: the run ends anyway
-                self.stop_request.consume(dist.get_rank() == 0, stopped_at=None)
-                return
-            # nanotron's loop counts this step's samples after this hook: count them before saving
+            # nanotron's loop counts this step's samples after this hook: count them for the checkpoint
             self.consumed_train_samples += self.global_batch_size
-            self.save_checkpoint()
-            self.stop_request.consume(dist.get_rank() == 0, stopped_at=self.iteration_step)
+            last = self.iteration_step >= self.config.tokens.train_steps
+            if not last or self.iteration_step % self.config.checkpoints.checkpoint_interval:
+                self.save_checkpoint()  # (on the last step nanotron saves by itself only at the interval)
+            self.stop_request.consume(dist.get_rank() == 0)
+            if last:  # the run ends anyway, complete
+                self.consumed_train_samples -= self.global_batch_size
+                return
+            report_outcome(dist.get_rank() == 0, finished=False, step=self.iteration_step)
             if dist.get_rank() == 0:
                 print(STOP_MESSAGE.format(step=self.iteration_step), flush=True)
             dist.barrier()
@@ -144,7 +152,17 @@ def train(config_file: str, cfg: TrainConfig) -> None:
             append_metrics(self.metrics_file, metrics)
 
     trainer = LauncherTrainer(config_file)
+    if config_file != given:
+        Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
     trainer.train(_dataloader(trainer))
+    report_outcome(is_main, finished=True, step=trainer.iteration_step)
+
+
+def _saved_step(checkpoints_path: str) -> int | None:
+    try:
+        return int(_pointer(checkpoints_path))
+    except (OSError, ValueError):
+        return None
 
 
 def _dataloader(trainer):  # type: ignore[no-untyped-def]

@@ -4,9 +4,9 @@ Either asks the job to save a checkpoint at the next step boundary and exit 0, s
 ranks agree every step with an all_reduce(MAX) of their flags. The request is consumed: rank 0 removes the
 stop file once the checkpoint is saved, so the requeued job trains on.
 
-The outcome is explicit: a run that stopped *before* its last step leaves `LAUNCHER_STOPPED_FILE` (holding the
-step of its checkpoint), and only then does the batch script requeue. A request that comes as the run ends (the
-time-limit warning landing during the last steps) leaves no marker: the run is complete, not stopped.
+The outcome is explicit: rank 0 writes `LAUNCHER_OUTCOME_FILE` as training ends, "finished STEP" or "stopped STEP"
+(at a checkpoint before the last step). The batch script requeues a stopped run and never a finished one, so a
+request that comes as the run ends (the time-limit warning landing during the last steps) changes nothing.
 """
 
 from __future__ import annotations
@@ -42,22 +42,24 @@ class StopRequest:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def consume(self, is_main: bool, stopped_at: int | None) -> None:
-        """Once the checkpoint is saved (rank 0 only): remove the stop file; if the run stops before its end
-        (`stopped_at`: the step checkpointed), leave the marker that tells the batch script to requeue."""
-        if not is_main:
-            return
-        if self.path is not None:
+    def consume(self, is_main: bool) -> None:
+        """Remove the stop file (rank 0 only) once the checkpoint is saved, so the requeued job trains on."""
+        if is_main and self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
-        marker = os.environ.get("LAUNCHER_STOPPED_FILE")
-        if marker and stopped_at is not None:
-            tmp = f"{marker}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(f"{stopped_at}\n")
-            os.replace(tmp, marker)
 
     def close(self) -> None:
         """Put back the SIGUSR1 handler that was there before."""
         if self.previous_handler is not None:
             signal.signal(signal.SIGUSR1, self.previous_handler)
+
+
+def report_outcome(is_main: bool, finished: bool, step: int) -> None:
+    """Tell the batch script how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
+    path = os.environ.get("LAUNCHER_OUTCOME_FILE")
+    if not is_main or not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"{'finished' if finished else 'stopped'} {step}\n")
+    os.replace(tmp, path)

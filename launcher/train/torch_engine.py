@@ -32,7 +32,7 @@ from launcher.train.data import MicroBatches, build_micro_batches
 from launcher.train.metrics import Reporter, StepMetrics
 from launcher.train.model import build_model, count_parameters, flops_per_token, peak_flops
 from launcher.train.schedule import lr_at
-from launcher.train.stop import STOP_MESSAGE, StopRequest
+from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,7 @@ class TorchTrainer:
         """Steps `step + 1 .. train_steps`, logging, checkpointing and honouring stop requests."""
         cfg, where = self.cfg, self.where
         if self.step >= cfg.train_steps:
+            report_outcome(where.rank == 0, finished=True, step=self.step)
             self.reporter.print(f"run already finished: checkpoint step {self.step}, train_steps {cfg.train_steps}")
             return
         if where.device.type == "cpu" and cfg.dtype != "float32":
@@ -171,11 +172,12 @@ class TorchTrainer:
                     checkpoint.save(cfg, self.step, self.model, self.optimizer, self.position)
                     window_start = time.perf_counter()  # saving is not training time
                 if stopping:
-                    early = self.step < cfg.train_steps
-                    stop.consume(where.rank == 0, stopped_at=self.step if early else None)
-                    if early:
+                    stop.consume(where.rank == 0)
+                    if self.step < cfg.train_steps:
+                        report_outcome(where.rank == 0, finished=False, step=self.step)
                         self.reporter.print(STOP_MESSAGE.format(step=self.step))
                         return
+            report_outcome(where.rank == 0, finished=True, step=self.step)
             self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
         finally:
             stop.close()
