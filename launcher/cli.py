@@ -12,8 +12,11 @@ import dataclasses
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from simple_parsing import ArgumentParser
+
+from launcher.secrets_guard import redact
 
 RUN_DEFAULT = "the cluster's default"
 
@@ -146,8 +149,15 @@ GROUPS = {
 }
 
 
+class _Parser(ArgumentParser):
+    """argparse's own errors (`invalid int value: '...'`) repeat what was typed: redact secrets there too."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(redact(message))
+
+
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
+    parser = _Parser(
         prog="slurm_launcher.py",
         description="Turn a few flags into a validated nanotron training run on Slurm: config, sbatch script, "
         "manifest; submit it and follow it to its end.",

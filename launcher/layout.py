@@ -80,8 +80,12 @@ def check_layout(
                     f"use --dp {world // (tp * pp)} or leave --dp out to derive it",
                 )
             )
-    # a --tp to suggest divides both head counts and fits the job (tp x pp divides its GPUs)
-    tp_ok = [d for d in divisors(math.gcd(heads, kv_heads)) if world % (d * pp) == 0] or [1]
+    # a --tp to suggest divides both head counts, the MLP and the vocabulary, and fits the job (tp x pp | GPUs)
+    tp_ok = [
+        d
+        for d in divisors(math.gcd(heads, kv_heads))
+        if world % (d * pp) == 0 and intermediate % d == 0 and vocab % d == 0
+    ] or [1]
     undivided = [
         f"--{what} {count}" for what, count in (("num_heads", heads), ("num_kv_heads", kv_heads)) if count % tp
     ]

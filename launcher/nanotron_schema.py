@@ -79,8 +79,8 @@ def flags_from_config(config: dict) -> dict[str, Any]:
     optimizer = config.get("optimizer")
     if isinstance(optimizer, dict) and "clip_grad" in optimizer and optimizer["clip_grad"] is None:
         values["grad_clip"] = 0.0  # nanotron's null: no clipping (absent: the base's value)
-    data = config.get("data")
-    if isinstance(data, dict) and "dataset" in data and data["dataset"] is None:
+    data = config.get("data", {})
+    if data is None or (isinstance(data, dict) and "dataset" in data and data["dataset"] is None):
         values["dataset"] = "none"
     return {k: v for k, v in values.items() if v is not None}
 
@@ -186,9 +186,8 @@ def build_config(spec: RunSpec, checkpoints_dir: str) -> dict:
     else:
         _set(config, FLAG_PATHS["dataset"], a.data.dataset)
         _set(config, FLAG_PATHS["text_column"], a.data.text_column)
-    config["profiler"] = (
-        {"profiler_export_path": a.logging.profiler_export_path} if a.logging.profiler_export_path else None
-    )
+    if a.logging.profiler_export_path:  # else the base's (or --config's) profiler section stands
+        config["profiler"] = {"profiler_export_path": a.logging.profiler_export_path}
     return config
 
 
@@ -268,6 +267,7 @@ def to_train_config(config: dict) -> TrainConfig:
         save_initial_state=bool(config["checkpoints"].get("save_initial_state")),
         resume_checkpoint_path=config["checkpoints"].get("resume_checkpoint_path"),
         log_interval=_require(config, ("logging", "iteration_step_info_interval"), 1),
+        init_path=_get(config, ("model", "init_method", "path")),
     )
 
 

@@ -104,6 +104,9 @@ def tokenizer_vocab_size(path: str) -> int | None:
     return max(ids) + 1 if ids else None
 
 
+UNCLOSED_QUOTE = "<unclosed quote>"
+
+
 def parse_extra_env(text: str | None) -> tuple[dict[str, str], list[str]]:
     """`KEY=VALUE` items separated by spaces or lines, shell-quoted where a value has spaces (`A="x y" B=2`)
     -> (mapping, malformed items)."""
@@ -111,14 +114,14 @@ def parse_extra_env(text: str | None) -> tuple[dict[str, str], list[str]]:
     bad: list[str] = []
     try:
         items = shlex.split(text or "")
-    except ValueError as e:  # an unclosed quote
-        return {}, [f"{text} ({e})"]
+    except ValueError:  # an unclosed quote (the text is not repeated: it may hold a secret)
+        return {}, [UNCLOSED_QUOTE]
     for item in items:
         key, sep, value = item.partition("=")
         if sep and key.isidentifier():
             env[key] = value
         else:
-            bad.append(item)
+            bad.append(item if len(item) <= 12 else f"{item[:6]}...")  # a stray value may be a secret
     return env, bad
 
 
@@ -135,11 +138,17 @@ def _read_yaml(target: Path) -> tuple[dict, list[Problem]]:
     return data, []
 
 
+REPLACED_WHOLE = {"init_method"}  # nanotron unions ({std} or {path}): the YAML's choice replaces the base's
+
+
 def _merge(base: dict, over: dict) -> dict:
-    """`over` laid onto `base` section by section: a partial YAML keeps the base's other settings."""
+    """`over` laid onto `base` section by section: a partial YAML keeps the base's other settings, and a null
+    where the base has a section keeps the base's (the launcher writes into every section it has)."""
     out = dict(base)
     for key, value in over.items():
-        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        if value is None and isinstance(base.get(key), dict):
+            continue
+        both = isinstance(value, dict) and isinstance(base.get(key), dict) and key not in REPLACED_WHOLE
         out[key] = _merge(base[key], value) if both else value
     return out
 
@@ -220,7 +229,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     preset = load_preset(size)
     preset_values = {**preset["model"], **preset["parallelism"]}
     if "model_size" in explicit:  # a preset you typed is a choice: its shape wins over the --config YAML's
-        from_config = {k: v for k, v in from_config.items() if k not in preset_values}
+        from_config = {k: v for k, v in from_config.items() if k not in preset["model"]}
 
     groups = {}
     for name in GROUPS:
@@ -252,7 +261,12 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
 
     extra_env, bad_env = parse_extra_env(groups["slurm"].extra_env)
     for item in bad_env:
-        problems.append(Problem("extra_env", f"{item!r} is not KEY=VALUE", "write NAME=value, e.g. NCCL_DEBUG=WARN"))
+        if item == UNCLOSED_QUOTE:
+            problems.append(Problem("extra_env", "it has an unclosed quote", "close it, e.g. NAME='a value'"))
+        else:
+            problems.append(
+                Problem("extra_env", f"{item!r} is not KEY=VALUE", "write NAME=value, e.g. NCCL_DEBUG=WARN")
+            )
 
     resolved = dataclasses.replace(
         args,

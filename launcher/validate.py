@@ -17,7 +17,7 @@ from launcher.cli import GROUPS
 from launcher.datasource import is_local_path
 from launcher.layout import check_layout
 from launcher.problems import Problem
-from launcher.secrets_guard import SECRET_ASSIGNMENT, SECRET_NAME, has_secret_value
+from launcher.secrets_guard import has_secret_value, is_secret_assignment, secret_assignments
 from launcher.spec import RunSpec
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -130,7 +130,7 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
         out.append(
             Problem("extra_env", f"{', '.join(odd)} is not a shell variable name", "use ASCII letters, digits and '_'")
         )
-    secrets = [k for k in spec.extra_env if SECRET_NAME.search(k)]
+    secrets = [k for k, v in spec.extra_env.items() if is_secret_assignment(k, v)]
     if secrets:
         out.append(
             Problem(
@@ -139,12 +139,13 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 "export it in your shell instead: the job inherits your environment without a file",
             )
         )
-    if s.pre_launch_commands and SECRET_ASSIGNMENT.search(s.pre_launch_commands):
+    assigned = secret_assignments(s.pre_launch_commands or "")
+    if assigned:
         out.append(
             Problem(
                 "pre_launch_commands",
-                "it assigns what looks like a secret, which would be written to the bundle",
-                "export the secret in your shell before launching instead",
+                f"it assigns {', '.join(assigned)} a literal value, which would be written to the bundle",
+                "export the secret in your shell before launching instead (a $reference is fine)",
             )
         )
     if s.pre_launch_commands:
@@ -201,11 +202,12 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
     for flag, steps in (("save_interval", a.paths.save_interval), ("log_interval", a.logging.log_interval)):
         if steps <= 0:
             out.append(Problem(flag, f"must be positive, got {steps}", "give a number of steps >= 1"))
-    if a.logging.profiler_export_path and a.training.train_steps >= 10:
+    profiling = a.logging.profiler_export_path or spec.base_config.get("profiler")  # the flag, or --config's
+    if profiling and a.training.train_steps >= 10:
         out.append(
             Problem(
-                "profiler_export_path",
-                "nanotron only profiles runs of fewer than 10 steps",
+                "profiler_export_path" if a.logging.profiler_export_path else "config",
+                "nanotron only profiles runs of fewer than 10 steps (it asserts so at start-up)",
                 "use --train_steps 9 or less with the profiler",
             )
         )

@@ -163,3 +163,33 @@ def test_a_typed_preset_wins_over_the_configs_shape(tmp_path: Path):
     assert (spec.args.model.hidden_size, spec.args.model.num_layers) == (128, 3)  # the YAML over the default preset
     spec, _ = spec_for("--config", str(yaml_file), "--dataset", "none", "--model_size", "small")
     assert (spec.args.model.hidden_size, spec.args.model.num_layers) == (768, 12)  # the preset you typed
+
+
+def test_config_sections_nanotron_types_as_unions_or_nulls(tmp_path: Path, nanotron_config):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(
+        "model:\n  init_method:\n    path: /ckpt/pretrained\n"  # {path} replaces the base's {std}, never both
+        "optimizer: null\n"  # a null section keeps the base's: the launcher writes into it
+        "parallelism:\n  tp: 2\n"
+        "profiler:\n  profiler_export_path: /tmp/prof\n"
+    )
+    flags = ("--config", str(yaml_file), "--dataset", "none", "--model_size", "small", "--nodes", "1")
+    spec, problems = spec_for(*flags)
+    assert [p.flag for p in problems + validate(spec)] == ["config"]  # nanotron profiles fewer than 10 steps
+    spec, problems = spec_for(*flags, "--train_steps", "5", "--warmup_steps", "1")
+    assert problems + validate(spec) == []
+    assert spec.args.parallelism.tp == 2  # a typed preset replaces the YAML's shape, not its parallelism
+    (tmp_path / "out").mkdir()
+    config = nanotron_config.get_config_from_file(str(write(spec, tmp_path / "out")))
+    assert str(config.model.init_method.path) == "/ckpt/pretrained"
+    assert config.optimizer.zero_stage == 0 and str(config.profiler.profiler_export_path) == "/tmp/prof"
+    # the torch engine cannot start from nanotron weights: it says so instead of training from random ones
+    cfg = nanotron_schema.load_train_config(str(tmp_path / "out" / "config.yaml"))
+    assert cfg.init_path == "/ckpt/pretrained"
+
+
+def test_config_data_null_means_random_tokens(tmp_path: Path):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("data: null\n")
+    spec, problems = spec_for("--config", str(yaml_file))
+    assert problems == [] and spec.args.data.dataset is None

@@ -251,6 +251,7 @@ def test_two_torchrun_ranks_stay_in_sync_and_match_one_process(
         ({"data.dataset.text_column_name": "body"}, (), "has no column 'body' (columns: text)"),
         ({"parallelism.dp": 2}, (), "cannot train with 1 process(es):\n  - --dp"),
         ({}, ("--engine", "nanotron"), "the nanotron engine needs a CUDA GPU"),
+        ({"model.init_method": {"path": "/ckpt/x"}}, (), "the torch engine cannot start from nanotron weights"),
     ],
 )
 def test_user_errors_are_one_message_and_exit_2(

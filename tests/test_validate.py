@@ -254,3 +254,43 @@ def test_secret_values_are_refused_and_never_repeated(flag: str, value: str):
     text = report(problems)
     secret = value.split()[-1].split("=")[-1]
     assert secret not in text, text
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--checkpoints_path", "/x/disk-01_shared_checkpoints_x"),  # 'sk-' inside a word is no OpenAI key
+        ("--dataset", "org/multitask-pretraining-mixture-v2"),
+        ("--pre_launch_commands", 'huggingface-cli login --token "$HF_TOKEN"'),  # a reference, not the token
+        ("--pre_launch_commands", "export HF_TOKEN=$(cat ~/.hf_token)"),
+        ("--pre_launch_commands", "python prep.py --tokenizer=gpt2 --max_tokens=2048"),
+        ("--pre_launch_commands", "git checkout 0123456789abcdef0123456789abcdef01234567 && source ~/.bashrc"),
+        ("--extra_env", "TOKENIZERS_PARALLELISM=false HF_HUB_DISABLE_IMPLICIT_TOKEN=1 SSH_KEY_PATH=/k"),
+    ],
+)
+def test_ordinary_runs_are_not_mistaken_for_secrets(flags: tuple):
+    assert problems_for(*flags) == []
+
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("pre_launch_commands", 'curl -H "Authorization: Bearer abcdefghijklmnopqrstu" https://x'),
+        ("pre_launch_commands", "git clone https://me:pw123secret@host/repo"),
+        ("extra_env", "WANDB_API_KEY 0123456789abcdef0123456789abcdef01234567"),  # a stray value, not repeated
+        ("extra_env", 'A="unclosed 0123456789abcdef0123456789abcdef01234567'),
+    ],
+)
+def test_more_secrets_are_refused_and_never_repeated(flag: str, value: str):
+    problems = problems_for(f"--{flag}", value)
+    assert flag in flags_of(problems)
+    text = report(problems)
+    for secret in ("abcdefghijklmnopqrstu", "pw123secret", "0123456789abcdef0123456789abcdef01234567"):
+        assert secret not in text, text
+
+
+def test_argparse_errors_are_redacted_too(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        spec_for("--seed", "hf_abcdefghijklmnopqrstuvwx")
+    err = capsys.readouterr().err
+    assert "--seed" in err and "hf_abcdefghijklmnopqrstuvwx" not in err

@@ -77,6 +77,7 @@ class TrainConfig:
     save_initial_state: bool
     resume_checkpoint_path: str | None
     log_interval: int  # nanotron: logging.iteration_step_info_interval
+    init_path: str | None = None  # nanotron: model.init_method.path, weights of a nanotron checkpoint
 
     @property
     def global_batch_size(self) -> int:

@@ -56,6 +56,11 @@ def check_supported(cfg: TrainConfig, world_size: int) -> None:
             f"{world_size} process(es) started but the config has dp={cfg.dp}: start dp processes "
             f"(torchrun --nproc_per_node ...) or set --dp {world_size}"
         )
+    if cfg.init_path:
+        raise TrainError(
+            f"the torch engine cannot start from nanotron weights (model.init_method.path: {cfg.init_path}): use "
+            "the nanotron engine (--engine nanotron, on GPU nodes), or model.init_method.std for a fresh model"
+        )
     if torch.cuda.is_available() and cfg.dtype == "float16":
         raise TrainError("the torch engine trains in bfloat16 or float32, not float16: set model.dtype to bfloat16")
 
