@@ -185,37 +185,59 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: 
     assert_continuous(bundle_dir, 120)
 
 
+PACED_TRAIN = """
+# run_train.py itself, with every optimizer step taking at least {pace} s: the run's length in wall-clock time
+# no longer depends on how fast or loaded the machine is (the test's timing needs that, the product does not).
+import runpy, sys, time
+sys.path.insert(0, {root!r})
+from launcher.train import torch_engine
+
+step = torch_engine.TorchTrainer.train_step
+
+def paced(self, ddp):
+    start = time.perf_counter()
+    done = step(self, ddp)
+    time.sleep(max(0.0, {pace} - (time.perf_counter() - start)))
+    return done
+
+torch_engine.TorchTrainer.train_step = paced
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
 def test_time_limit_is_crossed_over_allocations(tmp_path: Path, slurm_env: dict, demo_data):
-    # 1 minute per allocation; Slurm warns 45 s before the end (its timer ticks every 30 s, so the warning lands
-    # 15-45 s into the allocation) and the run checkpoints, requeues and resumes until it is done.
-    # 250 steps of 3 micro-batches take ~3 allocations on a 2-core machine (~75 steps before each warning);
-    # --max_requeues 8 leaves room for a machine twice as slow. The warning that often lands as the last
-    # allocation finishes must not turn the finished run into a requeue or a failure.
+    # 3 minutes per allocation, a warning 50 s before the end. Slurm may send it up to 60 s early (sbatch --signal),
+    # so it lands 70-130 s into an allocation, after ~5-15 s of start-up: each allocation trains ~55-125 s.
+    # 650 steps paced to 0.2 s are 130 s of training: 2 or 3 allocations on any machine (--max_requeues 4).
+    # The warning that often lands as the last allocation finishes must not turn the run into a requeue or failure.
+    paced = tmp_path / "paced_train.py"
+    paced.write_text(PACED_TRAIN.format(pace=0.2, root=str(ROOT), script=str(ROOT / "run_train.py")))
     proc = launch(
         tmp_path,
         slurm_env,
         demo_data,
         "timelimit",
         "--train_steps",
-        "250",
-        "--grad_accum_steps",
-        "3",
+        "650",
         "--time_limit",
-        "1",
+        "3",
         "--signal_grace",
-        "45",
-        "--max_requeues",
-        "8",
-        "--save_interval",
         "50",
+        "--max_requeues",
+        "4",
+        "--save_interval",
+        "100",
+        "--run_train_script",
+        str(paced),
         nodes="1",
     )
-    code, out = finish(proc, timeout=600)
+    code, out = finish(proc, timeout=900)
     assert code == 0, out
     (bundle_dir,) = bundles(tmp_path, "timelimit")
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert log.count("preemption or time-limit signal") >= 1 and "attempt 2 started" in log
-    assert_continuous(bundle_dir, 250)
+    assert_continuous(bundle_dir, 650)
     assert "ended COMPLETED" in out
 
 
