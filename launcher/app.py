@@ -58,7 +58,9 @@ def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
     )
     config_text = nanotron_schema.dump(nanotron_schema.build_config(spec, str(paths.checkpoints)))
     script_text = sbatch.render(spec, paths)
-    problems = _shell_problems(script_text)
+    # Only --pre_launch_commands puts unquoted shell text in the script (everything else is quoted, and tests run
+    # bash -n and shellcheck on every preset's script): parse the whole script then, once more, as rendered.
+    problems = _shell_problems(script_text) if a.slurm.pre_launch_commands else []
     if problems:
         paths.bundle_dir.rmdir()  # still empty: nothing of this launch stays behind
         raise ConfigError(report(problems))

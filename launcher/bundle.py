@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 LAUNCHER_SCRIPT = Path(__file__).resolve().parent.parent / "slurm_launcher.py"
@@ -156,7 +155,9 @@ def _versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
         version = found.get(_normalized(name))
-        if version is None:  # an egg-info or other layout: ask importlib.metadata
+        if version is None:  # an egg-info or other layout: ask importlib.metadata (slow to import: only then)
+            from importlib import metadata
+
             try:
                 version = metadata.version(name)
             except metadata.PackageNotFoundError:

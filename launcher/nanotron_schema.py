@@ -21,6 +21,7 @@ from launcher.train.config import LRSchedule, ModelShape, TrainConfig
 if TYPE_CHECKING:
     from launcher.spec import RunSpec
 
+YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
 ROPE_THETA = 10000.0  # nanotron 0.4's Llama has no rope_theta field and uses this value
 
 # launcher flag -> (section path in the YAML). One table serves both directions.
@@ -193,7 +194,7 @@ def build_config(spec: RunSpec, checkpoints_dir: str) -> dict:
 
 def dump(config: dict) -> str:
     """The YAML text of a config (stable key order as built)."""
-    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    return yaml.dump(config, Dumper=YAML_DUMPER, sort_keys=False, default_flow_style=False)
 
 
 def _require(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:

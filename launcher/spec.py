@@ -175,6 +175,8 @@ def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, l
 
 def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
     """Drop --config values of the wrong type for their flag, each one a problem (unless the flag replaces it)."""
+    if not values:
+        return {}, []
     kinds: dict[str, type] = {}
     for group in GROUPS.values():  # evaluated hints: simple-parsing rewrites the fields' own `type` as it parses
         for name, hint in typing.get_type_hints(group).items():
