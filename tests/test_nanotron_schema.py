@@ -64,6 +64,17 @@ def test_round_trip_to_train_config(tmp_path: Path):
     assert cfg.global_batch_size == 2 * 8 * 2
 
 
+@pytest.mark.parametrize(
+    ("splits", "trained"), [(None, "train"), ("validation", "validation"), (["test", "train"], "train"), (["x"], "x")]
+)
+def test_the_split_training_reads(splits: object, trained: str, tmp_path: Path):
+    """nanotron 0.4 takes hf_dataset_splits as a name or a list (then it trains on "train")."""
+    spec, _ = spec_for("--dataset", "some/hub-dataset")
+    config = yaml.safe_load(write(spec, tmp_path).read_text())
+    config["data"]["dataset"]["hf_dataset_splits"] = splits
+    assert nanotron_schema.to_train_config(config).dataset_split == trained
+
+
 def test_config_flag_starts_from_a_yaml_and_flags_win(tmp_path: Path, nanotron_config):
     spec, _ = spec_for("--model_size", "small", "--nodes", "1", "--learning_rate", "1e-3")
     first = write(spec, tmp_path)

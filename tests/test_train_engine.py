@@ -380,9 +380,65 @@ def test_nanotron_engine_uses_nanotron_04s_real_api() -> None:
     for fact in ("self.post_init()", "self.post_train_step()", "self.iteration_start_time = time.time()",
                  "self.consumed_train_samples += self.global_batch_size", "self.logger_ranks ="):  # fmt: skip
         assert fact in trainer_source, fact
-    ours = inspect.getsource(nanotron_engine._dataloader)
-    for name in ("get_datasets", "clm_process", "get_train_dataloader", "dummy_infinite_data_generator"):
+    ours = inspect.getsource(nanotron_engine._dataloader) + inspect.getsource(nanotron_engine.packed_dataset)
+    for name in ("get_train_dataloader", "dummy_infinite_data_generator"):
         call = next(
             n for n in ast.walk(ast.parse(ours)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == name
         )
         assert {k.arg for k in call.keywords} <= set(loader[name]), name
+
+
+@pytest.mark.parametrize("form", ["save_to_disk", "DatasetDict", "jsonl"])
+def test_nanotron_engine_packs_every_local_dataset_form(form: str, base_cfg: TrainConfig, tmp_path: Path) -> None:
+    """nanotron 0.4's get_datasets (load_dataset(path)) reads none of these but the DatasetDict, and its
+    clm_process calls a tokenizer method transformers 5 removed: the engine packs them as the torch engine does."""
+    from launcher.train.data import load_tokenizer
+    from launcher.train.nanotron_engine import packed_dataset
+
+    texts = [f"the {'old' if i % 2 else 'young'} cat chases the mouse at night ." for i in range(40)]
+    if form == "save_to_disk":
+        datasets.Dataset.from_dict({"body": texts}).save_to_disk(str(tmp_path / "ds"))
+        target = tmp_path / "ds"
+    elif form == "DatasetDict":
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": texts})}).save_to_disk(str(tmp_path / "ds"))
+        target = tmp_path / "ds"
+    else:
+        target = tmp_path / "d.jsonl"
+        target.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
+    cfg = dataclasses.replace(base_cfg, dataset=str(target), text_column="body", sequence_length=16)
+    tokenizer = load_tokenizer(cfg)
+
+    packed = packed_dataset(cfg, tokenizer, overwrite_cache=True)
+
+    rows = packed["input_ids"]
+    token_lists = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert np.array_equal(np.array(rows), pack(token_lists, tokenizer.eos_token_id, 16))  # one batch: same windows
+    assert tokenizer.convert_ids_to_tokens(rows[0])[:5] == ["the", "young", "cat", "chases", "the"]
+    if form == "jsonl":
+        _check_nanotron_dataloader(packed, micro_batch_size=2, sequence_length=16)
+
+
+def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, sequence_length: int) -> None:
+    """nanotron 0.4's own get_train_dataloader over the packed rows, in a one-process gloo group (its
+    ParallelContext needs NCCL; the dataloader only asks it for the pp and dp groups)."""
+    import types
+
+    from launcher import nanotron_compat
+
+    nanotron_compat.apply()
+    from nanotron.dataloader import get_train_dataloader
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        groups = types.SimpleNamespace(pp_pg=dist.group.WORLD, dp_pg=dist.group.WORLD)
+        loader = get_train_dataloader(
+            train_dataset=packed, sequence_length=sequence_length, parallel_context=groups, input_pp_rank=0,
+            output_pp_rank=0, micro_batch_size=micro_batch_size, consumed_train_samples=0, dataloader_num_workers=0,
+            seed_worker=1, dataloader_drop_last=True, dataloader_pin_memory=False,
+        )  # fmt: skip
+        batch = next(iter(loader))
+    finally:
+        dist.destroy_process_group()
+    assert batch["input_ids"].shape == (micro_batch_size, sequence_length)
+    assert batch["label_ids"].shape == (micro_batch_size, sequence_length)
+    assert torch.equal(batch["input_ids"][:, 1:], batch["label_ids"][:, :-1])  # labels: the inputs shifted by one

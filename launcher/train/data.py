@@ -86,8 +86,13 @@ class PackedWindows:
         return ((index + 1) * self.micro_batch_size - 1) // self.per_rank  # the epoch of its last sample
 
 
-def load_texts(cfg: TrainConfig) -> list[str]:
-    """The text column of the configured dataset."""
+def load_split(cfg: TrainConfig):  # type: ignore[no-untyped-def]  # a datasets.Dataset
+    """The configured dataset's split, its text column checked. Both engines read their data through it.
+
+    A `save_to_disk` directory (Dataset or DatasetDict), a local .json/.jsonl/.parquet/.csv/.txt file, or a hub
+    name. (nanotron 0.4's own `get_datasets` calls `load_dataset(path)`, which reads none of the local forms but a
+    saved DatasetDict: a local dataset would fail on the GPU nodes, after the queue.)
+    """
     import datasets
 
     assert cfg.dataset is not None
@@ -122,7 +127,12 @@ def load_texts(cfg: TrainConfig) -> list[str]:
             f"dataset {cfg.dataset} has no column {cfg.text_column!r} (columns: {', '.join(loaded.column_names)}): "
             "set data.dataset.text_column_name"
         )
-    return [text for text in loaded[cfg.text_column] if text]
+    return loaded
+
+
+def load_texts(cfg: TrainConfig) -> list[str]:
+    """The non-empty texts of the configured dataset's text column."""
+    return [text for text in load_split(cfg)[cfg.text_column] if text]
 
 
 def load_tokenizer(cfg: TrainConfig):  # type: ignore[no-untyped-def]  # a transformers tokenizer

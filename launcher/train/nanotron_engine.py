@@ -26,6 +26,7 @@ import yaml
 
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
+from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.metrics import StepMetrics, append_metrics
 from launcher.train.model import PEAK_BF16_FLOPS
 from launcher.train.schedule import lr_at
@@ -154,7 +155,7 @@ def train(config_file: str, cfg: TrainConfig) -> None:
     trainer = LauncherTrainer(config_file)
     if config_file != given:
         Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
-    trainer.train(_dataloader(trainer))
+    trainer.train(_dataloader(trainer, cfg))
     report_outcome(is_main, finished=True, step=trainer.iteration_step)
 
 
@@ -165,17 +166,42 @@ def _saved_step(checkpoints_path: str) -> int | None:
         return None
 
 
-def _dataloader(trainer):  # type: ignore[no-untyped-def]
-    """nanotron 0.4 run_train.py's get_dataloader: dummy tokens, or a `datasets` dataset packed by clm_process."""
-    from nanotron.dataloader import (
-        clm_process,
-        dummy_infinite_data_generator,
-        get_datasets,
-        get_train_dataloader,
+def packed_dataset(cfg: TrainConfig, tokenizer, num_proc: int = 1, overwrite_cache: bool = False):  # type: ignore[no-untyped-def]
+    """The run's dataset as rows of sequence_length + 1 token ids (`input_ids`), what nanotron's dataloader reads.
+
+    Not nanotron 0.4's own `get_datasets` + `clm_process`: the first calls `load_dataset(path)`, which reads
+    neither a `save_to_disk` Dataset nor a local data file, and the second calls `tokenizer.batch_encode_plus`,
+    which transformers 5 removed. The split comes from `load_split` and the windows from `pack`, as the torch
+    engine's do, through a cached `datasets` map (rank 0 tokenizes; the other ranks reuse its cache), each batch
+    of documents joined with eos and its remainder dropped, as clm_process does. Needs no GPU.
+    """
+    import datasets
+
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else cfg.model.eos_token_id
+    column, length = cfg.text_column, cfg.sequence_length
+
+    def tokenize_and_pack(batch: dict) -> dict:
+        texts = [text for text in batch[column] if text]
+        token_lists = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        return {"input_ids": pack(token_lists, eos_id, length)}
+
+    raw = load_split(cfg)
+    return raw.map(
+        tokenize_and_pack,
+        batched=True,
+        remove_columns=raw.column_names,
+        features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64"), length=length + 1)}),
+        num_proc=num_proc if num_proc > 1 else None,
+        load_from_cache_file=not overwrite_cache,
+        desc=f"Packing texts into windows of {length + 1} tokens",
     )
+
+
+def _dataloader(trainer, cfg: TrainConfig):  # type: ignore[no-untyped-def]
+    """nanotron 0.4 run_train.py's get_dataloader: dummy tokens, or the dataset packed by `packed_dataset`."""
+    from nanotron.dataloader import dummy_infinite_data_generator, get_train_dataloader
     from nanotron.parallel.pipeline_parallel.utils import get_input_output_pp_ranks
     from nanotron.utils import main_rank_first
-    from transformers import AutoTokenizer
 
     input_pp_rank, output_pp_rank = get_input_output_pp_ranks(model=trainer.model)
     data = trainer.config.data
@@ -189,23 +215,15 @@ def _dataloader(trainer):  # type: ignore[no-untyped-def]
             seed=data.seed,
             parallel_context=trainer.parallel_context,
         )()
-    tokenizer = AutoTokenizer.from_pretrained(trainer.config.tokenizer.tokenizer_name_or_path)
+    tokenizer = load_tokenizer(cfg)  # checked on every rank (vocab_size), before any rank waits on another
     tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    if len(tokenizer) > trainer.model_config.vocab_size:  # checked on every rank, before any rank waits on another
-        raise TrainError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
-            f"{trainer.model_config.vocab_size}: use --vocab_size {len(tokenizer)} (or larger)"
-        )
     with main_rank_first(trainer.parallel_context.world_pg):  # rank 0 tokenizes and caches; the others reuse
-        raw = get_datasets(data.dataset.hf_dataset_or_datasets, splits=data.dataset.hf_dataset_splits)["train"]
-        train_dataset = clm_process(
-            raw_dataset=raw,
-            tokenizer=tokenizer,
-            text_column_name=data.dataset.text_column_name,
-            dataset_processing_num_proc_per_process=data.dataset.dataset_processing_num_proc_per_process,
-            dataset_overwrite_cache=data.dataset.dataset_overwrite_cache,
-            sequence_length=trainer.sequence_length,
+        train_dataset = packed_dataset(
+            cfg,
+            tokenizer,
+            num_proc=data.dataset.dataset_processing_num_proc_per_process or 1,
+            overwrite_cache=bool(data.dataset.dataset_overwrite_cache),
         )
         return get_train_dataloader(
             train_dataset=train_dataset,
