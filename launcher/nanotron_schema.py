@@ -202,8 +202,9 @@ def _require(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _train_split(splits: str | list | None) -> str:
+def train_split(config: dict) -> str:
     """The split training reads. nanotron 0.4 accepts a list (it loads each, then trains on "train")."""
+    splits = _get(config, ("data", "dataset", "hf_dataset_splits"))
     if isinstance(splits, list):
         return "train" if "train" in splits or not splits else str(splits[0])
     return splits or "train"
@@ -264,7 +265,7 @@ def to_train_config(config: dict) -> TrainConfig:
         adam_eps=config["optimizer"]["adam_eps"],
         clip_grad=config["optimizer"].get("clip_grad"),
         dataset=dataset["hf_dataset_or_datasets"] if dataset else None,
-        dataset_split=_train_split((dataset or {}).get("hf_dataset_splits")),
+        dataset_split=train_split(config),
         dataset_config_name=(dataset or {}).get("hf_dataset_config_name"),
         text_column=(dataset or {}).get("text_column_name") or "text",
         tokenizer=_get(config, ("tokenizer", "tokenizer_name_or_path")),

@@ -13,9 +13,11 @@ import os
 import re
 import subprocess
 
+from launcher import datacheck
 from launcher.cli import GROUPS
 from launcher.datasource import is_local_path
 from launcher.layout import check_layout
+from launcher.nanotron_schema import train_split
 from launcher.problems import Problem
 from launcher.secrets_guard import has_secret_value, is_secret_assignment, secret_assignments
 from launcher.spec import RunSpec
@@ -172,6 +174,10 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
             continue
         if is_local_path(value) and not os.path.exists(value):
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))
+        elif is_local_path(value) and flag == "dataset":
+            out += datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
+        elif is_local_path(value):
+            out += datacheck.tokenizer_problems(value)
         elif not is_local_path(value) and not HUB_NAME.fullmatch(value):
             out.append(Problem(flag, f"{value!r} is neither an existing path nor a hub name", "check the spelling"))
     vocab = spec.tokenizer_vocab

@@ -1,0 +1,179 @@
+"""What a local dataset or tokenizer holds, read before the queue from its own small files (no `datasets`, no
+`transformers` import): a wrong --text_column, a directory that is not a dataset, a missing split or a tokenizer
+directory without a vocabulary would otherwise stop the job only once it runs.
+
+Each check answers with problems only when the files say so for certain; what cannot be read cheaply (a .json
+file that is one big array, a hub name) is left to the job.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+from launcher.datasource import DATA_FILE_BUILDERS
+from launcher.problems import Problem
+
+STRING_TYPES = ("string", "large_string")  # the Value dtypes of a text column (datasets and arrow names)
+# Files AutoTokenizer builds a tokenizer from: a fast tokenizer, or a slow one's vocabulary or model.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+SUFFIXES = ", ".join(DATA_FILE_BUILDERS)
+
+
+def _fix_column(columns: dict[str, str], path: Path) -> str:
+    texts = [name for name, kind in columns.items() if kind in STRING_TYPES or not kind]  # untyped: a csv header
+    if len(texts) == 1:
+        return f"use --text_column {texts[0]}"
+    if texts:
+        return f"use --text_column with one of its text columns: {', '.join(texts)}"
+    return f"{path} has no text column: give a dataset with one"
+
+
+def column_problems(columns: dict[str, str], text_column: str, path: Path) -> list[Problem]:
+    """The text column against a dataset's columns (name -> type, "" where the type is unknown)."""
+    if text_column not in columns:
+        listed = ", ".join(columns) or "none"
+        return [
+            Problem(
+                "text_column", f"{path} has no column {text_column!r} (columns: {listed})", _fix_column(columns, path)
+            )
+        ]
+    kind = columns[text_column]
+    if kind and kind not in STRING_TYPES:
+        return [
+            Problem(
+                "text_column", f"column {text_column!r} of {path} holds {kind}, not text", _fix_column(columns, path)
+            )
+        ]
+    return []
+
+
+def _features(info_file: Path) -> dict[str, str]:
+    """Column name -> Value dtype ("" for a nested feature) from a saved dataset's dataset_info.json."""
+    features = json.loads(info_file.read_text(encoding="utf-8")).get("features") or {}
+    return {
+        name: f.get("dtype", "") if f.get("_type") == "Value" else f.get("_type", "") for name, f in features.items()
+    }
+
+
+def _saved_dataset(path: Path, split: str) -> tuple[dict[str, str] | None, list[Problem]]:
+    """A save_to_disk directory's columns, or the problem that it is none (or lacks the split)."""
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8")).get("splits") or []
+        if split not in splits:
+            return None, [
+                Problem(
+                    "dataset",
+                    f"{path} has no split {split!r} (splits: {', '.join(splits) or 'none'})",
+                    "save the training split as 'train', or set data.dataset.hf_dataset_splits in a --config YAML",
+                )
+            ]
+        path = path / split
+    if (path / "dataset_info.json").is_file() and (path / "state.json").is_file():
+        return _features(path / "dataset_info.json"), []
+    files = sorted(p.name for p in path.iterdir() if p.suffix in DATA_FILE_BUILDERS)
+    hint = f" (it holds {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}: give one file)" if files else ""
+    return None, [
+        Problem(
+            "dataset",
+            f"{path} is a directory but not a dataset saved by save_to_disk (no dataset_info.json and state.json, "
+            f"nor dataset_dict.json){hint}",
+            f"give a save_to_disk directory or one data file ({SUFFIXES})",
+        )
+    ]
+
+
+def _first_record(path: Path) -> dict | None:
+    """The first JSON object of a JSON-lines file; None when the file does not start with one on its own line."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    return None
+                return record if isinstance(record, dict) else None
+    return None
+
+
+def _file_columns(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
+    """A data file's columns as the job's `datasets` builder will see them (None: not cheaply known)."""
+    builder = DATA_FILE_BUILDERS.get(path.suffix)
+    if builder is None:
+        return None, [
+            Problem(
+                "dataset",
+                f"{path} is a {path.suffix or 'suffix-less'} file, which the job cannot read",
+                f"give a data file ({SUFFIXES}) or a save_to_disk directory",
+            )
+        ]
+    if path.stat().st_size == 0:
+        return None, [Problem("dataset", f"{path} is empty", "give a data file with text in it")]
+    if builder == "text":
+        return {"text": "string"}, []  # one row per line, in a column named text
+    if builder == "csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            header = next(csv.reader(f), [])
+        return dict.fromkeys(header, ""), []
+    if builder == "parquet":
+        import pyarrow.parquet  # only for a parquet file (~0.1 s)
+
+        schema = pyarrow.parquet.read_schema(path)
+        return {name: str(schema.field(name).type) for name in schema.names}, []
+    record = _first_record(path)
+    if record is None:
+        if path.suffix == ".jsonl":
+            return None, [
+                Problem(
+                    "dataset",
+                    f"{path} does not start with a JSON object on its first line",
+                    'give JSON lines: one object per line, e.g. {"text": "..."}',
+                )
+            ]
+        return None, []  # a .json file may be one array of records: the job's builder reads it whole
+    return {k: "string" if isinstance(v, str) else "" if v is None else type(v).__name__ for k, v in record.items()}, []
+
+
+def dataset_problems(dataset: str, text_column: str, split: str) -> list[Problem]:
+    """Problems with a local dataset (an existing path) that the job would meet only once it runs."""
+    path = Path(os.path.expanduser(dataset))
+    try:
+        columns, problems = _saved_dataset(path, split) if path.is_dir() else _file_columns(path)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return [Problem("dataset", f"cannot read {path} ({type(e).__name__}: {e})", "give a readable dataset")]
+    except Exception as e:  # pyarrow's errors for a file that is not parquet
+        return [Problem("dataset", f"{path} is not a readable {path.suffix} file ({e})", "check the file")]
+    if problems or columns is None:
+        return problems
+    return column_problems(columns, text_column, path)
+
+
+def tokenizer_problems(tokenizer: str) -> list[Problem]:
+    """A local tokenizer (an existing path) must be a directory holding a vocabulary AutoTokenizer can load."""
+    path = Path(os.path.expanduser(tokenizer))
+    if path.is_file():
+        return [
+            Problem(
+                "tokenizer",
+                f"{path} is a file; the tokenizer is loaded from its directory",
+                f"use --tokenizer {path.parent}",
+            )
+        ]
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return [
+            Problem(
+                "tokenizer",
+                f"{path} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...)",
+                "give the directory a tokenizer was saved to (tokenizer.save_pretrained(DIR))",
+            )
+        ]
+    return []
