@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher import bundle, cli, nanotron_schema, sbatch, summary
+from launcher import bundle, cli, dependency, nanotron_schema, sbatch, slurm, summary
 from launcher.errors import ConfigError
 from launcher.problems import Problem, report
 from launcher.spec import RunSpec, resolve
@@ -43,9 +43,11 @@ def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
     args, explicit = cli.parse(argv)
     spec, problems = resolve(args, explicit)
     problems += validate(spec)
+    a = spec.args
+    if a.slurm.dependency and not a.execution.dry_run and not problems:  # the jobs it names, as Slurm sees them now
+        problems += dependency.state_problems(a.slurm.dependency, slurm.job_state)
     if problems:
         raise ConfigError(report(problems))
-    a = spec.args
     run_ckpt = Path(a.paths.checkpoints_path) / a.run_name
     fresh = not a.paths.resume and latest_checkpoint_step(run_ckpt) is not None
     paths = bundle.claim(

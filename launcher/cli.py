@@ -32,6 +32,7 @@ class SlurmArgs:
     qos: str | None = None  # Slurm QOS (default: the cluster's default QOS).
     account: str | None = None  # Slurm account to charge (default: your default account).
     time_limit: str = "1:00:00"  # Time limit: [D-]HH:MM:SS, MM:SS or minutes.
+    dependency: str | None = None  # Start after other jobs, e.g. afterok:123 (Slurm's --dependency; ids checked).
     email: str | None = None  # E-mail for job notifications (END, FAIL).
     tmp_dir: str = "/tmp"  # Temporary directory on compute nodes (exported as TMPDIR).
     pre_launch_commands: str | None = None  # Shell commands run on the batch node before launch.

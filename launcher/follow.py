@@ -42,7 +42,7 @@ class LogTail:
 def _describe(state: slurm.JobState) -> str:
     text = f"job {state.job_id} {state.state}"
     if state.state == "PENDING" and state.reason not in ("None", ""):
-        text += f" (reason: {state.reason})"
+        text += f" (reason: {state.reason}" + (f", waiting for {state.dependency})" if state.dependency else ")")
     if state.state == "RUNNING" and state.nodes:
         text += f" on {state.nodes}"
     if state.restarts:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from launcher import bundle, follow, slurm
+from launcher.dependency import NEVER_SATISFIED
 from launcher.errors import LauncherError, SubmissionError, closed_pipe
 
 
@@ -47,6 +48,8 @@ def follow_to_end(job_id: str, log: Path, target: str) -> int:
         return 130
     code = "" if final.exit_code is None else f", exit code {final.exit_code}"
     print(f"Job {job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else ""))
+    if final.reason == NEVER_SATISFIED:
+        print(f"  it never started: its dependency can no longer be met ({final.dependency or 'see scontrol'})")
     return 0 if final.state == "COMPLETED" else 1
 
 

@@ -57,6 +57,7 @@ def render(spec: RunSpec, paths: BundlePaths) -> str:
             qos=a.slurm.qos,
             account=a.slurm.account,
             email=a.slurm.email,
+            dependency=a.slurm.dependency,
             max_requeues=a.slurm.max_requeues,
             signal_grace=a.slurm.signal_grace,
             python=a.slurm.python or sys.executable,

@@ -57,6 +57,7 @@ class JobState:
     signal: int | None
     restarts: int  # how many times the job was requeued
     nodes: str
+    dependency: str = ""  # what it waits for, as scontrol says it: "afterok:15(failed)"; "" when none or unknown
 
     @property
     def terminal(self) -> bool:
@@ -170,6 +171,7 @@ def job_state(job_id: str) -> JobState | None:
             sig,
             int(f.get("Restarts", "0") or 0),
             f.get("NodeList", ""),
+            "" if f.get("Dependency", "(null)") == "(null)" else f["Dependency"],
         )
     if out.returncode != 0 and _unreachable(out.stderr):
         raise SlurmUnavailable(f"scontrol cannot reach the Slurm controller: {out.stderr.strip()}")

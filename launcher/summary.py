@@ -79,6 +79,11 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
             f"{a.training.warmup_steps} warmup)",
         ),
+        *(
+            [("after", f"{a.slurm.dependency} (Slurm's --dependency; cancelled if it can no longer be met)")]
+            if a.slurm.dependency
+            else []
+        ),
         ("bundle", str(paths.bundle_dir)),
         ("config", str(paths.config)),
         ("script", str(paths.script)),

@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 
-from launcher import datacheck
+from launcher import datacheck, dependency
 from launcher.cli import GROUPS
 from launcher.datasource import is_local_path
 from launcher.layout import check_layout
@@ -114,6 +114,7 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 "use a longer --time_limit or a shorter --signal_grace",
             )
         )
+    out += dependency.syntax_problems(s.dependency)
     if s.email is not None and not EMAIL.fullmatch(s.email):
         out.append(Problem("email", f"{s.email!r} is not an e-mail address", "use name@example.org"))
     for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):

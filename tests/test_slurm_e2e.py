@@ -236,3 +236,55 @@ def test_hostile_paths_run_for_real(tmp_path: Path, slurm_env: dict, bad: str):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rank 1/2 sum=3 expected=3" in out.stdout
     assert not list(tmp_path.rglob("pwned")) and not (ROOT / "pwned").exists()
+
+
+NAP_THEN = 'import time\nprint("napping", flush=True)\ntime.sleep(6)\nraise SystemExit({code})\n'
+
+
+def job_id_of(tmp_path: Path, run_name: str) -> str:
+    return json.loads((only_bundle(tmp_path, run_name) / "manifest.json").read_text())["slurm"]["job_id"]
+
+
+def scontrol_fields(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True)
+    return slurm.parse_scontrol(out.stdout)
+
+
+def test_dependency_holds_the_run_until_its_job_completes(tmp_path: Path, slurm_env: dict):
+    # one node each: without the dependency the second would start at once beside the first
+    first = launch(tmp_path, slurm_env, "first", script(tmp_path, "nap.py", NAP_THEN.format(code=0)), "--nodes", "1")
+    assert first.returncode == 0, first.stderr
+    first_id = job_id_of(tmp_path, "first")
+    after = f"afterok:{first_id}"
+    second = launch(tmp_path, slurm_env, "second", script(tmp_path, "allreduce.py", ALLREDUCE), "--nodes", "1",
+                    "--dependency", after, "--show_logs")  # fmt: skip
+    assert second.returncode == 0, second.stdout + second.stderr
+    second_id = job_id_of(tmp_path, "second")
+    assert f"job {second_id} PENDING (reason: Dependency, waiting for {after}(unfulfilled))" in second.stderr
+    assert "rank 1/2 sum=3" in second.stdout
+    ended, started = scontrol_fields(first_id), scontrol_fields(second_id)
+    assert ended["JobState"] == "COMPLETED" and ended["EndTime"] <= started["StartTime"]  # ISO times sort as text
+    (script_file,) = (tmp_path / "logs/slurm_scripts/second").glob("*.sbatch")
+    assert f"#SBATCH --dependency={after}" in script_file.read_text()
+
+
+def test_dependency_that_can_never_be_met(tmp_path: Path, slurm_env: dict):
+    first = launch(tmp_path, slurm_env, "doomed", script(tmp_path, "nap.py", NAP_THEN.format(code=7)), "--nodes", "1")
+    assert first.returncode == 0, first.stderr
+    first_id = job_id_of(tmp_path, "doomed")
+    # submitted while the first still runs: Slurm accepts it, then cancels it when the first fails
+    ran = script(tmp_path, "ran.py", "print('RAN-ANYWAY')\n")
+    waiting = launch(tmp_path, slurm_env, "waiting", ran, "--nodes", "1", "--dependency", f"afterok:{first_id}",
+                     "--show_logs")  # fmt: skip
+    assert waiting.returncode == 1, waiting.stdout + waiting.stderr
+    assert "ended CANCELLED" in waiting.stdout and "RAN-ANYWAY" not in waiting.stdout
+    assert f"it never started: its dependency can no longer be met (afterok:{first_id}(failed))" in waiting.stdout
+    assert scontrol_fields(first_id)["JobState"] == "FAILED"
+
+    # launched now, the same dependency is refused before anything is written; so is an unknown job id
+    late = launch(tmp_path, slurm_env, "late", script(tmp_path, "ok.py", "print(1)\n"), "--dependency",
+                  f"afterok:{first_id},afterany:999999")  # fmt: skip
+    assert late.returncode == 2 and "Traceback" not in late.stderr
+    assert f"job {first_id} ended FAILED, so afterok can never be met" in late.stderr
+    assert "Slurm does not know job 999999" in late.stderr
+    assert not (tmp_path / "logs/configs/late").exists()
