@@ -6,9 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from launcher import bundle, cli, dependency, nanotron_schema, sbatch, slurm, summary
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LauncherError, SubmissionError
 from launcher.problems import Problem, report
 from launcher.spec import RunSpec, resolve
 from launcher.validate import validate
@@ -38,8 +39,29 @@ def _shell_problems(script: str) -> list[Problem]:
     ]
 
 
-def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
-    """Resolve, validate, render and write the bundle. Raises ConfigError listing every problem."""
+class Prepared(NamedTuple):
+    spec: RunSpec
+    paths: bundle.BundlePaths
+    figures: dict  # summary.derived
+    forecast: str | None  # Slurm's answer to `sbatch --test-only` (None for a dry run)
+
+
+def _ask_slurm(script_text: str, paths: bundle.BundlePaths) -> str:
+    """Slurm's forecast for the script, or an error, before anything is written (the bundle's directory is
+    removed again on an error: nothing of this launch stays behind)."""
+    try:
+        return slurm.check_submission(script_text)
+    except SubmissionError as e:
+        bundle.release(paths)
+        raise ConfigError(f"{e}\nNothing was written or submitted.") from None
+    except LauncherError:
+        bundle.release(paths)
+        raise
+
+
+def prepare(argv: list[str]) -> Prepared:
+    """Resolve, validate, render and write the bundle. Raises ConfigError listing every problem; when the run is
+    to be submitted, that includes Slurm's refusal of the rendered script."""
     args, explicit = cli.parse(argv)
     spec, problems = resolve(args, explicit)
     problems += validate(spec)
@@ -64,22 +86,25 @@ def prepare(argv: list[str]) -> tuple[RunSpec, bundle.BundlePaths, dict]:
     # bash -n and shellcheck on every preset's script): parse the whole script then, once more, as rendered.
     problems = _shell_problems(script_text) if a.slurm.pre_launch_commands else []
     if problems:
-        paths.bundle_dir.rmdir()  # still empty: nothing of this launch stays behind
+        bundle.release(paths)  # still empty: nothing of this launch stays behind
         raise ConfigError(report(problems))
+    forecast = None if a.execution.dry_run else _ask_slurm(script_text, paths)
     figures = summary.derived(spec)
     hashes = {
         "config": bundle.write_new(paths.config, config_text),
         "script": bundle.write_new(paths.script, script_text, mode=0o755),
     }
     bundle.write_manifest(paths.manifest, bundle.manifest(a, argv, paths, hashes, figures), new=True)
-    return spec, paths, figures
+    return Prepared(spec, paths, figures, forecast)
 
 
 def launch(argv: list[str]) -> int:
     """The whole command; returns the process exit code."""
-    spec, paths, figures = prepare(argv)
+    spec, paths, figures, forecast = prepare(argv)
     print(f"Run {spec.args.run_name}: bundle written")
     print(summary.render(spec, paths, figures))
+    if forecast:
+        print(f"  slurm        accepts it (sbatch --test-only): {forecast}")
     step = latest_checkpoint_step(paths.checkpoints)
     if step is not None:
         print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")

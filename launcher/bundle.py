@@ -7,6 +7,7 @@ files. The script and log names derive from the same stamp.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -100,6 +101,15 @@ def claim(
         paths.log.parent.mkdir(parents=True, exist_ok=True)
         return paths
     raise RuntimeError(f"no free bundle name under {configs}/{run_name}")  # 10k launches in one second
+
+
+def release(paths: BundlePaths) -> None:
+    """Undo a claim whose launch stopped before writing: remove the (empty) bundle directory, and the run's
+    directories for bundles, scripts and logs where that leaves them empty."""
+    paths.bundle_dir.rmdir()
+    for directory in {paths.bundle_dir.parent, paths.script.parent, paths.log.parent}:
+        with contextlib.suppress(OSError):  # not empty: other launches of this run live there
+            directory.rmdir()
 
 
 def write_new(path: Path, text: str, mode: int = 0o644) -> str:

@@ -31,6 +31,12 @@ class SlurmArgs:
     partition: str | None = None  # Slurm partition (default: the cluster's default partition).
     qos: str | None = None  # Slurm QOS (default: the cluster's default QOS).
     account: str | None = None  # Slurm account to charge (default: your default account).
+    constraint: str | None = None  # Node features the job needs, e.g. h100 or "h100&ib" (Slurm's --constraint).
+    reservation: str | None = None  # Run inside this reservation.
+    nodelist: str | None = None  # Run on these nodes (a Slurm hostlist, e.g. gpu[01-04]).
+    exclude: str | None = None  # Never run on these nodes (a hostlist), e.g. one that misbehaves.
+    exclusive: bool = False  # Whole nodes, shared with no other job.
+    mem: str | None = None  # Memory per node, e.g. 500G, or 0 for all of it (default: the cluster's default).
     time_limit: str = "1:00:00"  # Time limit: [D-]HH:MM:SS, MM:SS or minutes.
     dependency: str | None = None  # Start after other jobs, e.g. afterok:123 (Slurm's --dependency; ids checked).
     email: str | None = None  # E-mail for job notifications (END, FAIL).

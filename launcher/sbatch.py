@@ -15,7 +15,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from launcher.bundle import BundlePaths
 from launcher.spec import RunSpec
-from launcher.validate import SBATCH_UNSAFE
+from launcher.validate import PLACEMENT, SBATCH_UNSAFE
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -58,6 +58,8 @@ def render(spec: RunSpec, paths: BundlePaths) -> str:
             account=a.slurm.account,
             email=a.slurm.email,
             dependency=a.slurm.dependency,
+            placement={name: getattr(a.slurm, name) for name in PLACEMENT},  # values checked by validate
+            exclusive=a.slurm.exclusive,
             max_requeues=a.slurm.max_requeues,
             signal_grace=a.slurm.signal_grace,
             python=a.slurm.python or sys.executable,

@@ -42,9 +42,15 @@ HINTS = (  # sbatch's words -> the flag to change
     ("time limit", "--time_limit: stay under the partition's limit (`sinfo -o '%P %l'`)"),
     (
         "node configuration is not available",
-        "--nodes / --gpus_per_node: the partition has no such nodes (`sinfo -o '%P %D %G'`)",
+        "--nodes, --gpus_per_node (and --nodelist, --exclude, --constraint, --mem, if given): no set of the "
+        "partition's nodes matches them all (`sinfo -N -o '%N %P %G %f %m'`)",
     ),
     ("gres", "--gpus_per_node: the nodes have fewer GPUs (`sinfo -o '%P %G'`)"),
+    ("invalid feature", "--constraint: use features the nodes have (`sinfo -o '%P %f'`)"),
+    ("reservation", "--reservation: use one that exists and admits you (`scontrol show reservation`)"),
+    ("invalid node name", "--nodelist / --exclude: use node names Slurm knows (`sinfo -N`)"),
+    ("invalid number of nodes", "--nodelist: it names more nodes than --nodes"),
+    ("dependency", "--dependency: name jobs that exist (`squeue --me`)"),
 )
 
 
@@ -98,24 +104,44 @@ def _unreachable(stderr: str) -> bool:
     )
 
 
+def rejection(stderr: str) -> str:
+    """sbatch's refusal, indented, with the flags to change; raises SlurmUnavailable if Slurm did not answer."""
+    stderr = stderr.strip()
+    if _unreachable(stderr):
+        raise SlurmUnavailable(
+            f"sbatch cannot reach the Slurm controller:\n  {stderr}\n"
+            f"Is slurmctld up, and SLURM_CONF ({os.environ.get('SLURM_CONF', 'not set')}) the right file? " + WHAT_NOW
+        )
+    hints = [h for words, h in HINTS if words in stderr.lower()]
+    return (
+        "  "
+        + stderr.replace("\n", "\n  ")
+        + "\n"
+        + "\n".join(f"  fix {h}" for h in hints or ["check the #SBATCH options in the script against `sinfo`"])
+    )
+
+
+def check_submission(script_text: str) -> str:
+    """Ask Slurm whether it would accept this batch script, submitting nothing (`sbatch --test-only`, the script
+    on stdin); return its forecast ("to start at 2026-11-22T15:06:18 ... on nodes node[1-2] in partition debug").
+    Raises SubmissionError with sbatch's own words and the flags to change."""
+    try:
+        out = subprocess.run(
+            [_command("sbatch"), "--test-only"], input=script_text, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable("sbatch did not answer within 60 s: is slurmctld up?") from e
+    if out.returncode != 0:
+        raise SubmissionError("Slurm would reject the job:\n" + rejection(out.stderr))
+    forecast = re.search(r"Job \d+ (to start at .*)", out.stderr)
+    return forecast.group(1).strip() if forecast else "accepted"
+
+
 def submit(script: Path) -> str:
     """sbatch the script file itself; return the job id. Raises SubmissionError with sbatch's own words."""
     out = _run([_command("sbatch"), "--parsable", str(script)], timeout=60)
     if out.returncode != 0:
-        stderr = out.stderr.strip()
-        if _unreachable(stderr):
-            raise SlurmUnavailable(
-                f"sbatch cannot reach the Slurm controller:\n  {stderr}\n"
-                f"Is slurmctld up, and SLURM_CONF ({os.environ.get('SLURM_CONF', 'not set')}) the right file? "
-                + WHAT_NOW
-            )
-        hints = [h for words, h in HINTS if words in stderr.lower()]
-        raise SubmissionError(
-            "sbatch rejected the job:\n  "
-            + stderr.replace("\n", "\n  ")
-            + "\n"
-            + "\n".join(f"  fix {h}" for h in hints or ["check the #SBATCH options in the script against `sinfo`"])
-        )
+        raise SubmissionError("sbatch rejected the job:\n" + rejection(out.stderr))
     job_id = out.stdout.strip().split(";")[0]
     if not JOB_ID.match(job_id):
         raise SubmissionError(f"sbatch answered {out.stdout.strip()!r}, not a job id")

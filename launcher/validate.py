@@ -31,6 +31,14 @@ HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SBATCH_UNSAFE = re.compile(r'["%\\\n\r]')  # characters an #SBATCH --output path cannot carry
 SEED_MAX = 2**32 - 1  # numpy's seed range
+# Node placement values, each on an #SBATCH line: Slurm's own alphabets, with no space, quote, % or line break.
+PLACEMENT = {  # flag -> (its alphabet, what it is, an example)
+    "nodelist": (re.compile(r"[A-Za-z0-9._\-\[\],]+"), "a Slurm hostlist", "gpu[01-04],gpu07"),
+    "exclude": (re.compile(r"[A-Za-z0-9._\-\[\],]+"), "a Slurm hostlist", "gpu[01-04],gpu07"),
+    "constraint": (re.compile(r"[A-Za-z0-9._\-&|\[\]*:(),!]+"), "a feature expression", "h100 or h100&ib"),
+    "reservation": (re.compile(r"[A-Za-z0-9._\-]+(,[A-Za-z0-9._\-]+)*"), "a reservation name", "maintenance_1"),
+    "mem": (re.compile(r"\d+[KMGTkmgt]?"), "a memory size", "500G, or 0 for all of a node's memory"),
+}
 
 
 def time_limit_seconds(text: str) -> int:
@@ -117,6 +125,10 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
     out += dependency.syntax_problems(s.dependency)
     if s.email is not None and not EMAIL.fullmatch(s.email):
         out.append(Problem("email", f"{s.email!r} is not an e-mail address", "use name@example.org"))
+    for name, (pattern, what, example) in PLACEMENT.items():
+        value = getattr(s, name)
+        if value is not None and not pattern.fullmatch(value):
+            out.append(Problem(name, f"{value!r} is not {what}", f"e.g. --{name} {example}"))
     for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
             out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))

@@ -81,15 +81,15 @@ def test_write_new_appears_whole_with_its_mode(tmp_path: Path):
 
 
 def test_two_launches_keep_both_bundles(workdir: Path):
-    _, first, _ = app.prepare(flags())
-    _, second, _ = app.prepare(flags("--learning_rate", "1e-3"))
+    _, first, _, _ = app.prepare(flags())
+    _, second, _, _ = app.prepare(flags("--learning_rate", "1e-3"))
     assert first.bundle_dir != second.bundle_dir
     assert first.config.read_text() != second.config.read_text()
 
 
 def test_manifest_describes_the_launch(workdir: Path):
     argv = flags("--extra_env", "NCCL_DEBUG=INFO")
-    _, paths, figures = app.prepare(argv)
+    _, paths, figures, _ = app.prepare(argv)
     data = json.loads(paths.manifest.read_text())
     assert data["files"]["config"]["sha256"] == hashlib.sha256(paths.config.read_bytes()).hexdigest()
     assert data["files"]["script"]["sha256"] == hashlib.sha256(paths.script.read_bytes()).hexdigest()
@@ -102,7 +102,7 @@ def test_manifest_describes_the_launch(workdir: Path):
 
 
 def test_no_secret_reaches_the_bundle(workdir: Path):
-    _, paths, _ = app.prepare(flags())
+    _, paths, _, _ = app.prepare(flags())
     for f in (paths.config, paths.script, paths.manifest):
         assert SECRET not in f.read_text()
 
@@ -111,8 +111,8 @@ def test_resume_false_gets_its_own_checkpoints(workdir: Path):
     ckpt = workdir / "checkpoints" / "r"
     ckpt.mkdir(parents=True)
     (ckpt / "latest").write_text("10\n")
-    _, resumed, _ = app.prepare(flags())
-    _, fresh, _ = app.prepare(flags("--resume", "false"))
+    _, resumed, _, _ = app.prepare(flags())
+    _, fresh, _, _ = app.prepare(flags("--resume", "false"))
     assert resumed.checkpoints == ckpt
     assert fresh.checkpoints != ckpt and fresh.checkpoints.name.startswith("r-")
 

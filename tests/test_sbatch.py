@@ -168,3 +168,27 @@ def test_extra_env_values_with_spaces_and_lines(tmp_path: Path):
                          capture_output=True, text=True)  # fmt: skip
     assert out.stdout == "--a 1 --b $(touch pwned)|y z" and not (tmp_path / "pwned").exists()
     assert spec_for("--extra_env", 'A="unclosed')[1][0].flag == "extra_env"
+
+
+def test_node_placement_lines(tmp_path: Path):
+    spec, problems = spec_for("--constraint", "h100&ib", "--reservation", "res1", "--nodelist", "gpu[01-02]",
+                              "--exclude", "gpu07", "--exclusive", "true", "--mem", "0")  # fmt: skip
+    assert problems == []
+    text = sbatch.render(spec, fixed_paths("t"))
+    for line in ("--nodelist=gpu[01-02]", "--exclude=gpu07", "--constraint=h100&ib", "--reservation=res1",
+                 "--mem=0", "--exclusive"):  # fmt: skip
+        assert f"\n#SBATCH {line}\n" in text
+    lint(text, tmp_path)
+    plain = golden_script("tiny")
+    for option in ("--nodelist", "--exclude", "--constraint", "--reservation", "--mem", "--exclusive"):
+        assert option not in plain
+
+
+@pytest.mark.parametrize("flag", ["nodelist", "exclude", "constraint", "reservation", "mem"])
+def test_hostile_placement_values_are_refused(flag: str):
+    from launcher.validate import validate
+
+    for value in HOSTILE + ["a b", "x\n#SBATCH --wrap=id", "50%"]:
+        spec, _ = spec_for(f"--{flag}", value)
+        problems = [p for p in validate(spec) if p.flag == flag]
+        assert problems and f"e.g. --{flag} " in problems[0].fix, value

@@ -112,12 +112,52 @@ def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict)
     assert f"job {waiter_id} RUNNING" in stderr.decode() and "rank 1/2 sum=3" in stdout.decode()
 
 
-def test_rejected_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict):
-    out = launch(tmp_path, slurm_env, "rejected", script(tmp_path, "ok.py", "print(1)\n"), "--partition", "nosuch")
-    assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert "invalid partition" in out.stderr.lower() and "fix --partition" in out.stderr
-    manifest = json.loads((only_bundle(tmp_path, "rejected") / "manifest.json").read_text())
+@pytest.mark.parametrize(
+    "flags,fix",
+    [
+        (("--partition", "nosuch"), "fix --partition"),
+        (("--constraint", "nosuch"), "fix --constraint"),
+        (("--reservation", "nosuch"), "fix --reservation"),
+        (("--nodelist", "node9"), "fix --nodelist / --exclude"),
+        (("--nodes", "1", "--nodelist", "node[1-2]"), "fix --nodelist: it names more nodes than --nodes"),
+        (("--nodes", "3"), "fix --nodes, --gpus_per_node"),
+    ],
+)
+def test_slurm_refuses_before_anything_is_written(tmp_path: Path, slurm_env: dict, flags: tuple, fix: str):
+    """sbatch --test-only judges the rendered script first: Slurm's refusal is reported, nothing is left behind."""
+    out = launch(tmp_path, slurm_env, "refused", script(tmp_path, "ok.py", "print(1)\n"), *flags)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "Slurm would reject the job:" in out.stderr and fix in out.stderr
+    assert "Nothing was written or submitted." in out.stderr
+    left = list((tmp_path / "logs").rglob("*")) if (tmp_path / "logs").exists() else []
+    assert [p for p in left if p.is_file() or "refused" in p.name] == []
+
+
+def test_refusal_at_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict, monkeypatch: pytest.MonkeyPatch):
+    """A bundle written by a dry run and submitted later, when Slurm refuses it then: kept, failure recorded."""
+    from launcher import app, jobs
+    from launcher.errors import LauncherError
+
+    monkeypatch.chdir(tmp_path)
+    prepared = app.prepare(["--run_name", "later", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none",
+                            "--partition", "nosuch", "--dry_run", "true"])  # fmt: skip
+    with pytest.raises(LauncherError) as refused:
+        jobs.submit(prepared.paths)
+    assert "invalid partition" in str(refused.value).lower() and "fix --partition" in str(refused.value)
+    assert f"The bundle is kept: {prepared.paths.bundle_dir}" in str(refused.value)
+    manifest = json.loads(prepared.paths.manifest.read_text())
     assert manifest["slurm"]["submitted"] is False and "nosuch" in manifest["slurm"]["error"]
+
+
+def test_placement_flags_reach_slurm(tmp_path: Path, slurm_env: dict):
+    out = launch(tmp_path, slurm_env, "placed", script(tmp_path, "allreduce.py", ALLREDUCE), "--nodes", "1",
+                 "--exclude", "node1", "--mem", "0", "--show_logs")  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "slurm        accepts it (sbatch --test-only): to start at " in out.stdout
+    assert "on nodes node2" in out.stdout  # Slurm's forecast already honours --exclude
+    job_id = job_id_of(tmp_path, "placed")
+    assert f"job {job_id} RUNNING on node2" in out.stderr and "rank 1/2 sum=3" in out.stdout
+    assert scontrol_fields(job_id)["ExcNodeList"] == "node1"
 
 
 def test_missing_slurm_conf_is_named(tmp_path: Path, slurm_env: dict):
@@ -147,8 +187,7 @@ def test_dead_controller_names_dry_run(tmp_path: Path, slurm_env: dict):
     out = launch(tmp_path, {**slurm_env, "SLURM_CONF": str(dead)}, "nowhere", script(tmp_path, "ok.py", "1\n"))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "cannot reach the Slurm controller" in out.stderr and "--dry_run" in out.stderr
-    manifest = json.loads((only_bundle(tmp_path, "nowhere") / "manifest.json").read_text())
-    assert manifest["slurm"]["submitted"] is False
+    assert not (tmp_path / "logs/configs/nowhere").exists()  # asked before writing: nothing stays behind
 
 
 def wait_for(predicate, timeout: float = 60.0, every: float = 0.2):
