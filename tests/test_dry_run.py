@@ -43,5 +43,4 @@ def test_submission_without_slurm_names_dry_run_and_local_cluster(tmp_path: Path
     )  # a machine without Slurm's commands
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--dry_run" in out.stderr and "launcher.localcluster" in out.stderr
-    manifest = next((tmp_path / "logs/configs/x").iterdir()) / "manifest.json"
-    assert '"submitted": false' in manifest.read_text()  # the bundle is kept, the failure recorded
+    assert not (tmp_path / "logs/configs/x").exists()  # Slurm is asked before writing: nothing stays behind
