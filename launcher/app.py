@@ -39,6 +39,9 @@ def _shell_problems(script: str) -> list[Problem]:
     ]
 
 
+OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
+
+
 class Prepared(NamedTuple):
     spec: RunSpec
     paths: bundle.BundlePaths
@@ -72,14 +75,17 @@ def prepare(argv: list[str]) -> Prepared:
         raise ConfigError(report(problems))
     run_ckpt = Path(a.paths.checkpoints_path) / a.run_name
     fresh = not a.paths.resume and latest_checkpoint_step(run_ckpt) is not None
-    paths = bundle.claim(
-        a.run_name,
-        a.paths.configs_path,
-        a.paths.slurm_scripts_dir,
-        a.paths.slurm_logs_path,
-        a.paths.checkpoints_path,
-        fresh,
-    )
+    try:  # validation checked the directories; a full disk, a quota or root on /proc can still say no
+        paths = bundle.claim(
+            a.run_name,
+            a.paths.configs_path,
+            a.paths.slurm_scripts_dir,
+            a.paths.slurm_logs_path,
+            a.paths.checkpoints_path,
+            fresh,
+        )
+    except OSError as e:
+        raise ConfigError(f"cannot create the bundle's directories: {e}; {OUTPUT_FLAGS}") from None
     config_text = nanotron_schema.dump(nanotron_schema.build_config(spec, str(paths.checkpoints)))
     script_text = sbatch.render(spec, paths)
     # Only --pre_launch_commands puts unquoted shell text in the script (everything else is quoted, and tests run
@@ -90,11 +96,14 @@ def prepare(argv: list[str]) -> Prepared:
         raise ConfigError(report(problems))
     forecast = None if a.execution.dry_run else _ask_slurm(script_text, paths)
     figures = summary.derived(spec)
-    hashes = {
-        "config": bundle.write_new(paths.config, config_text),
-        "script": bundle.write_new(paths.script, script_text, mode=0o755),
-    }
-    bundle.write_manifest(paths.manifest, bundle.manifest(a, argv, paths, hashes, figures), new=True)
+    try:
+        hashes = {
+            "config": bundle.write_new(paths.config, config_text),
+            "script": bundle.write_new(paths.script, script_text, mode=0o755),
+        }
+        bundle.write_manifest(paths.manifest, bundle.manifest(a, argv, paths, hashes, figures), new=True)
+    except OSError as e:
+        raise ConfigError(f"cannot write the bundle ({paths.bundle_dir}): {e}; {OUTPUT_FLAGS}") from None
     return Prepared(spec, paths, figures, forecast)
 
 

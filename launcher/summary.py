@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from launcher import storage
 from launcher.bundle import BundlePaths
 from launcher.spec import RunSpec, load_preset
 
@@ -18,10 +19,10 @@ def parameter_count(
     return layers * per_layer + embeddings + hidden  # final norm
 
 
-def derived(spec: RunSpec) -> dict:
-    """The numbers the summary shows, also stored in the manifest."""
-    s, t, p = spec.shape, spec.args.training, spec.args.parallelism
-    params = parameter_count(
+def parameters(spec: RunSpec) -> int:
+    """The run's model's parameter count."""
+    s = spec.shape
+    return parameter_count(
         hidden=s.hidden,
         intermediate=s.intermediate,
         layers=s.layers,
@@ -30,6 +31,21 @@ def derived(spec: RunSpec) -> dict:
         vocab=s.vocab,
         tied=spec.tie_word_embeddings,
     )
+
+
+def checkpoint_plan(spec: RunSpec) -> storage.CheckpointPlan:
+    """The run's checkpoints: size, count, and the room where they go (read now)."""
+    p = spec.args.paths
+    return storage.checkpoint_plan(
+        parameters(spec), spec.args.training.train_steps, p.save_interval, p.save_initial_state, p.checkpoints_path
+    )
+
+
+def derived(spec: RunSpec) -> dict:
+    """The numbers the summary shows, also stored in the manifest."""
+    s, t, p = spec.shape, spec.args.training, spec.args.parallelism
+    params = parameters(spec)
+    plan = checkpoint_plan(spec)
     sequences = t.micro_batch_size * t.grad_accum_steps * (p.dp or 0)
     return {
         "parameters": params,
@@ -38,6 +54,8 @@ def derived(spec: RunSpec) -> dict:
         "global_batch_sequences": sequences,
         "global_batch_tokens": sequences * s.seq,
         "total_training_tokens": sequences * s.seq * t.train_steps,
+        "checkpoint_bytes": plan.bytes_each,  # estimated: nanotron's 14 bytes a parameter
+        "checkpoints": plan.count,
     }
 
 
@@ -46,6 +64,18 @@ def _human(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(int(n))
+
+
+def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
+    each, count = figures["checkpoint_bytes"], figures["checkpoints"]
+    note = f"~{storage.human_bytes(each)} each, {count} over the run"
+    free = checkpoint_plan(spec).free
+    if free is None:
+        return note
+    note += f"; {storage.human_bytes(free)} free"
+    if each * count > free:
+        note += f": not enough for all {count} (none is pruned): raise --save_interval or make room"
+    return note
 
 
 def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
@@ -89,7 +119,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
         ("script", str(paths.script)),
         ("manifest", str(paths.manifest)),
         ("log", str(paths.log)),
-        ("checkpoints", str(paths.checkpoints)),
+        ("checkpoints", f"{paths.checkpoints} ({_checkpoint_note(spec, figures)})"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 
-from launcher import datacheck, dependency
+from launcher import datacheck, dependency, storage, summary
 from launcher.cli import GROUPS
 from launcher.datasource import is_local_path
 from launcher.layout import check_layout
@@ -218,6 +218,10 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
                 "use a directory name without them",
             )
         )
+    for flag in ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path"):
+        out += storage.writable_problems(flag, getattr(a.paths, flag))
+    if a.logging.profiler_export_path:
+        out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     for flag, steps in (("save_interval", a.paths.save_interval), ("log_interval", a.logging.log_interval)):
         if steps <= 0:
             out.append(Problem(flag, f"must be positive, got {steps}", "give a number of steps >= 1"))
@@ -282,4 +286,7 @@ def validate(spec: RunSpec) -> list[Problem]:
         else []
     )
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec)
+    if all(v > 0 for v in s) and not any(p.flag in ("checkpoints_path", "save_interval") for p in checks):
+        plan = summary.checkpoint_plan(spec)  # a model of a valid shape: its checkpoint's size
+        checks += storage.space_problems(plan, summary.parameters(spec), spec.args.paths.checkpoints_path)
     return _check_secrets(spec) + checks
