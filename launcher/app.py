@@ -49,30 +49,43 @@ class Prepared(NamedTuple):
     forecast: str | None  # Slurm's answer to `sbatch --test-only` (None for a dry run)
 
 
-def _ask_slurm(script_text: str, paths: bundle.BundlePaths) -> str:
-    """Slurm's forecast for the script, or an error, before anything is written (the bundle's directory is
-    removed again on an error: nothing of this launch stays behind)."""
-    try:
-        return slurm.check_submission(script_text)
-    except SubmissionError as e:
-        bundle.release(paths)
-        raise ConfigError(f"{e}\nNothing was written or submitted.") from None
-    except LauncherError:
-        bundle.release(paths)
-        raise
-
-
-def prepare(argv: list[str]) -> Prepared:
-    """Resolve, validate, render and write the bundle. Raises ConfigError listing every problem; when the run is
-    to be submitted, that includes Slurm's refusal of the rendered script."""
+def check(argv: list[str]) -> tuple[RunSpec, list[Problem]]:
+    """One run's flags resolved and validated; when it is to be submitted, also the jobs its --dependency names,
+    as Slurm sees them now."""
     args, explicit = cli.parse(argv)
     spec, problems = resolve(args, explicit)
     problems += validate(spec)
     a = spec.args
-    if a.slurm.dependency and not a.execution.dry_run and not problems:  # the jobs it names, as Slurm sees them now
+    if a.slurm.dependency and not a.execution.dry_run and not problems:
         problems += dependency.state_problems(a.slurm.dependency, slurm.job_state)
-    if problems:
-        raise ConfigError(report(problems))
+    return spec, problems
+
+
+def labelled(problems_per_point: list[list[Problem]], labels: list[str]) -> list[Problem]:
+    """Every point's problems, once: a problem all points share is said plainly, others name their points."""
+    where: dict[Problem, list[str]] = {}
+    for problems, label in zip(problems_per_point, labels, strict=True):
+        for problem in problems:
+            where.setdefault(problem, []).append(label)
+    out = []
+    for problem, points in where.items():
+        if len(points) < len(labels):
+            problem = Problem(problem.flag, f"({'; '.join(points)}) {problem.message}", problem.fix)
+        out.append(problem)
+    return out
+
+
+class _Draft(NamedTuple):
+    spec: RunSpec
+    argv: list[str]
+    paths: bundle.BundlePaths
+    config_text: str
+    script_text: str
+
+
+def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
+    """Claim the run's bundle directory and render its files (nothing written into it yet)."""
+    a = spec.args
     run_ckpt = Path(a.paths.checkpoints_path) / a.run_name
     fresh = not a.paths.resume and latest_checkpoint_step(run_ckpt) is not None
     try:  # validation checked the directories; a full disk, a quota or root on /proc can still say no
@@ -94,21 +107,59 @@ def prepare(argv: list[str]) -> Prepared:
     if problems:
         bundle.release(paths)  # still empty: nothing of this launch stays behind
         raise ConfigError(report(problems))
-    forecast = None if a.execution.dry_run else _ask_slurm(script_text, paths)
-    figures = summary.derived(spec)
+    return _Draft(spec, argv, paths, config_text, script_text)
+
+
+def _write(draft: _Draft, forecast: str | None) -> Prepared:
+    figures = summary.derived(draft.spec)
+    paths = draft.paths
     try:
         hashes = {
-            "config": bundle.write_new(paths.config, config_text),
-            "script": bundle.write_new(paths.script, script_text, mode=0o755),
+            "config": bundle.write_new(paths.config, draft.config_text),
+            "script": bundle.write_new(paths.script, draft.script_text, mode=0o755),
         }
-        bundle.write_manifest(paths.manifest, bundle.manifest(a, argv, paths, hashes, figures), new=True)
+        manifest = bundle.manifest(draft.spec.args, draft.argv, paths, hashes, figures)
+        bundle.write_manifest(paths.manifest, manifest, new=True)
     except OSError as e:
         raise ConfigError(f"cannot write the bundle ({paths.bundle_dir}): {e}; {OUTPUT_FLAGS}") from None
-    return Prepared(spec, paths, figures, forecast)
+    return Prepared(draft.spec, paths, figures, forecast)
+
+
+def prepare_all(points: list[list[str]], labels: list[str] | None = None) -> list[Prepared]:
+    """Several runs' bundles (a sweep's points), all or none: every point is checked, then every point's script
+    is put to Slurm (unless a dry run), and only then is anything written. Raises ConfigError listing every
+    problem of every point, or Slurm's refusal of any."""
+    checked = [check(argv) for argv in points]
+    problems = labelled([p for _, p in checked], labels or [f"point {i + 1}" for i in range(len(points))])
+    if problems:
+        raise ConfigError(report(problems))
+    drafts: list[_Draft] = []
+    try:
+        for (spec, _), argv in zip(checked, points, strict=True):
+            drafts.append(_draft(spec, argv))
+        forecasts = [None if d.spec.args.execution.dry_run else slurm.check_submission(d.script_text) for d in drafts]
+    except LauncherError as e:
+        for draft in drafts:
+            bundle.release(draft.paths)  # claimed, nothing written yet: nothing of this launch stays behind
+        if isinstance(e, SubmissionError):
+            raise ConfigError(f"{e}\nNothing was written or submitted.") from None
+        raise
+    return [_write(draft, forecast) for draft, forecast in zip(drafts, forecasts, strict=True)]
+
+
+def prepare(argv: list[str]) -> Prepared:
+    """Resolve, validate, render and write one run's bundle. Raises ConfigError listing every problem; when the
+    run is to be submitted, that includes Slurm's refusal of the rendered script."""
+    return prepare_all([argv])[0]
 
 
 def launch(argv: list[str]) -> int:
     """The whole command; returns the process exit code."""
+    args, _ = cli.parse(argv)
+    if args.execution.sweep is not None:
+        from launcher import sweep
+
+        return sweep.launch(argv, args.execution.sweep, args.run_name)
     spec, paths, figures, forecast = prepare(argv)
     print(f"Run {spec.args.run_name}: bundle written")
     print(summary.render(spec, paths, figures))

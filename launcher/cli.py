@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -127,6 +128,7 @@ class ExecutionArgs:
     dry_run: bool = False  # Write the bundle, do not submit.
     show_logs: bool = False  # Follow the job's log and state until it ends.
     config: str | None = None  # Start from this nanotron YAML; flags override it.
+    sweep: str | None = None  # One run per grid point, e.g. "learning_rate=1e-4,3e-4 seed=1,2" (runs RUN-1..4).
 
 
 @dataclass
@@ -181,6 +183,15 @@ def flag_names() -> list[str]:
     for group in GROUPS.values():
         names += [f.name for f in dataclasses.fields(group)]
     return names
+
+
+def flag_types() -> dict[str, type]:
+    """Each flag's value type (int, float, bool or str; None allowed aside)."""
+    kinds: dict[str, type] = {}
+    for group in GROUPS.values():  # evaluated hints: simple-parsing rewrites the fields' own `type` as it parses
+        for name, hint in typing.get_type_hints(group).items():
+            kinds[name] = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    return kinds
 
 
 def explicit_flags(argv: list[str]) -> set[str]:

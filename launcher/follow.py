@@ -39,7 +39,7 @@ class LogTail:
         return len(data)
 
 
-def _describe(state: slurm.JobState) -> str:
+def describe(state: slurm.JobState) -> str:
     text = f"job {state.job_id} {state.state}"
     if state.state == "PENDING" and state.reason not in ("None", ""):
         text += f" (reason: {state.reason}" + (f", waiting for {state.dependency})" if state.dependency else ")")
@@ -72,7 +72,7 @@ def follow(
             state = slurm.job_state(job_id)
             if state is None:
                 raise LauncherError(f"Slurm no longer knows job {job_id} and has no accounting record")
-            text = _describe(state)
+            text = describe(state)
             if text != last_text:
                 say(text)
                 last_text, interval = text, state_every

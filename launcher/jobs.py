@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from launcher import bundle, follow, slurm
+from launcher import bundle, follow, slurm, sweep
 from launcher.dependency import NEVER_SATISFIED
 from launcher.errors import LauncherError, SubmissionError, closed_pipe
 
@@ -31,7 +31,7 @@ def submit(paths: bundle.BundlePaths) -> str:
     return job_id
 
 
-def _how_to(target: str) -> str:
+def how_to(target: str) -> str:
     return (
         f"  re-attach: python -m launcher.jobs attach {target}\n"
         f"  status:    python -m launcher.jobs status {target}\n"
@@ -44,7 +44,7 @@ def follow_to_end(job_id: str, log: Path, target: str) -> int:
     try:
         final = follow.follow(job_id, log)
     except KeyboardInterrupt:
-        print(f"\nStopped following; job {job_id} keeps running.\n{_how_to(target)}", file=sys.stderr)
+        print(f"\nStopped following; job {job_id} keeps running.\n{how_to(target)}", file=sys.stderr)
         return 130
     code = "" if final.exit_code is None else f", exit code {final.exit_code}"
     print(f"Job {job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else ""))
@@ -66,7 +66,7 @@ def submit_and_follow(paths: bundle.BundlePaths, follow: bool) -> int:
     job_id = submit(paths)
     print(f"Submitted job {job_id}.")
     if not follow:
-        print(_how_to(str(paths.bundle_dir)))
+        print(how_to(str(paths.bundle_dir)))
         return 0
     code = follow_to_end(job_id, paths.log, str(paths.bundle_dir))
     if code != 130:
@@ -94,12 +94,31 @@ def _resolve_target(target: str) -> tuple[str, Path, str]:
     raise LauncherError(f"{target} is neither a bundle directory nor a job id")
 
 
+def _sweep_action(action: str, directory: Path) -> int:
+    """status, attach or cancel for every run of a sweep."""
+    if action == "attach":
+        return sweep.follow(directory)
+    job_ids = [e["job_id"] for e in sweep.read_record(directory)["points"] if e["job_id"]]
+    states = {job_id: slurm.job_state(job_id) for job_id in job_ids}
+    if action == "cancel":
+        live = [job_id for job_id, state in states.items() if state is not None and not state.terminal]
+        for job_id in live:
+            slurm.cancel(job_id)
+        print(f"Cancelled {len(live)} job(s): {' '.join(live) or 'none was still running'}.")
+        return 0
+    print(sweep.results(directory, {k: v.state for k, v in states.items() if v is not None}, plot=False))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.jobs", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=("status", "attach", "cancel"))
-    parser.add_argument("target", help="a bundle directory (logs/configs/RUN/STAMP) or a Slurm job id")
+    parser.add_argument("target", help="a bundle or sweep directory (logs/configs/RUN/STAMP) or a Slurm job id")
     args = parser.parse_args(argv)
     try:
+        sweep_dir = Path(args.target).parent if args.target.endswith(sweep.RECORD) else Path(args.target)
+        if (sweep_dir / sweep.RECORD).is_file():
+            return _sweep_action(args.action, sweep_dir)
         job_id, log, target = _resolve_target(args.target)
         if args.action == "attach":
             return follow_to_end(job_id, log, target)
@@ -110,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         state = slurm.job_state(job_id)
         if state is None:
             raise SubmissionError(f"Slurm no longer knows job {job_id}")
-        print(follow._describe(state) + (f", exit code {state.exit_code}" if state.terminal else ""))
+        print(follow.describe(state) + (f", exit code {state.exit_code}" if state.terminal else ""))
         print(f"  log: {log}")
         return 0
     except LauncherError as e:

@@ -16,6 +16,29 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
+def sweep_curves(series: dict[str, Path], png: Path) -> Path:
+    """A sweep's points on one plot: each one's loss against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for name, metrics in series.items():
+        rows = {r["step"]: r for r in read_metrics(metrics) if "step" in r and "loss" in r} if metrics.exists() else {}
+        steps = sorted(rows)
+        ax.plot(steps, [rows[s]["loss"] for s in steps], label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False)
+    ax.set_title(f"sweep of {len(series)} runs: loss")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
 def loss_curve(metrics: Path, png: Path) -> Path:
     """Plot loss (and learning rate) against step; requeued attempts show as one continuous curve."""
     import matplotlib

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import shlex
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 import yaml
 
 from launcher import nanotron_schema
-from launcher.cli import GROUPS, LaunchArgs
+from launcher.cli import GROUPS, LaunchArgs, flag_types
 from launcher.datasource import is_local_path
 from launcher.problems import Problem
 
@@ -177,10 +176,7 @@ def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
     """Drop --config values of the wrong type for their flag, each one a problem (unless the flag replaces it)."""
     if not values:
         return {}, []
-    kinds: dict[str, type] = {}
-    for group in GROUPS.values():  # evaluated hints: simple-parsing rewrites the fields' own `type` as it parses
-        for name, hint in typing.get_type_hints(group).items():
-            kinds[name] = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    kinds = flag_types()
     kept, problems = {}, []
     for flag, value in values.items():
         kind = kinds.get(flag)

@@ -1,0 +1,242 @@
+"""--sweep: one run per point of a grid of flag values, launched all or none, followed together.
+
+    python slurm_launcher.py --run_name lr --sweep "learning_rate=1e-4,3e-4,1e-3 seed=1,2" ...
+
+makes 6 runs, lr-1 .. lr-6, each an ordinary run: its own bundle, script, log and checkpoints, its manifest's
+command the single run it is (requeue and resume work per point as for any run). Every point is checked, and put
+to Slurm, before anything is written. The sweep's record (`<configs_path>/<run_name>/<stamp>/sweep.json`)
+lists the points, their values, bundles and job ids; `python -m launcher.jobs status|attach|cancel` takes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher import bundle, cli, slurm
+from launcher import plot as plotting
+from launcher.errors import ConfigError, LauncherError
+from launcher.follow import describe
+from launcher.problems import Problem, report
+
+MAX_POINTS = 64
+NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
+RECORD = "sweep.json"
+
+
+def values_text(values: dict[str, str]) -> str:
+    return ", ".join(f"{flag}={value}" for flag, value in values.items())
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int  # 1-based
+    run_name: str
+    values: dict[str, str]  # flag -> value, as typed
+    argv: list[str]  # the launcher's argv for this run alone
+
+    @property
+    def label(self) -> str:
+        return f"{self.run_name}: {values_text(self.values)}"
+
+
+def _fits(value: str, kind: type) -> bool:
+    """Whether the command line would take `value` for a flag of this type."""
+    if kind is bool:
+        return value.lower() in ("true", "false", "yes", "no", "1", "0", "t", "f", "y", "n")
+    try:
+        kind(value)
+    except ValueError:
+        return False
+    return True
+
+
+def parse(text: str) -> tuple[list[tuple[str, list[str]]], list[Problem]]:
+    """`flag=v1,v2 flag2=w1,...` (spaces or lines between axes) -> the axes, or the problems with them."""
+    axes: list[tuple[str, list[str]]] = []
+    problems = []
+    known = set(cli.flag_names())
+    kinds = cli.flag_types()
+    for item in text.split():
+        flag, sep, values = item.partition("=")
+        flag = flag.removeprefix("--")
+        bad = [v for v in values.split(",") if not v]
+        if not sep or not values or bad:
+            problems.append(Problem("sweep", f"{item!r} is not FLAG=VALUE,VALUE,...", "e.g. learning_rate=1e-4,3e-4"))
+        elif flag not in known:
+            problems.append(Problem("sweep", f"{flag!r} is not a flag", "sweep flags the launcher takes (--help)"))
+        elif flag in NOT_SWEPT:
+            problems.append(Problem("sweep", f"--{flag} cannot be swept", "sweep training, model or Slurm flags"))
+        elif flag in dict(axes):
+            problems.append(Problem("sweep", f"{flag} is given twice", "list all its values once: flag=a,b,c"))
+        elif odd := [v for v in values.split(",") if not _fits(v, kinds[flag])]:
+            what = kinds[flag].__name__
+            problems.append(Problem("sweep", f"{flag}: {', '.join(odd)} is not of type {what}", f"give {what} values"))
+        else:
+            axes.append((flag, values.split(",")))
+    if not axes and not problems:
+        problems.append(Problem("sweep", "it names no flag", "e.g. --sweep 'learning_rate=1e-4,3e-4 seed=1,2'"))
+    count = math.prod(len(choices) for _, choices in axes)
+    if count > MAX_POINTS:
+        problems.append(Problem("sweep", f"{count} points, more than {MAX_POINTS}", "sweep fewer values at once"))
+    return axes, problems
+
+
+def without(argv: list[str], flag: str) -> list[str]:
+    """argv without `--flag VALUE` / `--flag=VALUE` (a flag's last occurrence wins, but a clean command reads
+    better in each point's manifest)."""
+    out, skip = [], False
+    for i, token in enumerate(argv):
+        if skip:
+            skip = False
+        elif token == f"--{flag}":
+            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        elif not token.startswith(f"--{flag}="):
+            out.append(token)
+    return out
+
+
+def points(argv: list[str], run_name: str, axes: list[tuple[str, list[str]]]) -> list[Point]:
+    """The grid's points, in order (the last axis varies fastest)."""
+    base = without(without(argv, "sweep"), "run_name")
+    for flag, _ in axes:
+        base = without(base, flag)
+    out = []
+    for index, combo in enumerate(itertools.product(*(values for _, values in axes)), start=1):
+        values = {flag: value for (flag, _), value in zip(axes, combo, strict=True)}
+        name = f"{run_name}-{index}"
+        swept = [token for flag, value in values.items() for token in (f"--{flag}", value)]
+        out.append(Point(index, name, values, ["--run_name", name, *base, *swept]))
+    return out
+
+
+def _claim_record(configs_path: str, run_name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 10_000):
+        directory = Path(configs_path) / run_name / (stamp if n == 1 else f"{stamp}-{n}")
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir()
+            return directory
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free sweep directory under {configs_path}/{run_name}")
+
+
+def read_record(directory: Path) -> dict:
+    return json.loads((directory / RECORD).read_text(encoding="utf-8"))
+
+
+def launch(argv: list[str], sweep_text: str, run_name: str) -> int:
+    """The whole command for a sweep; returns the exit code."""
+    from launcher import app, jobs
+
+    axes, problems = parse(sweep_text)
+    if problems:
+        raise ConfigError(report(problems))
+    grid = points(argv, run_name, axes)
+    prepared = app.prepare_all([p.argv for p in grid], [p.label for p in grid])
+    a = prepared[0].spec.args
+    record_dir = _claim_record(a.paths.configs_path, run_name)
+    record: dict[str, Any] = {
+        "sweep": sweep_text,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "points": [
+            {"run_name": p.run_name, "values": p.values, "bundle": str(prep.paths.bundle_dir), "job_id": None}
+            for p, prep in zip(grid, prepared, strict=True)
+        ],
+    }
+    bundle.write_manifest(record_dir / RECORD, record, new=True)
+    print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
+    for p, prep in zip(grid, prepared, strict=True):
+        print(f"  {p.label}")
+        print(f"      {prep.paths.bundle_dir}" + (f"  [slurm: {prep.forecast}]" if prep.forecast else ""))
+    if a.execution.dry_run:
+        print("Dry run: nothing submitted. Submit each script with sbatch, or launch again without --dry_run.")
+        return 0
+    failed = 0
+    for entry, prep in zip(record["points"], prepared, strict=True):
+        try:
+            entry["job_id"] = jobs.submit(prep.paths)
+        except LauncherError as e:
+            failed += 1
+            print(f"error: {entry['run_name']}: {e}", file=sys.stderr)
+        bundle.write_manifest(record_dir / RECORD, record)
+    print("Submitted " + ", ".join(f"{e['run_name']} as job {e['job_id']}" for e in record["points"] if e["job_id"]))
+    if not a.execution.show_logs:
+        print(jobs.how_to(str(record_dir)))
+        return 1 if failed else 0
+    code = follow(record_dir)
+    return 1 if failed else code
+
+
+def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
+    """Report every point's state changes until all have ended, then the results; 0 only if all COMPLETED.
+    Ctrl-C stops following, not the jobs."""
+    from launcher import jobs
+
+    record = read_record(record_dir)
+    entries = [e for e in record["points"] if e["job_id"]]
+    said: dict[str, str] = {}
+    finals: dict[str, slurm.JobState] = {}
+    interval = poll
+    try:
+        while len(finals) < len(entries):
+            changed = False
+            for e in entries:
+                if e["job_id"] in finals:
+                    continue
+                state = slurm.job_state(e["job_id"])
+                if state is None:
+                    raise LauncherError(f"Slurm no longer knows job {e['job_id']} ({e['run_name']})")
+                text = describe(state)
+                if said.get(e["job_id"]) != text:
+                    print(f"[follow] {e['run_name']}: {text}", file=sys.stderr, flush=True)
+                    said[e["job_id"]], changed = text, True
+                if state.terminal:
+                    finals[e["job_id"]] = state
+            if len(finals) < len(entries):
+                interval = poll if changed else min(interval * 1.5, max_poll)
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        print(f"\nStopped following; the jobs keep running.\n{jobs.how_to(str(record_dir))}", file=sys.stderr)
+        return 130
+    print(results(record_dir, {k: v.state for k, v in finals.items()}))
+    return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1
+
+
+def _final(metrics: Path) -> dict | None:
+    rows = plotting.read_metrics(metrics) if metrics.exists() else []
+    return max(rows, key=lambda r: r.get("step", -1)) if rows else None
+
+
+def results(record_dir: Path, states: dict[str, str], plot: bool = True) -> str:
+    """The points as a table, lowest final loss first, and (`plot`) a PNG of their loss curves."""
+    record = read_record(record_dir)
+    rows = []
+    for e in record["points"]:
+        last = _final(Path(e["bundle"]) / "metrics.jsonl")
+        loss = last.get("loss") if last else None
+        state = states.get(e["job_id"] or "", "not submitted" if not e["job_id"] else "?")
+        rows.append((loss, e, state, last.get("step") if last else None))
+    rows.sort(key=lambda r: (r[0] is None, r[0] if r[0] is not None else 0.0))
+    values = [values_text(e["values"]) for _, e, _, _ in rows]
+    width = max(len(v) for v in values)
+    lines = [f"Sweep {record_dir.parent.name}: lowest final loss first", f"  {'run':<16} {'values':<{width}}  "
+             f"{'job':>7}  {'state':<10} {'step':>6}  {'loss':>8}"]  # fmt: skip
+    for (loss, e, state, step), text in zip(rows, values, strict=True):
+        lines.append(
+            f"  {e['run_name']:<16} {text:<{width}}  {e['job_id'] or '-':>7}  {state:<10} "
+            f"{step if step is not None else '-':>6}  {f'{loss:.4f}' if loss is not None else '-':>8}"
+        )
+    series = {f"{e['run_name']} ({values_text(e['values'])})": Path(e["bundle"]) / "metrics.jsonl"
+              for e in record["points"]}  # fmt: skip
+    if plot and any(path.exists() for path in series.values()):
+        lines.append(f"  loss curves  {plotting.sweep_curves(series, record_dir / 'loss.png')}")
+    return "\n".join(lines)
