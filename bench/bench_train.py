@@ -4,8 +4,9 @@
     python bench/bench_train.py --presets 1b --seq-len 4096 --micro-batch-size 2                # one GPU, bf16
 
 Each preset's model shape comes from configs/presets/<name>.yaml; the data is random tokens; each step is the
-engine's own `TorchTrainer.train_step` (forward, backward, clip, AdamW) under a one-process DDP, on the GPU where
-there is one (in --dtype, bfloat16 by default there) and on the CPU in float32 otherwise. The first steps are
+engine's own `TorchTrainer.train_step` (forward, backward, clip, AdamW) under its one-process DDP (`wrap`:
+compiled on a GPU), on the GPU where there is one (in --dtype, bfloat16 by default there) and on the CPU in
+float32 otherwise. The first steps are
 warm-up and are not timed. On a known GPU (H100, H200, A100) it prints the model FLOPs utilisation as well.
 """
 
@@ -26,7 +27,6 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from launcher.train.config import LRSchedule, ModelShape, TrainConfig  # noqa: E402
 from launcher.train.model import count_parameters, flops_per_token, peak_flops  # noqa: E402
@@ -72,7 +72,7 @@ def measure(cfg: TrainConfig, steps: int, where: Rank) -> dict:
     """Seconds per step, tokens/s and achieved GFLOP/s of `steps` timed training steps."""
     trainer = TorchTrainer(cfg, where)
     on_gpu = where.device.type == "cuda"
-    ddp = DistributedDataParallel(trainer.model, device_ids=[where.device] if on_gpu else None)
+    ddp = trainer.wrap()  # the engine's own: compiled on a GPU
     warmup = 3 if on_gpu else 1
     times = []
     for _ in range(steps + warmup):

@@ -442,3 +442,28 @@ def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, 
     assert batch["input_ids"].shape == (micro_batch_size, sequence_length)
     assert batch["label_ids"].shape == (micro_batch_size, sequence_length)
     assert torch.equal(batch["input_ids"][:, 1:], batch["label_ids"][:, :-1])  # labels: the inputs shifted by one
+
+
+def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from launcher.train.config import ModelShape
+    from launcher.train.model import WithLoss, build_model, compile_for_gpu
+
+    shape = ModelShape(32, 64, 2, 4, 2, 128, 64, 1e-5, True, "silu", 10000.0, 1, 2)
+    model = build_model(shape, init_std=0.02, seed=0)
+    tokens = torch.randint(0, 128, (3, 17), generator=torch.Generator().manual_seed(0))
+    # the loss of the model's own logits (lm_head included) predicting each next token
+    reference = torch.nn.functional.cross_entropy(
+        model(input_ids=tokens[:, :-1]).logits.flatten(0, 1), tokens[:, 1:].flatten()
+    )
+    assert torch.allclose(WithLoss(model)(tokens), reference, rtol=1e-6)
+
+    # on a GPU each layer and the loss are compiled; with compilation off (as TORCH_COMPILE_DISABLE=1 does) the
+    # wrapped module is the same function over the same parameters
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    wrapped = compile_for_gpu(model)
+    assert all(type(layer).__name__ == "LlamaDecoderLayer" for layer in model.model.layers)
+    assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+    assert {id(p) for p in wrapped.parameters()} == {id(p) for p in model.parameters()}
+    assert torch.allclose(wrapped(tokens), reference, rtol=1e-6)
