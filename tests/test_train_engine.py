@@ -405,10 +405,20 @@ def test_nanotron_engine_packs_every_local_dataset_form(form: str, base_cfg: Tra
     else:
         target = tmp_path / "d.jsonl"
         target.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
-    cfg = dataclasses.replace(base_cfg, dataset=str(target), text_column="body", sequence_length=16)
+    cfg = dataclasses.replace(
+        base_cfg, dataset=str(target), text_column="body", sequence_length=16, checkpoints_path=str(tmp_path / "ck")
+    )
     tokenizer = load_tokenizer(cfg)
+    before = sorted(tmp_path.rglob("*"))
 
     packed = packed_dataset(cfg, tokenizer, overwrite_cache=True)
+
+    # the cache never lands beside the dataset (which may be read-only): under checkpoints_path, one per packing
+    made = [p for p in sorted(tmp_path.rglob("*")) if p not in before and p.is_file()]
+    assert made and all(p.is_relative_to(tmp_path / "ck" / ".data-cache") for p in made), made
+    assert [c["filename"] for c in packed.cache_files] == [str(p) for p in made if p.suffix == ".arrow"]
+    shorter = packed_dataset(dataclasses.replace(cfg, sequence_length=8), tokenizer)
+    assert shorter.cache_files != packed.cache_files and len(shorter[0]["input_ids"]) == 9
 
     rows = packed["input_ids"]
     token_lists = tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -47,6 +47,7 @@ def missing() -> list[str]:
 
 
 NANOTRON_POINTER = "latest.txt"  # written by nanotron's save_checkpoint into checkpoints_path
+CACHE_DIR = ".data-cache"  # packed datasets, under checkpoints_path
 
 
 def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None) -> str | None:
@@ -174,8 +175,13 @@ def packed_dataset(cfg: TrainConfig, tokenizer, num_proc: int = 1, overwrite_cac
     which transformers 5 removed. The split comes from `load_split` and the windows from `pack`, as the torch
     engine's do, through a cached `datasets` map (rank 0 tokenizes; the other ranks reuse its cache), each batch
     of documents joined with eos and its remainder dropped, as clm_process does. Needs no GPU.
+
+    The cache goes under `<checkpoints_path>/.data-cache/`, named by the input's fingerprint and the packing
+    function's (tokenizer, column, length): `datasets` would write it beside a `save_to_disk` dataset, which may
+    be read-only, and the checkpoint directory is writable (the launcher checked it) and seen by every node.
     """
     import datasets
+    from datasets.fingerprint import Hasher
 
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else cfg.model.eos_token_id
     column, length = cfg.text_column, cfg.sequence_length
@@ -186,8 +192,12 @@ def packed_dataset(cfg: TrainConfig, tokenizer, num_proc: int = 1, overwrite_cac
         return {"input_ids": pack(token_lists, eos_id, length)}
 
     raw = load_split(cfg)
+    key = Hasher.hash([raw._fingerprint, Hasher.hash(tokenize_and_pack)])
+    cache = Path(cfg.checkpoints_path) / CACHE_DIR
+    cache.mkdir(parents=True, exist_ok=True)
     return raw.map(
         tokenize_and_pack,
+        cache_file_name=str(cache / f"packed-{key}.arrow"),
         batched=True,
         remove_columns=raw.column_names,
         features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64"), length=length + 1)}),
