@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from launcher import bundle, cli, dependency, nanotron_schema, sbatch, slurm, summary
-from launcher.errors import ConfigError, LauncherError, SubmissionError
+from launcher.errors import ConfigError, SubmissionError
 from launcher.problems import Problem, report
 from launcher.spec import RunSpec, resolve
 from launcher.validate import validate
@@ -114,6 +114,7 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
     figures = summary.derived(draft.spec)
     paths = draft.paths
     try:
+        bundle.make_room(paths)
         hashes = {
             "config": bundle.write_new(paths.config, draft.config_text),
             "script": bundle.write_new(paths.script, draft.script_text, mode=0o755),
@@ -138,9 +139,9 @@ def prepare_all(points: list[list[str]], labels: list[str] | None = None) -> lis
         for (spec, _), argv in zip(checked, points, strict=True):
             drafts.append(_draft(spec, argv))
         forecasts = [None if d.spec.args.execution.dry_run else slurm.check_submission(d.script_text) for d in drafts]
-    except LauncherError as e:
+    except BaseException as e:  # a refusal, or Ctrl-C while Slurm is asked: nothing of this launch stays behind
         for draft in drafts:
-            bundle.release(draft.paths)  # claimed, nothing written yet: nothing of this launch stays behind
+            bundle.release(draft.paths)  # claimed, nothing written yet
         if isinstance(e, SubmissionError):
             raise ConfigError(f"{e}\nNothing was written or submitted.") from None
         raise

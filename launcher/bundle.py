@@ -92,24 +92,31 @@ def claim(
         )
         if paths.script.exists() or paths.log.exists():
             continue
-        paths.bundle_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
-            paths.bundle_dir.mkdir()
+            paths.bundle_dir.mkdir(parents=True)
         except FileExistsError:
             continue
-        paths.script.parent.mkdir(parents=True, exist_ok=True)
-        paths.log.parent.mkdir(parents=True, exist_ok=True)
         return paths
     raise RuntimeError(f"no free bundle name under {configs}/{run_name}")  # 10k launches in one second
 
 
 def release(paths: BundlePaths) -> None:
     """Undo a claim whose launch stopped before writing: remove the (empty) bundle directory, and the run's
-    directories for bundles, scripts and logs where that leaves them empty."""
-    paths.bundle_dir.rmdir()
-    for directory in {paths.bundle_dir.parent, paths.script.parent, paths.log.parent}:
-        with contextlib.suppress(OSError):  # not empty: other launches of this run live there
-            directory.rmdir()
+    directory of bundles if that leaves it empty.
+
+    The script and log directories are made only when the bundle is written (`make_room`), so a release never
+    touches them: a pending job of this run may be waiting to write its log into an empty log directory.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        paths.bundle_dir.rmdir()
+    with contextlib.suppress(OSError):  # not empty: other launches of this run live there
+        paths.bundle_dir.parent.rmdir()
+
+
+def make_room(paths: BundlePaths) -> None:
+    """The directories the script and the job's log go to (shared by every launch of the run; never removed)."""
+    paths.script.parent.mkdir(parents=True, exist_ok=True)
+    paths.log.parent.mkdir(parents=True, exist_ok=True)
 
 
 def write_new(path: Path, text: str, mode: int = 0o644) -> str:

@@ -123,3 +123,29 @@ def test_relaunch_says_it_resumes_from_either_engines_checkpoints(workdir: Path,
     (workdir / "checkpoints" / "r" / pointer).write_text("70\n")
     assert app.launch(flags()) == 0
     assert "resume       from the checkpoint at step 70" in capsys.readouterr().out
+
+
+def test_a_released_claim_leaves_other_launches_of_the_run_alone(workdir: Path):
+    """A launch that stops before writing removes its own empty bundle directory, never the run's script or log
+    directory: a pending job of the same run still has to write its log there."""
+    pending = app.prepare(flags())  # written (a dry run: its log directory waits, empty, for the job)
+    assert pending.paths.log.parent.is_dir() and not any(pending.paths.log.parent.iterdir())
+    stopped = bundle.claim("r", "logs/configs", "logs/slurm_scripts", "logs/slurm_logs", "ckpt", False)
+    bundle.release(stopped)
+    assert not stopped.bundle_dir.exists()
+    assert pending.paths.log.parent.is_dir() and pending.paths.bundle_dir.is_dir() and pending.paths.script.is_file()
+
+    alone = bundle.claim("other", "logs/configs", "logs/slurm_scripts", "logs/slurm_logs", "ckpt", False)
+    assert not alone.script.parent.exists() and not alone.log.parent.exists()  # made only when writing
+    bundle.release(alone)
+    assert not (workdir / "logs/configs/other").exists()
+
+
+def test_interrupted_while_slurm_judges_nothing_stays(workdir: Path, monkeypatch: pytest.MonkeyPatch):
+    def interrupted(script: str) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app.slurm, "check_submission", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        app.prepare(flags("--dry_run", "false"))
+    assert [p for p in (workdir / "logs").rglob("*") if p.is_file() or p.name == "r"] == []
