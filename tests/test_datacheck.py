@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import datasets
+import datasets.exceptions
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,7 +16,9 @@ from conftest import tiny_config, write_config
 from launcher_helpers import run_launcher, spec_for
 
 from launcher.datacheck import dataset_problems, tokenizer_problems
+from launcher.errors import TrainError
 from launcher.nanotron_schema import load_train_config
+from launcher.train.config import TrainConfig
 from launcher.train.data import load_texts, load_tokenizer
 from launcher.validate import validate
 
@@ -106,12 +109,31 @@ def test_launcher_refuses_exactly_what_the_job_cannot_load(
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     cfg = load_train_config(str(write_config(tmp_path / "c.yaml", tiny_config(demo_data, tmp_path / "ckpt"))))
     cfg = dataclasses.replace(cfg, dataset=str(target), text_column=column)
-    try:
-        load_tokenizer(cfg)(load_texts(cfg), add_special_tokens=False)  # what the job does first with its data
-        job_fails = False
-    except Exception:
-        job_fails = True
+    job_fails = _job_fails(cfg)
     assert bool(problems) == job_fails, (problems, job_fails)
+
+
+# How the job fails on data it cannot use; any other error is a bug (in the job or this test) and fails the test.
+JOB_ERRORS = (
+    TrainError,  # the job's own checks: no such column, split or dataset directory
+    datasets.exceptions.DatasetGenerationError,  # a builder that cannot parse the file (not JSON, no CSV header)
+    pa.ArrowException,  # pyarrow reading a file that is not parquet
+    StopIteration,  # datasets' json builder on an empty file
+)
+TOKENIZER_TYPE_ERROR = "text input must be of type `str`"  # the tokenizer, given a column of numbers
+
+
+def _job_fails(cfg: TrainConfig) -> bool:
+    """Whether what the job does first with its data fails, and fails the way a job fails on bad data."""
+    try:
+        load_tokenizer(cfg)(load_texts(cfg), add_special_tokens=False)
+    except JOB_ERRORS:
+        return True
+    except ValueError as e:
+        if TOKENIZER_TYPE_ERROR not in str(e):
+            raise
+        return True
+    return False
 
 
 def test_problems_name_the_fix(tmp_path: Path) -> None:
