@@ -105,6 +105,20 @@ def _first_record(path: Path) -> dict | None:
     return None
 
 
+def _csv_header(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
+    """The columns pandas (the job's csv builder) reads: the first line that is not blank, after any UTF-8 BOM."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        try:
+            for row in csv.reader(f):
+                if len(row) > 1 or (row and row[0].strip()):  # pandas skips empty and whitespace-only lines
+                    return dict.fromkeys(row, ""), []
+        except csv.Error:  # e.g. a header field over the csv module's size limit: left to the job
+            return None, []
+    return None, [
+        Problem("dataset", f"{path} holds only blank lines", "give a CSV file whose first line names its columns")
+    ]
+
+
 def _file_columns(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
     """A data file's columns as the job's `datasets` builder will see them (None: not cheaply known)."""
     builder = DATA_FILE_BUILDERS.get(path.suffix)
@@ -121,9 +135,7 @@ def _file_columns(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
     if builder == "text":
         return {"text": "string"}, []  # one row per line, in a column named text
     if builder == "csv":
-        with open(path, encoding="utf-8", newline="") as f:
-            header = next(csv.reader(f), [])
-        return dict.fromkeys(header, ""), []
+        return _csv_header(path)
     if builder == "parquet":
         import pyarrow.parquet  # only for a parquet file (~0.1 s)
 

@@ -66,6 +66,9 @@ FORMS: dict[str, Callable[[Path], Path]] = {
     "jsonl": _file("d.jsonl", "\n" + JSONL),
     "json lines in .json": _file("d.json", JSONL),
     "csv": _file("d.csv", "body,n\nthe cat,1\nthe dog,2\n"),
+    "csv with a BOM": _file("d.csv", "\ufeffbody,n\nthe cat,1\nthe dog,2\n"),  # as Excel writes it
+    "csv after blank lines": _file("d.csv", "\n  \n\nbody,n\nthe cat,1\nthe dog,2\n"),  # pandas skips them
+    "csv of blank lines": _file("d.csv", "\n  \n\n"),
     "txt": _file("d.txt", "the cat\nthe dog\n"),
     "parquet": _parquet,
     "tsv": _file("d.tsv", "body\tn\n"),
@@ -86,6 +89,11 @@ EXPECTED = {
     ("json lines in .json", "text"): "text_column",
     ("csv", "body"): None,
     ("csv", "text"): "text_column",
+    ("csv with a BOM", "body"): None,
+    ("csv with a BOM", "text"): "text_column",
+    ("csv after blank lines", "body"): None,
+    ("csv after blank lines", "text"): "text_column",
+    ("csv of blank lines", "body"): "dataset",
     ("txt", "text"): None,
     ("txt", "body"): "text_column",
     ("parquet", "body"): None,
