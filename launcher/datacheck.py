@@ -8,6 +8,7 @@ file that is one big array, a hub name) is left to the job.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import os
@@ -27,6 +28,9 @@ TOKENIZER_FILES = (
     "sentencepiece.bpe.model",
 )
 SUFFIXES = ", ".join(DATA_FILE_BUILDERS)
+JSON_CHUNK = 10 << 20  # the json builder infers a file's columns from its first chunk (datasets' JsonConfig.chunksize)
+MAX_JSON_LINE = 1 << 20  # a longer JSON line is left to the job
+COLUMN_SAMPLE = 100  # JSON records read whole for their columns; later lines only for the text column
 
 
 def _fix_column(columns: dict[str, str], path: Path) -> str:
@@ -92,17 +96,60 @@ def _saved_dataset(path: Path, split: str) -> tuple[dict[str, str] | None, list[
     ]
 
 
-def _first_record(path: Path) -> dict | None:
-    """The first JSON object of a JSON-lines file; None when the file does not start with one on its own line."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    return None
-                return record if isinstance(record, dict) else None
-    return None
+def _json_kind(value: object) -> str:
+    """A JSON value's type as a column type: "" where it may still be text (null, or a falsy value the job skips)."""
+    if isinstance(value, str):
+        return "string"
+    return type(value).__name__ if value else ""
+
+
+def _json_columns(path: Path, text_column: str) -> tuple[dict[str, str] | None, list[Problem]]:
+    """The columns the job's json builder gives a JSON-lines file. It infers them from the records in the file's
+    first chunk (a column first met after it fails the job), so lines are read until a record holds the text column
+    or the chunk ends; a null where the column is missing does not stop the job. None where that is not cheap or
+    not certain: one JSON array or a pretty-printed object (the builder reads those whole), a line over
+    MAX_JSON_LINE, a later line that is not a JSON object."""
+    columns: dict[str, str] = {}
+    records = 0
+    offset = 0  # where the next line starts: the builder's first chunk holds every line starting up to JSON_CHUNK
+    needle = json.dumps(text_column, ensure_ascii=False).encode()  # the key as written, unless \u-escaped
+    with open(path, "rb") as f:
+        while offset <= JSON_CHUNK:
+            raw = f.readline(MAX_JSON_LINE)
+            if not raw:
+                break
+            if len(raw) == MAX_JSON_LINE and not raw.endswith(b"\n"):
+                return None, []  # too long to read before the queue
+            if records >= COLUMN_SAMPLE and needle not in raw and b"\\" not in raw:
+                offset += len(raw)
+                continue  # no text column in it (the columns named in a problem come from the first records)
+            text = (raw.removeprefix(codecs.BOM_UTF8) if offset == 0 else raw).decode("utf-8").strip()
+            offset += len(raw)
+            if not text:
+                continue  # the builder skips blank lines
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict):
+                if records or text.startswith(("[", "{")):
+                    return None, []
+                return None, [
+                    Problem(
+                        "dataset",
+                        f"{path} does not start with a JSON object or array",
+                        'give JSON lines: one object per line, e.g. {"text": "..."}',
+                    )
+                ]
+            records += 1
+            for key, value in record.items():
+                if not columns.get(key):
+                    columns[key] = _json_kind(value)
+            if record.get(text_column) is not None:
+                break
+    if not records:
+        return None, [Problem("dataset", f"{path} holds only blank lines", 'give JSON lines, e.g. {"text": "..."}')]
+    return columns, []
 
 
 def _csv_header(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
@@ -119,7 +166,7 @@ def _csv_header(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
     ]
 
 
-def _file_columns(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
+def _file_columns(path: Path, text_column: str) -> tuple[dict[str, str] | None, list[Problem]]:
     """A data file's columns as the job's `datasets` builder will see them (None: not cheaply known)."""
     builder = DATA_FILE_BUILDERS.get(path.suffix)
     if builder is None:
@@ -141,25 +188,14 @@ def _file_columns(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
 
         schema = pyarrow.parquet.read_schema(path)
         return {name: str(schema.field(name).type) for name in schema.names}, []
-    record = _first_record(path)
-    if record is None:
-        if path.suffix == ".jsonl":
-            return None, [
-                Problem(
-                    "dataset",
-                    f"{path} does not start with a JSON object on its first line",
-                    'give JSON lines: one object per line, e.g. {"text": "..."}',
-                )
-            ]
-        return None, []  # a .json file may be one array of records: the job's builder reads it whole
-    return {k: "string" if isinstance(v, str) else "" if v is None else type(v).__name__ for k, v in record.items()}, []
+    return _json_columns(path, text_column)
 
 
 def dataset_problems(dataset: str, text_column: str, split: str) -> list[Problem]:
     """Problems with a local dataset (an existing path) that the job would meet only once it runs."""
     path = Path(os.path.expanduser(dataset))
     try:
-        columns, problems = _saved_dataset(path, split) if path.is_dir() else _file_columns(path)
+        columns, problems = _saved_dataset(path, split) if path.is_dir() else _file_columns(path, text_column)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         return [Problem("dataset", f"cannot read {path} ({type(e).__name__}: {e})", "give a readable dataset")]
     except Exception as e:  # pyarrow's errors for a file that is not parquet

@@ -15,7 +15,7 @@ import pytest
 from conftest import tiny_config, write_config
 from launcher_helpers import run_launcher, spec_for
 
-from launcher.datacheck import dataset_problems, tokenizer_problems
+from launcher.datacheck import JSON_CHUNK, dataset_problems, tokenizer_problems
 from launcher.errors import TrainError
 from launcher.nanotron_schema import load_train_config
 from launcher.train.config import TrainConfig
@@ -58,13 +58,35 @@ def _files_in_a_directory(d: Path) -> Path:
     return d / "shards"
 
 
-JSONL = "".join(json.dumps({"body": b, "n": n}) + "\n" for b, n in zip(ROWS["body"], ROWS["n"], strict=True))
+RECORDS = [{"body": b, "n": n} for b, n in zip(ROWS["body"], ROWS["n"], strict=True)]
+JSONL = "".join(json.dumps(r) + "\n" for r in RECORDS)
+
+
+def _column_after_first_chunk(d: Path) -> Path:
+    """JSON lines whose text column first appears after the 10 MiB the json builder infers the columns from."""
+    filler = (json.dumps({"n": 0, "pad": "x" * 1000}) + "\n").encode()
+    with open(d / "late.jsonl", "wb") as f:
+        f.write(filler * (JSON_CHUNK // len(filler) + 2) + JSONL.encode())
+    return d / "late.jsonl"
+
+
 FORMS: dict[str, Callable[[Path], Path]] = {
     "save_to_disk": _saved,
     "DatasetDict": _dict("train"),
     "DatasetDict without train": _dict("validation"),
     "jsonl": _file("d.jsonl", "\n" + JSONL),
     "json lines in .json": _file("d.json", JSONL),
+    "jsonl with a BOM": _file("d.jsonl", "\ufeff" + JSONL),
+    "JSON array in .jsonl": _file("d.jsonl", json.dumps(RECORDS)),  # the builder reads an array whole
+    "pretty-printed JSON in .json": _file("d.json", json.dumps(ROWS, indent=2)),  # read whole, by pandas
+    "jsonl, text column first in a later record": _file("d.jsonl", '{"n": 0}\n' + JSONL),  # null in row 0
+    "jsonl, text column after the first chunk": _column_after_first_chunk,
+    "jsonl, escaped text column after 100 records": _file(  # past the records read whole: found by its escape
+        "d.jsonl", '{"n": 0}\n' * 150 + '{"\\u0062ody": "the cat"}\n'
+    ),
+    "jsonl, first line over 1 MiB": _file("d.jsonl", json.dumps({"n": 0, "pad": "x" * (1 << 20)}) + "\n" + JSONL),
+    "jsonl of JSON strings": _file("d.jsonl", "".join(json.dumps(b) + "\n" for b in ROWS["body"])),
+    "jsonl of blank lines": _file("d.jsonl", "\n  \n\n"),
     "csv": _file("d.csv", "body,n\nthe cat,1\nthe dog,2\n"),
     "csv with a BOM": _file("d.csv", "\ufeffbody,n\nthe cat,1\nthe dog,2\n"),  # as Excel writes it
     "csv after blank lines": _file("d.csv", "\n  \n\nbody,n\nthe cat,1\nthe dog,2\n"),  # pandas skips them
@@ -76,7 +98,8 @@ FORMS: dict[str, Callable[[Path], Path]] = {
     "jsonl that is not JSON": _file("d.jsonl", "the cat\n"),
     "directory of jsonl files": _files_in_a_directory,
 }
-# (form, text column) -> the flag the launcher names, or None: accepted
+LEFT_TO_JOB = "job"  # the launcher cannot tell cheaply, so it accepts; the job fails
+# (form, text column) -> the flag the launcher names, None: accepted (and the job loads it), or LEFT_TO_JOB
 EXPECTED = {
     ("save_to_disk", "body"): None,
     ("save_to_disk", "text"): "text_column",
@@ -87,6 +110,20 @@ EXPECTED = {
     ("jsonl", "text"): "text_column",
     ("json lines in .json", "body"): None,
     ("json lines in .json", "text"): "text_column",
+    ("jsonl with a BOM", "body"): None,
+    ("jsonl with a BOM", "text"): "text_column",
+    ("JSON array in .jsonl", "body"): None,
+    ("JSON array in .jsonl", "text"): LEFT_TO_JOB,
+    ("pretty-printed JSON in .json", "body"): None,
+    ("jsonl, text column first in a later record", "body"): None,
+    ("jsonl, text column first in a later record", "text"): "text_column",
+    ("jsonl, text column after the first chunk", "body"): "text_column",
+    ("jsonl, escaped text column after 100 records", "body"): None,
+    ("jsonl, escaped text column after 100 records", "text"): "text_column",
+    ("jsonl, first line over 1 MiB", "body"): None,
+    ("jsonl, first line over 1 MiB", "text"): LEFT_TO_JOB,
+    ("jsonl of JSON strings", "body"): "dataset",
+    ("jsonl of blank lines", "body"): "dataset",
     ("csv", "body"): None,
     ("csv", "text"): "text_column",
     ("csv with a BOM", "body"): None,
@@ -113,12 +150,12 @@ def test_launcher_refuses_exactly_what_the_job_cannot_load(
     target = FORMS[form](tmp_path)
     problems = dataset_problems(str(target), column, "train")
 
-    assert [p.flag for p in problems] == ([] if EXPECTED[form, column] is None else [EXPECTED[form, column]])
+    expected = EXPECTED[form, column]
+    assert [p.flag for p in problems] == ([] if expected in (None, LEFT_TO_JOB) else [expected])
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     cfg = load_train_config(str(write_config(tmp_path / "c.yaml", tiny_config(demo_data, tmp_path / "ckpt"))))
     cfg = dataclasses.replace(cfg, dataset=str(target), text_column=column)
-    job_fails = _job_fails(cfg)
-    assert bool(problems) == job_fails, (problems, job_fails)
+    assert _job_fails(cfg) == (expected is not None), problems
 
 
 # How the job fails on data it cannot use; any other error is a bug (in the job or this test) and fails the test.
@@ -128,7 +165,10 @@ JOB_ERRORS = (
     pa.ArrowException,  # pyarrow reading a file that is not parquet
     StopIteration,  # datasets' json builder on an empty file
 )
-TOKENIZER_TYPE_ERROR = "text input must be of type `str`"  # the tokenizer, given a column of numbers
+JOB_VALUE_ERRORS = (
+    "text input must be of type `str`",  # the tokenizer, given a column of numbers
+    'Instruction "train" corresponds to no data',  # datasets, given a file with no record
+)
 
 
 def _job_fails(cfg: TrainConfig) -> bool:
@@ -138,10 +178,17 @@ def _job_fails(cfg: TrainConfig) -> bool:
     except JOB_ERRORS:
         return True
     except ValueError as e:
-        if TOKENIZER_TYPE_ERROR not in str(e):
+        if not any(message in str(e) for message in JOB_VALUE_ERRORS):
             raise
         return True
     return False
+
+
+def test_the_json_chunk_is_the_builders() -> None:
+    """The launcher's JSON_CHUNK is where the job's json builder stops inferring columns."""
+    from datasets.packaged_modules.json.json import JsonConfig
+
+    assert JsonConfig().chunksize == JSON_CHUNK
 
 
 def test_problems_name_the_fix(tmp_path: Path) -> None:
