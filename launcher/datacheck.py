@@ -61,29 +61,37 @@ def column_problems(columns: dict[str, str], text_column: str, path: Path) -> li
     return []
 
 
-def _features(info_file: Path) -> dict[str, str]:
-    """Column name -> Value dtype ("" for a nested feature) from a saved dataset's dataset_info.json."""
-    features = json.loads(info_file.read_text(encoding="utf-8")).get("features") or {}
-    return {
-        name: f.get("dtype", "") if f.get("_type") == "Value" else f.get("_type", "") for name, f in features.items()
-    }
+def _feature_kind(feature: object) -> str:
+    """A dataset_info.json feature's type as a column type: its dtype for a Value, "" where it may hold text."""
+    if isinstance(feature, list):
+        return "list"  # the older form of a list feature
+    if not isinstance(feature, dict) or feature.get("_type") == "Json":  # Json: any JSON value per row
+        return ""
+    kind = feature.get("dtype") if feature.get("_type") == "Value" else feature.get("_type")
+    return kind if isinstance(kind, str) else ""
+
+
+def _features(info_file: Path) -> dict[str, str] | None:
+    """Column name -> type from a saved dataset's dataset_info.json; None where it names no features (the job then
+    takes them from the arrow files)."""
+    features = json.loads(info_file.read_text(encoding="utf-8"))
+    features = features.get("features") if isinstance(features, dict) else None
+    if not isinstance(features, dict):
+        return None
+    return {name: _feature_kind(feature) for name, feature in features.items()}
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_info.json").is_file() and (path / "state.json").is_file()
 
 
 def _saved_dataset(path: Path, split: str) -> tuple[dict[str, str] | None, list[Problem]]:
-    """A save_to_disk directory's columns, or the problem that it is none (or lacks the split)."""
-    if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8")).get("splits") or []
-        if split not in splits:
-            return None, [
-                Problem(
-                    "dataset",
-                    f"{path} has no split {split!r} (splits: {', '.join(splits) or 'none'})",
-                    "save the training split as 'train', or set data.dataset.hf_dataset_splits in a --config YAML",
-                )
-            ]
-        path = path / split
-    if (path / "dataset_info.json").is_file() and (path / "state.json").is_file():
+    """A save_to_disk directory's columns, or the problem that it is none (or lacks the split). Like the job's
+    load_from_disk, a Dataset (dataset_info.json and state.json) first, whatever else the directory holds."""
+    if _is_saved_dataset(path):
         return _features(path / "dataset_info.json"), []
+    if (path / "dataset_dict.json").is_file():
+        return _saved_split(path, split)
     files = sorted(p.name for p in path.iterdir() if p.suffix in DATA_FILE_BUILDERS)
     hint = f" (it holds {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}: give one file)" if files else ""
     return None, [
@@ -94,6 +102,39 @@ def _saved_dataset(path: Path, split: str) -> tuple[dict[str, str] | None, list[
             f"give a save_to_disk directory or one data file ({SUFFIXES})",
         )
     ]
+
+
+def _saved_split(path: Path, split: str) -> tuple[dict[str, str] | None, list[Problem]]:
+    """The training split of a saved DatasetDict. The job's load_from_disk loads every split it lists."""
+    listed = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))
+    splits = listed.get("splits") if isinstance(listed, dict) else None
+    if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+        return None, [
+            Problem(
+                "dataset",
+                f'{path / "dataset_dict.json"} does not list the splits (as {{"splits": ["train", ...]}})',
+                "save the dataset again with DatasetDict.save_to_disk",
+            )
+        ]
+    if split not in splits:
+        return None, [
+            Problem(
+                "dataset",
+                f"{path} has no split {split!r} (splits: {', '.join(splits) or 'none'})",
+                "save the training split as 'train', or set data.dataset.hf_dataset_splits in a --config YAML",
+            )
+        ]
+    missing = [s for s in splits if not _is_saved_dataset(path / s)]
+    if missing:
+        return None, [
+            Problem(
+                "dataset",
+                f"{path} lists the split{'s' if len(missing) > 1 else ''} {', '.join(missing)} in dataset_dict.json "
+                "without a saved dataset there (no dataset_info.json and state.json); the job loads every split",
+                "save the dataset again with DatasetDict.save_to_disk",
+            )
+        ]
+    return _features(path / split / "dataset_info.json"), []
 
 
 def _json_kind(value: object) -> str:
@@ -166,6 +207,21 @@ def _csv_header(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
     ]
 
 
+def _parquet_columns(path: Path) -> tuple[dict[str, str] | None, list[Problem]]:
+    """A parquet file's columns from its schema; a dictionary-encoded column by the type of its values."""
+    import pyarrow  # only for a parquet file (~0.1 s)
+    import pyarrow.parquet
+
+    try:
+        schema = pyarrow.parquet.read_schema(path)
+    except pyarrow.ArrowException as e:
+        return None, [Problem("dataset", f"{path} is not a parquet file pyarrow can read ({e})", "check the file")]
+    return {
+        field.name: str(field.type.value_type if isinstance(field.type, pyarrow.DictionaryType) else field.type)
+        for field in schema
+    }, []
+
+
 def _file_columns(path: Path, text_column: str) -> tuple[dict[str, str] | None, list[Problem]]:
     """A data file's columns as the job's `datasets` builder will see them (None: not cheaply known)."""
     builder = DATA_FILE_BUILDERS.get(path.suffix)
@@ -184,10 +240,7 @@ def _file_columns(path: Path, text_column: str) -> tuple[dict[str, str] | None, 
     if builder == "csv":
         return _csv_header(path)
     if builder == "parquet":
-        import pyarrow.parquet  # only for a parquet file (~0.1 s)
-
-        schema = pyarrow.parquet.read_schema(path)
-        return {name: str(schema.field(name).type) for name in schema.names}, []
+        return _parquet_columns(path)
     return _json_columns(path, text_column)
 
 
@@ -196,10 +249,8 @@ def dataset_problems(dataset: str, text_column: str, split: str) -> list[Problem
     path = Path(os.path.expanduser(dataset))
     try:
         columns, problems = _saved_dataset(path, split) if path.is_dir() else _file_columns(path, text_column)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:  # the job's loader fails on these too
         return [Problem("dataset", f"cannot read {path} ({type(e).__name__}: {e})", "give a readable dataset")]
-    except Exception as e:  # pyarrow's errors for a file that is not parquet
-        return [Problem("dataset", f"{path} is not a readable {path.suffix} file ({e})", "check the file")]
     if problems or columns is None:
         return problems
     return column_problems(columns, text_column, path)

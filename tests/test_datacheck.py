@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +39,34 @@ def _dict(split: str) -> Callable[[Path], Path]:
     return make
 
 
+def _saved_with(info: Callable[[dict], object] | None = None, **files: object) -> Callable[[Path], Path]:
+    """A save_to_disk directory, its dataset_info.json rewritten by `info`, with more JSON files written in it."""
+
+    def make(d: Path) -> Path:
+        ds = _saved(d)
+        if info is not None:
+            (ds / "dataset_info.json").write_text(json.dumps(info(json.loads((ds / "dataset_info.json").read_text()))))
+        for name, content in files.items():
+            (ds / f"{name}.json").write_text(json.dumps(content))
+        return ds
+
+    return make
+
+
+def _dict_listing(splits: object, drop: str | None = None) -> Callable[[Path], Path]:
+    """A saved DatasetDict (train and validation) whose dataset_dict.json lists `splits`, less the split `drop`."""
+
+    def make(d: Path) -> Path:
+        rows = datasets.Dataset.from_dict(ROWS)
+        datasets.DatasetDict({"train": rows, "validation": rows}).save_to_disk(str(d / "dd"))
+        (d / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": splits}))
+        if drop:
+            shutil.rmtree(d / "dd" / drop)
+        return d / "dd"
+
+    return make
+
+
 def _file(name: str, text: str) -> Callable[[Path], Path]:
     def make(d: Path) -> Path:
         (d / name).write_text(text)
@@ -48,6 +77,11 @@ def _file(name: str, text: str) -> Callable[[Path], Path]:
 
 def _parquet(d: Path) -> Path:
     pq.write_table(pa.table(ROWS), d / "d.parquet")
+    return d / "d.parquet"
+
+
+def _parquet_dictionary(d: Path) -> Path:
+    pq.write_table(pa.table({"body": pa.array(ROWS["body"]).dictionary_encode(), "n": ROWS["n"]}), d / "d.parquet")
     return d / "d.parquet"
 
 
@@ -74,6 +108,11 @@ FORMS: dict[str, Callable[[Path], Path]] = {
     "save_to_disk": _saved,
     "DatasetDict": _dict("train"),
     "DatasetDict without train": _dict("validation"),
+    "save_to_disk, features null": _saved_with(lambda info: {**info, "features": None}),
+    "save_to_disk, no features": _saved_with(lambda info: {k: v for k, v in info.items() if k != "features"}),
+    "save_to_disk and a stray dataset_dict.json": _saved_with(dataset_dict={"splits": ["validation"]}),
+    "DatasetDict, splits a string": _dict_listing("pretrain"),  # 'train' in 'pretrain', but no such split
+    "DatasetDict, a listed split missing": _dict_listing(["train", "validation"], drop="validation"),
     "jsonl": _file("d.jsonl", "\n" + JSONL),
     "json lines in .json": _file("d.json", JSONL),
     "jsonl with a BOM": _file("d.jsonl", "\ufeff" + JSONL),
@@ -93,6 +132,8 @@ FORMS: dict[str, Callable[[Path], Path]] = {
     "csv of blank lines": _file("d.csv", "\n  \n\n"),
     "txt": _file("d.txt", "the cat\nthe dog\n"),
     "parquet": _parquet,
+    "parquet, dictionary-encoded text": _parquet_dictionary,
+    "parquet that is not parquet": _file("d.parquet", "the cat\n"),
     "tsv": _file("d.tsv", "body\tn\n"),
     "empty jsonl": _file("d.jsonl", ""),
     "jsonl that is not JSON": _file("d.jsonl", "the cat\n"),
@@ -106,6 +147,13 @@ EXPECTED = {
     ("save_to_disk", "n"): "text_column",
     ("DatasetDict", "body"): None,
     ("DatasetDict without train", "body"): "dataset",
+    ("save_to_disk, features null", "body"): None,
+    ("save_to_disk, features null", "text"): LEFT_TO_JOB,
+    ("save_to_disk, no features", "body"): None,
+    ("save_to_disk and a stray dataset_dict.json", "body"): None,
+    ("save_to_disk and a stray dataset_dict.json", "text"): "text_column",
+    ("DatasetDict, splits a string", "body"): "dataset",
+    ("DatasetDict, a listed split missing", "body"): "dataset",
     ("jsonl", "body"): None,
     ("jsonl", "text"): "text_column",
     ("json lines in .json", "body"): None,
@@ -136,6 +184,9 @@ EXPECTED = {
     ("parquet", "body"): None,
     ("parquet", "text"): "text_column",
     ("parquet", "n"): "text_column",
+    ("parquet, dictionary-encoded text", "body"): None,
+    ("parquet, dictionary-encoded text", "n"): "text_column",
+    ("parquet that is not parquet", "body"): "dataset",
     ("tsv", "body"): "dataset",
     ("empty jsonl", "body"): "dataset",
     ("jsonl that is not JSON", "body"): "dataset",
