@@ -256,23 +256,48 @@ def dataset_problems(dataset: str, text_column: str, split: str) -> list[Problem
     return column_problems(columns, text_column, path)
 
 
+def _names_tokenizer_class(config_file: Path) -> bool:
+    """Whether a tokenizer_config.json names its class: AutoTokenizer builds some (ByT5) from that alone."""
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False  # AutoTokenizer fails on it as well
+    return (
+        isinstance(config, dict) and isinstance(config.get("tokenizer_class"), str) and bool(config["tokenizer_class"])
+    )
+
+
 def tokenizer_problems(tokenizer: str) -> list[Problem]:
-    """A local tokenizer (an existing path) must be a directory holding a vocabulary AutoTokenizer can load."""
+    """A local tokenizer (an existing path) must be a directory holding a tokenizer AutoTokenizer can load: a
+    vocabulary or model file, or a tokenizer_config.json that names the tokenizer's class."""
     path = Path(os.path.expanduser(tokenizer))
-    if path.is_file():
+    try:
+        if path.is_file():
+            return [
+                Problem(
+                    "tokenizer",
+                    f"{path} is a file; the tokenizer is loaded from its directory",
+                    f"use --tokenizer {path.parent}",
+                )
+            ]
+        if not path.is_dir() or any((path / name).is_file() for name in TOKENIZER_FILES):
+            return []
+        config = path / "tokenizer_config.json"
+        if config.is_file() and _names_tokenizer_class(config):
+            return []
+    except OSError as e:  # e.g. a directory the launching user cannot read
         return [
             Problem(
                 "tokenizer",
-                f"{path} is a file; the tokenizer is loaded from its directory",
-                f"use --tokenizer {path.parent}",
+                f"cannot read {path} ({e.strerror or type(e).__name__})",
+                "give a tokenizer directory you can read",
             )
         ]
-    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
-        return [
-            Problem(
-                "tokenizer",
-                f"{path} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...)",
-                "give the directory a tokenizer was saved to (tokenizer.save_pretrained(DIR))",
-            )
-        ]
-    return []
+    return [
+        Problem(
+            "tokenizer",
+            f"{path} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ..., or a tokenizer_config.json naming "
+            "its tokenizer_class)",
+            "give the directory a tokenizer was saved to (tokenizer.save_pretrained(DIR))",
+        )
+    ]

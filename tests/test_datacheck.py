@@ -265,14 +265,76 @@ def test_a_split_named_in_config_is_checked(tmp_path: Path) -> None:
     assert problems + validate(spec) == []
 
 
+def _tokenizer_dir(**files: object) -> Callable[[Path], Path]:
+    """A directory holding these JSON files (name without .json -> content)."""
+
+    def make(d: Path) -> Path:
+        (d / "tok").mkdir()
+        for name, content in files.items():
+            (d / "tok" / f"{name}.json").write_text(json.dumps(content))
+        return d / "tok"
+
+    return make
+
+
+def _byt5(d: Path) -> Path:
+    from transformers import ByT5Tokenizer  # bytes: no vocabulary file, nothing downloaded
+
+    ByT5Tokenizer().save_pretrained(str(d / "byt5"))  # tokenizer_config.json and added_tokens.json only
+    return d / "byt5"
+
+
+# form -> True: accepted (and the job's load_tokenizer loads it), False: refused, or LEFT_TO_JOB
+TOKENIZERS: dict[str, tuple[Callable[[Path], Path], bool | str]] = {
+    "ByT5, its class named in tokenizer_config.json": (_byt5, True),
+    "a class transformers does not have": (_tokenizer_dir(tokenizer_config={"tokenizer_class": "Nope"}), LEFT_TO_JOB),
+    "tokenizer_config.json without a class": (_tokenizer_dir(tokenizer_config={}), False),
+    "tokenizer_config.json, class null": (_tokenizer_dir(tokenizer_config={"tokenizer_class": None}), False),
+    "empty directory": (_tokenizer_dir(), False),
+}
+
+
+@pytest.mark.parametrize("form", list(TOKENIZERS))
+def test_launcher_refuses_exactly_the_tokenizers_the_job_cannot_load(
+    form: str, tmp_path: Path, demo_data, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make, expected = TOKENIZERS[form]
+    target = make(tmp_path)
+    problems = tokenizer_problems(str(target))
+
+    assert [p.flag for p in problems] == ([] if expected else ["tokenizer"])
+    assert expected or "holds no tokenizer" in problems[0].message
+    cfg = load_train_config(str(write_config(tmp_path / "c.yaml", tiny_config(demo_data, tmp_path / "ckpt"))))
+    cfg = dataclasses.replace(cfg, tokenizer=str(target), model=dataclasses.replace(cfg.model, vocab_size=1024))
+    try:
+        load_tokenizer(cfg)
+        job_loads = True
+    except TrainError:
+        job_loads = False
+    assert job_loads == (expected is True)
+
+
 def test_tokenizer_directory_must_hold_a_tokenizer(demo_data, tmp_path: Path) -> None:
     assert tokenizer_problems(str(demo_data.tokenizer)) == []
     (as_file,) = tokenizer_problems(str(demo_data.tokenizer / "tokenizer.json"))
     assert as_file.fix == f"use --tokenizer {demo_data.tokenizer}"
+
+
+def test_an_unreadable_tokenizer_directory_is_a_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a traceback: the launcher reports what the OS said (tests run as root, so its refusal is simulated)."""
     (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")  # AutoTokenizer cannot build from this alone
-    (empty,) = tokenizer_problems(str(tmp_path / "tok"))
-    assert empty.flag == "tokenizer" and "holds no tokenizer" in empty.message
+    is_file = Path.is_file
+
+    def no_access(self: Path) -> bool:
+        if self.parent == tmp_path / "tok":  # what stat says of a name in a directory one may not search
+            raise PermissionError(13, "Permission denied", str(self))
+        return is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", no_access)
+    (problem,) = tokenizer_problems(str(tmp_path / "tok"))
+    assert problem.flag == "tokenizer" and problem.message == f"cannot read {tmp_path / 'tok'} (Permission denied)"
+    (too_long,) = tokenizer_problems(str(tmp_path / ("x" * 300)))  # a name the OS refuses outright
+    assert too_long.flag == "tokenizer" and "File name too long" in too_long.message
 
 
 def test_every_data_problem_at_once_and_nothing_written(demo_data, tmp_path: Path) -> None:
