@@ -18,7 +18,7 @@ from launcher_helpers import run_launcher, spec_for
 
 from launcher.datacheck import JSON_CHUNK, dataset_problems, tokenizer_problems
 from launcher.errors import TrainError
-from launcher.nanotron_schema import load_train_config
+from launcher.nanotron_schema import build_config, load_train_config
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_texts, load_tokenizer
 from launcher.validate import validate
@@ -335,6 +335,40 @@ def test_an_unreadable_tokenizer_directory_is_a_problem(tmp_path: Path, monkeypa
     assert problem.flag == "tokenizer" and problem.message == f"cannot read {tmp_path / 'tok'} (Permission denied)"
     (too_long,) = tokenizer_problems(str(tmp_path / ("x" * 300)))  # a name the OS refuses outright
     assert too_long.flag == "tokenizer" and "File name too long" in too_long.message
+
+
+def test_a_path_under_home_is_local_to_launcher_and_job(
+    demo_data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--dataset=~/d.jsonl` (no shell expands a ~ after '='): checked, and written to the config, as the path it
+    names; the job reads a ~ path (a config written by hand) the same way."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (home / "d.jsonl").write_text(JSONL)
+    shutil.copytree(demo_data.tokenizer, home / "tok")
+
+    spec, problems = spec_for("--dataset=~/d.jsonl", "--text_column", "txt", "--tokenizer=~/tok")
+    assert (spec.args.data.dataset, spec.args.data.tokenizer) == (str(home / "d.jsonl"), str(home / "tok"))
+    assert spec.tokenizer_vocab == demo_data.vocab
+    config = build_config(spec, str(tmp_path / "ckpt"))
+    assert config["data"]["dataset"]["hf_dataset_or_datasets"] == str(home / "d.jsonl")
+    assert config["tokenizer"]["tokenizer_name_or_path"] == str(home / "tok")
+    (column,) = [p for p in problems + validate(spec) if p.flag in ("dataset", "text_column", "tokenizer")]
+    assert column.flag == "text_column" and column.fix == "use --text_column body"
+    unexpanded = dataclasses.replace(spec.args.data, dataset="~/d.jsonl", tokenizer="~/tok")  # validate alone
+    (column,) = [
+        p
+        for p in validate(dataclasses.replace(spec, args=dataclasses.replace(spec.args, data=unexpanded)))
+        if p.flag in ("dataset", "text_column", "tokenizer")
+    ]
+    assert column.message.startswith(f"{home / 'd.jsonl'} has no column 'txt'")
+
+    cfg = load_train_config(str(write_config(tmp_path / "c.yaml", tiny_config(demo_data, tmp_path / "ckpt"))))
+    cfg = dataclasses.replace(cfg, dataset="~/d.jsonl", text_column="body", tokenizer="~/tok")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    assert load_texts(cfg) == ROWS["body"]
+    assert len(load_tokenizer(cfg)) == demo_data.vocab
 
 
 def test_every_data_problem_at_once_and_nothing_written(demo_data, tmp_path: Path) -> None:
