@@ -3,7 +3,7 @@
 directory without a vocabulary would otherwise stop the job only once it runs.
 
 Each check answers with problems only when the files say so for certain; what cannot be read cheaply (a .json
-file that is one big array, a hub name) is left to the job.
+file that is one big array, a line over 1 MiB, a hub name) is left to the job.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _json_columns(path: Path, text_column: str) -> tuple[dict[str, str] | None, 
                 continue  # the builder skips blank lines
             try:
                 record = json.loads(text)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # not JSON, or nested deeper than Python's parser goes
                 record = None
             if not isinstance(record, dict):
                 if records or text.startswith(("[", "{")):

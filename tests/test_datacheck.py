@@ -242,6 +242,12 @@ def test_the_json_chunk_is_the_builders() -> None:
     assert JsonConfig().chunksize == JSON_CHUNK
 
 
+def test_json_nested_deeper_than_python_parses_is_left_to_the_job(tmp_path: Path) -> None:
+    """Not a traceback (json.loads raises RecursionError). Not in FORMS: datasets itself dies of it, after ~20 s."""
+    deep = _file("d.jsonl", '{"a": ' * 5000 + "1" + "}" * 5000 + "\n")(tmp_path)
+    assert dataset_problems(str(deep), "text", "train") == []
+
+
 def test_problems_name_the_fix(tmp_path: Path) -> None:
     (wrong_column,) = dataset_problems(str(_saved(tmp_path)), "text", "train")
     assert "has no column 'text' (columns: body, n)" in wrong_column.message
