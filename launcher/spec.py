@@ -237,6 +237,14 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
         groups[name] = group
     model, par, data, paths = groups["model"], groups["parallelism"], groups["data"], groups["paths"]
 
+    # A local --dataset or --tokenizer (~/data included) is written to the config as an absolute path, as the
+    # other path flags are, and read from there: the job runs elsewhere, without the launcher's cwd or shell.
+    if data.dataset and data.dataset.lower() == "none":
+        data = dataclasses.replace(data, dataset=None)
+    if data.dataset and is_local_path(data.dataset):
+        data = dataclasses.replace(data, dataset=_absolute(data.dataset, cwd))
+    if is_local_path(data.tokenizer):
+        data = dataclasses.replace(data, tokenizer=_absolute(data.tokenizer, cwd))
     tokenizer_vocab = tokenizer_vocab_size(data.tokenizer) if is_local_path(data.tokenizer) else None
     if tokenizer_vocab and "vocab_size" not in explicit and "vocab_size" not in from_config:
         step = math.lcm(64, par.tp or 1)
@@ -244,12 +252,6 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     if par.dp is None and par.tp and par.pp:
         world = args.slurm.nodes * args.slurm.gpus_per_node
         par = dataclasses.replace(par, dp=max(world // (par.tp * par.pp), 1))
-    if data.dataset and data.dataset.lower() == "none":
-        data = dataclasses.replace(data, dataset=None)
-    if data.dataset and is_local_path(data.dataset):
-        data = dataclasses.replace(data, dataset=_absolute(data.dataset, cwd))
-    if is_local_path(data.tokenizer):
-        data = dataclasses.replace(data, tokenizer=_absolute(data.tokenizer, cwd))
     if "run_train_script" not in explicit:
         paths = dataclasses.replace(paths, run_train_script=str(PROJECT_ROOT / "run_train.py"))
     paths = dataclasses.replace(paths, **{f: _absolute(getattr(paths, f), cwd) for f in PATH_FIELDS})

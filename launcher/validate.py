@@ -185,7 +185,7 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
     for flag, value in (("dataset", a.data.dataset), ("tokenizer", a.data.tokenizer)):
         if value is None:
             continue
-        if is_local_path(value) and not os.path.exists(value):
+        if is_local_path(value) and not os.path.exists(os.path.expanduser(value)):  # as datacheck and the job read it
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))
         elif is_local_path(value) and flag == "dataset":
             out += datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
