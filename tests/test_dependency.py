@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from launcher_helpers import fixed_paths, spec_for
 
-from launcher import dependency, sbatch
+from launcher import app, dependency, sbatch, slurm
+from launcher.errors import SlurmUnavailable
 from launcher.slurm import JobState
 from launcher.validate import validate
 
@@ -81,3 +82,35 @@ def test_script_waits_and_asks_slurm_to_cancel_an_impossible_wait() -> None:
     assert "#SBATCH --dependency=afterok:1:2\n#SBATCH --kill-on-invalid-dep=yes\n" in text
     spec, _ = spec_for("--dataset", "none")
     assert "--dependency" not in sbatch.render(spec, fixed_paths("t"))
+
+
+def test_jobs_are_looked_up_whatever_else_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm, "job_state", lookup)
+    _, problems = app.check(["--run_name", "t", "--dataset", "none", "--email", "nobody", "--dependency", "afterok:3"])
+    assert [p.flag for p in problems] == ["email", "dependency"]  # every mistake at once
+    assert "job 3 ended FAILED" in problems[1].message
+
+
+@pytest.mark.parametrize("flags", [["--dependency", "afterok 3"], ["--dependency", "afterok:3", "--dry_run"]])
+def test_no_lookup_for_a_dependency_that_does_not_parse_or_a_dry_run(
+    flags: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(job_id: str) -> None:
+        raise AssertionError(f"looked up {job_id}")
+
+    monkeypatch.setattr(slurm, "job_state", refuse)
+    _, problems = app.check(["--run_name", "t", "--dataset", "none", *flags])
+    assert [p.flag for p in problems] == (["dependency"] if "--dry_run" not in flags else [])
+
+
+def test_slurm_down_is_said_beside_the_other_problems(monkeypatch: pytest.MonkeyPatch) -> None:
+    def down(job_id: str) -> None:
+        raise SlurmUnavailable("scontrol cannot reach the Slurm controller")
+
+    monkeypatch.setattr(slurm, "job_state", down)
+    argv = ["--run_name", "t", "--dataset", "none", "--dependency", "afterok:3"]
+    with pytest.raises(SlurmUnavailable):  # nothing else wrong: the error it always was
+        app.check(argv)
+    _, problems = app.check([*argv, "--email", "nobody"])
+    assert [p.flag for p in problems] == ["email", "dependency"]
+    assert "cannot reach the Slurm controller" in problems[1].message
