@@ -65,9 +65,12 @@ def state_problems(text: str, job_state: Callable[[str], JobState | None]) -> li
     parsed = parse(text)
     assert parsed is not None, "checked by syntax_problems first"
     items, any_of = parsed
-    problems, never = [], []  # never: for each item, why it can no longer be met (empty: it can)
+    problems = []
+    # Slurm judges each (kind, job id) on its own: afterok:1:2?afterany:3 is afterok:1 OR afterok:2 OR afterany:3
+    never: list[str | None] = []  # for each, why it can no longer be met (None: it can)
     for item in items:
-        reasons = []
+        if not item.job_ids:
+            never.append(None)  # singleton: met once the other jobs of this name end
         for job_id in item.job_ids:
             state = job_state(job_id)
             if state is None:
@@ -78,11 +81,9 @@ def state_problems(text: str, job_state: Callable[[str], JobState | None]) -> li
                         "check the job id (squeue --me; sacct where accounting is on)",
                     )
                 )
-            elif (why := _never(item.kind, state)) is not None:
-                reasons.append(why)
-        never.append(reasons)
-    failed = [why for reasons in never for why in reasons]
-    if failed and (not any_of or all(never)):  # ',': every item must hold; '?': one is enough
+            never.append(None if state is None else _never(item.kind, state))
+    failed = [why for why in never if why is not None]
+    if failed and (not any_of or len(failed) == len(never)):  # ',': every one must hold; '?': one is enough
         fix = "use afterany to start whatever their outcome, or leave --dependency out"
         problems.append(Problem("dependency", "; ".join(failed), fix))
     return problems

@@ -64,6 +64,12 @@ def test_parse_keeps_kinds_and_ids() -> None:
         ("afternotok:2", ["job 2 ended COMPLETED, so afternotok can never be met"]),
         ("afterok:1,afterok:3", ["job 3 ended FAILED"]),  # ',': every item must hold
         ("afterok:1?afterok:3", []),  # '?': one is enough
+        ("afterok:1:3?afterok:5", []),  # '?': each job id is an alternative of its own; job 1 still runs
+        ("afterok:3:1?afternotok:2", []),
+        ("afterok:3:5?afternotok:2", ["job 3 ended FAILED, so afterok can never be met; job 5 ended CANCELLED"]),
+        ("afterok:3?singleton", []),  # singleton can still be met
+        ("afterok:1:3,afterany:5", ["job 3 ended FAILED"]),  # ',': every job must
+        ("afterok:3?afterok:99", ["Slurm does not know job 99"]),  # which Slurm counts as met: it starts at once
         ("afterok:3?afternotok:2", ["job 3 ended FAILED, so afterok can never be met; job 2 ended COMPLETED"]),
         ("afterok:99", ["Slurm does not know job 99; it would count it as done and start this run at once"]),
         ("afterok:1?afterok:99", ["Slurm does not know job 99"]),  # an unknown id is a typo even among others
