@@ -18,10 +18,20 @@ from launcher.problems import Problem
 from launcher.slurm import JobState
 
 KINDS = ("after", "afterany", "afterok", "afternotok", "aftercorr", "afterburstbuffer")
-_JOB = r"\d+(?:_\d+)?(?:\+\d+)?"  # a job id, an array task (123_4), and for `after` a delay in minutes (+10)
-_ITEM = rf"(?:(?:{'|'.join(KINDS)}):{_JOB}(?::{_JOB})*|singleton)"
-SYNTAX = re.compile(rf"{_ITEM}(?:,{_ITEM})*|{_ITEM}(?:\?{_ITEM})+")
-EXAMPLES = "e.g. afterok:12345, afterany:12345:12346 or singleton (',' joins items that must all hold, '?' any)"
+# Slurm's grammar as slurmctld parses it (update_job_dependency), in ASCII: `[0-9]`, as `\d` would take '١٢'.
+_ID = r"0*[1-9][0-9]*(?:_(?:[0-9]+|\*))?"  # a job id (not 0), an array task (123_4) or a whole array (123_*)
+_DELAY = r"\+0*[1-9][0-9]*"  # minutes, for `after` (Slurm reads it after any kind; 0 it refuses)
+_TYPED = rf"(?:{'|'.join(KINDS)}):{_ID}(?:{_DELAY})?(?::{_ID}(?:{_DELAY})?)*"
+_ITEM = rf"(?:{_TYPED}|singleton)"
+# A bare job id means afterany. Slurm reads one only where no `kind:` item follows it (12,afterok:13 is refused),
+# so bare ids end a ',' list, and one may end a '?' list.
+_ALL_OF = rf"(?:{_ITEM},)*(?:{_ITEM}|{_ID}(?:,(?:{_ID}|singleton))*)"
+_ANY_OF = rf"{_ITEM}(?:\?{_ITEM})*\?(?:{_ITEM}|{_ID})"
+SYNTAX = re.compile(rf"{_ALL_OF}|{_ANY_OF}", re.ASCII | re.IGNORECASE)  # kinds in any case, as Slurm reads them
+EXAMPLES = (
+    "e.g. afterok:12345, afterany:12345:12346, afterok:12345_7 (an array task), afterok:12345_* (a whole array), "
+    "12345 (afterany) or singleton (',' joins items that must all hold, '?' any)"
+)
 NEVER_SATISFIED = "DependencyNeverSatisfied"  # Slurm's reason for a dependency that can no longer be met
 
 
@@ -35,18 +45,31 @@ def parse(text: str) -> tuple[list[Item], bool] | None:
     """The items of a dependency and whether any one suffices ('?'), or None if it is not Slurm's syntax."""
     if not SYNTAX.fullmatch(text):
         return None
-    any_of = "?" in text
     items = []
     for part in re.split(r"[,?]", text):
-        kind, _, ids = part.partition(":")
-        items.append(Item(kind, tuple(i.split("+")[0] for i in ids.split(":")) if ids else ()))
-    return items, any_of
+        kind, colon, ids = part.partition(":")
+        if colon:
+            items.append(Item(kind.lower(), tuple(i.split("+")[0] for i in ids.split(":"))))
+        elif kind.lower() == "singleton":
+            items.append(Item("singleton", ()))
+        else:
+            items.append(Item("afterany", (part,)))  # a bare job id: Slurm's default kind
+    return items, "?" in text
+
+
+def _near_miss(text: str) -> str:
+    """What in a refused dependency Slurm reads otherwise, or does not take either, when it can be told."""
+    if "," in text and "?" in text:
+        return " (Slurm takes one kind of separator: all ',' or all '?')"
+    if "_[" in text:
+        return " (task ranges like 12345_[1-3] are not taken here: name the tasks, afterok:12345_1:12345_2)"
+    return ""
 
 
 def syntax_problems(text: str | None) -> list[Problem]:
     if text is None or parse(text) is not None:
         return []
-    return [Problem("dependency", f"{text!r} is not a Slurm dependency", EXAMPLES)]
+    return [Problem("dependency", f"{text!r} is not a Slurm dependency{_near_miss(text)}", EXAMPLES)]
 
 
 def _never(kind: str, state: JobState) -> str | None:
@@ -72,7 +95,7 @@ def state_problems(text: str, job_state: Callable[[str], JobState | None]) -> li
         if not item.job_ids:
             never.append(None)  # singleton: met once the other jobs of this name end
         for job_id in item.job_ids:
-            state = job_state(job_id)
+            state = job_state(job_id.removesuffix("_*"))  # a whole array: Slurm shows it under its own id
             if state is None:
                 problems.append(
                     Problem(

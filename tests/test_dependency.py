@@ -3,7 +3,11 @@ end-to-end tests run the same against the real local cluster)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from launcher_helpers import fixed_paths, spec_for
 
 from launcher import app, dependency, sbatch, slurm
@@ -19,26 +23,67 @@ def lookup(job_id: str) -> JobState | None:
     return None if state is None else JobState(job_id, state, "None", 0, 0, 0, "node1")
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["afterok:1", "afterany:1:2", "after:1+10", "afternotok:12_3", "singleton", "afterok:1,singleton",
-     "afterok:1?afternotok:2", "aftercorr:7"],
-)  # fmt: skip
+# What Slurm 22.05's slurmctld accepts (update_job_dependency), tried on the local cluster with sbatch --test-only;
+# tests/test_slurm_e2e.py asks the real cluster about every one of these lists again.
+ACCEPTED = [
+    "afterok:1", "afterany:1:2", "after:1+10", "afternotok:12_3", "singleton", "afterok:1,singleton",
+    "afterok:1?afternotok:2", "aftercorr:7", "afterburstbuffer:7",
+    "12", "12,13", "afterok:1,12", "singleton,12", "12,singleton", "afterok:1?12",  # a bare id: afterany
+    "afterok:1_*", "afterok:1_3", "afterok:1_0", "after:1_*+5", "afterok:1:2_*",  # array tasks, whole arrays
+    "AFTEROK:1", "AfterAny:1:2", "SINGLETON", "afterok:01", "after:1+05",
+]  # fmt: skip
+REFUSED = [
+    "afterok 1", "afterok:", "afterok:abc", "afterok:1,", "before:1", "singleton:1", "afterok:1::2",
+    "afterok:1;touch x", "afterok:1\n#SBATCH --x", "afterok:1 ", " afterok:1",
+    "afterok:0", "after:1+0", "afterok:1+", "afterok:1__2", "12+5", "12:13",
+    "12,afterok:1", "12?13", "afterok:1?12?13", "12?afterok:1",  # Slurm reads a bare id only where no kind follows
+    "afterok:\u0661\u0662", "\u0661\u0662", "afterok:1_\u0663",  # Arabic-Indic digits
+    "afterO\u212a:1", "\u017fingleton",  # KELVIN SIGN, LONG S: letters only Unicode case folding matches
+]  # fmt: skip
+# Slurm takes these, the launcher does not: mixed separators (man sbatch: "only one separator may be used"), task
+# ranges, a sign before an id, an empty task id (Slurm reads task 0), and 0 or nothing, which Slurm reads as no
+# dependency (leave the flag out for that).
+STRICTER = ["afterok:1,afterany:2?after:3", "afterok:1_[1-2]", "afterok:+5", "afterok:1_", "0", ""]
+
+
+@pytest.mark.parametrize("text", ACCEPTED)
 def test_slurm_syntax_is_accepted(text: str) -> None:
     assert dependency.parse(text) is not None
     spec, problems = spec_for("--dependency", text, "--dataset", "none")
     assert problems + validate(spec) == []
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["afterok 1", "afterok:", "afterok:abc", "12", "afterok:1,", "afterok:1,afterany:2?after:3", "before:1",
-     "afterok:1;touch x", "afterok:1\n#SBATCH --x"],
-)  # fmt: skip
+@pytest.mark.parametrize("text", REFUSED + STRICTER)
 def test_anything_else_is_a_problem_naming_the_flag(text: str) -> None:
-    spec, problems = spec_for("--dependency", text, "--dataset", "none")
-    (problem,) = problems + validate(spec)
+    (problem,) = dependency.syntax_problems(text)
     assert problem.flag == "dependency" and "afterok:12345" in problem.fix
+    spec, problems = spec_for("--dependency", text, "--dataset", "none")
+    assert problems + validate(spec) == [problem]
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("afterok:1,afterany:2?after:3", "one kind of separator"),
+        ("afterok:1_[1-2]", "name the tasks, afterok:12345_1:12345_2"),
+    ],
+)
+def test_near_misses_say_what_to_change(text: str, words: str) -> None:
+    (problem,) = dependency.syntax_problems(text)
+    assert words in problem.message
+
+
+@settings(max_examples=50)  # generating from a regex this size is slow: ~50 ms an example
+@given(st.from_regex(dependency.SYNTAX, fullmatch=True))
+def test_whatever_is_accepted_is_ascii_and_parses_to_kinds_and_job_ids(text: str) -> None:
+    assert re.fullmatch(r"[A-Za-z0-9:_*+?,]+", text)  # nothing a shell or an #SBATCH line would read otherwise
+    parsed = dependency.parse(text)
+    assert parsed is not None
+    items, any_of = parsed
+    assert any_of == ("?" in text) and not ("?" in text and "," in text)
+    for item in items:
+        assert item.kind in (*dependency.KINDS, "singleton") and (item.kind == "singleton") == (not item.job_ids)
+        assert all(re.fullmatch(r"0*[1-9][0-9]*(_([0-9]+|\*))?", job_id) for job_id in item.job_ids)
 
 
 def test_parse_keeps_kinds_and_ids() -> None:
@@ -49,6 +94,10 @@ def test_parse_keeps_kinds_and_ids() -> None:
     assert dependency.parse("singleton?afterany:9") == (
         [dependency.Item("singleton", ()), dependency.Item("afterany", ("9",))],
         True,
+    )
+    assert dependency.parse("AfterOK:1_*,7,SINGLETON") == (  # kinds as Slurm names them; a bare id is afterany
+        [dependency.Item("afterok", ("1_*",)), dependency.Item("afterany", ("7",)), dependency.Item("singleton", ())],
+        False,
     )
 
 
@@ -72,6 +121,10 @@ def test_parse_keeps_kinds_and_ids() -> None:
         ("afterok:3?afterok:99", ["Slurm does not know job 99"]),  # which Slurm counts as met: it starts at once
         ("afterok:3?afternotok:2", ["job 3 ended FAILED, so afterok can never be met; job 2 ended COMPLETED"]),
         ("afterok:99", ["Slurm does not know job 99; it would count it as done and start this run at once"]),
+        ("99", ["Slurm does not know job 99"]),  # a bare id is looked up too
+        ("3", []),  # afterany
+        ("AFTEROK:3", ["job 3 ended FAILED, so afterok can never be met"]),
+        ("afterok:3_*", ["job 3 ended FAILED, so afterok can never be met"]),
         ("afterok:1?afterok:99", ["Slurm does not know job 99"]),  # an unknown id is a typo even among others
     ],
 )

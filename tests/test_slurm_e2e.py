@@ -327,3 +327,19 @@ def test_dependency_that_can_never_be_met(tmp_path: Path, slurm_env: dict):
     assert f"job {first_id} ended FAILED, so afterok can never be met" in late.stderr
     assert "Slurm does not know job 999999" in late.stderr
     assert not (tmp_path / "logs/configs/late").exists()
+
+
+def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
+    """What the launcher takes as --dependency, Slurm takes; what it refuses, Slurm refuses too, but for the few
+    forms it is deliberately stricter about."""
+    from test_dependency import ACCEPTED, REFUSED, STRICTER
+
+    def slurm_takes(text: str) -> bool:
+        argv = ["sbatch", "--test-only", f"--dependency={text}", "--nodes", "1", "--wrap", "true"]
+        out = subprocess.run(argv, env=slurm_env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 or "dependency" in out.stderr.lower(), (text, out.stderr)
+        return out.returncode == 0
+
+    assert [text for text in ACCEPTED if not slurm_takes(text)] == []
+    assert [text for text in REFUSED if slurm_takes(text)] == []
+    assert [text for text in STRICTER if not slurm_takes(text)] == []
