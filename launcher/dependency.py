@@ -73,11 +73,15 @@ def syntax_problems(text: str | None) -> list[Problem]:
 
 
 def _never(kind: str, state: JobState) -> str | None:
-    """Why `kind` on this job can never be met now, or None."""
-    if not state.terminal:
+    """Why `kind` on this job can never be met now, or None (as slurmctld's _test_job_dependency_common judges;
+    after, afterany and afterburstbuffer are met by any end)."""
+    # SPECIAL_EXIT is a job requeued and held: Slurm counts it as pending still, so it can yet end either way
+    if not state.terminal or state.state == "SPECIAL_EXIT":
         return None
-    if kind == "afterok" and state.state != "COMPLETED":
-        return f"job {state.job_id} ended {state.state}, so afterok can never be met"
+    # aftercorr waits, task by task, for the corresponding task to succeed; a run that is no array waits for the
+    # whole job (or array) to succeed, exactly as afterok does
+    if kind in ("afterok", "aftercorr") and state.state != "COMPLETED":
+        return f"job {state.job_id} ended {state.state}, so {kind} can never be met"
     if kind == "afternotok" and state.state == "COMPLETED":
         return f"job {state.job_id} ended COMPLETED, so afternotok can never be met"
     return None

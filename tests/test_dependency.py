@@ -15,7 +15,7 @@ from launcher.errors import SlurmUnavailable
 from launcher.slurm import JobState
 from launcher.validate import validate
 
-STATES = {"1": "RUNNING", "2": "COMPLETED", "3": "FAILED", "4": "PENDING", "5": "CANCELLED"}
+STATES = {"1": "RUNNING", "2": "COMPLETED", "3": "FAILED", "4": "PENDING", "5": "CANCELLED", "6": "SPECIAL_EXIT"}
 
 
 def lookup(job_id: str) -> JobState | None:
@@ -111,6 +111,12 @@ def test_parse_keeps_kinds_and_ids() -> None:
         ("afterok:3", ["job 3 ended FAILED, so afterok can never be met"]),
         ("afterok:5", ["job 5 ended CANCELLED, so afterok can never be met"]),
         ("afternotok:2", ["job 2 ended COMPLETED, so afternotok can never be met"]),
+        ("aftercorr:3", ["job 3 ended FAILED, so aftercorr can never be met"]),  # the run is no array: as afterok
+        ("aftercorr:5", ["job 5 ended CANCELLED, so aftercorr can never be met"]),
+        ("aftercorr:2:1", []),
+        ("after:3,afterany:5,afterburstbuffer:3", []),  # met by any end
+        ("afterok:6", []),  # SPECIAL_EXIT: requeued and held, Slurm still waits for it
+        ("afternotok:6", []),
         ("afterok:1,afterok:3", ["job 3 ended FAILED"]),  # ',': every item must hold
         ("afterok:1?afterok:3", []),  # '?': one is enough
         ("afterok:1:3?afterok:5", []),  # '?': each job id is an alternative of its own; job 1 still runs
