@@ -60,7 +60,7 @@ def check(argv: list[str]) -> tuple[RunSpec, list[Problem]]:
     # parse (already a problem) is not looked up. A dry run does not talk to Slurm.
     if a.slurm.dependency and not a.execution.dry_run and not dependency.syntax_problems(a.slurm.dependency):
         try:
-            problems += dependency.state_problems(a.slurm.dependency, slurm.job_state)
+            problems += dependency.state_problems(a.slurm.dependency, slurm.job_states)
         except SlurmUnavailable as e:
             if not problems:
                 raise

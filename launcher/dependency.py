@@ -72,43 +72,59 @@ def syntax_problems(text: str | None) -> list[Problem]:
     return [Problem("dependency", f"{text!r} is not a Slurm dependency{_near_miss(text)}", EXAMPLES)]
 
 
-def _never(kind: str, state: JobState) -> str | None:
+def _ended(job_id: str, states: list[JobState], which: list[JobState]) -> str:
+    if len(states) == 1:
+        return f"job {job_id} ended {states[0].state}"
+    ended = "/".join(sorted({s.state for s in which}))
+    return f"job {job_id} (an array) ended {ended} in {len(which)} of its {len(states)} tasks"
+
+
+def _never(kind: str, job_id: str, states: list[JobState]) -> str | None:
     """Why `kind` on this job can never be met now, or None (as slurmctld's _test_job_dependency_common judges;
-    after, afterany and afterburstbuffer are met by any end)."""
+    after, afterany and afterburstbuffer are met by any end). `states`: Slurm's records for the job, one a task
+    for a whole array, which Slurm judges once every task has ended."""
     # SPECIAL_EXIT is a job requeued and held: Slurm counts it as pending still, so it can yet end either way
-    if not state.terminal or state.state == "SPECIAL_EXIT":
+    if not all(s.terminal and s.state != "SPECIAL_EXIT" for s in states):
         return None
     # aftercorr waits, task by task, for the corresponding task to succeed; a run that is no array waits for the
     # whole job (or array) to succeed, exactly as afterok does
-    if kind in ("afterok", "aftercorr") and state.state != "COMPLETED":
-        return f"job {state.job_id} ended {state.state}, so {kind} can never be met"
-    if kind == "afternotok" and state.state == "COMPLETED":
-        return f"job {state.job_id} ended COMPLETED, so afternotok can never be met"
+    failed = [s for s in states if s.state != "COMPLETED"]
+    if kind in ("afterok", "aftercorr") and failed:
+        return f"{_ended(job_id, states, failed)}, so {kind} can never be met"
+    if kind == "afternotok" and not failed:
+        return f"{_ended(job_id, states, states)}, so afternotok can never be met"
     return None
 
 
-def state_problems(text: str, job_state: Callable[[str], JobState | None]) -> list[Problem]:
-    """Problems with the jobs a (well-formed) dependency names, by their current states."""
+def _unknown(job_id: str) -> Problem:
+    return Problem(
+        "dependency",
+        f"Slurm does not know job {job_id}; it would count it as done and start this run at once",
+        "check the job id (squeue --me; sacct where accounting is on)",
+    )
+
+
+def state_problems(text: str, job_states: Callable[[str], list[JobState]]) -> list[Problem]:
+    """Problems with the jobs a (well-formed) dependency names, by their current states (`job_states`: Slurm's
+    records for a job id, [] for one it does not know)."""
     parsed = parse(text)
     assert parsed is not None, "checked by syntax_problems first"
     items, any_of = parsed
     problems = []
     # Slurm judges each (kind, job id) on its own: afterok:1:2?afterany:3 is afterok:1 OR afterok:2 OR afterany:3
     never: list[str | None] = []  # for each, why it can no longer be met (None: it can)
+    looked_up: dict[str, list[JobState]] = {}
     for item in items:
         if not item.job_ids:
             never.append(None)  # singleton: met once the other jobs of this name end
         for job_id in item.job_ids:
-            state = job_state(job_id.removesuffix("_*"))  # a whole array: Slurm shows it under its own id
-            if state is None:
-                problems.append(
-                    Problem(
-                        "dependency",
-                        f"Slurm does not know job {job_id}; it would count it as done and start this run at once",
-                        "check the job id (squeue --me; sacct where accounting is on)",
-                    )
-                )
-            never.append(None if state is None else _never(item.kind, state))
+            if job_id in looked_up:
+                states = looked_up[job_id]
+            else:  # a whole array (1_*) is shown under its own id, a task under 1_3
+                states = looked_up[job_id] = job_states(job_id.removesuffix("_*"))
+                if not states:
+                    problems.append(_unknown(job_id))
+            never.append(_never(item.kind, job_id, states) if states else None)
     failed = [why for why in never if why is not None]
     if failed and (not any_of or len(failed) == len(never)):  # ',': every one must hold; '?': one is enough
         fix = "use afterany to start whatever their outcome, or leave --dependency out"

@@ -16,11 +16,18 @@ from launcher.slurm import JobState
 from launcher.validate import validate
 
 STATES = {"1": "RUNNING", "2": "COMPLETED", "3": "FAILED", "4": "PENDING", "5": "CANCELLED", "6": "SPECIAL_EXIT"}
+ARRAYS = {  # one record a task, as scontrol shows a whole array
+    "7": ["COMPLETED", "FAILED", "COMPLETED"],
+    "8": ["COMPLETED", "COMPLETED"],
+    "9": ["FAILED", "RUNNING", "PENDING"],
+    "7_1": ["FAILED"],
+    "7_2": ["COMPLETED"],
+}
 
 
-def lookup(job_id: str) -> JobState | None:
-    state = STATES.get(job_id)
-    return None if state is None else JobState(job_id, state, "None", 0, 0, 0, "node1")
+def lookup(job_id: str) -> list[JobState]:
+    states = ARRAYS.get(job_id, [STATES[job_id]] if job_id in STATES else [])
+    return [JobState(job_id, state, "None", 0, 0, 0, "node1") for state in states]
 
 
 # What Slurm 22.05's slurmctld accepts (update_job_dependency), tried on the local cluster with sbatch --test-only;
@@ -125,12 +132,23 @@ def test_parse_keeps_kinds_and_ids() -> None:
         ("afterok:3?singleton", []),  # singleton can still be met
         ("afterok:1:3,afterany:5", ["job 3 ended FAILED"]),  # ',': every job must
         ("afterok:3?afterok:99", ["Slurm does not know job 99"]),  # which Slurm counts as met: it starts at once
+        ("afterok:99,afternotok:99", ["Slurm does not know job 99"]),  # said once
+        # a whole array, by its id or id_*: Slurm judges it once every task ended
+        ("afterok:7", ["job 7 (an array) ended FAILED in 1 of its 3 tasks, so afterok can never be met"]),
+        ("afterok:7_*", ["job 7_* (an array) ended FAILED in 1 of its 3 tasks"]),
+        ("aftercorr:7", ["job 7 (an array) ended FAILED in 1 of its 3 tasks, so aftercorr can never be met"]),
+        ("afternotok:7", []),  # one task failed: met (the first record alone, COMPLETED, said never)
+        ("afternotok:8_*", ["job 8_* (an array) ended COMPLETED in 2 of its 2 tasks, so afternotok can never be"]),
+        ("afterok:8,afterok:9_*", []),  # 9 has tasks still to run
+        ("afterok:7_1", ["job 7_1 ended FAILED"]),  # one task
+        ("afterok:7_2", []),
+        ("afterok:7_5", ["Slurm does not know job 7_5"]),
         ("afterok:3?afternotok:2", ["job 3 ended FAILED, so afterok can never be met; job 2 ended COMPLETED"]),
         ("afterok:99", ["Slurm does not know job 99; it would count it as done and start this run at once"]),
         ("99", ["Slurm does not know job 99"]),  # a bare id is looked up too
         ("3", []),  # afterany
         ("AFTEROK:3", ["job 3 ended FAILED, so afterok can never be met"]),
-        ("afterok:3_*", ["job 3 ended FAILED, so afterok can never be met"]),
+        ("afterok:3_*", ["job 3_* ended FAILED, so afterok can never be met"]),  # named as written
         ("afterok:1?afterok:99", ["Slurm does not know job 99"]),  # an unknown id is a typo even among others
     ],
 )
@@ -150,7 +168,7 @@ def test_script_waits_and_asks_slurm_to_cancel_an_impossible_wait() -> None:
 
 
 def test_jobs_are_looked_up_whatever_else_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slurm, "job_state", lookup)
+    monkeypatch.setattr(slurm, "job_states", lookup)
     _, problems = app.check(["--run_name", "t", "--dataset", "none", "--email", "nobody", "--dependency", "afterok:3"])
     assert [p.flag for p in problems] == ["email", "dependency"]  # every mistake at once
     assert "job 3 ended FAILED" in problems[1].message
@@ -163,7 +181,7 @@ def test_no_lookup_for_a_dependency_that_does_not_parse_or_a_dry_run(
     def refuse(job_id: str) -> None:
         raise AssertionError(f"looked up {job_id}")
 
-    monkeypatch.setattr(slurm, "job_state", refuse)
+    monkeypatch.setattr(slurm, "job_states", refuse)
     _, problems = app.check(["--run_name", "t", "--dataset", "none", *flags])
     assert [p.flag for p in problems] == (["dependency"] if "--dry_run" not in flags else [])
 
@@ -172,7 +190,7 @@ def test_slurm_down_is_said_beside_the_other_problems(monkeypatch: pytest.Monkey
     def down(job_id: str) -> None:
         raise SlurmUnavailable("scontrol cannot reach the Slurm controller")
 
-    monkeypatch.setattr(slurm, "job_state", down)
+    monkeypatch.setattr(slurm, "job_states", down)
     argv = ["--run_name", "t", "--dataset", "none", "--dependency", "afterok:3"]
     with pytest.raises(SlurmUnavailable):  # nothing else wrong: the error it always was
         app.check(argv)
