@@ -388,3 +388,20 @@ def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_en
         f"Slurm does not know job {array}_7; it would count it as done and start this run at once"
     ]
     assert slurm_meets(f"afterok:{array}_7")
+
+
+def test_mem_units_agree_with_slurm(slurm_env: dict):
+    """What the launcher takes as --mem, sbatch takes (a size this cluster lacks is a different refusal); what it
+    refuses, sbatch refuses, but for the few forms it is deliberately stricter about."""
+    from test_validate import MEM_ACCEPTED, MEM_REFUSED, MEM_STRICTER
+
+    def sbatch_takes(value: str) -> bool:
+        argv = ["sbatch", "--test-only", f"--mem={value}", "--nodes", "1", "--wrap", "true"]
+        out = subprocess.run(argv, env=slurm_env, capture_output=True, text=True, timeout=60)
+        invalid = "Invalid --mem specification" in out.stderr
+        assert out.returncode == 0 or invalid or "node configuration is not available" in out.stderr, out.stderr
+        return not invalid
+
+    assert [value for value in MEM_ACCEPTED if not sbatch_takes(value)] == []
+    assert [value for value in MEM_REFUSED if sbatch_takes(value)] == []
+    assert [value for value in MEM_STRICTER if not sbatch_takes(value)] == []
