@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from launcher import bundle, cli, dependency, nanotron_schema, sbatch, slurm, summary
-from launcher.errors import ConfigError, SubmissionError
+from launcher.errors import ConfigError, SlurmUnavailable, SubmissionError
 from launcher.problems import Problem, report
 from launcher.spec import RunSpec, resolve
 from launcher.validate import validate
@@ -56,8 +56,17 @@ def check(argv: list[str]) -> tuple[RunSpec, list[Problem]]:
     spec, problems = resolve(args, explicit)
     problems += validate(spec)
     a = spec.args
-    if a.slurm.dependency and not a.execution.dry_run and not problems:
-        problems += dependency.state_problems(a.slurm.dependency, slurm.job_state)
+    # Asked whatever else is wrong, so that every mistake is reported at once; only a dependency that does not
+    # parse (already a problem) is not looked up. A dry run does not talk to Slurm.
+    if a.slurm.dependency and not a.execution.dry_run and not dependency.syntax_problems(a.slurm.dependency):
+        try:
+            problems += dependency.state_problems(a.slurm.dependency, slurm.job_states)
+        except SlurmUnavailable as e:
+            if not problems:
+                raise
+            # Slurm being down is not a mistake in the flags: say so beside the mistakes, not instead of them
+            asked = f"Slurm could not be asked about its jobs: {e}"
+            problems.append(Problem("dependency", asked, "they are checked once Slurm answers"))
     return spec, problems
 
 

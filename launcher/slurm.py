@@ -162,13 +162,13 @@ def _exit(code: str) -> tuple[int | None, int | None]:
     return (int(status) if status.isdigit() else None), (int(sig) if sig.isdigit() else None)
 
 
-def _from_sacct(job_id: str) -> JobState | None:
+def _from_sacct(job_id: str) -> list[JobState]:
     sacct = shutil.which("sacct")
     if sacct is None:
-        return None
+        return []
     out = _run([sacct, "-j", job_id, "-X", "-n", "-P", "-o", SACCT_FIELDS])
-    line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
-    return parse_sacct(job_id, line) if line else None
+    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return [parse_sacct(job_id, line) for line in lines if line]
 
 
 SACCT_FIELDS = "State,ExitCode,Reason,NodeList,Restarts"
@@ -183,25 +183,45 @@ def parse_sacct(job_id: str, line: str) -> JobState:
     )
 
 
-def job_state(job_id: str) -> JobState | None:
-    """The job's current state, or None when Slurm no longer knows it."""
+def parse_job_records(job_id: str, text: str) -> list[JobState]:
+    """`scontrol show job -o JOB_ID` output: one record a line, one for a job or an array task, and for a whole
+    array one a task (the tasks not started yet share one record)."""
+    states = []
+    for line in text.splitlines():
+        if "JobState=" not in line:
+            continue
+        f = parse_scontrol(line)
+        status, sig = _exit(f.get("ExitCode", ""))
+        states.append(
+            JobState(
+                job_id,
+                f["JobState"],
+                f.get("Reason", "None"),
+                status,
+                sig,
+                int(f.get("Restarts", "0") or 0),
+                f.get("NodeList", ""),
+                "" if f.get("Dependency", "(null)") == "(null)" else f["Dependency"],
+            )
+        )
+    return states
+
+
+def job_states(job_id: str) -> list[JobState]:
+    """Every record Slurm has under a job id (see parse_job_records; sacct's where scontrol no longer knows it),
+    or [] when Slurm does not know it."""
     out = _run([_command("scontrol"), "show", "job", "-o", job_id])
     if out.returncode == 0 and "JobState=" in out.stdout:
-        f = parse_scontrol(out.stdout)
-        status, sig = _exit(f.get("ExitCode", ""))
-        return JobState(
-            job_id,
-            f["JobState"],
-            f.get("Reason", "None"),
-            status,
-            sig,
-            int(f.get("Restarts", "0") or 0),
-            f.get("NodeList", ""),
-            "" if f.get("Dependency", "(null)") == "(null)" else f["Dependency"],
-        )
+        return parse_job_records(job_id, out.stdout)
     if out.returncode != 0 and _unreachable(out.stderr):
         raise SlurmUnavailable(f"scontrol cannot reach the Slurm controller: {out.stderr.strip()}")
     return _from_sacct(job_id)
+
+
+def job_state(job_id: str) -> JobState | None:
+    """The job's current state (for an array, its first record), or None when Slurm no longer knows it."""
+    states = job_states(job_id)
+    return states[0] if states else None
 
 
 def job_log_path(job_id: str) -> Path | None:

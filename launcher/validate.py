@@ -31,13 +31,16 @@ HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SBATCH_UNSAFE = re.compile(r'["%\\\n\r]')  # characters an #SBATCH --output path cannot carry
 SEED_MAX = 2**32 - 1  # numpy's seed range
+# Slurm --mem (str_to_mbytes): megabytes, or K, M, G or T in either case, each optionally followed by B or b.
+# ASCII digits only, as `\d` takes '١٢'. (Slurm's strtoll also skips a leading space or '+'; that is not taken.)
+MEM = re.compile(r"[0-9]+(?:[KMGTkmgt][Bb]?)?")
 # Node placement values, each on an #SBATCH line: Slurm's own alphabets, with no space, quote, % or line break.
 PLACEMENT = {  # flag -> (its alphabet, what it is, an example)
     "nodelist": (re.compile(r"[A-Za-z0-9._\-\[\],]+"), "a Slurm hostlist", "gpu[01-04],gpu07"),
     "exclude": (re.compile(r"[A-Za-z0-9._\-\[\],]+"), "a Slurm hostlist", "gpu[01-04],gpu07"),
     "constraint": (re.compile(r"[A-Za-z0-9._\-&|\[\]*:(),!]+"), "a feature expression", "h100 or h100&ib"),
     "reservation": (re.compile(r"[A-Za-z0-9._\-]+(,[A-Za-z0-9._\-]+)*"), "a reservation name", "maintenance_1"),
-    "mem": (re.compile(r"\d+[KMGTkmgt]?"), "a memory size", "500G, or 0 for all of a node's memory"),
+    "mem": (MEM, "a memory size", "500G, 500GB, 4096 (megabytes), or 0 for all of a node's memory"),
 }
 
 

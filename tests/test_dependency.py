@@ -3,41 +3,94 @@ end-to-end tests run the same against the real local cluster)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from launcher_helpers import fixed_paths, spec_for
 
-from launcher import dependency, sbatch
+from launcher import app, dependency, sbatch, slurm
+from launcher.errors import SlurmUnavailable
 from launcher.slurm import JobState
 from launcher.validate import validate
 
-STATES = {"1": "RUNNING", "2": "COMPLETED", "3": "FAILED", "4": "PENDING", "5": "CANCELLED"}
+STATES = {"1": "RUNNING", "2": "COMPLETED", "3": "FAILED", "4": "PENDING", "5": "CANCELLED", "6": "SPECIAL_EXIT"}
+ARRAYS = {  # one record a task, as scontrol shows a whole array
+    "7": ["COMPLETED", "FAILED", "COMPLETED"],
+    "8": ["COMPLETED", "COMPLETED"],
+    "9": ["FAILED", "RUNNING", "PENDING"],
+    "7_1": ["FAILED"],
+    "7_2": ["COMPLETED"],
+}
 
 
-def lookup(job_id: str) -> JobState | None:
-    state = STATES.get(job_id)
-    return None if state is None else JobState(job_id, state, "None", 0, 0, 0, "node1")
+def lookup(job_id: str) -> list[JobState]:
+    states = ARRAYS.get(job_id, [STATES[job_id]] if job_id in STATES else [])
+    return [JobState(job_id, state, "None", 0, 0, 0, "node1") for state in states]
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["afterok:1", "afterany:1:2", "after:1+10", "afternotok:12_3", "singleton", "afterok:1,singleton",
-     "afterok:1?afternotok:2", "aftercorr:7"],
-)  # fmt: skip
+# What Slurm 22.05's slurmctld accepts (update_job_dependency), tried on the local cluster with sbatch --test-only;
+# tests/test_slurm_e2e.py asks the real cluster about every one of these lists again.
+ACCEPTED = [
+    "afterok:1", "afterany:1:2", "after:1+10", "afternotok:12_3", "singleton", "afterok:1,singleton",
+    "afterok:1?afternotok:2", "aftercorr:7", "afterburstbuffer:7",
+    "12", "12,13", "afterok:1,12", "singleton,12", "12,singleton", "afterok:1?12",  # a bare id: afterany
+    "afterok:1_*", "afterok:1_3", "afterok:1_0", "after:1_*+5", "afterok:1:2_*",  # array tasks, whole arrays
+    "AFTEROK:1", "AfterAny:1:2", "SINGLETON", "afterok:01", "after:1+05",
+]  # fmt: skip
+REFUSED = [
+    "afterok 1", "afterok:", "afterok:abc", "afterok:1,", "before:1", "singleton:1", "afterok:1::2",
+    "afterok:1;touch x", "afterok:1\n#SBATCH --x", "afterok:1 ", " afterok:1",
+    "afterok:0", "after:1+0", "afterok:1+", "afterok:1__2", "12+5", "12:13",
+    "12,afterok:1", "12?13", "afterok:1?12?13", "12?afterok:1",  # Slurm reads a bare id only where no kind follows
+    "afterok:\u0661\u0662", "\u0661\u0662", "afterok:1_\u0663",  # Arabic-Indic digits
+    "afterO\u212a:1", "\u017fingleton",  # KELVIN SIGN, LONG S: letters only Unicode case folding matches
+]  # fmt: skip
+# Slurm takes these, the launcher does not: mixed separators (man sbatch: "only one separator may be used"), task
+# ranges, a sign before an id, an empty task id (Slurm reads task 0), and 0 or nothing, which Slurm reads as no
+# dependency (leave the flag out for that).
+STRICTER = ["afterok:1,afterany:2?after:3", "afterok:1_[1-2]", "afterok:+5", "afterok:1_", "0", ""]
+
+
+@pytest.mark.parametrize("text", ACCEPTED)
 def test_slurm_syntax_is_accepted(text: str) -> None:
     assert dependency.parse(text) is not None
     spec, problems = spec_for("--dependency", text, "--dataset", "none")
     assert problems + validate(spec) == []
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["afterok 1", "afterok:", "afterok:abc", "12", "afterok:1,", "afterok:1,afterany:2?after:3", "before:1",
-     "afterok:1;touch x", "afterok:1\n#SBATCH --x"],
-)  # fmt: skip
+@pytest.mark.parametrize("text", REFUSED + STRICTER)
 def test_anything_else_is_a_problem_naming_the_flag(text: str) -> None:
-    spec, problems = spec_for("--dependency", text, "--dataset", "none")
-    (problem,) = problems + validate(spec)
+    (problem,) = dependency.syntax_problems(text)
     assert problem.flag == "dependency" and "afterok:12345" in problem.fix
+    spec, problems = spec_for("--dependency", text, "--dataset", "none")
+    assert problems + validate(spec) == [problem]
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("afterok:1,afterany:2?after:3", "one kind of separator"),
+        ("afterok:1_[1-2]", "name the tasks, afterok:12345_1:12345_2"),
+    ],
+)
+def test_near_misses_say_what_to_change(text: str, words: str) -> None:
+    (problem,) = dependency.syntax_problems(text)
+    assert words in problem.message
+
+
+@settings(max_examples=50)  # generating from a regex this size is slow: ~50 ms an example
+@given(st.from_regex(dependency.SYNTAX, fullmatch=True))
+def test_whatever_is_accepted_is_ascii_and_parses_to_kinds_and_job_ids(text: str) -> None:
+    assert re.fullmatch(r"[A-Za-z0-9:_*+?,]+", text)  # nothing a shell or an #SBATCH line would read otherwise
+    parsed = dependency.parse(text)
+    assert parsed is not None
+    items, any_of = parsed
+    assert any_of == ("?" in text) and not ("?" in text and "," in text)
+    for item in items:
+        assert item.kind in (*dependency.KINDS, "singleton") and (item.kind == "singleton") == (not item.job_ids)
+        assert all(re.fullmatch(r"0*[1-9][0-9]*(_([0-9]+|\*))?", job_id) for job_id in item.job_ids)
 
 
 def test_parse_keeps_kinds_and_ids() -> None:
@@ -48,6 +101,10 @@ def test_parse_keeps_kinds_and_ids() -> None:
     assert dependency.parse("singleton?afterany:9") == (
         [dependency.Item("singleton", ()), dependency.Item("afterany", ("9",))],
         True,
+    )
+    assert dependency.parse("AfterOK:1_*,7,SINGLETON") == (  # kinds as Slurm names them; a bare id is afterany
+        [dependency.Item("afterok", ("1_*",)), dependency.Item("afterany", ("7",)), dependency.Item("singleton", ())],
+        False,
     )
 
 
@@ -61,10 +118,37 @@ def test_parse_keeps_kinds_and_ids() -> None:
         ("afterok:3", ["job 3 ended FAILED, so afterok can never be met"]),
         ("afterok:5", ["job 5 ended CANCELLED, so afterok can never be met"]),
         ("afternotok:2", ["job 2 ended COMPLETED, so afternotok can never be met"]),
+        ("aftercorr:3", ["job 3 ended FAILED, so aftercorr can never be met"]),  # the run is no array: as afterok
+        ("aftercorr:5", ["job 5 ended CANCELLED, so aftercorr can never be met"]),
+        ("aftercorr:2:1", []),
+        ("after:3,afterany:5,afterburstbuffer:3", []),  # met by any end
+        ("afterok:6", []),  # SPECIAL_EXIT: requeued and held, Slurm still waits for it
+        ("afternotok:6", []),
         ("afterok:1,afterok:3", ["job 3 ended FAILED"]),  # ',': every item must hold
         ("afterok:1?afterok:3", []),  # '?': one is enough
+        ("afterok:1:3?afterok:5", []),  # '?': each job id is an alternative of its own; job 1 still runs
+        ("afterok:3:1?afternotok:2", []),
+        ("afterok:3:5?afternotok:2", ["job 3 ended FAILED, so afterok can never be met; job 5 ended CANCELLED"]),
+        ("afterok:3?singleton", []),  # singleton can still be met
+        ("afterok:1:3,afterany:5", ["job 3 ended FAILED"]),  # ',': every job must
+        ("afterok:3?afterok:99", ["Slurm does not know job 99"]),  # which Slurm counts as met: it starts at once
+        ("afterok:99,afternotok:99", ["Slurm does not know job 99"]),  # said once
+        # a whole array, by its id or id_*: Slurm judges it once every task ended
+        ("afterok:7", ["job 7 (an array) ended FAILED in 1 of its 3 tasks, so afterok can never be met"]),
+        ("afterok:7_*", ["job 7_* (an array) ended FAILED in 1 of its 3 tasks"]),
+        ("aftercorr:7", ["job 7 (an array) ended FAILED in 1 of its 3 tasks, so aftercorr can never be met"]),
+        ("afternotok:7", []),  # one task failed: met (the first record alone, COMPLETED, said never)
+        ("afternotok:8_*", ["job 8_* (an array) ended COMPLETED in 2 of its 2 tasks, so afternotok can never be"]),
+        ("afterok:8,afterok:9_*", []),  # 9 has tasks still to run
+        ("afterok:7_1", ["job 7_1 ended FAILED"]),  # one task
+        ("afterok:7_2", []),
+        ("afterok:7_5", ["Slurm does not know job 7_5"]),
         ("afterok:3?afternotok:2", ["job 3 ended FAILED, so afterok can never be met; job 2 ended COMPLETED"]),
         ("afterok:99", ["Slurm does not know job 99; it would count it as done and start this run at once"]),
+        ("99", ["Slurm does not know job 99"]),  # a bare id is looked up too
+        ("3", []),  # afterany
+        ("AFTEROK:3", ["job 3 ended FAILED, so afterok can never be met"]),
+        ("afterok:3_*", ["job 3_* ended FAILED, so afterok can never be met"]),  # named as written
         ("afterok:1?afterok:99", ["Slurm does not know job 99"]),  # an unknown id is a typo even among others
     ],
 )
@@ -81,3 +165,35 @@ def test_script_waits_and_asks_slurm_to_cancel_an_impossible_wait() -> None:
     assert "#SBATCH --dependency=afterok:1:2\n#SBATCH --kill-on-invalid-dep=yes\n" in text
     spec, _ = spec_for("--dataset", "none")
     assert "--dependency" not in sbatch.render(spec, fixed_paths("t"))
+
+
+def test_jobs_are_looked_up_whatever_else_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm, "job_states", lookup)
+    _, problems = app.check(["--run_name", "t", "--dataset", "none", "--email", "nobody", "--dependency", "afterok:3"])
+    assert [p.flag for p in problems] == ["email", "dependency"]  # every mistake at once
+    assert "job 3 ended FAILED" in problems[1].message
+
+
+@pytest.mark.parametrize("flags", [["--dependency", "afterok 3"], ["--dependency", "afterok:3", "--dry_run"]])
+def test_no_lookup_for_a_dependency_that_does_not_parse_or_a_dry_run(
+    flags: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(job_id: str) -> None:
+        raise AssertionError(f"looked up {job_id}")
+
+    monkeypatch.setattr(slurm, "job_states", refuse)
+    _, problems = app.check(["--run_name", "t", "--dataset", "none", *flags])
+    assert [p.flag for p in problems] == (["dependency"] if "--dry_run" not in flags else [])
+
+
+def test_slurm_down_is_said_beside_the_other_problems(monkeypatch: pytest.MonkeyPatch) -> None:
+    def down(job_id: str) -> None:
+        raise SlurmUnavailable("scontrol cannot reach the Slurm controller")
+
+    monkeypatch.setattr(slurm, "job_states", down)
+    argv = ["--run_name", "t", "--dataset", "none", "--dependency", "afterok:3"]
+    with pytest.raises(SlurmUnavailable):  # nothing else wrong: the error it always was
+        app.check(argv)
+    _, problems = app.check([*argv, "--email", "nobody"])
+    assert [p.flag for p in problems] == ["email", "dependency"]
+    assert "cannot reach the Slurm controller" in problems[1].message

@@ -327,3 +327,81 @@ def test_dependency_that_can_never_be_met(tmp_path: Path, slurm_env: dict):
     assert f"job {first_id} ended FAILED, so afterok can never be met" in late.stderr
     assert "Slurm does not know job 999999" in late.stderr
     assert not (tmp_path / "logs/configs/late").exists()
+
+
+def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
+    """What the launcher takes as --dependency, Slurm takes; what it refuses, Slurm refuses too, but for the few
+    forms it is deliberately stricter about."""
+    from test_dependency import ACCEPTED, REFUSED, STRICTER
+
+    def slurm_takes(text: str) -> bool:
+        argv = ["sbatch", "--test-only", f"--dependency={text}", "--nodes", "1", "--wrap", "true"]
+        out = subprocess.run(argv, env=slurm_env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 or "dependency" in out.stderr.lower(), (text, out.stderr)
+        return out.returncode == 0
+
+    assert [text for text in ACCEPTED if not slurm_takes(text)] == []
+    assert [text for text in REFUSED if slurm_takes(text)] == []
+    assert [text for text in STRICTER if not slurm_takes(text)] == []
+
+
+def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_env: dict, monkeypatch):
+    """The launcher's verdict on each dependency is the one Slurm reaches when a job waits on it for real."""
+    from launcher import app, dependency
+
+    def sbatch(*flags: str) -> str:
+        argv = ["sbatch", "--parsable", "--nodes", "1", "--output", str(tmp_path / "%j.out"), *flags]
+        return subprocess.run(argv, env=slurm_env, capture_output=True, text=True, check=True).stdout.strip()
+
+    never_met = dependency.NEVER_SATISFIED
+    array = sbatch("--array=0-2", "--wrap", "exit $((SLURM_ARRAY_TASK_ID == 1))")  # task 1 fails
+    wait_for(lambda: len(states := slurm.job_states(array)) == 3 and all(s.terminal for s in states))
+    monkeypatch.chdir(tmp_path)
+
+    def launcher_problems(text: str) -> list[str]:
+        _, found = app.check(["--run_name", "t", "--dataset", "none", "--dependency", text])
+        return [p.message for p in found]
+
+    def slurm_meets(text: str) -> bool:
+        job = sbatch("--dependency", text, "--wrap", "true")
+
+        def verdict() -> str | None:  # met: it leaves PENDING; never: it stays, with DependencyNeverSatisfied
+            state = slurm.job_state(job)
+            assert state is not None
+            return "met" if state.state != "PENDING" else "never" if state.reason == never_met else None
+
+        met = wait_for(verdict) == "met"
+        subprocess.run(["scancel", job], env=slurm_env, check=True)
+        return met
+
+    never = {
+        f"afterok:{array}_*": f"job {array}_* (an array) ended FAILED in 1 of its 3 tasks, so afterok can never be met",
+        f"AFTEROK:{array}_1": f"job {array}_1 ended FAILED, so afterok can never be met",
+        f"aftercorr:{array}": f"job {array} (an array) ended FAILED in 1 of its 3 tasks, so aftercorr can never be met",
+    }
+    for text, message in never.items():
+        assert launcher_problems(text) == [message] and not slurm_meets(text), text
+    for text in (f"afternotok:{array}", f"afterok:{array}_2", array, f"afterok:{array}_1?afterok:{array}_2"):
+        assert launcher_problems(text) == [] and slurm_meets(text), text
+    # a task the array does not have: Slurm counts it as done (and starts the run at once), the launcher refuses it
+    assert launcher_problems(f"afterok:{array}_7") == [
+        f"Slurm does not know job {array}_7; it would count it as done and start this run at once"
+    ]
+    assert slurm_meets(f"afterok:{array}_7")
+
+
+def test_mem_units_agree_with_slurm(slurm_env: dict):
+    """What the launcher takes as --mem, sbatch takes (a size this cluster lacks is a different refusal); what it
+    refuses, sbatch refuses, but for the few forms it is deliberately stricter about."""
+    from test_validate import MEM_ACCEPTED, MEM_REFUSED, MEM_STRICTER
+
+    def sbatch_takes(value: str) -> bool:
+        argv = ["sbatch", "--test-only", f"--mem={value}", "--nodes", "1", "--wrap", "true"]
+        out = subprocess.run(argv, env=slurm_env, capture_output=True, text=True, timeout=60)
+        invalid = "Invalid --mem specification" in out.stderr
+        assert out.returncode == 0 or invalid or "node configuration is not available" in out.stderr, out.stderr
+        return not invalid
+
+    assert [value for value in MEM_ACCEPTED if not sbatch_takes(value)] == []
+    assert [value for value in MEM_REFUSED if sbatch_takes(value)] == []
+    assert [value for value in MEM_STRICTER if not sbatch_takes(value)] == []

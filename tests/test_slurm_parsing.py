@@ -24,6 +24,24 @@ def test_scontrol_record():
     assert fields["Command"] == "/a b/job.sbatch"
 
 
+# `scontrol show job -o 108` for an array of 4 tasks, task 1 failed (Slurm 22.05, shortened): one line a task
+ARRAY = """\
+JobId=108 ArrayJobId=108 ArrayTaskId=3 JobName=wrap JobState=COMPLETED Reason=None Dependency=(null) Restarts=0 ExitCode=0:0 NodeList=node1
+JobId=111 ArrayJobId=108 ArrayTaskId=2 JobName=wrap JobState=COMPLETED Reason=None Dependency=(null) Restarts=0 ExitCode=0:0 NodeList=node1
+JobId=110 ArrayJobId=108 ArrayTaskId=1 JobName=wrap JobState=FAILED Reason=NonZeroExitCode Dependency=(null) Restarts=0 ExitCode=1:0 NodeList=node2
+JobId=109 ArrayJobId=108 ArrayTaskId=0 JobName=wrap JobState=COMPLETED Reason=None Dependency=(null) Restarts=0 ExitCode=0:0 NodeList=node1
+"""  # noqa: E501
+
+
+def test_scontrol_records_one_per_line():
+    (job,) = slurm.parse_job_records("42", SCONTROL)
+    assert (job.job_id, job.state, job.reason, job.restarts) == ("42", "PENDING", "Resources", 2)
+    tasks = slurm.parse_job_records("108", ARRAY)
+    assert [t.state for t in tasks] == ["COMPLETED", "COMPLETED", "FAILED", "COMPLETED"]
+    assert (tasks[2].exit_code, tasks[2].reason, tasks[2].nodes) == (1, "NonZeroExitCode", "node2")
+    assert slurm.parse_job_records("7", "") == []
+
+
 @pytest.mark.parametrize(
     "line,state,code,signal,restarts,reason",
     [

@@ -302,3 +302,23 @@ def test_argparse_errors_are_redacted_too(capsys: pytest.CaptureFixture[str]):
         spec_for("--seed", "hf_abcdefghijklmnopqrstuvwx")
     err = capsys.readouterr().err
     assert "--seed" in err and "hf_abcdefghijklmnopqrstuvwx" not in err
+
+
+# What Slurm 22.05's sbatch takes as --mem (str_to_mbytes), tried on the local cluster; tests/test_slurm_e2e.py puts
+# both lists to the real sbatch again.
+MEM_ACCEPTED = ["0", "4096", "500G", "500GB", "500gb", "500gB", "100M", "100MB", "100mb", "1K", "1KB", "1kb", "2T",
+                "2TB", "2tb", "0G", "007"]  # fmt: skip
+MEM_REFUSED = ["1B", "1GiB", "2048KiB", "1P", "1X", "1Gxyz", "1GBB", "1.5G", "-5", "1 G", "", "G",
+               "\u0661\u0662", "1\u0663G"]  # fmt: skip
+MEM_STRICTER = [" 100", "+100"]  # Slurm's strtoll skips a leading space or sign: not worth taking
+
+
+@pytest.mark.parametrize("value", MEM_ACCEPTED)
+def test_mem_takes_every_unit_slurm_takes(value: str):
+    assert problems_for("--mem", value) == []
+
+
+@pytest.mark.parametrize("value", MEM_REFUSED + MEM_STRICTER)
+def test_mem_refuses_the_rest(value: str):
+    (problem,) = problems_for("--mem", value)
+    assert problem.flag == "mem" and "500GB" in problem.fix
