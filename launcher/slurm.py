@@ -29,7 +29,7 @@ TERMINAL = frozenset(
         "SPECIAL_EXIT",
     }
 )
-JOB_ID = re.compile(r"^\d+(_\d+)?$")
+JOB_ID = re.compile(r"^\d+(_\d+)?$", re.ASCII)
 WHAT_NOW = (
     "Use --dry_run to write the bundle without submitting, or start the project's local cluster: "
     "python -m launcher.localcluster up (then export SLURM_CONF as it prints)."

@@ -25,7 +25,7 @@ from launcher.spec import RunSpec
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 # Slurm --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; 0, UNLIMITED or INFINITE for no limit
-TIME_LIMIT = re.compile(r"\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}")
+TIME_LIMIT = re.compile(r"\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}", re.ASCII)  # no Unicode digits
 NO_TIME_LIMIT = ("0", "UNLIMITED", "INFINITE")
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -110,6 +110,11 @@ def test_time_limit_seconds(text: str, seconds: int):
     assert time_limit_seconds(text) == seconds
 
 
+@pytest.mark.parametrize("text", ["\u0661:00:00", "1:\u0660\u0660", "2-00:00:\uff10"])  # Arabic-Indic, fullwidth
+def test_time_limit_takes_ascii_digits_only(text: str):
+    assert flags_of(problems_for("--time_limit", text)) == ["time_limit"]
+
+
 @pytest.mark.parametrize("bad", ["1h", "", "1:2:3:4", "-1", "1-"])
 def test_bad_time_limits(bad: str):
     assert "time_limit" in flags_of(problems_for("--time_limit", bad))
