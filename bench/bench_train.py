@@ -6,8 +6,8 @@
 Each preset's model shape comes from configs/presets/<name>.yaml; the data is random tokens; each step is the
 engine's own `TorchTrainer.train_step` (forward, backward, clip, AdamW) under its one-process DDP (`wrap`:
 compiled on a GPU), on the GPU where there is one (in --dtype, bfloat16 by default there) and on the CPU in
-float32 otherwise. The first steps are
-warm-up and are not timed. On a known GPU (H100, H200, A100) it prints the model FLOPs utilisation as well.
+float32 otherwise. The first steps are warm-up and are not timed. On a known GPU (H100, H200, A100) it prints the
+model FLOPs utilisation as well.
 """
 
 from __future__ import annotations

@@ -105,9 +105,10 @@ def compile_for_gpu(model: nn.Module) -> nn.Module:
     (no C compiler for Triton, say) trains eager, with PyTorch's warning, rather than ending the job.
     """
     torch._dynamo.config.suppress_errors = True
-    for layer in model.model.layers:  # type: ignore[union-attr]
+    lm: Any = model  # a LlamaForCausalLM, as in WithLoss
+    for layer in lm.model.layers:
         layer.compile()
-    model.model.norm.compile()  # type: ignore[union-attr,operator]
+    lm.model.norm.compile()
     return WithLoss(model, torch.compile(next_token_loss))
 
 
