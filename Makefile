@@ -14,7 +14,7 @@ cluster: setup
 	$(PYTHON) -m launcher.localcluster up --nodes 2 --gpus_per_node 2 --dir $(SLURM_DIR)
 
 demo: cluster
-	$(PYTHON) -m launcher.demo_data $(DEMO_DIR)
+	$(PYTHON) -m launcher.localcluster.demo_data $(DEMO_DIR)
 	SLURM_CONF=$(CURDIR)/$(SLURM_DIR)/etc/slurm.conf $(PYTHON) slurm_launcher.py --run_name demo \
 	  --nodes 2 --gpus_per_node 2 --model_size tiny --dataset $(DEMO_DIR)/dataset --tokenizer $(DEMO_DIR)/tokenizer \
 	  --train_steps 40 --warmup_steps 4 --learning_rate 3e-3 --min_lr 3e-4 --grad_accum_steps 1 --save_interval 10 \

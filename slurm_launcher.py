@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launcher.app import main  # noqa: E402
 from launcher.errors import LauncherError, closed_pipe  # noqa: E402
+from launcher.launch import main  # noqa: E402
 
 
 def run() -> int:

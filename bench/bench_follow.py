@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher import follow, slurm  # noqa: E402
+from launcher.slurm import client as slurm  # noqa: E402
+from launcher.slurm import follow  # noqa: E402
 
 JOB = """#!/bin/bash
 #SBATCH --job-name=bench-follow

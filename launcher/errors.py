@@ -4,6 +4,9 @@ Every error a user can cause is a `LauncherError`: the entry scripts print its m
 and how to fix it) and exit non-zero. Anything else escaping is a bug in the launcher, and shows a traceback.
 """
 
+import os
+import sys
+
 
 class LauncherError(Exception):
     """Base of all user-facing errors; the message says what is wrong and how to fix it."""
@@ -34,8 +37,5 @@ class TrainError(LauncherError):
 def closed_pipe() -> int:
     """The exit code for a command whose stdout went to a pipe that closed (`| head`): nothing left to say, and
     Python must not complain again while flushing at exit."""
-    import os
-    import sys
-
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1

@@ -1,4 +1,5 @@
-"""--sweep: one run per point of a grid of flag values, launched all or none, followed together.
+"""--sweep: one run per point of a grid of flag values: the grid, the sweep's record, following its points
+together and the results table. `launcher.launch.launch_sweep` launches them, all or none.
 
     python slurm_launcher.py --run_name lr --sweep "learning_rate=1e-4,3e-4,1e-3 seed=1,2" ...
 
@@ -17,13 +18,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from launcher import bundle, cli, slurm
-from launcher import plot as plotting
-from launcher.errors import ConfigError, LauncherError
-from launcher.follow import describe
-from launcher.problems import Problem, report
+from launcher.config import flags
+from launcher.config.problems import Problem
+from launcher.errors import LauncherError
+from launcher.report import plots as plotting
+from launcher.slurm import client
+from launcher.slurm.follow import describe
+from launcher.slurm.parse import JobState
+from launcher.slurm.submit import how_to
 
 MAX_POINTS = 64
 NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
@@ -61,8 +64,8 @@ def parse(text: str) -> tuple[list[tuple[str, list[str]]], list[Problem]]:
     """`flag=v1,v2 flag2=w1,...` (spaces or lines between axes) -> the axes, or the problems with them."""
     axes: list[tuple[str, list[str]]] = []
     problems = []
-    known = set(cli.flag_names())
-    kinds = cli.flag_types()
+    known = set(flags.flag_names())
+    kinds = flags.flag_types()
     for item in text.split():
         flag, sep, values = item.partition("=")
         flag = flag.removeprefix("--")
@@ -116,7 +119,7 @@ def points(argv: list[str], run_name: str, axes: list[tuple[str, list[str]]]) ->
     return out
 
 
-def _claim_record(configs_path: str, run_name: str) -> Path:
+def claim_record(configs_path: str, run_name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1, 10_000):
         directory = Path(configs_path) / run_name / (stamp if n == 1 else f"{stamp}-{n}")
@@ -133,58 +136,13 @@ def read_record(directory: Path) -> dict:
     return json.loads((directory / RECORD).read_text(encoding="utf-8"))
 
 
-def launch(argv: list[str], sweep_text: str, run_name: str) -> int:
-    """The whole command for a sweep; returns the exit code."""
-    from launcher import app, jobs
-
-    axes, problems = parse(sweep_text)
-    if problems:
-        raise ConfigError(report(problems))
-    grid = points(argv, run_name, axes)
-    prepared = app.prepare_all([p.argv for p in grid], [p.label for p in grid])
-    a = prepared[0].spec.args
-    record_dir = _claim_record(a.paths.configs_path, run_name)
-    record: dict[str, Any] = {
-        "sweep": sweep_text,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "points": [
-            {"run_name": p.run_name, "values": p.values, "bundle": str(prep.paths.bundle_dir), "job_id": None}
-            for p, prep in zip(grid, prepared, strict=True)
-        ],
-    }
-    bundle.write_manifest(record_dir / RECORD, record, new=True)
-    print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
-    for p, prep in zip(grid, prepared, strict=True):
-        print(f"  {p.label}")
-        print(f"      {prep.paths.bundle_dir}" + (f"  [slurm: {prep.forecast}]" if prep.forecast else ""))
-    if a.execution.dry_run:
-        print("Dry run: nothing submitted. Submit each script with sbatch, or launch again without --dry_run.")
-        return 0
-    failed = 0
-    for entry, prep in zip(record["points"], prepared, strict=True):
-        try:
-            entry["job_id"] = jobs.submit(prep.paths)
-        except LauncherError as e:
-            failed += 1
-            print(f"error: {entry['run_name']}: {e}", file=sys.stderr)
-        bundle.write_manifest(record_dir / RECORD, record)
-    print("Submitted " + ", ".join(f"{e['run_name']} as job {e['job_id']}" for e in record["points"] if e["job_id"]))
-    if not a.execution.show_logs:
-        print(jobs.how_to(str(record_dir)))
-        return 1 if failed else 0
-    code = follow(record_dir)
-    return 1 if failed else code
-
-
 def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
     """Report every point's state changes until all have ended, then the results; 0 only if all COMPLETED.
     Ctrl-C stops following, not the jobs."""
-    from launcher import jobs
-
     record = read_record(record_dir)
     entries = [e for e in record["points"] if e["job_id"]]
     said: dict[str, str] = {}
-    finals: dict[str, slurm.JobState] = {}
+    finals: dict[str, JobState] = {}
     interval = poll
     try:
         while len(finals) < len(entries):
@@ -192,7 +150,7 @@ def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
             for e in entries:
                 if e["job_id"] in finals:
                     continue
-                state = slurm.job_state(e["job_id"])
+                state = client.job_state(e["job_id"])
                 if state is None:
                     raise LauncherError(f"Slurm no longer knows job {e['job_id']} ({e['run_name']})")
                 text = describe(state)
@@ -205,7 +163,7 @@ def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
                 interval = poll if changed else min(interval * 1.5, max_poll)
                 time.sleep(interval)
     except KeyboardInterrupt:
-        print(f"\nStopped following; the jobs keep running.\n{jobs.how_to(str(record_dir))}", file=sys.stderr)
+        print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}))
     return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1

@@ -29,7 +29,7 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> DemoData:
     """A small save_to_disk dataset (~150 windows of 65 tokens) and its word-level tokenizer."""
     from transformers import AutoTokenizer
 
-    from launcher.demo_data import make_demo
+    from launcher.localcluster.demo_data import make_demo
 
     dataset, tokenizer = make_demo(tmp_path_factory.mktemp("demo"), num_docs=150, seed=0)
     return DemoData(dataset, tokenizer, len(AutoTokenizer.from_pretrained(str(tokenizer))))

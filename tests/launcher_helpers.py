@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.bundle import BundlePaths, _paths
-from launcher.cli import parse
-from launcher.spec import RunSpec, resolve
+from launcher.bundle.files import BundlePaths, paths_for
+from launcher.config.flags import parse
+from launcher.config.problems import Problem
+from launcher.config.resolve import RunSpec, resolve
+from launcher.config.schema import build_config
+from launcher.config.validate import validate
+from launcher.slurm import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "slurm_launcher.py"
@@ -22,9 +26,20 @@ def spec_for(*flags: str, cwd: Path | None = None) -> tuple[RunSpec, list]:
     return resolve(args, explicit, cwd=cwd)
 
 
+def all_problems(spec: RunSpec, problems: list[Problem]) -> list[Problem]:
+    """`problems` (resolution's) and every problem both validation phases find, as a dry run checks them."""
+    problems = problems + validate(spec)
+    return problems + preflight.problems(spec, problems, ask_slurm=False)
+
+
+def config_of(spec: RunSpec, checkpoints: str) -> dict:
+    """The nanotron config the launcher writes for `spec`, its checkpoints in `checkpoints`."""
+    return build_config(spec.flag_values(), spec.base_config, checkpoints)
+
+
 def fixed_paths(run_name: str, root: Path = Path("/project")) -> BundlePaths:
     """Bundle paths as a launch from `root` at a fixed time would get them."""
-    return _paths(
+    return paths_for(
         run_name,
         "20260101-000000",
         root / "logs/configs",

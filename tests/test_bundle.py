@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import app, bundle
+from launcher import launch
+from launcher.bundle import files as bundle
 
 SECRET = "hf_s3cr3t_value_123"
 
@@ -81,15 +82,15 @@ def test_write_new_appears_whole_with_its_mode(tmp_path: Path):
 
 
 def test_two_launches_keep_both_bundles(workdir: Path):
-    _, first, _, _ = app.prepare(flags())
-    _, second, _, _ = app.prepare(flags("--learning_rate", "1e-3"))
+    _, first, _, _ = launch.prepare(flags())
+    _, second, _, _ = launch.prepare(flags("--learning_rate", "1e-3"))
     assert first.bundle_dir != second.bundle_dir
     assert first.config.read_text() != second.config.read_text()
 
 
 def test_manifest_describes_the_launch(workdir: Path):
     argv = flags("--extra_env", "NCCL_DEBUG=INFO")
-    _, paths, figures, _ = app.prepare(argv)
+    _, paths, figures, _ = launch.prepare(argv)
     data = json.loads(paths.manifest.read_text())
     assert data["files"]["config"]["sha256"] == hashlib.sha256(paths.config.read_bytes()).hexdigest()
     assert data["files"]["script"]["sha256"] == hashlib.sha256(paths.script.read_bytes()).hexdigest()
@@ -102,7 +103,7 @@ def test_manifest_describes_the_launch(workdir: Path):
 
 
 def test_no_secret_reaches_the_bundle(workdir: Path):
-    _, paths, _, _ = app.prepare(flags())
+    _, paths, _, _ = launch.prepare(flags())
     for f in (paths.config, paths.script, paths.manifest):
         assert SECRET not in f.read_text()
 
@@ -111,8 +112,8 @@ def test_resume_false_gets_its_own_checkpoints(workdir: Path):
     ckpt = workdir / "checkpoints" / "r"
     ckpt.mkdir(parents=True)
     (ckpt / "latest").write_text("10\n")
-    _, resumed, _, _ = app.prepare(flags())
-    _, fresh, _, _ = app.prepare(flags("--resume", "false"))
+    _, resumed, _, _ = launch.prepare(flags())
+    _, fresh, _, _ = launch.prepare(flags("--resume", "false"))
     assert resumed.checkpoints == ckpt
     assert fresh.checkpoints != ckpt and fresh.checkpoints.name.startswith("r-")
 
@@ -121,14 +122,14 @@ def test_resume_false_gets_its_own_checkpoints(workdir: Path):
 def test_relaunch_says_it_resumes_from_either_engines_checkpoints(workdir: Path, pointer: str, capsys):
     (workdir / "checkpoints" / "r").mkdir(parents=True)
     (workdir / "checkpoints" / "r" / pointer).write_text("70\n")
-    assert app.launch(flags()) == 0
+    assert launch.main(flags()) == 0
     assert "resume       from the checkpoint at step 70" in capsys.readouterr().out
 
 
 def test_a_released_claim_leaves_other_launches_of_the_run_alone(workdir: Path):
     """A launch that stops before writing removes its own empty bundle directory, never the run's script or log
     directory: a pending job of the same run still has to write its log there."""
-    pending = app.prepare(flags())  # written (a dry run: its log directory waits, empty, for the job)
+    pending = launch.prepare(flags())  # written (a dry run: its log directory waits, empty, for the job)
     assert pending.paths.log.parent.is_dir() and not any(pending.paths.log.parent.iterdir())
     stopped = bundle.claim("r", "logs/configs", "logs/slurm_scripts", "logs/slurm_logs", "ckpt", False)
     bundle.release(stopped)
@@ -145,7 +146,7 @@ def test_interrupted_while_slurm_judges_nothing_stays(workdir: Path, monkeypatch
     def interrupted(script: str) -> str:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(app.slurm, "check_submission", interrupted)
+    monkeypatch.setattr(launch.preflight, "judge", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        app.prepare(flags("--dry_run", "false"))
+        launch.prepare(flags("--dry_run", "false"))
     assert [p for p in (workdir / "logs").rglob("*") if p.is_file() or p.name == "r"] == []

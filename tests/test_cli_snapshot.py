@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launcher.cli import build_parser, flag_names
+from launcher.config.flags import build_parser, flag_names
 
 SNAPSHOT = Path(__file__).parent / "golden" / "flags.txt"
 NANOTRON_LAUNCHER_FLAGS = (  # the documented interface we follow (shared/reference/004)
@@ -48,7 +48,7 @@ def test_abbreviated_flags_are_refused_not_guessed():
 
 
 def test_negated_boolean_flags_count_as_typed():
-    from launcher.cli import explicit_flags, parse
+    from launcher.config.flags import explicit_flags, parse
 
     args, explicit = parse(["--run_name", "x", "--nosave_initial_state", "--noresume"])
     assert args.paths.save_initial_state is False and args.paths.resume is False
@@ -57,7 +57,7 @@ def test_negated_boolean_flags_count_as_typed():
 
 
 def test_help_shows_the_field_comments():
-    # the dry run skips reading help text (launcher.cli._without_help_text); --help must still have it all
+    # the dry run skips reading help text (launcher.config.flags._without_help_text); --help must still have it all
     import subprocess
     import sys
 

@@ -14,14 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_config, write_config
-from launcher_helpers import run_launcher, spec_for
+from launcher_helpers import config_of, run_launcher, spec_for
 
-from launcher.datacheck import JSON_CHUNK, dataset_problems, tokenizer_problems
+from launcher.config.datacheck import JSON_CHUNK, dataset_problems, tokenizer_problems
+from launcher.config.validate import validate
 from launcher.errors import TrainError
-from launcher.nanotron_schema import build_config, load_train_config
-from launcher.train.config import TrainConfig
+from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import load_texts, load_tokenizer
-from launcher.validate import validate
 
 ROWS = {"body": ["the cat", "the dog"], "n": [1, 2]}
 
@@ -357,7 +356,7 @@ def test_a_path_under_home_is_local_to_launcher_and_job(
     spec, problems = spec_for("--dataset=~/d.jsonl", "--text_column", "txt", "--tokenizer=~/tok")
     assert (spec.args.data.dataset, spec.args.data.tokenizer) == (str(home / "d.jsonl"), str(home / "tok"))
     assert spec.tokenizer_vocab == demo_data.vocab
-    config = build_config(spec, str(tmp_path / "ckpt"))
+    config = config_of(spec, str(tmp_path / "ckpt"))
     assert config["data"]["dataset"]["hf_dataset_or_datasets"] == str(home / "d.jsonl")
     assert config["tokenizer"]["tokenizer_name_or_path"] == str(home / "tok")
     (column,) = [p for p in problems + validate(spec) if p.flag in ("dataset", "text_column", "tokenizer")]

@@ -9,7 +9,7 @@ import pytest
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from launcher import demo_data as demo
+from launcher.localcluster import demo_data as demo
 
 if TYPE_CHECKING:
     from conftest import DemoData

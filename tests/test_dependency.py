@@ -10,10 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from launcher_helpers import fixed_paths, spec_for
 
-from launcher import app, dependency, sbatch, slurm
+from launcher import launch
+from launcher.bundle import render
+from launcher.config import dependency
+from launcher.config.validate import validate
 from launcher.errors import SlurmUnavailable
-from launcher.slurm import JobState
-from launcher.validate import validate
+from launcher.slurm import client, dependencies
+from launcher.slurm.parse import JobState
 
 STATES = {"1": "RUNNING", "2": "COMPLETED", "3": "FAILED", "4": "PENDING", "5": "CANCELLED", "6": "SPECIAL_EXIT"}
 ARRAYS = {  # one record a task, as scontrol shows a whole array
@@ -153,7 +156,7 @@ def test_parse_keeps_kinds_and_ids() -> None:
     ],
 )
 def test_job_states(text: str, expected: list[str]) -> None:
-    problems = dependency.state_problems(text, lookup)
+    problems = dependencies.state_problems(text, lookup)
     assert len(problems) == len(expected)
     for problem, words in zip(problems, expected, strict=True):
         assert problem.flag == "dependency" and words in problem.message
@@ -161,15 +164,17 @@ def test_job_states(text: str, expected: list[str]) -> None:
 
 def test_script_waits_and_asks_slurm_to_cancel_an_impossible_wait() -> None:
     spec, _ = spec_for("--dependency", "afterok:1:2", "--dataset", "none")
-    text = sbatch.render(spec, fixed_paths("t"))
+    text = render.sbatch_script(spec, fixed_paths("t"))
     assert "#SBATCH --dependency=afterok:1:2\n#SBATCH --kill-on-invalid-dep=yes\n" in text
     spec, _ = spec_for("--dataset", "none")
-    assert "--dependency" not in sbatch.render(spec, fixed_paths("t"))
+    assert "--dependency" not in render.sbatch_script(spec, fixed_paths("t"))
 
 
 def test_jobs_are_looked_up_whatever_else_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slurm, "job_states", lookup)
-    _, problems = app.check(["--run_name", "t", "--dataset", "none", "--email", "nobody", "--dependency", "afterok:3"])
+    monkeypatch.setattr(client, "job_states", lookup)
+    _, problems = launch.check(
+        ["--run_name", "t", "--dataset", "none", "--email", "nobody", "--dependency", "afterok:3"]
+    )
     assert [p.flag for p in problems] == ["email", "dependency"]  # every mistake at once
     assert "job 3 ended FAILED" in problems[1].message
 
@@ -181,8 +186,8 @@ def test_no_lookup_for_a_dependency_that_does_not_parse_or_a_dry_run(
     def refuse(job_id: str) -> None:
         raise AssertionError(f"looked up {job_id}")
 
-    monkeypatch.setattr(slurm, "job_states", refuse)
-    _, problems = app.check(["--run_name", "t", "--dataset", "none", *flags])
+    monkeypatch.setattr(client, "job_states", refuse)
+    _, problems = launch.check(["--run_name", "t", "--dataset", "none", *flags])
     assert [p.flag for p in problems] == (["dependency"] if "--dry_run" not in flags else [])
 
 
@@ -190,10 +195,10 @@ def test_slurm_down_is_said_beside_the_other_problems(monkeypatch: pytest.Monkey
     def down(job_id: str) -> None:
         raise SlurmUnavailable("scontrol cannot reach the Slurm controller")
 
-    monkeypatch.setattr(slurm, "job_states", down)
+    monkeypatch.setattr(client, "job_states", down)
     argv = ["--run_name", "t", "--dataset", "none", "--dependency", "afterok:3"]
     with pytest.raises(SlurmUnavailable):  # nothing else wrong: the error it always was
-        app.check(argv)
-    _, problems = app.check([*argv, "--email", "nobody"])
+        launch.check(argv)
+    _, problems = launch.check([*argv, "--email", "nobody"])
     assert [p.flag for p in problems] == ["email", "dependency"]
     assert "cannot reach the Slurm controller" in problems[1].message

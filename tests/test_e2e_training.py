@@ -14,9 +14,9 @@ from pathlib import Path
 
 from launcher_helpers import ROOT
 
-from launcher import slurm
-from launcher.nanotron_schema import load_train_config
-from launcher.plot import read_metrics
+from launcher.report.plots import read_metrics
+from launcher.slurm import client as slurm
+from launcher.train.config import load_train_config
 from launcher.train.schedule import lr_at
 
 

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launcher_helpers import spec_for
+from launcher_helpers import config_of, spec_for
 
-from launcher import nanotron_schema
-from launcher.nanotron_compat import import_nanotron_config
-from launcher.spec import preset_names
-from launcher.validate import validate
+from launcher.config import schema
+from launcher.config.presets import preset_names
+from launcher.config.validate import validate
+from launcher.train import config as train_config
+from launcher.train.nanotron_compat import import_nanotron_config
 
 PRESET_JOBS = {"70b": ("--nodes", "4"), "13b": ("--nodes", "1"), "7b": ("--nodes", "1"), "8b": ("--nodes", "1")}
 
@@ -23,7 +24,7 @@ def nanotron_config():
 
 def write(spec, tmp_path: Path) -> Path:
     path = tmp_path / "config.yaml"
-    path.write_text(nanotron_schema.dump(nanotron_schema.build_config(spec, str(tmp_path / "ckpt"))))
+    path.write_text(schema.dump(config_of(spec, str(tmp_path / "ckpt"))))
     return path
 
 
@@ -57,7 +58,7 @@ def test_round_trip_to_train_config(tmp_path: Path):
         "--dataset",
         "none",
     )
-    cfg = nanotron_schema.load_train_config(str(write(spec, tmp_path)))
+    cfg = train_config.load_train_config(str(write(spec, tmp_path)))
     assert (cfg.dp, cfg.tp, cfg.pp) == (2, 2, 1)
     assert cfg.dataset is None and cfg.train_steps == 50
     assert cfg.lr.decay_steps == 45 and cfg.lr.decay_starting_step == 5
@@ -72,7 +73,7 @@ def test_the_split_training_reads(splits: object, trained: str, tmp_path: Path):
     spec, _ = spec_for("--dataset", "some/hub-dataset")
     config = yaml.safe_load(write(spec, tmp_path).read_text())
     config["data"]["dataset"]["hf_dataset_splits"] = splits
-    assert nanotron_schema.to_train_config(config).dataset_split == trained
+    assert train_config.to_train_config(config).dataset_split == trained
 
 
 def test_config_flag_starts_from_a_yaml_and_flags_win(tmp_path: Path, nanotron_config):
@@ -124,7 +125,7 @@ def test_nanotron_engine_resumes_from_the_runs_own_checkpoints(tmp_path: Path, n
 
 
 def write_text_of(spec, tmp_path: Path) -> str:
-    return nanotron_schema.dump(nanotron_schema.build_config(spec, str(tmp_path / "ckpt")))
+    return schema.dump(config_of(spec, str(tmp_path / "ckpt")))
 
 
 def test_partial_config_is_completed_from_the_base(tmp_path: Path, nanotron_config):
@@ -195,7 +196,7 @@ def test_config_sections_nanotron_types_as_unions_or_nulls(tmp_path: Path, nanot
     assert str(config.model.init_method.path) == "/ckpt/pretrained"
     assert config.optimizer.zero_stage == 0 and str(config.profiler.profiler_export_path) == "/tmp/prof"
     # the torch engine cannot start from nanotron weights: it says so instead of training from random ones
-    cfg = nanotron_schema.load_train_config(str(tmp_path / "out" / "config.yaml"))
+    cfg = train_config.load_train_config(str(tmp_path / "out" / "config.yaml"))
     assert cfg.init_path == "/ckpt/pretrained"
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from launcher_helpers import fixed_paths, spec_for
 
-from launcher import sbatch
-from launcher.spec import preset_names
+from launcher.bundle import render
+from launcher.config.presets import preset_names
+from launcher.config.validate import validate
 
 GOLDEN = Path(__file__).parent / "golden"
 NODES = {"70b": "4"}
@@ -42,7 +43,7 @@ def golden_script(preset: str) -> str:
         "true",
     ]
     spec, _ = spec_for(*flags, cwd=Path("/project"))
-    return sbatch.render(spec, fixed_paths(spec.args.run_name))
+    return render.sbatch_script(spec, fixed_paths(spec.args.run_name))
 
 
 @pytest.mark.parametrize("preset", preset_names())
@@ -109,7 +110,7 @@ def test_hostile_paths_are_quoted(name: str, tmp_path: Path):
     ]
     spec, _ = spec_for(*flags, cwd=tmp_path)
     paths = dataclasses.replace(fixed_paths("h", root=root), log=tmp_path / "logs" / "h.out")  # see next tests
-    text = sbatch.render(spec, paths)
+    text = render.sbatch_script(spec, paths)
     lint(text, tmp_path)
     assert shell_value(text, "LAUNCHER_TRAIN_SCRIPT") == str(root / "train.py")
     assert shell_value(text, "LAUNCHER_CONFIG") == str(paths.config)
@@ -121,7 +122,6 @@ def test_hostile_paths_are_quoted(name: str, tmp_path: Path):
 
 
 def test_hostile_run_names_are_refused():
-    from launcher.validate import validate
 
     for name in HOSTILE:
         spec, _ = spec_for("--run_name", name)
@@ -129,7 +129,6 @@ def test_hostile_run_names_are_refused():
 
 
 def test_log_dir_slurm_cannot_carry_is_refused(tmp_path: Path):
-    from launcher.validate import validate
 
     for bad in ('dq"uote', "per%cent", "new\nline"):
         spec, _ = spec_for("--slurm_logs_path", str(tmp_path / bad))
@@ -161,7 +160,7 @@ def test_extra_env_values_with_spaces_and_lines(tmp_path: Path):
         "MY_OPTS": "--a 1 --b $(touch pwned)",
         "X": "y z",
     }
-    script = sbatch.render(spec, fixed_paths("t", tmp_path))
+    script = render.sbatch_script(spec, fixed_paths("t", tmp_path))
     exports = [line for line in script.splitlines() if line.startswith(("export MY_OPTS", "export X="))]
     # the values arrive intact in a shell, and nothing in them runs
     out = subprocess.run(["bash", "-c", "\n".join(exports) + '\nprintf "%s|%s" "$MY_OPTS" "$X"'], cwd=tmp_path,
@@ -174,7 +173,7 @@ def test_node_placement_lines(tmp_path: Path):
     spec, problems = spec_for("--constraint", "h100&ib", "--reservation", "res1", "--nodelist", "gpu[01-02]",
                               "--exclude", "gpu07", "--exclusive", "true", "--mem", "0")  # fmt: skip
     assert problems == []
-    text = sbatch.render(spec, fixed_paths("t"))
+    text = render.sbatch_script(spec, fixed_paths("t"))
     for line in ("--nodelist=gpu[01-02]", "--exclude=gpu07", "--constraint=h100&ib", "--reservation=res1",
                  "--mem=0", "--exclusive"):  # fmt: skip
         assert f"\n#SBATCH {line}\n" in text
@@ -186,7 +185,6 @@ def test_node_placement_lines(tmp_path: Path):
 
 @pytest.mark.parametrize("flag", ["nodelist", "exclude", "constraint", "reservation", "mem"])
 def test_hostile_placement_values_are_refused(flag: str):
-    from launcher.validate import validate
 
     for value in HOSTILE + ["a b", "x\n#SBATCH --wrap=id", "50%"]:
         spec, _ = spec_for(f"--{flag}", value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import slurm
+from launcher.slurm import parse as slurm
 
 SCONTROL = (
     "JobId=42 JobName=demo UserId=root(0) GroupId=root(0) JobState=PENDING Reason=Resources Dependency=(null) "

@@ -7,15 +7,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from launcher_helpers import run_launcher, spec_for
+from launcher_helpers import all_problems, run_launcher, spec_for
 
-from launcher import storage, summary
-from launcher.validate import validate
+from launcher.bundle import storage
+from launcher.config import figures
 
 
 def flags_of(*flags: str) -> list[str]:
     spec, problems = spec_for(*flags, "--dataset", "none")
-    return [p.flag for p in problems + validate(spec)]
+    return [p.flag for p in all_problems(spec, problems)]
 
 
 def test_a_directory_under_a_file_cannot_be_created(tmp_path: Path) -> None:
@@ -35,21 +35,23 @@ def test_unwritable_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_checkpoint_count_over_a_run() -> None:
-    plan = storage.checkpoint_plan(10, train_steps=1000, save_interval=300, save_initial_state=True, directory="/")
-    assert plan.count == 3 + 1 + 1  # steps 300, 600, 900; the last step; the initial state
-    assert storage.checkpoint_plan(10, 900, 300, False, "/").count == 3
-    assert plan.bytes_each == 10 * storage.BYTES_PER_PARAMETER
-    assert plan.free is not None and 0 < plan.free <= shutil.disk_usage("/").total
+    assert figures.checkpoint_count(1000, 300, save_initial_state=True) == 3 + 1 + 1  # 300, 600, 900; last; initial
+    assert figures.checkpoint_count(900, 300, False) == 3
+    spec, _ = spec_for("--dataset", "none", "--train_steps", "1000", "--save_interval", "300")
+    assert figures.derived(spec)["checkpoint_bytes"] == figures.parameters(spec) * figures.BYTES_PER_PARAMETER
+    free = storage.free_bytes("/")
+    assert free is not None and 0 < free <= shutil.disk_usage("/").total
 
 
 def test_no_room_for_one_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, _ = spec_for("--model_size", "8b", "--nodes", "1", "--dataset", "none", cwd=tmp_path)
-    least = summary.parameters(spec) * storage.MIN_BYTES_PER_PARAMETER
+    least = figures.parameters(spec) * figures.MIN_BYTES_PER_PARAMETER
     for free, refused in ((least - 1, True), (least, False)):
         monkeypatch.setattr(storage.shutil, "disk_usage", lambda path, free=free: shutil._ntuple_diskusage(0, 0, free))
-        problems = [p for p in validate(spec) if p.flag == "checkpoints_path"]
+        problems = [p for p in all_problems(spec, []) if p.flag == "checkpoints_path"]
         assert bool(problems) == refused
-    (problem,) = storage.space_problems(storage.CheckpointPlan(1, 1, least - 1), summary.parameters(spec), "/ck")
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, least - 1))
+    (problem,) = storage.space_problems(figures.parameters(spec), "/ck")
     assert "less than one checkpoint of this model (at least 96.4 GB)" in problem.message
 
 

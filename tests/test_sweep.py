@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from launcher_helpers import ROOT, run_launcher
 
-from launcher import app, cli, sweep
-from launcher.problems import Problem
+from launcher import launch, sweep
+from launcher.config import flags as cli
+from launcher.config.problems import Problem
 
 BASE = ["--run_name", "lr", "--dataset", "none", "--learning_rate", "1e-2", "--train_steps", "20", "--warmup_steps",
         "2", "--sweep", "learning_rate=1e-3,3e-3 seed=1,2"]  # fmt: skip
@@ -54,7 +55,7 @@ def test_sweep_mistakes(text: str, words: str) -> None:
 
 def test_problems_of_some_points_name_them() -> None:
     shared, odd = Problem("time_limit", "bad", "fix"), Problem("warmup_steps", "too many", "fewer")
-    out = app.labelled([[shared], [shared, odd]], ["lr-1: a=1", "lr-2: a=2"])
+    out = launch.labelled([[shared], [shared, odd]], ["lr-1: a=1", "lr-2: a=2"])
     assert [str(p) for p in out] == ["--time_limit: bad; fix", "--warmup_steps: (lr-2: a=2) too many; fewer"]
 
 

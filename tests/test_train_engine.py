@@ -22,9 +22,8 @@ import torch.distributed as dist
 from conftest import ROOT, tiny_config, write_config
 
 from launcher.errors import TrainError
-from launcher.nanotron_schema import load_train_config
 from launcher.train import torch_engine
-from launcher.train.config import TrainConfig
+from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import PackedWindows, RandomTokens, load_texts, pack
 from launcher.train.stop import StopRequest
 
@@ -433,7 +432,7 @@ def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, 
     ParallelContext needs NCCL; the dataloader only asks it for the pp and dp groups)."""
     import types
 
-    from launcher import nanotron_compat
+    from launcher.train import nanotron_compat
 
     nanotron_compat.apply()
     from nanotron.dataloader import get_train_dataloader

@@ -85,7 +85,7 @@ def test_matches_nanotron_lambdalr_bit_for_bit(s: LRSchedule) -> None:
     """nanotron's own lr_scheduler_builder, driven as its trainer drives it (step after each optimizer step)."""
     import torch  # dependencies of the project: a missing one fails here, never skips
 
-    from launcher import nanotron_compat
+    from launcher.train import nanotron_compat
 
     nanotron_compat.apply()
     import nanotron.config as config

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,20 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from launcher_helpers import spec_for
 
-from launcher import storage
-from launcher.cli import flag_names
-from launcher.layout import check_layout
-from launcher.problems import report
-from launcher.validate import time_limit_seconds, validate
-
-
-@pytest.fixture(autouse=True)
-def plenty_of_disk(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests judge flags, not this machine's free disk (test_storage.py checks the space rule)."""
-    monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**16, 0, 10**16))
+from launcher.config.flags import flag_names
+from launcher.config.layout import check_layout
+from launcher.config.problems import report
+from launcher.config.slurm_values import time_limit_seconds
+from launcher.config.validate import validate
 
 
 def problems_for(*flags: str) -> list:
+    """The pure phase's problems (resolution and validation): flags, not this machine's disk."""
     spec, problems = spec_for(*flags)
     return problems + validate(spec)
 

@@ -1,13 +1,23 @@
-"""What the training job needs to know about a run, independent of any config schema.
+"""What the training job needs to know about a run, and how it reads that from the run's nanotron YAML.
 
-`launcher.nanotron_schema.load_train_config(path)` reads a nanotron YAML into a `TrainConfig`; the engines
+`load_train_config(path)` reads a nanotron 0.4 config into a `TrainConfig`; the engines
 (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this. A second schema (newer
-nanotron) adds a second reader, not a second engine.
+nanotron) adds a second reader, not a second engine. `check_train_config` holds the config to the launcher's own
+layout rules (`launcher.config.layout`) against the processes torchrun actually started.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from launcher.config.layout import check_layout
+from launcher.config.problems import Problem
+from launcher.config.schema import get_path, train_split
+
+ROPE_THETA = 10000.0  # nanotron 0.4's Llama has no rope_theta field and uses this value
 
 
 @dataclass(frozen=True)
@@ -83,3 +93,103 @@ class TrainConfig:
     def global_batch_size(self) -> int:
         """Sequences per optimizer step across all data-parallel replicas."""
         return self.micro_batch_size * self.grad_accum_steps * self.dp
+
+
+def _require(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:
+    value = get_path(tree, path)
+    return default if value is None else value
+
+
+def to_train_config(config: dict) -> TrainConfig:
+    """A nanotron 0.4 config dict as the engine's TrainConfig (missing optional values get nanotron's defaults)."""
+    mc = config["model"]["model_config"]
+    lrs = config["optimizer"]["learning_rate_scheduler"]
+    tokens = config["tokens"]
+    warmup = lrs.get("lr_warmup_steps") or 0
+    decay_start = lrs.get("lr_decay_starting_step")
+    decay_steps = lrs.get("lr_decay_steps")
+    if decay_steps is None:
+        decay_steps = tokens["train_steps"] - warmup - (decay_start or 0)
+    dataset = get_path(config, ("data", "dataset"))
+    heads = mc["num_attention_heads"]
+    return TrainConfig(
+        project=config["general"]["project"],
+        run_name=config["general"].get("run") or "run",
+        seed=_require(config, ("general", "seed"), 42),
+        model=ModelShape(
+            hidden_size=mc["hidden_size"],
+            intermediate_size=mc["intermediate_size"],
+            num_hidden_layers=mc["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=mc.get("num_key_value_heads") or heads,
+            vocab_size=mc["vocab_size"],
+            max_position_embeddings=mc.get("max_position_embeddings", 2048),
+            rms_norm_eps=mc.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=mc.get("tie_word_embeddings", False),
+            hidden_act=mc.get("hidden_act", "silu"),
+            rope_theta=ROPE_THETA,
+            bos_token_id=mc.get("bos_token_id", 1),
+            eos_token_id=mc.get("eos_token_id", 2),
+        ),
+        init_std=_require(config, ("model", "init_method", "std"), 0.02),
+        dtype=_require(config, ("model", "dtype"), "bfloat16"),
+        dp=config["parallelism"]["dp"],
+        tp=config["parallelism"]["tp"],
+        pp=config["parallelism"]["pp"],
+        sequence_length=tokens["sequence_length"],
+        micro_batch_size=tokens["micro_batch_size"],
+        grad_accum_steps=tokens["batch_accumulation_per_replica"],
+        train_steps=tokens["train_steps"],
+        lr=LRSchedule(
+            learning_rate=lrs["learning_rate"],
+            min_decay_lr=lrs["learning_rate"] if lrs.get("min_decay_lr") is None else lrs["min_decay_lr"],
+            warmup_steps=warmup,
+            warmup_style=lrs.get("lr_warmup_style") or "linear",
+            decay_style=lrs.get("lr_decay_style") or "linear",
+            decay_steps=decay_steps,
+            decay_starting_step=warmup if decay_start is None else decay_start,
+        ),
+        weight_decay=config["optimizer"]["weight_decay"],
+        adam_beta1=config["optimizer"]["adam_beta1"],
+        adam_beta2=config["optimizer"]["adam_beta2"],
+        adam_eps=config["optimizer"]["adam_eps"],
+        clip_grad=config["optimizer"].get("clip_grad"),
+        dataset=dataset["hf_dataset_or_datasets"] if dataset else None,
+        dataset_split=train_split(config),
+        dataset_config_name=(dataset or {}).get("hf_dataset_config_name"),
+        text_column=(dataset or {}).get("text_column_name") or "text",
+        tokenizer=get_path(config, ("tokenizer", "tokenizer_name_or_path")),
+        data_seed=_require(config, ("data", "seed"), 42),
+        num_loading_workers=_require(config, ("data", "num_loading_workers"), 1),
+        checkpoints_path=str(config["checkpoints"]["checkpoints_path"]),
+        checkpoint_interval=config["checkpoints"]["checkpoint_interval"],
+        save_initial_state=bool(config["checkpoints"].get("save_initial_state")),
+        resume_checkpoint_path=config["checkpoints"].get("resume_checkpoint_path"),
+        log_interval=_require(config, ("logging", "iteration_step_info_interval"), 1),
+        init_path=get_path(config, ("model", "init_method", "path")),
+    )
+
+
+def load_train_config(path: str) -> TrainConfig:
+    """Read a nanotron YAML file into a TrainConfig."""
+    with open(path, encoding="utf-8") as f:
+        return to_train_config(yaml.safe_load(f))
+
+
+def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
+    """The training job's start-up check: the launcher's layout rules, against the processes actually started."""
+    m = cfg.model
+    return check_layout(
+        world=world_size,
+        dp=cfg.dp,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        hidden=m.hidden_size,
+        intermediate=m.intermediate_size,
+        layers=m.num_hidden_layers,
+        heads=m.num_attention_heads,
+        kv_heads=m.num_key_value_heads,
+        vocab=m.vocab_size,
+        grad_accum=cfg.grad_accum_steps,
+        world_flags="processes started by torchrun",
+    )

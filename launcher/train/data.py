@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from launcher.datasource import DATA_FILE_BUILDERS, is_local_path
+from launcher.config.datasource import DATA_FILE_BUILDERS, is_local_path
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 

@@ -8,9 +8,7 @@ import torch
 import yaml
 
 from launcher.errors import ConfigError, TrainError
-from launcher.layout import check_train_config
-from launcher.nanotron_schema import load_train_config
-from launcher.train.config import TrainConfig
+from launcher.train.config import TrainConfig, check_train_config, load_train_config
 
 ENGINES = ("auto", "torch", "nanotron")
 
@@ -37,7 +35,7 @@ def load_checked(config_file: str, world_size: int) -> TrainConfig:
 
 def choose_engine(requested: str) -> tuple[str, str]:
     """The engine to run and why: `auto` takes nanotron where it can run (CUDA, NCCL, flash_attn, nanotron)."""
-    from launcher.train import nanotron_engine
+    from launcher.train import nanotron_engine  # (lazy, as each engine below: a job imports the one it runs)
 
     if requested not in ENGINES:
         raise TrainError(f"unknown engine {requested!r}: use one of {', '.join(ENGINES)}")

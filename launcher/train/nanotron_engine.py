@@ -25,6 +25,7 @@ import torch.distributed as dist
 import yaml
 
 from launcher.errors import TrainError
+from launcher.train import nanotron_compat
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.metrics import StepMetrics, append_metrics
@@ -91,8 +92,6 @@ def train(config_file: str, cfg: TrainConfig) -> None:
             f"the nanotron engine needs {', '.join(lacking)}, missing here: use --engine torch "
             "(data parallel, runs on CPU or GPU)"
         )
-    from launcher import nanotron_compat
-
     nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
     from nanotron.trainer import DistributedTrainer
 

@@ -17,8 +17,8 @@ MUNGE_ROOT = Path("/tmp")
 
 
 def default_dir() -> Path:
-    """`<project root>/.slurm`, the project root being the parent of the `launcher` package."""
-    return Path(__file__).resolve().parent.parent / ".slurm"
+    """`<project root>/.slurm`, the project root being the directory that holds the `launcher` package."""
+    return Path(__file__).resolve().parents[2] / ".slurm"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,15 +1,14 @@
 """nanotron's rules for a model shape on a parallel layout: what it asserts at start-up, checked before the queue.
 
-Shared by the launcher (`launcher.validate`, on the flags) and the training job (`launcher.train.main`, on the
-config and the processes torchrun actually started), so the two cannot disagree. Pure functions.
+Shared by the launcher (`launcher.config.validate`, on the flags) and the training job (`launcher.train.config`, on
+the config and the processes torchrun actually started), so the two cannot disagree. Pure functions.
 """
 
 from __future__ import annotations
 
 import math
 
-from launcher.problems import Problem
-from launcher.train.config import TrainConfig
+from launcher.config.problems import Problem
 
 
 def divisors(n: int) -> list[int]:
@@ -134,22 +133,3 @@ def check_layout(
             )
         )
     return out
-
-
-def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
-    """The training job's start-up check: the same layout rules, against the processes actually started."""
-    m = cfg.model
-    return check_layout(
-        world=world_size,
-        dp=cfg.dp,
-        tp=cfg.tp,
-        pp=cfg.pp,
-        hidden=m.hidden_size,
-        intermediate=m.intermediate_size,
-        layers=m.num_hidden_layers,
-        heads=m.num_attention_heads,
-        kv_heads=m.num_key_value_heads,
-        vocab=m.vocab_size,
-        grad_accum=cfg.grad_accum_steps,
-        world_flags="processes started by torchrun",
-    )

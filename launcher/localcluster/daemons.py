@@ -13,25 +13,22 @@ The daemons daemonize themselves, so they outlive the process that started them;
 and only a pid whose command line names this directory counts as ours. Ports derive from a hash of the directory
 (slurmctld on 20000 + 20 * (crc32(dir) % 500), node K on that + K), so clusters in different directories do not
 collide; a cluster has at most 19 nodes. It must run as root: slurmd runs jobs as their submitter and munged runs
-as user munge. CLI: `python -m launcher.localcluster {up,down,status,env} [--dir DIR]`.
+as user munge. CLI: `python -m launcher.localcluster {up,down,status,env} [--dir DIR]` (`__main__.py`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.errors import LauncherError, closed_pipe
-from launcher.localcluster_config import ClusterSpec, config_files, default_dir
+from launcher.errors import LauncherError
+from launcher.localcluster.config import ClusterSpec, config_files
 
 READY_TIMEOUT_S, STOP_TIMEOUT_S, PIDFILE_TIMEOUT_S = 30.0, 10.0, 10.0
 READY_STATES = {"idle", "mixed", "allocated", "completing"}
@@ -239,45 +236,3 @@ def status(spec: ClusterSpec) -> None:
         for argv in (["sinfo", "--Node", "--long"], ["squeue"]):
             proc = _slurm(spec, *argv)
             print(proc.stdout + proc.stderr, end="")
-
-
-def _print_env(spec: ClusterSpec) -> None:
-    print(f"export SLURM_CONF={shlex.quote(str(spec.conf))}")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launcher.localcluster", description=__doc__.split("\n")[0])
-    parser.set_defaults(nodes=ClusterSpec.nodes, gpus_per_node=ClusterSpec.gpus_per_node)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dir", type=Path, default=default_dir(), help="cluster directory (default: %(default)s)")
-    commands = parser.add_subparsers(dest="command", required=True)
-    up_parser = commands.add_parser("up", parents=[common], help="start (or restart) the cluster, wait until ready")
-    up_parser.add_argument("--nodes", type=int, default=ClusterSpec.nodes)
-    up_parser.add_argument("--gpus_per_node", type=int, default=ClusterSpec.gpus_per_node)
-    commands.add_parser("down", parents=[common], help="stop the daemons this directory started")
-    commands.add_parser("status", parents=[common], help="daemons' liveness, sinfo, squeue")
-    commands.add_parser("env", parents=[common], help="print the export line for eval")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
-        spec = ClusterSpec(args.dir, args.nodes, args.gpus_per_node)
-    except ValueError as e:
-        parser.error(str(e))
-    try:
-        {"up": up, "down": down, "status": status, "env": _print_env}[args.command](spec)
-        if args.command == "up":
-            _print_env(spec)
-    except ClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except BrokenPipeError:
-        return closed_pipe()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from launcher import slurm
 from launcher.errors import LauncherError
+from launcher.slurm import client
+from launcher.slurm.parse import JobState
 
 
 @dataclass
@@ -39,7 +40,7 @@ class LogTail:
         return len(data)
 
 
-def describe(state: slurm.JobState) -> str:
+def describe(state: JobState) -> str:
     text = f"job {state.job_id} {state.state}"
     if state.state == "PENDING" and state.reason not in ("None", ""):
         text += f" (reason: {state.reason}" + (f", waiting for {state.dependency})" if state.dependency else ")")
@@ -59,7 +60,7 @@ def follow(
     tick: float = 0.25,
     state_every: float = 1.0,
     max_state_every: float = 5.0,
-) -> slurm.JobState:
+) -> JobState:
     """Stream the job's log and report state changes until the job ends; return its final state."""
     out = out or sys.stdout.buffer
     say = say or (lambda text: print(f"[follow] {text}", file=sys.stderr, flush=True))
@@ -69,7 +70,7 @@ def follow(
         grew = tail.pump()
         now = time.monotonic()
         if now >= next_poll:
-            state = slurm.job_state(job_id)
+            state = client.job_state(job_id)
             if state is None:
                 raise LauncherError(f"Slurm no longer knows job {job_id} and has no accounting record")
             text = describe(state)

@@ -10,25 +10,11 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import SlurmUnavailable, SubmissionError
+from launcher.slurm.parse import SACCT_FIELDS, JobState, parse_job_records, parse_sacct, parse_scontrol
 
-TERMINAL = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "OUT_OF_MEMORY",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "SPECIAL_EXIT",
-    }
-)
 JOB_ID = re.compile(r"^\d+(_\d+)?$", re.ASCII)
 WHAT_NOW = (
     "Use --dry_run to write the bundle without submitting, or start the project's local cluster: "
@@ -52,22 +38,6 @@ HINTS = (  # sbatch's words -> the flag to change
     ("invalid number of nodes", "--nodelist: it names more nodes than --nodes"),
     ("dependency", "--dependency: name jobs that exist (`squeue --me`)"),
 )
-
-
-@dataclass(frozen=True)
-class JobState:
-    job_id: str
-    state: str  # Slurm's state name, e.g. PENDING, RUNNING, COMPLETED
-    reason: str  # why pending / why it ended ("None" when there is none)
-    exit_code: int | None  # the batch script's exit code once ended
-    signal: int | None
-    restarts: int  # how many times the job was requeued
-    nodes: str
-    dependency: str = ""  # what it waits for, as scontrol says it: "afterok:15(failed)"; "" when none or unknown
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
 
 
 def _command(name: str) -> str:
@@ -148,20 +118,6 @@ def submit(script: Path) -> str:
     return job_id
 
 
-def parse_scontrol(text: str) -> dict[str, str]:
-    """`scontrol show job -o` output (one line of Key=Value) as a dict."""
-    fields: dict[str, str] = {}
-    for token in re.split(r"\s+(?=[A-Za-z:/]+=)", text.strip()):
-        key, _, value = token.partition("=")
-        fields.setdefault(key, value)
-    return fields
-
-
-def _exit(code: str) -> tuple[int | None, int | None]:
-    status, _, sig = code.partition(":")
-    return (int(status) if status.isdigit() else None), (int(sig) if sig.isdigit() else None)
-
-
 def _from_sacct(job_id: str) -> list[JobState]:
     sacct = shutil.which("sacct")
     if sacct is None:
@@ -169,42 +125,6 @@ def _from_sacct(job_id: str) -> list[JobState]:
     out = _run([sacct, "-j", job_id, "-X", "-n", "-P", "-o", SACCT_FIELDS])
     lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
     return [parse_sacct(job_id, line) for line in lines if line]
-
-
-SACCT_FIELDS = "State,ExitCode,Reason,NodeList,Restarts"
-
-
-def parse_sacct(job_id: str, line: str) -> JobState:
-    """One line of `sacct -X -n -P -o State,ExitCode,Reason,NodeList,Restarts` ("CANCELLED by 0" -> CANCELLED)."""
-    state, code, reason, nodes, restarts = (line.split("|") + [""] * 5)[:5]
-    status, sig = _exit(code)
-    return JobState(
-        job_id, state.split()[0], reason or "None", status, sig, int(restarts) if restarts.isdigit() else 0, nodes
-    )
-
-
-def parse_job_records(job_id: str, text: str) -> list[JobState]:
-    """`scontrol show job -o JOB_ID` output: one record a line, one for a job or an array task, and for a whole
-    array one a task (the tasks not started yet share one record)."""
-    states = []
-    for line in text.splitlines():
-        if "JobState=" not in line:
-            continue
-        f = parse_scontrol(line)
-        status, sig = _exit(f.get("ExitCode", ""))
-        states.append(
-            JobState(
-                job_id,
-                f["JobState"],
-                f.get("Reason", "None"),
-                status,
-                sig,
-                int(f.get("Restarts", "0") or 0),
-                f.get("NodeList", ""),
-                "" if f.get("Dependency", "(null)") == "(null)" else f["Dependency"],
-            )
-        )
-    return states
 
 
 def job_states(job_id: str) -> list[JobState]:

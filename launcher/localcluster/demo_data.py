@@ -3,7 +3,7 @@
 The text is English-like and learnable: templated sentences over a small vocabulary where each subject has its
 own verbs and each verb its own objects, so a tiny model's loss falls clearly within a few dozen steps.
 
-    python -m launcher.demo_data OUTDIR     # writes OUTDIR/dataset and OUTDIR/tokenizer (reused if present)
+    python -m launcher.localcluster.demo_data OUTDIR   # writes OUTDIR/dataset and OUTDIR/tokenizer (reused if present)
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The sbatch script: a pure function of the resolved spec and the bundle's paths, rendered from a template.
+"""The bundle's two rendered files, pure functions of the resolved spec and the bundle's paths: the nanotron config
+(`config_yaml`, through the flag table of `launcher.config.schema`) and the sbatch script (`sbatch_script`, from
+templates/sbatch.sh.j2).
 
 Every value that reaches the shell goes through `shlex.quote` (the `q` filter); values on #SBATCH lines are
 validated to a safe alphabet first (run name, partition, ...) or cannot hold what Slurm's parser chokes on (the
-log path, see validate.SBATCH_UNSAFE). Values in comments have line breaks escaped.
+log path, see slurm_values.SBATCH_UNSAFE). Values in comments have line breaks escaped.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from launcher.bundle import BundlePaths
-from launcher.spec import RunSpec
-from launcher.validate import PLACEMENT, SBATCH_UNSAFE
+from launcher.bundle.files import BundlePaths
+from launcher.config import schema
+from launcher.config.resolve import RunSpec
+from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -39,10 +42,15 @@ def _environment() -> Environment:
     return env
 
 
-def render(spec: RunSpec, paths: BundlePaths) -> str:
+def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
+    """The config.yaml's text: the base YAML with every flag's value at its path."""
+    return schema.dump(schema.build_config(spec.flag_values(), spec.base_config, str(paths.checkpoints)))
+
+
+def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
     """The batch script's text."""
     a = spec.args
-    # Validation refuses such log paths (validate.SBATCH_UNSAFE); reaching here with one is a launcher bug.
+    # Validation refuses such log paths (slurm_values.SBATCH_UNSAFE); reaching here with one is a launcher bug.
     assert not SBATCH_UNSAFE.search(str(paths.log)), f"unsafe #SBATCH path {paths.log!r}"
     return (
         _environment()
@@ -58,7 +66,7 @@ def render(spec: RunSpec, paths: BundlePaths) -> str:
             account=a.slurm.account,
             email=a.slurm.email,
             dependency=a.slurm.dependency,
-            placement={name: getattr(a.slurm, name) for name in PLACEMENT},  # values checked by validate
+            placement={name: getattr(a.slurm, name) for name in PLACEMENT},  # values checked by validation
             exclusive=a.slurm.exclusive,
             max_requeues=a.slurm.max_requeues,
             signal_grace=a.slurm.signal_grace,

@@ -14,23 +14,19 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import yaml
 
-from launcher import nanotron_schema
-from launcher.cli import GROUPS, LaunchArgs, flag_types
-from launcher.datasource import is_local_path
-from launcher.problems import Problem
+from launcher.config import schema
+from launcher.config.datasource import is_local_path
+from launcher.config.flags import GROUPS, LaunchArgs, flag_types
+from launcher.config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
+from launcher.config.problems import Problem
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-CONFIGS_DIR = PROJECT_ROOT / "configs"
-PRESETS_DIR = CONFIGS_DIR / "presets"
-BASE_CONFIG = CONFIGS_DIR / "nanotron-0.4-base.yaml"
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it: 10x faster
 PATH_FIELDS = ("configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scripts_dir", "run_train_script")
 
 
@@ -80,14 +76,14 @@ class RunSpec:
         assert all(v is not None for v in values), f"unresolved model shape {m}"
         return Shape(*values)  # type: ignore[arg-type]
 
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-
-
-def load_preset(name: str) -> dict:
-    with open(PRESETS_DIR / f"{name}.yaml", encoding="utf-8") as f:
-        return yaml.load(f, Loader=YAML_LOADER)
+    def flag_values(self) -> dict[str, Any]:
+        """Every flag's resolved value by flag name, and the values derived beside the flags that the nanotron
+        config carries (`tie_word_embeddings`): what `schema.build_config` writes."""
+        values: dict[str, Any] = {"run_name": self.args.run_name, "tie_word_embeddings": self.tie_word_embeddings}
+        for name in GROUPS:
+            group = getattr(self.args, name)
+            values.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
+        return values
 
 
 def tokenizer_vocab_size(path: str) -> int | None:
@@ -163,10 +159,10 @@ def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, l
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems
-    replaced = {nanotron_schema.FLAG_PATHS[f] for f in explicit if f in nanotron_schema.FLAG_PATHS}
-    for keys, what in nanotron_schema.shape_problems(user, base):
+    replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
+    for keys, what in schema.shape_problems(user, base):
         if keys not in replaced:
-            flag = next((f for f, p in nanotron_schema.FLAG_PATHS.items() if p == keys), None)
+            flag = next((f for f, p in schema.FLAG_PATHS.items() if p == keys), None)
             fix = f"fix it in {target}" + (f" or give --{flag}" if flag else "")
             problems.append(Problem("config", f"{'.'.join(keys)} {what}", fix))
     return _merge(base, user), user, str(target.resolve()), problems
@@ -191,7 +187,7 @@ def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
             kept[flag] = value
             continue
         mixture = " (the launcher trains one dataset, not a mixture)" if flag == "dataset" else ""
-        where = ".".join(nanotron_schema.FLAG_PATHS[flag])
+        where = ".".join(schema.FLAG_PATHS[flag])
         name = getattr(kind, "__name__", str(kind))
         problems.append(Problem("config", f"{where} is {value!r}, not a {name}", f"give --{flag}{mixture}"))
     return kept, problems
@@ -214,7 +210,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     problems: list[Problem] = []
     base, user_config, base_path, base_problems = _load_base(args.execution.config, explicit)
     problems += base_problems
-    from_config = nanotron_schema.flags_from_config(user_config)
+    from_config = schema.flags_from_config(user_config)
     from_config, type_problems = _typed(from_config, explicit)
     said = {p.message.split(" ")[0] for p in problems}  # the key paths the shape check already reported
     problems += [p for p in type_problems if p.message.split(" ")[0] not in said]

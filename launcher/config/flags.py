@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from simple_parsing import ArgumentParser
 
-from launcher.secrets_guard import redact
+from launcher.config.secrets_guard import redact
 
 RUN_DEFAULT = "the cluster's default"
 

@@ -1,8 +1,12 @@
-"""Validation of the flags: pure functions that return every problem at once, each naming the flag and the fix.
+"""The first phase of validation, pure: every problem with a resolved spec, each naming the flag and the fix.
 
-The model/parallelism rules live in `launcher.layout`, shared with the training job, so the launcher and the
-trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing line
-break is not a safe run name.
+It reads the spec and local files (a dataset, a tokenizer, the training script), never the cluster: the second
+phase, `launcher.slurm.preflight`, asks the world as it is now (output directories, disk, the jobs a dependency
+names, Slurm's verdict). `launcher.launch.check` runs both and reports every problem at once.
+
+The model/parallelism rules live in `launcher.config.layout`, shared with the training job, so the launcher and
+the trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing
+line break is not a safe run name.
 """
 
 from __future__ import annotations
@@ -13,50 +17,27 @@ import os
 import re
 import subprocess
 
-from launcher import datacheck, dependency, storage, summary
-from launcher.cli import GROUPS
-from launcher.datasource import is_local_path
-from launcher.layout import check_layout
-from launcher.nanotron_schema import train_split
-from launcher.problems import Problem
-from launcher.secrets_guard import has_secret_value, is_secret_assignment, secret_assignments
-from launcher.spec import RunSpec
+from launcher.config import datacheck, dependency
+from launcher.config.datasource import is_local_path
+from launcher.config.flags import GROUPS
+from launcher.config.layout import check_layout
+from launcher.config.problems import Problem
+from launcher.config.resolve import RunSpec
+from launcher.config.schema import train_split
+from launcher.config.secrets_guard import has_secret_value, is_secret_assignment, secret_assignments
+from launcher.config.slurm_values import (
+    EMAIL,
+    ENV_NAME,
+    NO_TIME_LIMIT,
+    PLACEMENT,
+    RUN_NAME,
+    SBATCH_UNSAFE,
+    TIME_LIMIT,
+    time_limit_seconds,
+)
 
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
-# Slurm --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; 0, UNLIMITED or INFINITE for no limit
-TIME_LIMIT = re.compile(r"\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}", re.ASCII)  # no Unicode digits
-NO_TIME_LIMIT = ("0", "UNLIMITED", "INFINITE")
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SBATCH_UNSAFE = re.compile(r'["%\\\n\r]')  # characters an #SBATCH --output path cannot carry
 SEED_MAX = 2**32 - 1  # numpy's seed range
-# Slurm --mem (str_to_mbytes): megabytes, or K, M, G or T in either case, each optionally followed by B or b.
-# ASCII digits only, as `\d` takes '١٢'. (Slurm's strtoll also skips a leading space or '+'; that is not taken.)
-MEM = re.compile(r"[0-9]+(?:[KMGTkmgt][Bb]?)?")
-# Node placement values, each on an #SBATCH line: Slurm's own alphabets, with no space, quote, % or line break.
-PLACEMENT = {  # flag -> (its alphabet, what it is, an example)
-    "nodelist": (re.compile(r"[A-Za-z0-9._\-\[\],]+"), "a Slurm hostlist", "gpu[01-04],gpu07"),
-    "exclude": (re.compile(r"[A-Za-z0-9._\-\[\],]+"), "a Slurm hostlist", "gpu[01-04],gpu07"),
-    "constraint": (re.compile(r"[A-Za-z0-9._\-&|\[\]*:(),!]+"), "a feature expression", "h100 or h100&ib"),
-    "reservation": (re.compile(r"[A-Za-z0-9._\-]+(,[A-Za-z0-9._\-]+)*"), "a reservation name", "maintenance_1"),
-    "mem": (MEM, "a memory size", "500G, 500GB, 4096 (megabytes), or 0 for all of a node's memory"),
-}
-
-
-def time_limit_seconds(text: str) -> int:
-    """Seconds in a valid Slurm time limit (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]])."""
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        h, m, s = (parts + [0, 0])[:3]
-    elif len(parts) == 1:
-        h, m, s = 0, parts[0], 0
-    elif len(parts) == 2:
-        h, m, s = 0, parts[0], parts[1]
-    else:
-        h, m, s = parts
-    return ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
 
 
 def _check_training(spec: RunSpec) -> list[Problem]:
@@ -221,10 +202,6 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
                 "use a directory name without them",
             )
         )
-    for flag in ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path"):
-        out += storage.writable_problems(flag, getattr(a.paths, flag))
-    if a.logging.profiler_export_path:
-        out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     for flag, steps in (("save_interval", a.paths.save_interval), ("log_interval", a.logging.log_interval)):
         if steps <= 0:
             out.append(Problem(flag, f"must be positive, got {steps}", "give a number of steps >= 1"))
@@ -241,12 +218,15 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
 
 
 def _check_shell(commands: str) -> list[Problem]:
-    """`bash -n` on --pre_launch_commands: a syntax error is found now, not when the job starts."""
+    """`bash -n` on --pre_launch_commands: a syntax error is found now, not when the job starts. A warning is a
+    problem too: an unterminated here-document (`cat <<EOF` without its EOF) parses, with a warning, and swallows
+    the rest of the batch script, so the job would end COMPLETED without training."""
     out = subprocess.run(["bash", "-n"], input=commands, capture_output=True, text=True)
-    if out.returncode == 0:
+    said = out.stderr.strip()
+    if out.returncode == 0 and not said:
         return []
-    first = out.stderr.strip().splitlines()[0] if out.stderr.strip() else "syntax error"
-    return [Problem("pre_launch_commands", f"the commands do not parse ({first})", "fix their shell syntax")]
+    first = said.splitlines()[0].removeprefix("bash: ") if said else "syntax error"
+    return [Problem("pre_launch_commands", f"the commands do not parse cleanly ({first})", "fix their shell syntax")]
 
 
 def _check_secrets(spec: RunSpec) -> list[Problem]:
@@ -289,7 +269,4 @@ def validate(spec: RunSpec) -> list[Problem]:
         else []
     )
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec)
-    if all(v > 0 for v in s) and not any(p.flag in ("checkpoints_path", "save_interval") for p in checks):
-        plan = summary.checkpoint_plan(spec)  # a model of a valid shape: its checkpoint's size
-        checks += storage.space_problems(plan, summary.parameters(spec), spec.args.paths.checkpoints_path)
     return _check_secrets(spec) + checks

@@ -1,0 +1,64 @@
+"""--dependency's syntax (Slurm's `--dependency`, as slurmctld reads it), checked with the other flags.
+
+The jobs it names are judged by their states in the preflight phase (`launcher.slurm.dependencies`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from launcher.config.problems import Problem
+
+KINDS = ("after", "afterany", "afterok", "afternotok", "aftercorr", "afterburstbuffer")
+# Slurm's grammar as slurmctld parses it (update_job_dependency), in ASCII: `[0-9]`, as `\d` would take '١٢'.
+_ID = r"0*[1-9][0-9]*(?:_(?:[0-9]+|\*))?"  # a job id (not 0), an array task (123_4) or a whole array (123_*)
+_DELAY = r"\+0*[1-9][0-9]*"  # minutes, for `after` (Slurm reads it after any kind; 0 it refuses)
+_TYPED = rf"(?:{'|'.join(KINDS)}):{_ID}(?:{_DELAY})?(?::{_ID}(?:{_DELAY})?)*"
+_ITEM = rf"(?:{_TYPED}|singleton)"
+# A bare job id means afterany. Slurm reads one only where no `kind:` item follows it (12,afterok:13 is refused),
+# so bare ids end a ',' list, and one may end a '?' list.
+_ALL_OF = rf"(?:{_ITEM},)*(?:{_ITEM}|{_ID}(?:,(?:{_ID}|singleton))*)"
+_ANY_OF = rf"{_ITEM}(?:\?{_ITEM})*\?(?:{_ITEM}|{_ID})"
+SYNTAX = re.compile(rf"{_ALL_OF}|{_ANY_OF}", re.ASCII | re.IGNORECASE)  # kinds in any case, as Slurm reads them
+EXAMPLES = (
+    "e.g. afterok:12345, afterany:12345:12346, afterok:12345_7 (an array task), afterok:12345_* (a whole array), "
+    "12345 (afterany) or singleton (',' joins items that must all hold, '?' any)"
+)
+
+
+@dataclass(frozen=True)
+class Item:
+    kind: str  # one of KINDS, or "singleton"
+    job_ids: tuple[str, ...]  # without +delay
+
+
+def parse(text: str) -> tuple[list[Item], bool] | None:
+    """The items of a dependency and whether any one suffices ('?'), or None if it is not Slurm's syntax."""
+    if not SYNTAX.fullmatch(text):
+        return None
+    items = []
+    for part in re.split(r"[,?]", text):
+        kind, colon, ids = part.partition(":")
+        if colon:
+            items.append(Item(kind.lower(), tuple(i.split("+")[0] for i in ids.split(":"))))
+        elif kind.lower() == "singleton":
+            items.append(Item("singleton", ()))
+        else:
+            items.append(Item("afterany", (part,)))  # a bare job id: Slurm's default kind
+    return items, "?" in text
+
+
+def _near_miss(text: str) -> str:
+    """What in a refused dependency Slurm reads otherwise, or does not take either, when it can be told."""
+    if "," in text and "?" in text:
+        return " (Slurm takes one kind of separator: all ',' or all '?')"
+    if "_[" in text:
+        return " (task ranges like 12345_[1-3] are not taken here: name the tasks, afterok:12345_1:12345_2)"
+    return ""
+
+
+def syntax_problems(text: str | None) -> list[Problem]:
+    if text is None or parse(text) is not None:
+        return []
+    return [Problem("dependency", f"{text!r} is not a Slurm dependency{_near_miss(text)}", EXAMPLES)]

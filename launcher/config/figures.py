@@ -1,0 +1,82 @@
+"""Figures about a run, pure: parameters, batch, tokens, and its checkpoints' size and count.
+
+Checkpoint sizes: nanotron 0.4 writes bf16 weights, their fp32 master copies and AdamW's two fp32 moments
+(14 bytes a parameter); the torch engine fp32 weights and the moments (12). Neither prunes old checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+
+from launcher.config.resolve import RunSpec
+
+BYTES_PER_PARAMETER = 14  # nanotron's checkpoint: what the summary plans with
+MIN_BYTES_PER_PARAMETER = 12  # what either engine writes at least: what a refusal is based on
+
+
+def parameter_count(
+    *, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int, tied: bool
+) -> int:
+    """Parameters of a Llama with grouped-query attention (RMSNorm weights included, no biases)."""
+    head_dim = hidden // heads
+    attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim  # q, o; k, v
+    mlp = 3 * hidden * intermediate  # gate, up, down
+    per_layer = attention + mlp + 2 * hidden  # two RMSNorms
+    embeddings = vocab * hidden * (1 if tied else 2)
+    return layers * per_layer + embeddings + hidden  # final norm
+
+
+def parameters(spec: RunSpec) -> int:
+    """The run's model's parameter count."""
+    s = spec.shape
+    return parameter_count(
+        hidden=s.hidden,
+        intermediate=s.intermediate,
+        layers=s.layers,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        vocab=s.vocab,
+        tied=spec.tie_word_embeddings,
+    )
+
+
+def checkpoint_count(train_steps: int, save_interval: int, save_initial_state: bool) -> int:
+    """Saves over a whole run: every interval, the last step when it is not one, and the initial state."""
+    if save_interval > 0:
+        count = train_steps // save_interval + int(train_steps % save_interval != 0)
+    else:
+        count = 1
+    return count + int(save_initial_state)
+
+
+def derived(spec: RunSpec) -> dict:
+    """The numbers the summary shows, also stored in the manifest."""
+    s, t, p, paths = spec.shape, spec.args.training, spec.args.parallelism, spec.args.paths
+    params = parameters(spec)
+    sequences = t.micro_batch_size * t.grad_accum_steps * (p.dp or 0)
+    return {
+        "parameters": params,
+        "world_size": spec.world_size,
+        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
+        "global_batch_sequences": sequences,
+        "global_batch_tokens": sequences * s.seq,
+        "total_training_tokens": sequences * s.seq * t.train_steps,
+        "checkpoint_bytes": params * BYTES_PER_PARAMETER,  # estimated: nanotron's 14 bytes a parameter
+        "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
+    }
+
+
+def human_count(n: float) -> str:
+    """1.05M, 3.21B: a count with its order of magnitude."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def human_bytes(n: float) -> str:
+    """45.0 GB, 847 GB: three significant digits."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.{max(0, 2 - int(math.log10(n / scale)))}f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,203 @@
+"""nanotron 0.4's config schema, as the launcher sees it: one table from flags to YAML paths, read both ways.
+
+- `FLAG_PATHS`: launcher flag -> its key path in the YAML. Every flag is either here or in `NOT_IN_CONFIG`
+  (a test holds the two to the flag set), so a flag cannot quietly stop reaching the config.
+- `build_config(values, base, checkpoints_dir)`: the config written to config.yaml, from the flags' resolved
+  values laid onto a base YAML (configs/nanotron-0.4-base.yaml or the user's --config).
+- `flags_from_config(config)`: a nanotron YAML's values under the launcher's flag names (for --config).
+- `shape_problems(config, reference)`: where a YAML cannot be what nanotron 0.4 loads.
+
+The training job reads a config through `launcher.train.config`, which uses `get_path` and `train_split` from
+here. nanotron's main branch has another schema (data_stages, context and expert parallelism): it would be a
+second module with these functions.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
+
+# launcher flag -> (section path in the YAML). One table serves both directions.
+FLAG_PATHS: dict[str, tuple[str, ...]] = {
+    "project": ("general", "project"),
+    "seed": ("general", "seed"),
+    "dp": ("parallelism", "dp"),
+    "tp": ("parallelism", "tp"),
+    "pp": ("parallelism", "pp"),
+    "hidden_size": ("model", "model_config", "hidden_size"),
+    "intermediate_size": ("model", "model_config", "intermediate_size"),
+    "num_layers": ("model", "model_config", "num_hidden_layers"),
+    "num_heads": ("model", "model_config", "num_attention_heads"),
+    "num_kv_heads": ("model", "model_config", "num_key_value_heads"),
+    "vocab_size": ("model", "model_config", "vocab_size"),
+    "max_seq_len": ("tokens", "sequence_length"),
+    "tie_word_embeddings": ("model", "model_config", "tie_word_embeddings"),
+    "tokenizer": ("tokenizer", "tokenizer_name_or_path"),
+    "save_interval": ("checkpoints", "checkpoint_interval"),
+    "save_initial_state": ("checkpoints", "save_initial_state"),
+    "log_interval": ("logging", "iteration_step_info_interval"),
+    "train_steps": ("tokens", "train_steps"),
+    "micro_batch_size": ("tokens", "micro_batch_size"),
+    "grad_accum_steps": ("tokens", "batch_accumulation_per_replica"),
+    "weight_decay": ("optimizer", "weight_decay"),
+    "grad_clip": ("optimizer", "clip_grad"),
+    "learning_rate": ("optimizer", "learning_rate_scheduler", "learning_rate"),
+    "min_lr": ("optimizer", "learning_rate_scheduler", "min_decay_lr"),
+    "warmup_steps": ("optimizer", "learning_rate_scheduler", "lr_warmup_steps"),
+    "lr_decay_style": ("optimizer", "learning_rate_scheduler", "lr_decay_style"),
+    "dataset": ("data", "dataset", "hf_dataset_or_datasets"),
+    "text_column": ("data", "dataset", "text_column_name"),
+}
+# Flags written into the config in a way of their own (build_config), not by the table.
+WRITTEN_OTHERWISE = {
+    "run_name": "general.run",
+    "checkpoints_path": "checkpoints.checkpoints_path, as <checkpoints_path>/<run_name>",
+    "profiler_export_path": "the profiler section, when given",
+}
+# Flags that are not the config's: where and how the job runs (the sbatch script), where the bundle goes, what
+# the launcher does. `model_size` reaches the config through the shape fields of its preset.
+NOT_IN_CONFIG = frozenset(
+    {"nodes", "gpus_per_node", "cpus_per_node", "partition", "qos", "account", "constraint", "reservation"}
+    | {"nodelist", "exclude", "exclusive", "mem", "time_limit", "dependency", "email", "tmp_dir"}
+    | {"pre_launch_commands", "extra_env", "python", "max_requeues", "signal_grace", "model_size"}
+    | {"configs_path", "slurm_logs_path", "slurm_scripts_dir", "run_train_script", "resume", "wandb_disabled"}
+    | {"dry_run", "show_logs", "config", "sweep"}
+)
+
+
+def get_path(tree: dict, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        if not isinstance(tree.get(key), dict):
+            tree[key] = {}
+        tree = tree[key]
+    tree[path[-1]] = value
+
+
+def flags_from_config(config: dict) -> dict[str, Any]:
+    """The launcher flags a nanotron YAML sets (values that are present and not null; `dataset: null`, nanotron's
+    random tokens, reads as --dataset none)."""
+    values = {flag: get_path(config, path) for flag, path in FLAG_PATHS.items()}
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, dict) and "clip_grad" in optimizer and optimizer["clip_grad"] is None:
+        values["grad_clip"] = 0.0  # nanotron's null: no clipping (absent: the base's value)
+    data = config.get("data", {})
+    if data is None or (isinstance(data, dict) and "dataset" in data and data["dataset"] is None):
+        values["dataset"] = "none"
+    return {k: v for k, v in values.items() if v is not None}
+
+
+# Keys nanotron types more loosely than the reference's value (str | list of splits, one name | a mixture).
+LOOSE = {("data", "dataset", "hf_dataset_splits"), ("data", "dataset", "hf_dataset_or_datasets")}
+SECTIONS = frozenset(
+    ("general", "parallelism", "model", "tokenizer", "checkpoints", "logging", "tokens", "optimizer", "data")
+    + ("profiler", "lighteval")
+)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, dict):
+        return "a section"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+def _fits(value: Any, reference: Any) -> bool:
+    if isinstance(reference, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(reference, bool)
+    if isinstance(reference, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(reference))
+
+
+def shape_problems(config: dict, reference: dict, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """Where a nanotron YAML cannot be what nanotron 0.4 loads, judged against `reference` (a complete, valid
+    config: the base YAML): sections nanotron does not have, and values of another kind than the reference's
+    (text where a number belongs, ...). Returns (key path, what is wrong) pairs."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    if not path:
+        unknown = "is not a section of nanotron 0.4's config (the one PyPI release, which this launcher writes)"
+        out += [((key,), unknown) for key in config if key not in SECTIONS]
+    for key, value in config.items():
+        ref = reference.get(key)
+        if value is None or ref is None:
+            continue
+        if (*path, key) in LOOSE:
+            continue
+        if isinstance(ref, dict) and isinstance(value, dict):
+            out += shape_problems(value, ref, (*path, key))
+        elif not _fits(value, ref):
+            hint = " (YAML reads 3e-4 as text: write 3.0e-4)" if isinstance(value, str) and _numeric(value) else ""
+            out.append(((*path, key), f"is {value!r}, {_kind(value)}, where nanotron expects {_kind(ref)}{hint}"))
+    return out
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# How a flag's resolved value is written into the YAML, where that is not the value itself.
+TO_YAML: dict[str, Callable[[Any], Any]] = {
+    "grad_clip": lambda clip: clip or None,  # 0 disables clipping: nanotron's null
+}
+# Flags that describe the dataset: with no dataset (random tokens) the whole `data.dataset` section is null.
+DATASET_FLAGS = ("dataset", "text_column")
+
+
+def build_config(values: dict[str, Any], base: dict, checkpoints_dir: str) -> dict:
+    """The nanotron config of a run: `base` (the project's base YAML, or --config laid onto it) with every flag of
+    FLAG_PATHS set from `values` (each flag's resolved value by name: `RunSpec.flag_values()`), and the values
+    that follow from them."""
+    config = copy.deepcopy(base)
+    no_dataset = values["dataset"] is None
+    for flag, path in FLAG_PATHS.items():
+        if no_dataset and flag in DATASET_FLAGS:
+            continue
+        set_path(config, path, TO_YAML.get(flag, _same)(values[flag]))
+    if no_dataset:
+        set_path(config, ("data", "dataset"), None)
+    set_path(config, ("general", "run"), values["run_name"])
+    set_path(config, ("model", "model_config", "max_position_embeddings"), values["max_seq_len"])
+    set_path(config, ("checkpoints", "checkpoints_path"), checkpoints_dir)
+    set_path(config, ("optimizer", "learning_rate_scheduler", "lr_warmup_style"), "linear")
+    if values["profiler_export_path"]:  # else the base's (or --config's) profiler section stands
+        config["profiler"] = {"profiler_export_path": values["profiler_export_path"]}
+    return config
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def dump(config: dict) -> str:
+    """The YAML text of a config (stable key order as built)."""
+    return yaml.dump(config, Dumper=YAML_DUMPER, sort_keys=False, default_flow_style=False)
+
+
+def train_split(config: dict) -> str:
+    """The split training reads. nanotron 0.4 accepts a list (it loads each, then trains on "train")."""
+    splits = get_path(config, ("data", "dataset", "hf_dataset_splits"))
+    if isinstance(splits, list):
+        return "train" if "train" in splits or not splits else str(splits[0])
+    return splits or "train"

@@ -1,0 +1,201 @@
+"""The launch, start to end: flags -> resolved spec -> validated (pure phase, then preflight) -> rendered ->
+Slurm's verdict -> bundle written -> submitted -> followed. Each step is a module of its own; this one wires
+them together, for one run or for every point of a sweep (all or none)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from launcher import sweep
+from launcher.bundle import files, manifest, render
+from launcher.config import figures, flags, validate
+from launcher.config.problems import Problem, report
+from launcher.config.resolve import RunSpec, resolve
+from launcher.errors import ConfigError, LauncherError, SubmissionError
+from launcher.report import summary
+from launcher.slurm import preflight, submit
+
+OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
+
+
+def latest_checkpoint_step(checkpoints: Path) -> int | None:
+    """The step of a run's newest checkpoint: the torch engine's `latest` pointer or nanotron's `latest.txt`."""
+    for pointer in ("latest", "latest.txt"):
+        try:
+            return int((checkpoints / pointer).read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class Prepared(NamedTuple):
+    spec: RunSpec
+    paths: files.BundlePaths
+    figures: dict  # config.figures.derived
+    forecast: str | None  # Slurm's answer to `sbatch --test-only` (None for a dry run)
+
+
+def check(argv: list[str]) -> tuple[RunSpec, list[Problem]]:
+    """One run's flags resolved and validated: what "every problem at once" means, in one place. The pure phase
+    (resolution and `config.validate`: the spec and local files), then the preflight phase (the output
+    directories and disk, and, unless a dry run, the jobs a --dependency names). Slurm's verdict on the script
+    comes once there is a script: in `prepare_all`, when these found nothing."""
+    args, explicit = flags.parse(argv)
+    spec, problems = resolve(args, explicit)
+    problems += validate.validate(spec)
+    problems += preflight.problems(spec, problems, ask_slurm=not args.execution.dry_run)
+    return spec, problems
+
+
+def labelled(problems_per_point: list[list[Problem]], labels: list[str]) -> list[Problem]:
+    """Every point's problems, once: a problem all points share is said plainly, others name their points."""
+    where: dict[Problem, list[str]] = {}
+    for problems, label in zip(problems_per_point, labels, strict=True):
+        for problem in problems:
+            where.setdefault(problem, []).append(label)
+    out = []
+    for problem, points in where.items():
+        if len(points) < len(labels):
+            problem = Problem(problem.flag, f"({'; '.join(points)}) {problem.message}", problem.fix)
+        out.append(problem)
+    return out
+
+
+class _Draft(NamedTuple):
+    spec: RunSpec
+    argv: list[str]
+    paths: files.BundlePaths
+    config_text: str
+    script_text: str
+
+
+def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
+    """Claim the run's bundle directory and render its files (nothing written into it yet)."""
+    a = spec.args
+    run_ckpt = Path(a.paths.checkpoints_path) / a.run_name
+    fresh = not a.paths.resume and latest_checkpoint_step(run_ckpt) is not None
+    try:  # validation checked the directories; a full disk, a quota or root on /proc can still say no
+        paths = files.claim(
+            a.run_name,
+            a.paths.configs_path,
+            a.paths.slurm_scripts_dir,
+            a.paths.slurm_logs_path,
+            a.paths.checkpoints_path,
+            fresh,
+        )
+    except OSError as e:
+        raise ConfigError(f"cannot create the bundle's directories: {e}; {OUTPUT_FLAGS}") from None
+    return _Draft(spec, argv, paths, render.config_yaml(spec, paths), render.sbatch_script(spec, paths))
+
+
+def _write(draft: _Draft, forecast: str | None) -> Prepared:
+    derived = figures.derived(draft.spec)
+    paths = draft.paths
+    try:
+        files.make_room(paths)
+        hashes = {
+            "config": files.write_new(paths.config, draft.config_text),
+            "script": files.write_new(paths.script, draft.script_text, mode=0o755),
+        }
+        data = manifest.at_launch(draft.spec.args, draft.argv, paths, hashes, derived)
+        manifest.write_manifest(paths.manifest, data, new=True)
+    except OSError as e:
+        raise ConfigError(f"cannot write the bundle ({paths.bundle_dir}): {e}; {OUTPUT_FLAGS}") from None
+    return Prepared(draft.spec, paths, derived, forecast)
+
+
+def prepare_all(points: list[list[str]], labels: list[str] | None = None) -> list[Prepared]:
+    """Several runs' bundles (a sweep's points), all or none: every point is checked, then every point's script
+    is put to Slurm (unless a dry run), and only then is anything written. Raises ConfigError listing every
+    problem of every point, or Slurm's refusal of any."""
+    checked = [check(argv) for argv in points]
+    problems = labelled([p for _, p in checked], labels or [f"point {i + 1}" for i in range(len(points))])
+    if problems:
+        raise ConfigError(report(problems))
+    drafts: list[_Draft] = []
+    try:
+        for (spec, _), argv in zip(checked, points, strict=True):
+            drafts.append(_draft(spec, argv))
+        forecasts = [None if d.spec.args.execution.dry_run else preflight.judge(d.script_text) for d in drafts]
+    except BaseException as e:  # a refusal, or Ctrl-C while Slurm is asked: nothing of this launch stays behind
+        for draft in drafts:
+            files.release(draft.paths)  # claimed, nothing written yet
+        if isinstance(e, SubmissionError):
+            raise ConfigError(f"{e}\nNothing was written or submitted.") from None
+        raise
+    return [_write(draft, forecast) for draft, forecast in zip(drafts, forecasts, strict=True)]
+
+
+def prepare(argv: list[str]) -> Prepared:
+    """Resolve, validate, render and write one run's bundle. Raises ConfigError listing every problem; when the
+    run is to be submitted, that includes Slurm's refusal of the rendered script."""
+    return prepare_all([argv])[0]
+
+
+def launch_run(argv: list[str]) -> int:
+    """One run: its bundle written, summarised, submitted and (--show_logs) followed; returns the exit code."""
+    spec, paths, derived, forecast = prepare(argv)
+    print(f"Run {spec.args.run_name}: bundle written")
+    print(summary.render(spec, paths, derived))
+    if forecast:
+        print(f"  slurm        accepts it (sbatch --test-only): {forecast}")
+    step = latest_checkpoint_step(paths.checkpoints)
+    if step is not None:
+        print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")
+    if spec.args.execution.dry_run:
+        print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
+        return 0
+    return submit.submit_and_follow(paths, follow=spec.args.execution.show_logs)
+
+
+def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
+    """A sweep: every point's bundle (all or none), the sweep's record, every point submitted and followed."""
+    axes, problems = sweep.parse(sweep_text)
+    if problems:
+        raise ConfigError(report(problems))
+    grid = sweep.points(argv, run_name, axes)
+    prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
+    a = prepared[0].spec.args
+    record_dir = sweep.claim_record(a.paths.configs_path, run_name)
+    record: dict[str, Any] = {
+        "sweep": sweep_text,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "points": [
+            {"run_name": p.run_name, "values": p.values, "bundle": str(prep.paths.bundle_dir), "job_id": None}
+            for p, prep in zip(grid, prepared, strict=True)
+        ],
+    }
+    manifest.write_manifest(record_dir / sweep.RECORD, record, new=True)
+    print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
+    for p, prep in zip(grid, prepared, strict=True):
+        print(f"  {p.label}")
+        print(f"      {prep.paths.bundle_dir}" + (f"  [slurm: {prep.forecast}]" if prep.forecast else ""))
+    if a.execution.dry_run:
+        print("Dry run: nothing submitted. Submit each script with sbatch, or launch again without --dry_run.")
+        return 0
+    failed = 0
+    for entry, prep in zip(record["points"], prepared, strict=True):
+        try:
+            entry["job_id"] = submit.submit(prep.paths)
+        except LauncherError as e:
+            failed += 1
+            print(f"error: {entry['run_name']}: {e}", file=sys.stderr)
+        manifest.write_manifest(record_dir / sweep.RECORD, record)
+    print("Submitted " + ", ".join(f"{e['run_name']} as job {e['job_id']}" for e in record["points"] if e["job_id"]))
+    if not a.execution.show_logs:
+        print(submit.how_to(str(record_dir)))
+        return 1 if failed else 0
+    code = sweep.follow(record_dir)
+    return 1 if failed else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The whole command (`slurm_launcher.py`); returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    args, _ = flags.parse(argv)
+    if args.execution.sweep is not None:
+        return launch_sweep(argv, args.execution.sweep, args.run_name)
+    return launch_run(argv)

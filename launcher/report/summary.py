@@ -1,0 +1,68 @@
+"""The summary printed after a launch: the model, the layout, the batch, the training, where everything went."""
+
+from __future__ import annotations
+
+from launcher.bundle.files import BundlePaths
+from launcher.bundle.storage import free_bytes
+from launcher.config.figures import human_bytes, human_count
+from launcher.config.presets import load_preset
+from launcher.config.resolve import RunSpec
+
+
+def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
+    each, count = figures["checkpoint_bytes"], figures["checkpoints"]
+    note = f"~{human_bytes(each)} each, {count} over the run"
+    free = free_bytes(spec.args.paths.checkpoints_path)
+    if free is None:
+        return note
+    note += f"; {human_bytes(free)} free"
+    if each * count > free:
+        note += f": not enough for all {count} (none is pruned): raise --save_interval or make room"
+    return note
+
+
+def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
+    """The text printed after the bundle is written."""
+    a = spec.args
+    lay = figures["layout"]
+    preset = load_preset(a.model.model_size)["model"]
+    as_preset = all(getattr(a.model, k) == v for k, v in preset.items() if hasattr(a.model, k) and k != "vocab_size")
+    origin = f"{a.model.model_size} preset" if as_preset else f"{a.model.model_size} preset, reshaped by flags/--config"
+    rows = [
+        (
+            "model",
+            f"{origin}: {human_count(figures['parameters'])} parameters "
+            f"(hidden {a.model.hidden_size}, {a.model.num_layers} layers, {a.model.num_heads} heads / "
+            f"{a.model.num_kv_heads} kv, vocab {a.model.vocab_size}, seq {a.model.max_seq_len})",
+        ),
+        (
+            "layout",
+            f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
+            f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})",
+        ),
+        (
+            "batch",
+            f"{figures['global_batch_sequences']} sequences = {human_count(figures['global_batch_tokens'])} tokens "
+            f"per step (micro {a.training.micro_batch_size} x accum {a.training.grad_accum_steps} x dp "
+            f"{lay['dp']})",
+        ),
+        (
+            "training",
+            f"{a.training.train_steps} steps = {human_count(figures['total_training_tokens'])} tokens, "
+            f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
+            f"{a.training.warmup_steps} warmup)",
+        ),
+        *(
+            [("after", f"{a.slurm.dependency} (Slurm's --dependency; cancelled if it can no longer be met)")]
+            if a.slurm.dependency
+            else []
+        ),
+        ("bundle", str(paths.bundle_dir)),
+        ("config", str(paths.config)),
+        ("script", str(paths.script)),
+        ("manifest", str(paths.manifest)),
+        ("log", str(paths.log)),
+        ("checkpoints", f"{paths.checkpoints} ({_checkpoint_note(spec, figures)})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,90 @@
+"""What Slurm's commands print, as data: job records of `scontrol show job -o` and `sacct -P` lines, pure.
+
+Unit-tested on recorded output (tests/test_slurm_parsing.py); `launcher.slurm.client` runs the commands.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SPECIAL_EXIT",
+    }
+)
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    state: str  # Slurm's state name, e.g. PENDING, RUNNING, COMPLETED
+    reason: str  # why pending / why it ended ("None" when there is none)
+    exit_code: int | None  # the batch script's exit code once ended
+    signal: int | None
+    restarts: int  # how many times the job was requeued
+    nodes: str
+    dependency: str = ""  # what it waits for, as scontrol says it: "afterok:15(failed)"; "" when none or unknown
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """`scontrol show job -o` output (one line of Key=Value) as a dict."""
+    fields: dict[str, str] = {}
+    for token in re.split(r"\s+(?=[A-Za-z:/]+=)", text.strip()):
+        key, _, value = token.partition("=")
+        fields.setdefault(key, value)
+    return fields
+
+
+def _exit(code: str) -> tuple[int | None, int | None]:
+    status, _, sig = code.partition(":")
+    return (int(status) if status.isdigit() else None), (int(sig) if sig.isdigit() else None)
+
+
+SACCT_FIELDS = "State,ExitCode,Reason,NodeList,Restarts"
+
+
+def parse_sacct(job_id: str, line: str) -> JobState:
+    """One line of `sacct -X -n -P -o State,ExitCode,Reason,NodeList,Restarts` ("CANCELLED by 0" -> CANCELLED)."""
+    state, code, reason, nodes, restarts = (line.split("|") + [""] * 5)[:5]
+    status, sig = _exit(code)
+    return JobState(
+        job_id, state.split()[0], reason or "None", status, sig, int(restarts) if restarts.isdigit() else 0, nodes
+    )
+
+
+def parse_job_records(job_id: str, text: str) -> list[JobState]:
+    """`scontrol show job -o JOB_ID` output: one record a line, one for a job or an array task, and for a whole
+    array one a task (the tasks not started yet share one record)."""
+    states = []
+    for line in text.splitlines():
+        if "JobState=" not in line:
+            continue
+        f = parse_scontrol(line)
+        status, sig = _exit(f.get("ExitCode", ""))
+        states.append(
+            JobState(
+                job_id,
+                f["JobState"],
+                f.get("Reason", "None"),
+                status,
+                sig,
+                int(f.get("Restarts", "0") or 0),
+                f.get("NodeList", ""),
+                "" if f.get("Dependency", "(null)") == "(null)" else f["Dependency"],
+            )
+        )
+    return states

@@ -1,0 +1,66 @@
+"""The second phase of validation: the world as it is now, asked just before anything is written.
+
+- where the run writes: every output directory can be created and written, and the checkpoints' filesystem has
+  room for one checkpoint (`launcher.bundle.storage`);
+- the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.dependencies`);
+- Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
+
+A dry run asks Slurm nothing. `launcher.launch.check` runs this after the pure phase (`launcher.config.validate`)
+and reports the problems of both at once.
+"""
+
+from __future__ import annotations
+
+from launcher.bundle import storage
+from launcher.config import dependency, figures
+from launcher.config.problems import Problem
+from launcher.config.resolve import RunSpec
+from launcher.errors import SlurmUnavailable
+from launcher.slurm import client, dependencies
+
+OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
+
+
+def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
+    """Output directories that cannot be written, and a checkpoints filesystem without room for one checkpoint."""
+    a, out = spec.args, []
+    for flag in OUTPUT_FLAGS:
+        out += storage.writable_problems(flag, getattr(a.paths, flag))
+    if a.logging.profiler_export_path:
+        out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
+    said = {p.flag for p in earlier + out}
+    if all(v > 0 for v in spec.shape) and not said & {"checkpoints_path", "save_interval"}:
+        out += storage.space_problems(figures.parameters(spec), a.paths.checkpoints_path)
+    return out
+
+
+def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
+    """The jobs --dependency names, judged by their states now. Asked whatever else is wrong, so that every mistake
+    is reported at once; only a dependency that does not parse (already a problem) is not looked up."""
+    text = spec.args.slurm.dependency
+    if not text or dependency.syntax_problems(text):
+        return []
+    try:
+        return dependencies.state_problems(text, client.job_states)
+    except SlurmUnavailable as e:
+        if not earlier:
+            raise
+        # Slurm being down is not a mistake in the flags: say so beside the mistakes, not instead of them
+        return [
+            Problem(
+                "dependency", f"Slurm could not be asked about its jobs: {e}", "they are checked once Slurm answers"
+            )
+        ]
+
+
+def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Problem]:
+    """Every problem of the preflight phase; `earlier`: the pure phase's, which some of these defer to."""
+    found = storage_problems(spec, earlier)
+    if ask_slurm:
+        found += dependency_problems(spec, earlier + found)
+    return found
+
+
+def judge(script_text: str) -> str:
+    """Slurm's forecast for the rendered script (`sbatch --test-only`); SubmissionError with its refusal."""
+    return client.check_submission(script_text)
