@@ -10,8 +10,9 @@ import pytest
 
 from launcher import launch
 from launcher.bundle import files as bundle
+from launcher.errors import ConfigError
 
-SECRET = "hf_s3cr3t_value_123"
+SECRET = "hf_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token
 
 
 @pytest.fixture
@@ -103,9 +104,19 @@ def test_manifest_describes_the_launch(workdir: Path):
 
 
 def test_no_secret_reaches_the_bundle(workdir: Path):
-    _, paths, _, _ = launch.prepare(flags())
+    """Every way a secret can come near a launch: the shell's environment (the fixture exports it), a reference to
+    it in the commands, a --config YAML that holds it. The bundle carries none of them."""
+    argv = flags("--pre_launch_commands", 'export HF_TOKEN="$HF_TOKEN"')
+    _, paths, _, _ = launch.prepare(argv)
     for f in (paths.config, paths.script, paths.manifest):
         assert SECRET not in f.read_text()
+    assert 'export HF_TOKEN="$HF_TOKEN"' in paths.script.read_text()  # the reference, for the job's shell
+    leaky = workdir / "leaky.yaml"
+    leaky.write_text(f"general:\n  project: {SECRET}\n")
+    with pytest.raises(ConfigError) as refused:
+        launch.prepare(flags("--config", str(leaky)))
+    assert SECRET not in str(refused.value) and "--project: it holds what looks like a token" in str(refused.value)
+    assert len(list((workdir / "logs/configs/r").iterdir())) == 1  # the refused launch wrote nothing
 
 
 def test_resume_false_gets_its_own_checkpoints(workdir: Path):

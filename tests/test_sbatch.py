@@ -21,38 +21,60 @@ HOSTILE = ["a'; echo foo", "sp ace", "$(touch pwned)", "back`tick`", "new\nline"
 IN_CI = os.environ.get("CI") == "true"
 
 
-def golden_script(preset: str) -> str:
-    flags = [
-        "--run_name",
-        f"golden-{preset}",
-        "--model_size",
-        preset,
-        "--nodes",
-        NODES.get(preset, "2"),
-        "--python",
-        "/usr/bin/python3",
-        "--run_train_script",
-        "/project/run_train.py",
-        "--dataset",
-        "none",
-        "--partition",
-        "gpu",
-        "--extra_env",
-        "NCCL_DEBUG=INFO",
-        "--wandb_disabled",
-        "true",
-    ]
-    spec, _ = spec_for(*flags, cwd=Path("/project"))
+GOLDEN_FLAGS = [
+    "--python",
+    "/usr/bin/python3",
+    "--run_train_script",
+    "/project/run_train.py",
+    "--dataset",
+    "none",
+    "--wandb_disabled",
+    "true",
+]
+# Scripts differ by the Slurm options, not by the model: one golden with the defaults, one with every option.
+SCRIPT_CASES = {
+    "default": [],
+    "every-option": [
+        "--partition", "gpu", "--qos", "high", "--account", "proj", "--cpus_per_node", "96", "--mem", "500G",
+        "--constraint", "h100&ib", "--reservation", "maint", "--nodelist", "gpu[01-02]", "--exclude", "gpu07",
+        "--exclusive", "true", "--dependency", "afterok:12345", "--email", "me@example.org",
+        "--extra_env", "NCCL_DEBUG=INFO A='x y'", "--pre_launch_commands", "module load cuda/12.4",
+        "--time_limit", "2-00:00:00", "--signal_grace", "300", "--max_requeues", "5",
+    ],
+    "no-requeue": ["--max_requeues", "0"],
+}  # fmt: skip
+
+
+def golden_spec(name: str, *flags: str):
+    spec, problems = spec_for("--run_name", f"golden-{name}", *GOLDEN_FLAGS, *flags, cwd=Path("/project"))
+    assert problems == []
+    return spec
+
+
+def golden_script(case: str) -> str:
+    spec = golden_spec(case, *SCRIPT_CASES[case])
     return render.sbatch_script(spec, fixed_paths(spec.args.run_name))
 
 
-@pytest.mark.parametrize("preset", preset_names())
-def test_golden_sbatch_per_preset(preset: str):
-    path = GOLDEN / f"sbatch-{preset}.sbatch"
-    text = golden_script(preset)
+def golden_config(preset: str) -> str:
+    spec = golden_spec(preset, "--model_size", preset, "--nodes", NODES.get(preset, "2"))
+    return render.config_yaml(spec, fixed_paths(spec.args.run_name))
+
+
+def check_golden(path: Path, text: str) -> None:
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
-    assert text == path.read_text(), f"rendered script changed; review and run UPDATE_GOLDEN=1 pytest {__file__}"
+    assert text == path.read_text(), f"{path.name} changed; review and run UPDATE_GOLDEN=1 pytest {__file__}"
+
+
+@pytest.mark.parametrize("case", SCRIPT_CASES)
+def test_golden_sbatch(case: str):
+    check_golden(GOLDEN / f"sbatch-{case}.sbatch", golden_script(case))
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_golden_config_per_preset(preset: str):
+    check_golden(GOLDEN / f"config-{preset}.yaml", golden_config(preset))
 
 
 def lint(text: str, tmp_path: Path) -> None:
@@ -82,9 +104,9 @@ def shell_value(text: str, variable: str) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("preset", ["tiny", "70b"])
-def test_scripts_lint_clean(preset: str, tmp_path: Path):
-    lint(golden_script(preset), tmp_path)
+@pytest.mark.parametrize("case", SCRIPT_CASES)
+def test_scripts_lint_clean(case: str, tmp_path: Path):
+    lint(golden_script(case), tmp_path)
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -136,7 +158,7 @@ def test_log_dir_slurm_cannot_carry_is_refused(tmp_path: Path):
 
 
 def test_script_holds_the_operational_basics():
-    text = golden_script("tiny")
+    text = golden_script("default")
     for needle in (
         "set -euo pipefail",
         "trap cleanup EXIT",
@@ -178,7 +200,7 @@ def test_node_placement_lines(tmp_path: Path):
                  "--mem=0", "--exclusive"):  # fmt: skip
         assert f"\n#SBATCH {line}\n" in text
     lint(text, tmp_path)
-    plain = golden_script("tiny")
+    plain = golden_script("default")
     for option in ("--nodelist", "--exclude", "--constraint", "--reservation", "--mem", "--exclusive"):
         assert option not in plain
 

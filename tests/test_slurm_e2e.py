@@ -170,11 +170,26 @@ def test_missing_slurm_conf_is_named(tmp_path: Path, slurm_env: dict):
 
 
 def test_no_slurm_configuration_at_all_is_named(tmp_path: Path, slurm_env: dict):
-    # sbatch installed, but no SLURM_CONF, no /etc/slurm/slurm.conf, no DNS SRV record: not a rejected job
-    if Path("/etc/slurm/slurm.conf").exists():
-        pytest.skip("this machine has a system Slurm configuration, which sbatch would use")
+    # sbatch installed, but no SLURM_CONF, no /etc/slurm/slurm.conf, no DNS SRV record: not a rejected job. A system
+    # configuration, where the machine has one, is hidden by an empty filesystem over /etc/slurm in a private mount
+    # namespace of the launcher's (root's unshare), so the test runs on every machine.
     env = {k: v for k, v in slurm_env.items() if k != "SLURM_CONF"}
-    out = launch(tmp_path, env, "noconf", script(tmp_path, "ok.py", "print(1)\n"))
+    hide = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs none /etc/slurm && exec "$@"',
+        "-",
+    ]
+    probe = subprocess.run([*hide, "true"], capture_output=True, text=True)
+    assert probe.returncode == 0, f"cannot hide /etc/slurm (unshare as root): {probe.stderr}"
+    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "noconf", "--nodes", "2",
+            "--gpus_per_node", "2", "--run_train_script", script(tmp_path, "ok.py", "print(1)\n"), "--dataset", "none",
+            "--time_limit", "5:00"]  # fmt: skip
+    out = subprocess.run([*hide, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "cannot reach the Slurm controller" in out.stderr and "SLURM_CONF (not set)" in out.stderr
     assert "rejected" not in out.stderr and "localcluster up" in out.stderr

@@ -127,7 +127,8 @@ layouts = st.fixed_dictionaries(
         "dp": st.sampled_from([None, 1, 2, 4, 8, 16]),
         "heads": st.sampled_from([4, 6, 8, 12, 16, 32]),
         "kv": st.sampled_from([1, 2, 4, 8, 16]),
-        "head_dim": st.sampled_from([8, 16, 64]),
+        "head_dim": st.sampled_from([8, 16, 64, 7, 9]),  # odd head sizes too: nanotron's rotary needs even ones
+        "hidden_extra": st.sampled_from([0, 0, 0, 1]),  # sometimes a hidden size that heads do not divide
         "layers": st.integers(1, 8),
         "accum": st.integers(1, 4),
         "inter": st.sampled_from([96, 256, 1000]),
@@ -149,7 +150,7 @@ def test_accepted_layouts_satisfy_nanotron(x: dict):
         "--num_kv_heads",
         str(x["kv"]),
         "--hidden_size",
-        str(x["heads"] * x["head_dim"]),
+        str(x["heads"] * x["head_dim"] + x["hidden_extra"]),
         "--num_layers",
         str(x["layers"]),
         "--grad_accum_steps",
@@ -168,8 +169,11 @@ def test_accepted_layouts_satisfy_nanotron(x: dict):
     # Both ways: accepted exactly when nanotron's constraints hold (computed here, independently; tiny: tp=pp=1).
     tp, pp, world = x["tp"] or 1, x["pp"] or 1, x["nodes"] * x["gpus"]
     dp = x["dp"] or world // (tp * pp)
+    hidden = x["heads"] * x["head_dim"] + x["hidden_extra"]
     nanotron_ok = (
         dp >= 1
+        and hidden % x["heads"] == 0
+        and (hidden // x["heads"]) % 2 == 0
         and dp * tp * pp == world
         and x["heads"] % tp == 0
         and x["kv"] % tp == 0
@@ -240,6 +244,28 @@ def test_both_intervals_are_reported():
 def test_shell_syntax_is_checked_with_everything_else():
     problems = problems_for("--pre_launch_commands", "if then", "--time_limit", "3h")
     assert sorted(flags_of(problems)) == ["pre_launch_commands", "time_limit"]
+
+
+@pytest.mark.parametrize(
+    "commands",
+    [
+        "cat > /dev/null <<'EOF'",  # bash only warns, and the here-document swallows the rest of the script
+        "cat > /dev/null <<EOF\nsome text",
+    ],
+)
+def test_a_shell_warning_is_a_problem(commands: str):
+    (problem,) = problems_for("--pre_launch_commands", commands)
+    assert problem.flag == "pre_launch_commands" and "here-document" in problem.message
+
+
+def test_well_formed_here_documents_pass():
+    assert problems_for("--pre_launch_commands", "cat > /dev/null <<'EOF'\nsome text\nEOF\necho done") == []
+
+
+def test_extra_env_values_are_literal_so_a_reference_is_a_problem():
+    (problem,) = problems_for("--extra_env", "HF_HOME=/data/hf TOKEN_FILE=$HOME/.tok")
+    assert problem.flag == "extra_env" and "TOKEN_FILE" in problem.message and "$HOME" in problem.message
+    assert "pre_launch_commands" in problem.fix
 
 
 @pytest.mark.parametrize(

@@ -129,6 +129,17 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
         out.append(
             Problem("extra_env", f"{', '.join(odd)} is not a shell variable name", "use ASCII letters, digits and '_'")
         )
+    referencing = [f"{k}={v}" for k, v in spec.extra_env.items() if "$" in v]
+    if referencing:
+        out.append(
+            Problem(
+                "extra_env",
+                f"{', '.join(referencing)}: values are written as they are, so the job would see the text, not "
+                "the variable's value",
+                "the job inherits your shell's environment: export it there, or set it in --pre_launch_commands "
+                '(export NAME="$OTHER"), where the job\'s shell expands it',
+            )
+        )
     secrets = [k for k, v in spec.extra_env.items() if is_secret_assignment(k, v)]
     if secrets:
         out.append(

@@ -1,0 +1,46 @@
+"""The house's shape holds: the layering contract of pyproject.toml (import-linter), no import circles anywhere in
+the package, modules readable in one sitting, thin doors."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_MODULE_LINES = 350
+MAX_DOOR_LINES = 100
+
+
+def test_layering_contract_holds():
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    out = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout
+
+
+def test_no_import_circles():
+    graph = grimp.build_graph("launcher")
+    circles = []
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if imported.startswith("launcher") and graph.chain_exists(importer=imported, imported=module):
+                circles.append(" -> ".join(graph.find_shortest_chain(importer=imported, imported=module) or ()))
+    assert circles == []
+
+
+def test_modules_are_readable_in_one_sitting():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "launcher").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_the_doors_stay_thin():
+    for door in ("slurm_launcher.py", "run_train.py"):
+        assert len((ROOT / door).read_text().splitlines()) <= MAX_DOOR_LINES, door
