@@ -70,6 +70,7 @@ class _Draft(NamedTuple):
     paths: files.BundlePaths
     config_text: str
     script_text: str
+    node_text: str
 
 
 def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
@@ -88,7 +89,14 @@ def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
         )
     except OSError as e:
         raise ConfigError(f"cannot create the bundle's directories: {e}; {OUTPUT_FLAGS}") from None
-    return _Draft(spec, argv, paths, render.config_yaml(spec, paths), render.sbatch_script(spec, paths))
+    return _Draft(
+        spec,
+        argv,
+        paths,
+        render.config_yaml(spec, paths),
+        render.sbatch_script(spec, paths),
+        render.node_script(spec, paths),
+    )
 
 
 def _write(draft: _Draft, forecast: str | None) -> Prepared:
@@ -99,6 +107,7 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
         hashes = {
             "config": files.write_new(paths.config, draft.config_text),
             "script": files.write_new(paths.script, draft.script_text, mode=0o755),
+            "node_script": files.write_new(paths.node_script, draft.node_text, mode=0o755),
         }
         data = manifest.at_launch(draft.spec.args, draft.argv, paths, hashes, derived)
         manifest.write_manifest(paths.manifest, data, new=True)

@@ -72,6 +72,16 @@ def test_golden_sbatch(case: str):
     check_golden(GOLDEN / f"sbatch-{case}.sbatch", golden_script(case))
 
 
+def golden_node_script(case: str) -> str:
+    spec = golden_spec(case, *SCRIPT_CASES[case])
+    return render.node_script(spec, fixed_paths(spec.args.run_name))
+
+
+@pytest.mark.parametrize("case", ["default", "every-option"])
+def test_golden_node_script(case: str):
+    check_golden(GOLDEN / f"node-{case}.sh", golden_node_script(case))
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_golden_config_per_preset(preset: str):
     check_golden(GOLDEN / f"config-{preset}.yaml", golden_config(preset))
@@ -107,6 +117,7 @@ def shell_value(text: str, variable: str) -> str:
 @pytest.mark.parametrize("case", SCRIPT_CASES)
 def test_scripts_lint_clean(case: str, tmp_path: Path):
     lint(golden_script(case), tmp_path)
+    lint(golden_node_script(case), tmp_path)
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -132,13 +143,17 @@ def test_hostile_paths_are_quoted(name: str, tmp_path: Path):
     ]
     spec, _ = spec_for(*flags, cwd=tmp_path)
     paths = dataclasses.replace(fixed_paths("h", root=root), log=tmp_path / "logs" / "h.out")  # see next tests
-    text = render.sbatch_script(spec, paths)
+    text, node = render.sbatch_script(spec, paths), render.node_script(spec, paths)
     lint(text, tmp_path)
-    assert shell_value(text, "LAUNCHER_TRAIN_SCRIPT") == str(root / "train.py")
-    assert shell_value(text, "LAUNCHER_CONFIG") == str(paths.config)
-    assert shell_value(text, "LAUNCHER_PYTHON") == str(root / "bin/python")
+    lint(node, tmp_path)
+    assert shell_value(node, "LAUNCHER_TRAIN_SCRIPT") == str(root / "train.py")
+    assert shell_value(node, "LAUNCHER_CONFIG") == str(paths.config)
+    assert shell_value(text, "LAUNCHER_NODE_SCRIPT") == str(paths.node_script)
+    assert shell_value(text, "LAUNCHER_CHECKPOINTS") == str(paths.checkpoints)
+    for script in (text, node):
+        assert shell_value(script, "LAUNCHER_PYTHON") == str(root / "bin/python")
     assert not (Path.cwd() / "pwned").exists()
-    for line in text.splitlines():
+    for line in (text + node).splitlines():
         if line.startswith("#") and not line.startswith(("#!", "#SBATCH")):
             assert "\n" not in line  # a line break in a path never escapes a comment
 
@@ -158,7 +173,7 @@ def test_log_dir_slurm_cannot_carry_is_refused(tmp_path: Path):
 
 
 def test_script_holds_the_operational_basics():
-    text = golden_script("default")
+    text = golden_script("default") + golden_node_script("default")
     for needle in (
         "set -euo pipefail",
         "trap cleanup EXIT",

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
+import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,7 +119,7 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
     monkeypatch.setenv("LAUNCHER_OUTCOME_FILE", str(outcome))
     _, out = leg("second", "b", **{"tokens.train_steps": 20})
     assert f"resumed from checkpoint step 10 ({tmp_path / 'b' / '10'})" in out
-    assert out.strip().endswith("preempted: checkpoint saved at step 11; exiting so the job can be requeued")
+    assert out.strip().endswith("stop requested: checkpoint saved at step 11; exiting")
     assert not stop_file.exists(), "the stop request must be consumed so the requeued job trains on"
     assert outcome.read_text() == "stopped 11\n", "the batch script requeues on this"
     _, out = leg("third", "b", **{"tokens.train_steps": 20})
@@ -154,19 +157,62 @@ def test_half_written_checkpoints_are_never_loaded(
         assert code == 0, err
         return out
 
+    def steps_on_disk() -> list[str]:
+        return sorted((p.name for p in ckpt.iterdir() if p.name.isdigit()), key=int)
+
     run(5)
     for broken in (ckpt / ".tmp-8-dead", ckpt / "8"):  # an interrupted save, and one whose pointer never moved
         broken.mkdir()
         (broken / "state.pt").write_bytes(b"half a checkpoint")
     out = run(8)
+    assert f"checkpoint {ckpt / '8'} cannot be read" in out and ".tmp-8-dead" in out  # named, skipped, cleaned
     assert "resumed from checkpoint step 5" in out and "training finished at step 8" in out
-    assert (ckpt / "latest").read_text().strip() == "8"
-    assert torch.load(ckpt / "8" / "state.pt", weights_only=True)["step"] == 8  # the stale 8/ was replaced
+    assert (ckpt / "latest").read_text().strip() == "8" and not list(ckpt.glob(".tmp-*"))
+    assert torch.load(ckpt / "8" / "state.pt", weights_only=True)["step"] == 8  # the broken 8/ was replaced
 
-    (ckpt / "latest").write_text("9\n")  # a pointer to a missing checkpoint is ignored, with a warning
-    out = run(8)
-    assert f"warning: ignoring {ckpt / 'latest'}: it names step 9" in out
-    assert "resumed from" not in out and "steps 1..8" in out
+    # A damaged pointer costs a warning, never the run: the newest complete checkpoint is taken, nothing is deleted.
+    for pointer, said, resumed, steps in (
+        ("9\n", "names step 9, which is not a complete checkpoint", 8, 10),  # dangling
+        ("", "does not name a step", 10, 12),  # empty
+        ("\x00garbage", "does not name a step", 12, 14),  # damaged
+    ):
+        (ckpt / "latest").write_text(pointer)
+        out = run(steps)
+        assert said in out and f"resumed from checkpoint step {resumed} " in out, out
+        assert steps_on_disk() == ["5", "8", "10", "12", "14"][: ["5", "8", "10", "12", "14"].index(str(steps)) + 1]
+    (ckpt / "latest").unlink()
+    (ckpt / "14" / "state.pt").write_bytes((ckpt / "14" / "state.pt").read_bytes()[:1000])  # a truncated newest
+    out = run(16)
+    assert "latest is missing" in out and f"checkpoint {ckpt / '14'} cannot be read" in out
+    assert "resumed from checkpoint step 12 " in out and steps_on_disk() == ["5", "8", "10", "12", "14", "15", "16"]
+    assert (ckpt / "14" / "state.pt").stat().st_size == 1000  # skipped, and left as it was for a person to look at
+
+
+def test_a_save_that_fails_keeps_the_previous_checkpoint(
+    demo_data: DemoData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real full disk: a tmpfs with room for two checkpoints and a half holds them (root mounts it; CI runs as
+    root). The run saves every 2 steps of 6: the third save fails."""
+    probe = tiny_config(demo_data, tmp_path / "probe", **{"tokens.train_steps": 1})
+    assert door(write_config(tmp_path / "p.yaml", probe), capsys)[0] == 0
+    one = sum(f.stat().st_size for f in (tmp_path / "probe" / "1").iterdir())
+    disk = tmp_path / "small"
+    disk.mkdir()
+    size = f"size={int(2.5 * one) // 4096 * 4096 + 8192}"
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", size, "tmpfs", str(disk)], capture_output=True)
+    assert mounted.returncode == 0, mounted.stderr  # the test needs root, as the local cluster does
+    try:
+        config = tiny_config(
+            demo_data, disk / "ckpt", **{"tokens.train_steps": 6, "checkpoints.checkpoint_interval": 2}
+        )
+        code, out, err = door(write_config(tmp_path / "c.yaml", config), capsys)
+        assert code == 2 and err.count("\n") == 1, err  # one line, no traceback
+        assert "checkpoint step" in err and "No space left on device" in err and "is still step" in err
+        saved = sorted(p.name for p in (disk / "ckpt").iterdir() if not p.name.startswith("."))
+        assert (disk / "ckpt" / "latest").read_text().strip() in saved  # the pointer names a whole checkpoint
+        assert not list((disk / "ckpt").glob(".tmp-*"))  # the failed save left nothing behind
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
 
 
 def test_resume_checkpoint_path_starts_a_new_run_from_another_runs_checkpoint(
@@ -189,6 +235,90 @@ def test_resume_checkpoint_path_starts_a_new_run_from_another_runs_checkpoint(
     bad = tiny_config(demo_data, tmp_path / "third", **{"checkpoints.resume_checkpoint_path": str(tmp_path)})
     code, _, err = door(write_config(tmp_path / "third.yaml", bad), capsys)
     assert code == 2 and f"error: resume_checkpoint_path {tmp_path} is not a checkpoint of this engine" in err
+
+
+TORCHRUN_AS_THE_NODE_SCRIPT_DOES = (
+    "import os, signal, sys\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'torch.distributed.run', *sys.argv[1:]])"
+)
+
+
+def torchrun_two_ranks(config: Path, env: dict, cwd: Path) -> subprocess.Popen:
+    """torchrun with two ranks, started as the node script starts it (SIGTERM blocked)."""
+    argv = [sys.executable, "-c", TORCHRUN_AS_THE_NODE_SCRIPT_DOES, "--nproc_per_node", "2", "--standalone",
+            str(ROOT / "run_train.py"), "--config-file", str(config)]  # fmt: skip
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def signal_tree(pid: int, sig: int) -> list[int]:
+    """Send `sig` to a process and all its descendants at once, as slurmstepd signals every process of a step
+    (torchrun starts each rank in a session of its own, so a process group would not reach them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, sig)
+    return tree
+
+
+def test_two_ranks_stopped_by_sigterm_resume_to_the_same_weights(demo_data: DemoData, tmp_path: Path) -> None:
+    from launcher.train import checkpoint
+
+    ddp = {"parallelism.dp": 2, "tokens.batch_accumulation_per_replica": 1, "checkpoints.checkpoint_interval": 1000}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+    def run(name: str, ckpt: str, steps: int, stop_after: int | None = None) -> str:
+        config = tiny_config(demo_data, tmp_path / ckpt, **ddp, **{"tokens.train_steps": steps})
+        metrics_file, outcome = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.outcome"
+        job_env = {**env, "LAUNCHER_METRICS_FILE": str(metrics_file), "LAUNCHER_OUTCOME_FILE": str(outcome)}
+        proc = torchrun_two_ranks(write_config(tmp_path / f"{name}.yaml", config), job_env, tmp_path)
+        if stop_after is not None:
+            deadline = time.monotonic() + 120
+            while not (metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= stop_after):
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+                time.sleep(0.05)
+            assert len(signal_tree(proc.pid, signal.SIGTERM)) >= 3  # torchrun (which has it blocked) and both ranks
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out[-2000:] + err[-3000:]
+        return out
+
+    steps = 120  # long enough that the signal lands well before the end on any machine
+    run("straight", "a", steps)
+    out = run("first", "b", steps, stop_after=3)
+    stopped = int((tmp_path / "first.outcome").read_text().split()[1])
+    assert (tmp_path / "first.outcome").read_text().startswith("stopped ") and 3 <= stopped < steps, out
+    assert f"stop requested: checkpoint saved at step {stopped}; exiting" in out
+
+    # The RNG states saved with the checkpoint are replaced by others: the resumed run must report exactly those
+    # (a restore that did nothing would report the fresh run's states).
+    saved = torch.load(tmp_path / "b" / str(stopped) / "state.pt", weights_only=False)
+    before = checkpoint.capture_rng()
+    try:
+        torch.manual_seed(1234)
+        np.random.seed(1234)
+        random.seed(1234)
+        planted = checkpoint.capture_rng()
+        expected = checkpoint.rng_digest()
+    finally:
+        checkpoint.restore_rng(before)
+    saved["rng"] = [planted, planted]
+    torch.save(saved, tmp_path / "b" / str(stopped) / "state.pt")
+
+    out = run("second", "b", steps)
+    assert f"resumed from checkpoint step {stopped} ({tmp_path / 'b' / str(stopped)}); rng digest {expected}" in out
+    straight = torch.load(tmp_path / "a" / str(steps) / "state.pt", weights_only=True)["model"]
+    resumed = torch.load(tmp_path / "b" / str(steps) / "state.pt", weights_only=True)["model"]
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
 def test_two_torchrun_ranks_stay_in_sync_and_match_one_process(

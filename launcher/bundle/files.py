@@ -23,10 +23,12 @@ class BundlePaths:
     config: Path
     manifest: Path
     script: Path
+    node_script: Path  # what every node runs (srun's task), beside the config in the bundle
     log: Path
     stop_file: Path
     outcome_file: Path
     srun_status_file: Path
+    requeues_file: Path  # one line per requeue the job asked for: "time-limit|preemption attempt N step S"
     metrics: Path
     checkpoints: Path
 
@@ -42,10 +44,12 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         config=bundle_dir / "config.yaml",
         manifest=bundle_dir / "manifest.json",
         script=scripts / run_name / f"{stamp}.sbatch",
+        node_script=bundle_dir / "node.sh",
         log=logs / run_name / f"{stamp}.out",
         stop_file=bundle_dir / "stop-requested",
         outcome_file=bundle_dir / "outcome",
         srun_status_file=bundle_dir / "srun-exit-code",
+        requeues_file=bundle_dir / "requeues",
         metrics=bundle_dir / "metrics.jsonl",
         checkpoints=checkpoints,
     )

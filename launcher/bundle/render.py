@@ -1,6 +1,6 @@
-"""The bundle's two rendered files, pure functions of the resolved spec and the bundle's paths: the nanotron config
-(`config_yaml`, through the flag table of `launcher.config.schema`) and the sbatch script (`sbatch_script`, from
-templates/sbatch.sh.j2).
+"""The bundle's rendered files, pure functions of the resolved spec and the bundle's paths: the nanotron config
+(`config_yaml`, through the flag table of `launcher.config.schema`), the sbatch script (`sbatch_script`, from
+templates/sbatch.sh.j2) and the node script every node runs (`node_script`, from templates/node.sh.j2).
 
 Every value that reaches the shell goes through `shlex.quote` (the `q` filter); values on #SBATCH lines are
 validated to a safe alphabet first (run name, partition, ...) or cannot hold what Slurm's parser chokes on (the
@@ -47,6 +47,28 @@ def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
     return schema.dump(schema.build_config(spec.flag_values(), spec.base_config, str(paths.checkpoints)))
 
 
+def _values(spec: RunSpec, paths: BundlePaths) -> dict:
+    """What both scripts are rendered from."""
+    a = spec.args
+    return {
+        "run_name": a.run_name,
+        "nodes": a.slurm.nodes,
+        "gpus_per_node": a.slurm.gpus_per_node,
+        "python": a.slurm.python or sys.executable,
+        "train_script": a.paths.run_train_script,
+        "config_path": paths.config,
+        "log_dir": paths.log.parent,
+        "stop_file": paths.stop_file,
+        "outcome_file": paths.outcome_file,
+        "metrics_file": paths.metrics,
+        "tmp_dir": a.slurm.tmp_dir,
+        "wandb_disabled": a.logging.wandb_disabled,
+        "extra_env": spec.extra_env,
+        "script_path": paths.script,
+        "node_script": paths.node_script,
+    }
+
+
 def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
     """The batch script's text."""
     a = spec.args
@@ -56,9 +78,7 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
         _environment()
         .get_template("sbatch.sh.j2")
         .render(
-            run_name=a.run_name,
-            nodes=a.slurm.nodes,
-            gpus_per_node=a.slurm.gpus_per_node,
+            **_values(spec, paths),
             cpus_per_node=a.slurm.cpus_per_node,
             time_limit=a.slurm.time_limit,
             partition=a.slurm.partition,
@@ -70,21 +90,17 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             exclusive=a.slurm.exclusive,
             max_requeues=a.slurm.max_requeues,
             signal_grace=a.slurm.signal_grace,
-            python=a.slurm.python or sys.executable,
-            train_script=a.paths.run_train_script,
-            config_path=paths.config,
             log_path=paths.log,
-            log_dir=paths.log.parent,
-            stop_file=paths.stop_file,
-            outcome_file=paths.outcome_file,
             srun_status_file=paths.srun_status_file,
-            metrics_file=paths.metrics,
-            tmp_dir=a.slurm.tmp_dir,
-            wandb_disabled=a.logging.wandb_disabled,
-            extra_env=spec.extra_env,
+            requeues_file=paths.requeues_file,
+            checkpoints=paths.checkpoints,
             pre_launch_commands=a.slurm.pre_launch_commands,
             bundle_dir=paths.bundle_dir,
-            script_path=paths.script,
             heartbeat_s=HEARTBEAT_S,
         )
     )
+
+
+def node_script(spec: RunSpec, paths: BundlePaths) -> str:
+    """The node script's text: what srun runs on every node."""
+    return _environment().get_template("node.sh.j2").render(**_values(spec, paths))

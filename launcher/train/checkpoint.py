@@ -7,8 +7,10 @@ Layout under `checkpoints_path`:
     latest             the step of the newest complete checkpoint (text)
 
 Rank 0 writes a checkpoint into `.tmp-<step>-<random>` and renames it to `<step>` only when it is complete, then
-replaces `latest` (write-temp + os.replace). A step directory that `latest` does not name, and any `.tmp-*`
-directory, is never loaded. Old checkpoints are kept: nothing is pruned.
+replaces `latest` (write-temp + fsync + os.replace + fsync of the directory). A `.tmp-*` directory is never loaded
+and is removed at the next start. A resume takes the newest complete checkpoint that loads, whatever `latest`
+says (a warning names what was skipped). Old checkpoints are kept: nothing is pruned, nothing older than the
+newest whole checkpoint is ever replaced.
 """
 
 from __future__ import annotations
@@ -108,15 +110,77 @@ def _fsynced_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.fsync(f.fileno())
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable (the directory entry itself reaches the disk)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_pointer(root: Path, step: int) -> None:
+    """Point `root/latest` at `step`: complete or not at all, and durable (file, then directory, fsynced)."""
+    tmp = root / f".tmp-{POINTER}-{secrets.token_hex(4)}"
+    try:
+        _fsynced_write(tmp, lambda f: f.write(f"{step}\n".encode()))
+        os.replace(tmp, root / POINTER)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(root)
+
+
+def clean_leftovers(root: Path) -> list[str]:
+    """Remove the temporary directories and files of saves that a kill interrupted (rank 0, at start; the job's lock
+    makes it the run's only writer). Returns what was removed."""
+    removed = []
+    for leftover in sorted(root.glob(".tmp-*")) if root.is_dir() else []:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        removed.append(leftover.name)
+    return removed
+
+
+def _write(root: Path, step: int, state: dict, meta: dict) -> Path:
+    """Rank 0's part of a save: the step's directory, complete (temporary directory renamed into place), then the
+    pointer. A step directory already there is one a crash left unpointed, newer than the newest whole checkpoint
+    (resume starts from that one): it is replaced, and removed only once the new one is in place. On any error the
+    temporary directory goes and the previous pointer stands."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / str(step)
+    tmp = root / f".tmp-{step}-{secrets.token_hex(4)}"
+    replaced = None
+    try:
+        tmp.mkdir()
+        _fsynced_write(tmp / STATE_FILE, lambda f: torch.save(state, f))
+        _fsynced_write(tmp / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+        if final.exists():
+            replaced = root / f".tmp-replaced-{step}-{secrets.token_hex(4)}"
+            os.rename(final, replaced)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        write_pointer(root, step)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+    return final
+
+
 def save(cfg: TrainConfig, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, data_position: int) -> Path:
-    """Write checkpoint `step` (collective: every rank calls it; rank 0 writes). Returns its directory."""
+    """Write checkpoint `step` (collective: every rank calls it; rank 0 writes). Returns its directory.
+
+    A save that fails (disk full, quota, an I/O error) leaves the previous checkpoint as the latest and ends the
+    run on every rank with one line saying why."""
     rank, world = dist.get_rank(), dist.get_world_size()
     gathered: list[tuple[dict, float] | None] = [None] * world
     dist.all_gather_object(gathered, (capture_rng(), parameter_checksum(model)))
     rng_states = [g[0] for g in gathered if g is not None]
     checksums = [g[1] for g in gathered if g is not None]
     root = Path(cfg.checkpoints_path)
-    final = root / str(step)
+    failure: list[str | None] = [None]
     if rank == 0:
         if len(set(checksums)) > 1:
             print(f"warning: data-parallel replicas differ at step {step}: parameter checksums {checksums}", flush=True)
@@ -129,60 +193,82 @@ def save(cfg: TrainConfig, step: int, model: nn.Module, optimizer: torch.optim.O
             "time": time.time(),
         }
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states, **meta}
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{step}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        _fsynced_write(tmp / STATE_FILE, lambda f: torch.save(state, f))
-        _fsynced_write(tmp / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        if final.exists():  # left by an earlier attempt that crashed before moving `latest` to it
-            stale = root / f".tmp-stale-{step}-{secrets.token_hex(4)}"
-            os.rename(final, stale)
-            shutil.rmtree(stale)
-        os.rename(tmp, final)
-        pointer_tmp = root / f".tmp-{POINTER}-{secrets.token_hex(4)}"
-        _fsynced_write(pointer_tmp, lambda f: f.write(f"{step}\n".encode()))
-        os.replace(pointer_tmp, root / POINTER)
-    dist.barrier()
-    return final
-
-
-def _from_pointer(root: Path) -> tuple[Path | None, str | None]:
-    """The checkpoint `root/latest` names, if complete; else a note saying why not (None: no pointer)."""
-    pointer = root / POINTER
-    if not pointer.is_file():
-        return None, None
-    text = pointer.read_text().strip()
-    if not text.isdigit():
-        return None, f"ignoring {pointer}: {text[:40]!r} is not a step number"
-    if not (root / text / STATE_FILE).is_file():
-        return (
-            None,
-            f"ignoring {pointer}: it names step {text}, but {root / text / STATE_FILE} does not exist",
+        try:
+            _write(root, step, state, meta)
+        except OSError as e:
+            failure[0] = f"{e.strerror or e} ({e.filename or root})" if e.strerror else str(e)
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is not None:
+        previous = read_pointer(root)
+        raise TrainError(
+            f"checkpoint step {step} could not be saved: {failure[0]}; the latest checkpoint is still "
+            f"{'step ' + str(previous) if previous is not None else 'none'}: make room or fix the path "
+            f"({cfg.checkpoints_path}), then launch again to resume"
         )
-    return root / text, None
+    return root / str(step)
 
 
-def find_resume(cfg: TrainConfig) -> tuple[Path | None, list[str]]:
-    """The checkpoint to resume from (the run's own `latest` first, then resume_checkpoint_path) and notes."""
-    found, note = _from_pointer(Path(cfg.checkpoints_path))
-    notes = [note] if note else []
-    if found is not None or cfg.resume_checkpoint_path is None:
+def read_pointer(root: Path) -> int | None:
+    """The step `root/latest` names, or None when it is missing, empty or not a step number."""
+    try:
+        text = (root / POINTER).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def candidates(root: Path) -> tuple[list[Path], list[str]]:
+    """The run's checkpoints to try, newest first, and notes on a pointer that cannot be trusted.
+
+    Every complete step directory counts (a crash between a checkpoint's rename and the pointer's update leaves
+    the newest one unpointed), so a damaged, empty or dangling `latest` costs nothing but a warning."""
+    steps = sorted(
+        (int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / STATE_FILE).is_file())
+        if root.is_dir()
+        else (),
+        reverse=True,
+    )
+    notes = []
+    pointer = root / POINTER
+    if pointer.exists():
+        named = read_pointer(root)
+        if named is None:
+            notes.append(f"{pointer} does not name a step ({pointer.read_text(errors='replace')[:40]!r}): ignored")
+        elif named not in steps:
+            notes.append(f"{pointer} names step {named}, which is not a complete checkpoint: ignored")
+        elif steps and named < steps[0]:
+            notes.append(
+                f"{pointer} names step {named}, but step {steps[0]} is complete (saved as the job was stopped)"
+            )
+    elif steps:
+        notes.append(f"{pointer} is missing: using the newest complete checkpoint")
+    return [root / str(step) for step in steps], notes
+
+
+def find_resume(cfg: TrainConfig) -> tuple[list[Path], list[str]]:
+    """The checkpoints to resume from, newest first (the run's own, else resume_checkpoint_path), and notes."""
+    found, notes = candidates(Path(cfg.checkpoints_path))
+    if found or cfg.resume_checkpoint_path is None:
         return found, notes
     given = Path(cfg.resume_checkpoint_path)
     if (given / STATE_FILE).is_file():
-        return given, notes
-    found, note = _from_pointer(given)
-    if found is None:
+        return [given], notes
+    found, more = candidates(given)
+    if not found:
         raise TrainError(
-            f"resume_checkpoint_path {given} is not a checkpoint of this engine (no {STATE_FILE}, no complete "
-            f"'{POINTER}'){': ' + note if note else ''}; point it at a <checkpoints_path>/<step> directory"
+            f"resume_checkpoint_path {given} is not a checkpoint of this engine (no {STATE_FILE}, no complete step "
+            f"directory); point it at a <checkpoints_path>/<step> directory"
         )
-    return found, notes
+    return found, notes + more
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restored:
-    """Load a checkpoint into `model` and `optimizer` and restore this rank's RNG states (every rank calls it)."""
-    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+def read_state(path: Path) -> dict:
+    """A checkpoint's saved state; OSError or RuntimeError (a truncated or damaged file) when it cannot be read."""
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def load(state: dict, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> Restored:
+    """Load a read checkpoint into `model` and `optimizer` and restore this rank's RNG states."""
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -193,3 +279,10 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> Rest
     if rank < len(state["rng"]):
         restore_rng(state["rng"][rank])
     return Restored(state["step"], state["data_position"], state["config_hash"], state["world_size"])
+
+
+def rng_digest() -> str:
+    """A short digest of this process's RNG states (printed after a resume, so that a restore can be checked)."""
+    state = capture_rng()
+    parts = [repr(state["python"]).encode(), state["numpy"]["key"].numpy().tobytes(), state["torch"].numpy().tobytes()]
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:12]

@@ -1,6 +1,9 @@
-"""Stop requests: SIGUSR1, or the file named by `LAUNCHER_STOP_FILE` appearing on the shared filesystem.
+"""Stop requests: SIGTERM, SIGUSR1, or the file named by `LAUNCHER_STOP_FILE` appearing on the shared filesystem.
 
-Either asks the job to save a checkpoint at the next step boundary and exit 0, so Slurm can requeue it. The
+Each asks the job to save a checkpoint at the next step boundary and exit 0. SIGTERM is Slurm's notice to the
+training processes of a preemption (within its grace time), a cancel, or the time limit; the stop file is the batch
+script's word for the time-limit warning (USR1 to the batch script). The node script starts torchrun with SIGTERM
+blocked so that torchrun does not stop the processes itself; a StopRequest unblocks it once it can handle it. The
 ranks agree every step with an all_reduce(MAX) of their flags. The request is consumed: rank 0 removes the
 stop file once the checkpoint is saved, so the requeued job trains on.
 
@@ -19,7 +22,8 @@ import threading
 import torch
 import torch.distributed as dist
 
-STOP_MESSAGE = "preempted: checkpoint saved at step {step}; exiting so the job can be requeued"
+STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequest:
@@ -28,9 +32,10 @@ class StopRequest:
     def __init__(self, device: torch.device):
         self.device, self.signalled = device, False
         self.path = os.environ.get("LAUNCHER_STOP_FILE") or None
-        self.previous_handler = None
+        self.previous_handlers: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            self.previous_handler = signal.signal(signal.SIGUSR1, self._on_signal)
+            self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))  # a notice that came meanwhile arrives now
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.signalled = True
@@ -49,9 +54,9 @@ class StopRequest:
                 os.remove(self.path)
 
     def close(self) -> None:
-        """Put back the SIGUSR1 handler that was there before."""
-        if self.previous_handler is not None:
-            signal.signal(signal.SIGUSR1, self.previous_handler)
+        """Put back the handlers that were there before."""
+        for sig, handler in self.previous_handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 def report_outcome(is_main: bool, finished: bool, step: int) -> None:

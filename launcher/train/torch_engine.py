@@ -88,18 +88,34 @@ def train(cfg: TrainConfig) -> None:
         dist.destroy_process_group()
 
 
-def _resume_point(cfg: TrainConfig) -> tuple[Path | None, list[str]]:
-    """Rank 0's choice of checkpoint (or its TrainError), the same on every rank."""
+def _resume_points(cfg: TrainConfig) -> tuple[list[Path], list[str]]:
+    """Rank 0's view of the checkpoints to resume from, newest first, and its notes (or its TrainError), the same
+    on every rank. Rank 0 first removes what killed saves left behind."""
     payload: list = [None]
     if dist.get_rank() == 0:
         try:
-            payload[0] = checkpoint.find_resume(cfg)
+            removed = checkpoint.clean_leftovers(Path(cfg.checkpoints_path))
+            found, notes = checkpoint.find_resume(cfg)
+            if removed:
+                notes.append(f"removed what interrupted saves left in {cfg.checkpoints_path}: {', '.join(removed)}")
+            payload[0] = (found, notes)
         except TrainError as e:
             payload[0] = e
     dist.broadcast_object_list(payload, src=0)
     if isinstance(payload[0], TrainError):
         raise payload[0]
     return payload[0]
+
+
+def _read_agreed(path: Path, device: torch.device) -> tuple[dict | None, str]:
+    """Every rank reads the checkpoint; it counts only if every rank could (else None and why)."""
+    try:
+        state, why = checkpoint.read_state(path), ""
+    except Exception as e:  # noqa: BLE001  a damaged file fails torch.load in any of a dozen ways; all mean "skip it"
+        state, why = None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    failed = torch.tensor(float(state is None), device=device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    return (state if not failed.item() else None), why
 
 
 class TorchTrainer:
@@ -127,21 +143,30 @@ class TorchTrainer:
         self._resume()
 
     def _resume(self) -> None:
-        resume_from, notes = _resume_point(self.cfg)
+        """Continue from the newest checkpoint that loads; one that cannot be read is named and skipped."""
+        found, notes = _resume_points(self.cfg)
         for note in notes:
             self.reporter.print(f"warning: {note}")
-        if resume_from is None:
-            return
-        restored = checkpoint.load(resume_from, self.model, self.optimizer)
-        self.step, self.position = restored.step, restored.data_position
-        self.reporter.print(f"resumed from checkpoint step {self.step} ({resume_from})")
-        if restored.config_hash != checkpoint.config_hash(self.cfg):
-            self.reporter.print("warning: the checkpoint was written with a different config; continuing from it")
-        if restored.world_size != self.where.world_size:
+        for path in found:
+            state, why = _read_agreed(path, self.where.device)
+            if state is None:
+                self.reporter.print(f"warning: checkpoint {path} cannot be read ({why or 'on another rank'}): skipped")
+                continue
+            restored = checkpoint.load(state, path, self.model, self.optimizer)
+            self.step, self.position = restored.step, restored.data_position
             self.reporter.print(
-                f"warning: the checkpoint was written by {restored.world_size} ranks, not {self.where.world_size}: "
-                "data order and RNG states do not continue exactly"
+                f"resumed from checkpoint step {self.step} ({path}); rng digest {checkpoint.rng_digest()}"
             )
+            if restored.config_hash != checkpoint.config_hash(self.cfg):
+                self.reporter.print("warning: the checkpoint was written with a different config; continuing from it")
+            if restored.world_size != self.where.world_size:
+                self.reporter.print(
+                    f"warning: the checkpoint was written by {restored.world_size} ranks, not "
+                    f"{self.where.world_size}: data order and RNG states do not continue exactly"
+                )
+            return
+        if found:
+            self.reporter.print("warning: no checkpoint of this run could be read: starting from step 0")
 
     def train(self) -> None:
         """Steps `step + 1 .. train_steps`, logging, checkpointing and honouring stop requests."""

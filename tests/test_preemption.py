@@ -1,0 +1,94 @@
+"""A real preemption on the local cluster: a job in the `urgent` partition (priority tier 2) takes the GPUs of a
+training run in `debug` (tier 1, PreemptMode=REQUEUE, GraceTime=60), as sites set it up.
+
+Slurm 22.05's notice is SIGTERM to the run's training processes (or, with
+SlurmctldParameters=preempt_send_user_signal, the job's own --signal to its batch script); the run must save a
+checkpoint at its next step, requeue itself, and resume from that checkpoint. --save_interval is larger than the
+run, so only the notice can have saved it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_e2e_training import assert_continuous, bundles, finish, launch, manifest, submitted_job_id, wait_for
+
+from launcher.localcluster import ClusterSpec, down, up
+from launcher.report.plots import read_metrics
+from launcher.slurm import client
+from launcher.slurm.parse import parse_scontrol
+
+
+def last_logged_step(bundle_dir: Path) -> int:
+    path = bundle_dir / "metrics.jsonl"
+    return max((r["step"] for r in read_metrics(path)), default=0) if path.exists() else 0
+
+
+def preempt_and_follow(tmp_path: Path, env: dict, demo_data, run_name: str) -> tuple[str, int, str, str]:
+    """Launch a run on all GPUs, let it train past step 10, preempt it with an urgent job; return the job id, the
+    step seen before the preemption, the launcher's output and the job's log."""
+    proc = launch(tmp_path, env, demo_data, run_name, "--train_steps", "150", "--save_interval", "100000")
+    (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs" / run_name).glob("*")), timeout=30)
+    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
+    wait_for(lambda: last_logged_step(bundle_dir) >= 10, timeout=180)
+    seen = last_logged_step(bundle_dir)
+    urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "2",
+              "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
+    urgent_id = subprocess.run(urgent, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    code, out = finish(proc, timeout=400)
+    assert code == 0, out
+    shown = subprocess.run(["scontrol", "show", "job", "-o", urgent_id], env=env, capture_output=True, text=True)
+    assert parse_scontrol(shown.stdout).get("JobState") == "COMPLETED", shown  # the urgent job got the GPUs, ran
+    return job_id, seen, out, Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+
+
+def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: str, log: str) -> None:
+    saved = int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+    assert saved >= seen  # the step the notice found, not a periodic checkpoint (there is none before 100000)
+    assert "requeueing after the preemption" in log and f"job {job_id} attempt 2 started" in log
+    assert f"resumed from checkpoint step {saved} " in log
+    assert "ended COMPLETED" in out and "requeued 1x" in out
+    assert (bundle_dir / "requeues").read_text().startswith(f"preemption attempt 1 step {saved}")
+    assert_continuous(bundle_dir, 150)
+
+
+def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
+    job_id, seen, out, log = preempt_and_follow(tmp_path, slurm_env, demo_data, "preempted")
+    assert "preemption notice: Slurm preempted this job at" in log
+    assert "time-limit or preemption notice (USR1)" not in log  # Slurm's notice here is SIGTERM to training
+    (bundle_dir,) = bundles(tmp_path, "preempted")
+    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log)
+
+
+@pytest.fixture(scope="module")
+def user_signal_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A second local cluster whose preemption sends the job's own --signal (preempt_send_user_signal)."""
+    spec = ClusterSpec(tmp_path_factory.mktemp("usersignal"), nodes=2, gpus_per_node=2, send_user_signal=True)
+    yield up(spec)
+    down(spec)
+
+
+def test_preemption_with_the_jobs_own_signal(tmp_path: Path, slurm_env: dict, user_signal_cluster, demo_data):
+    env = {**slurm_env, **user_signal_cluster}
+    job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "signalled")
+    assert "time-limit or preemption notice (USR1)" in log  # the batch script heard the job's own signal
+    assert "preemption notice: Slurm preempted this job at" in log  # and knew it for a preemption
+    (bundle_dir,) = bundles(tmp_path, "signalled")
+    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log)
+
+
+def test_a_cancel_is_not_requeued(tmp_path: Path, slurm_env: dict, demo_data):
+    """scancel sends SIGTERM to the batch script and to training alike: training may save, the job is not
+    requeued and ends CANCELLED."""
+    proc = launch(tmp_path, slurm_env, demo_data, "cancelled", "--train_steps", "100000", "--save_interval", "100000")
+    (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/cancelled").glob("*")), timeout=30)
+    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
+    wait_for(lambda: last_logged_step(bundle_dir) >= 3, timeout=180)
+    client.cancel(job_id)
+    code, out = finish(proc, timeout=120)
+    assert code == 1 and f"Job {job_id} ended CANCELLED" in out, out
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    assert "termination signal" in log and "requeueing" not in log and "attempt 2" not in log
