@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 
+from launcher.config import datasize
 from launcher.config.resolve import RunSpec
+from launcher.config.schema import train_split
 
 BYTES_PER_PARAMETER = 14  # nanotron's checkpoint: what the summary plans with
 MIN_BYTES_PER_PARAMETER = 12  # what either engine writes at least: what a refusal is based on
@@ -63,7 +65,17 @@ def derived(spec: RunSpec) -> dict:
         "total_training_tokens": sequences * s.seq * t.train_steps,
         "checkpoint_bytes": params * BYTES_PER_PARAMETER,  # estimated: nanotron's 14 bytes a parameter
         "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
+        **data_volume(spec, sequences * s.seq * t.train_steps),
     }
+
+
+def data_volume(spec: RunSpec, run_tokens: int) -> dict:
+    """How many tokens a local dataset holds (estimated) and how many times the run reads it."""
+    d = spec.args.data
+    size = datasize.estimate(d.dataset, d.text_column, train_split(spec.base_config), d.tokenizer)
+    if size is None or size.tokens <= 0:
+        return {}
+    return {"dataset_tokens": size.tokens, "dataset_tokens_how": size.how, "epochs": run_tokens / size.tokens}
 
 
 def human_count(n: float) -> str:

@@ -21,6 +21,19 @@ def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
     return note
 
 
+def _data_note(spec: RunSpec, figures: dict) -> str:
+    reads = f"the run reads {human_count(figures['total_training_tokens'])} tokens"
+    dataset = spec.args.data.dataset
+    if dataset is None:
+        return f"{reads} of random tokens (--dataset none)"
+    if "dataset_tokens" not in figures:
+        return f"{reads} of {dataset}"
+    epochs = figures["epochs"]
+    times = f"{epochs:.0f} epochs" if epochs >= 10 else f"{epochs:.2g} epochs" if epochs >= 0.1 else "under 0.1 epoch"
+    holds = f"~{human_count(figures['dataset_tokens'])} ({figures['dataset_tokens_how']})"
+    return f"{reads}; the dataset holds {holds}: {times}"
+
+
 def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
     """The text printed after the bundle is written."""
     a = spec.args
@@ -52,6 +65,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
             f"{a.training.warmup_steps} warmup)",
         ),
+        ("data", _data_note(spec, figures)),
         *(
             [("after", f"{a.slurm.dependency} (Slurm's --dependency; cancelled if it can no longer be met)")]
             if a.slurm.dependency
