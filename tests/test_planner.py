@@ -1,18 +1,25 @@
-"""The planner (launcher.config.planner): every layout it offers is one nanotron accepts, those that fit come first
-and fastest first, its step-time model against published runs."""
+"""The planner (launcher.config.planner) and `--plan`: every layout it offers is one nanotron accepts, those that fit
+come first and fastest first, its step-time model against published runs, golden
+outputs of `--plan`, and a `--plan` that writes nothing and imports no torch."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
+from launcher_helpers import run_launcher
+from test_dry_run import HEAVY
 from test_memory import B1, B3, B8, B80, V
 
+from launcher import launch
 from launcher.config import gpus
 from launcher.config.layout import check_layout
 from launcher.config.memory import Layout, Model
 from launcher.config.planner import evaluate, search
 
+GOLDEN = Path(__file__).parent / "golden"
 H100 = gpus.table()["h100"]
 LLAMA_70B = Model(8192, 28672, 80, 64, 8, 128256, 4096)
 # (label, model, layout, published MFU %): nanotron's docs/benchmark_summary.svg (PLANNER.md)
@@ -70,3 +77,38 @@ def test_playbook_tp_scaling_within_the_documented_error(tp: int, micro: int, pu
     tokens = micro * 4096 / plan.step_s / tp
     error = tokens / published - 1
     assert abs(error) <= 0.20
+
+
+PLAN_CASES = {
+    "8b-4nodes": ["--model_size", "8b", "--nodes", "4"],
+    "70b-16nodes": ["--model_size", "70b", "--nodes", "16"],
+    "1b-1node-tp1": ["--model_size", "1b", "--nodes", "1", "--tp", "1", "--micro_batch_size", "4"],
+}
+
+
+@pytest.mark.parametrize("case", PLAN_CASES)
+def test_plan_output_golden(case: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = launch.main(["--run_name", "p", *PLAN_CASES[case], "--gpu_type", "h100", "--plan"])
+    text = capsys.readouterr().out
+    assert code == 0 and not list(tmp_path.iterdir())  # nothing written
+    path = GOLDEN / f"plan-{case}.txt"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} changed; review and run UPDATE_GOLDEN=1 pytest {__file__}"
+
+
+def test_plan_keeps_what_you_typed_and_marks_your_layout(capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    launch.main(["--run_name", "p", "--model_size", "1b", "--nodes", "1", "--tp", "1", "--plan", "--dry_run"])
+    text = capsys.readouterr().out
+    assert "Kept as you typed: --tp 1" in text and "<- yours" in text
+    assert "H100 80GB SXM, 79.6 GiB (the default" in text  # a dry run asks the cluster nothing
+
+
+def test_plan_writes_nothing_and_imports_no_torch(tmp_path: Path):
+    out = run_launcher("--run_name", "x", "--model_size", "8b", "--nodes", "4", "--plan", "--dry_run",
+                       cwd=tmp_path, block=HEAVY)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Best: tp" in out.stdout and "Nothing was written or submitted." in out.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -47,6 +47,8 @@ class SlurmArgs:
     python: str | None = None  # Python that runs torchrun on the nodes (default: the launcher's own).
     max_requeues: int = 3  # Times a preempted or timed-out job is requeued to resume; 0 disables.
     signal_grace: int = 120  # Seconds before the time limit at which the job checkpoints and requeues.
+    gpu_type: str | None = None  # GPU to plan for, e.g. h100, a100_80gb (default: the cluster's GRES type or h100).
+    gpu_memory_gb: float | None = None  # GPU memory in GB (2^30 bytes) to plan for, e.g. 40 (default: the GPU type's).
 
 
 @dataclass
@@ -86,6 +88,10 @@ class ParallelismArgs:
     dp: int | None = None  # Data parallel degree (default: fills the job: nodes*gpus/(tp*pp)).
     tp: int | None = None  # Tensor parallel degree (default: from the preset).
     pp: int | None = None  # Pipeline parallel degree (default: from the preset).
+    zero_stage: int = 0  # ZeRO stage: 1 shards the fp32 weights and Adam's states over dp (nanotron 0.4 has 0 and 1).
+    pp_engine: str = "1f1b"  # Pipeline schedule: 1f1b (a stage holds at most pp micro-batches) or afab (all of them).
+    tp_mode: str = "REDUCE_SCATTER"  # Tensor parallel mode: REDUCE_SCATTER (sequence parallel) or ALL_REDUCE.
+    layout: str = "manual"  # manual: --tp, --pp, batch as given; auto: the planner's best that fits (--plan).
 
 
 @dataclass
@@ -129,6 +135,8 @@ class ExecutionArgs:
     show_logs: bool = False  # Follow the job's log and state until it ends.
     config: str | None = None  # Start from this nanotron YAML; flags override it.
     sweep: str | None = None  # One run per grid point, e.g. "learning_rate=1e-4,3e-4 seed=1,2" (runs RUN-1..4).
+    plan: bool = False  # Print the layouts that fit this model, job and batch, best first; write and submit nothing.
+    skip_memory_check: bool = False  # Go ahead where the memory estimate says the layout does not fit the GPU.
 
 
 @dataclass
