@@ -1,6 +1,6 @@
 """Every launch checks the memory fit (launcher.config.fit): a layout estimated not to fit is refused with fixes
 that each fit, --skip_memory_check goes ahead, --layout auto takes the planner's best; the GPU comes from the
-flags, the cluster's GRES type or the default."""
+flags, the cluster's GRES type or the default; a default warmup adapts to a short run."""
 
 from __future__ import annotations
 
@@ -128,6 +128,21 @@ def test_gres_spellings_sites_use():
         assert gpu is not None and gpu.key == key, name
     assert gpus.lookup("tpu") is None
     assert "40 or the 80 GB" in gpus.table()["a100"].note
+
+
+def test_a_default_warmup_longer_than_the_run_adapts():
+    spec, problems = spec_for("--train_steps", "100")
+    assert problems + validate(spec) == []
+    assert spec.args.training.warmup_steps == 10 and "default 1000" in spec.adapted["warmup_steps"]
+    spec, _ = spec_for("--train_steps", "100", "--warmup_steps", "500")  # typed: still an error
+    assert [p.flag for p in validate(spec)] == ["warmup_steps"] and spec.adapted == {}
+
+
+def test_a_config_warmup_is_a_choice(tmp_path: Path):
+    config = tmp_path / "c.yaml"
+    config.write_text("optimizer:\n  learning_rate_scheduler:\n    lr_warmup_steps: 500\ntokens:\n  train_steps: 100\n")
+    spec, problems = spec_for("--config", str(config))
+    assert "warmup_steps" in [p.flag for p in problems + validate(spec)]
 
 
 def test_planner_choices_reach_the_config_and_nanotrons_parser(tmp_path: Path):

@@ -275,6 +275,7 @@ def validate(spec: RunSpec) -> list[Problem]:
             vocab=s.vocab,
             grad_accum=t.grad_accum_steps,
             nodes_hint=spec.args.slurm.nodes,
+            gpus_per_node=spec.args.slurm.gpus_per_node,
         )
         if spec.world_size > 0
         else []

@@ -66,7 +66,9 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             "training",
             f"{a.training.train_steps} steps = {human_count(figures['total_training_tokens'])} tokens, "
             f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
-            f"{a.training.warmup_steps} warmup)",
+            f"{a.training.warmup_steps} warmup"
+            + (f", {spec.adapted['warmup_steps']}" if "warmup_steps" in spec.adapted else "")
+            + ")",
         ),
         *(
             [("after", f"{a.slurm.dependency} (Slurm's --dependency; cancelled if it can no longer be met)")]
