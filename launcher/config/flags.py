@@ -8,6 +8,7 @@ user typed, so that flags override --config, which overrides the preset.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import sys
 import typing
@@ -227,9 +228,21 @@ def _without_help_text() -> Iterator[None]:
         module.get_attribute_docstring = original  # type: ignore[attr-defined]
 
 
+_PARSED: dict[tuple[str, ...], tuple[LaunchArgs, set[str]]] = {}
+
+
 def parse(argv: list[str]) -> tuple[LaunchArgs, set[str]]:
-    """Parse argv into LaunchArgs and the set of flags given explicitly."""
+    """Parse argv into LaunchArgs and the set of flags given explicitly. A launch parses its command line twice
+    (`launch.main` to choose the command, `launch.check` to resolve it): the second is the first's, copied
+    (simple-parsing takes ~35 ms a parse)."""
+    key = tuple(argv)
+    if key in _PARSED:
+        args, explicit = _PARSED[key]
+        return copy.deepcopy(args), set(explicit)
     wants_help = any(tok in ("-h", "--help") or tok.startswith("--help=") for tok in argv)
     with contextlib.nullcontext() if wants_help else _without_help_text():
         namespace = build_parser().parse_args(argv)
-    return namespace.args, explicit_flags(argv)
+    explicit = explicit_flags(argv)
+    _PARSED.clear()  # one command line at a time (a sweep's points each parse once)
+    _PARSED[key] = (copy.deepcopy(namespace.args), explicit)
+    return namespace.args, set(explicit)
