@@ -1,5 +1,5 @@
 """The planner (launcher.config.planner) and `--plan`: every layout it offers is one nanotron accepts, those that fit
-come first and fastest first, its step-time model against published runs, golden
+come first and fastest first, its step-time model against published runs (docs/planning.md's table), golden
 outputs of `--plan`, and a `--plan` that writes nothing and imports no torch."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from launcher_helpers import run_launcher
 from test_dry_run import HEAVY
-from test_memory import B1, B3, B8, B80, V
+from test_memory import B1, B3, B8, B80, DOC, V
 
 from launcher import launch
 from launcher.config import gpus
@@ -68,6 +68,8 @@ def test_published_mfu_within_the_documented_error(label: str, model: Model, lay
     mfu = evaluate(model, lay, H100, 8).mfu * 100
     error = mfu / published - 1
     assert abs(error) <= 0.15
+    row = f"| {label} | {mfu:.1f}% | {published:.2f}% | {error:+.1%} |"
+    assert row in DOC.read_text(), f"docs/planning.md's step-time table lacks: {row}"
 
 
 @pytest.mark.parametrize("tp,micro,published", PLAYBOOK_TP)
@@ -77,6 +79,8 @@ def test_playbook_tp_scaling_within_the_documented_error(tp: int, micro: int, pu
     tokens = micro * 4096 / plan.step_s / tp
     error = tokens / published - 1
     assert abs(error) <= 0.20
+    row = f"| 3.57B tp{tp}, mbs {micro} | {tokens:,.0f} | {published:,} | {error:+.1%} |"
+    assert row in DOC.read_text(), f"docs/planning.md's step-time table lacks: {row}"
 
 
 PLAN_CASES = {
