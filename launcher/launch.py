@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 
 from launcher import sweep
 from launcher.bundle import files, manifest, render
-from launcher.config import figures, flags, validate
+from launcher.config import figures, fit, flags, validate
 from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
-from launcher.report import summary
+from launcher.report import plan, summary
 from launcher.slurm import preflight, submit
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
@@ -40,14 +40,47 @@ class Prepared(NamedTuple):
 
 def check(argv: list[str]) -> tuple[RunSpec, list[Problem]]:
     """One run's flags resolved and validated: what "every problem at once" means, in one place. The pure phase
-    (resolution and `config.validate`: the spec and local files), then the preflight phase (the output
-    directories and disk, and, unless a dry run, the jobs a --dependency names). Slurm's verdict on the script
-    comes once there is a script: in `prepare_all`, when these found nothing."""
+    (resolution and `config.validate`: the spec and local files, the memory fit), then the preflight phase (the
+    output directories and disk, and, unless a dry run, the jobs a --dependency names). Before them, unless a dry
+    run, the cluster's GPU type (for the memory check), and `--layout auto`'s choice. Slurm's verdict on the
+    script comes once there is a script: in `prepare_all`, when these found nothing."""
     args, explicit = flags.parse(argv)
-    spec, problems = resolve(args, explicit)
+    spec, problems = _resolved(args, explicit)
+    if spec.args.parallelism.layout == "auto" and fit.checkable(spec, problems):
+        spec, chosen = fit.auto_layout(spec, explicit)
+        problems += chosen
     problems += validate.validate(spec)
     problems += preflight.problems(spec, problems, ask_slurm=not args.execution.dry_run)
     return spec, problems
+
+
+def _resolved(args: flags.LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list[Problem]]:
+    """The resolved spec, with the cluster's GPU where no flag names one (unless a dry run)."""
+    spec, problems = resolve(args, explicit)
+    if not args.execution.dry_run:
+        spec = preflight.with_cluster_gpu(spec)
+    return spec, problems
+
+
+def plan_run(argv: list[str]) -> int:
+    """`--plan`: the layouts that fit, best first; nothing written or submitted."""
+    args, explicit = flags.parse(argv)
+    spec, problems = _resolved(args, explicit)
+    if not fit.checkable(spec, problems):
+        raise ConfigError(report(problems))
+    fixed = {k: v for k, v in fit.current_values(spec).items() if k in explicit}
+    found = fit.plans(spec, fixed)
+    if not found:
+        raise ConfigError(report(validate.validate(spec) or [_no_layout(spec, fixed)]))
+    print(plan.render(spec, found, fixed))
+    return 0
+
+
+def _no_layout(spec: RunSpec, fixed: dict) -> Problem:
+    kept = " with " + " ".join(f"--{k} {v}" for k, v in fixed.items()) if fixed else ""
+    return Problem(
+        "nodes", f"nanotron accepts no layout of this model on {spec.world_size} GPUs{kept}", "resize the job"
+    )
 
 
 def labelled(problems_per_point: list[list[Problem]], labels: list[str]) -> list[Problem]:
@@ -205,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     """The whole command (`slurm_launcher.py`); returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
     args, _ = flags.parse(argv)
+    if args.execution.plan:
+        return plan_run(argv)
     if args.execution.sweep is not None:
         return launch_sweep(argv, args.execution.sweep, args.run_name)
     return launch_run(argv)

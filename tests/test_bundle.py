@@ -96,8 +96,11 @@ def test_manifest_describes_the_launch(workdir: Path):
     assert data["files"]["config"]["sha256"] == hashlib.sha256(paths.config.read_bytes()).hexdigest()
     assert data["files"]["script"]["sha256"] == hashlib.sha256(paths.script.read_bytes()).hexdigest()
     assert data["command"].endswith(" ".join(argv[-2:]))
-    assert data["resolved"]["parallelism"] == {"dp": 2, "tp": 1, "pp": 1}
+    assert data["resolved"]["parallelism"] == {
+        "dp": 2, "tp": 1, "pp": 1, "zero_stage": 0, "pp_engine": "1f1b", "tp_mode": "REDUCE_SCATTER", "layout": "manual"
+    }  # fmt: skip
     assert data["derived"]["parameters"] == figures["parameters"] > 0
+    assert data["derived"]["memory"]["fits"] and data["derived"]["memory"]["gpu"] == "H100 80GB SXM"
     assert data["versions"]["pyyaml"] and "commit" in data["project"] and "dirty" in data["project"]
     assert data["slurm"] == {"submitted": False}
     assert data["outputs"]["log"] == str(paths.log)

@@ -56,3 +56,30 @@ def test_sacct_line(line: str, state: str, code: int, signal: int, restarts: int
     job = slurm.parse_sacct("7", line)
     assert (job.state, job.exit_code, job.signal, job.restarts, job.reason) == (state, code, signal, restarts, reason)
     assert job.terminal == (state != "PENDING")
+
+
+# `sinfo -h -o "%P %G"` as sites print it (Slurm 22.05-23.11): the default partition is marked *, a node's GPUs
+# name a type or not, other GRES (shards, MPS) sit beside them, socket affinity in parentheses
+SINFO = """\
+gpu* gpu:h100:8(S:0-1)
+gpu* gpu:h100:4(S:0),shard:16
+a100 gpu:a100:4(S:0-1),gpu:a100_80gb:4(S:0-1)
+mixed gpu:nvidia_h100_80gb_hbm3:8(S:0,2-3),mps:400
+plain gpu:8
+cpu (null)
+"""
+
+
+@pytest.mark.parametrize(
+    "partition,types",
+    [
+        (None, ["h100", "h100"]),  # the default partition's
+        ("a100", ["a100", "a100_80gb"]),
+        ("mixed", ["nvidia_h100_80gb_hbm3"]),
+        ("plain", [None]),  # GPUs without a type
+        ("cpu", []),
+        ("missing", []),
+    ],
+)
+def test_sinfo_gres_types(partition, types):
+    assert slurm.parse_gres_types(SINFO, partition) == types

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from launcher.config import datasize
+from launcher.config import datasize, fit
+from launcher.config.memory import estimate
 from launcher.config.resolve import RunSpec
 from launcher.config.schema import train_split
 
@@ -65,7 +66,23 @@ def derived(spec: RunSpec) -> dict:
         "total_training_tokens": sequences * s.seq * t.train_steps,
         "checkpoint_bytes": params * BYTES_PER_PARAMETER,  # estimated: nanotron's 14 bytes a parameter
         "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
+        "memory": memory(spec),
         **data_volume(spec, sequences * s.seq * t.train_steps),
+    }
+
+
+def memory(spec: RunSpec) -> dict:
+    """The memory estimate per GPU (bytes) against the GPU's memory, as the summary and the manifest say it."""
+    est = estimate(fit.model_of(spec), fit.layout_of(spec))
+    gpu = spec.gpu.gpu
+    return {
+        "gpu": gpu.name,
+        "gpu_origin": spec.gpu.origin,
+        "gpu_bytes": gpu.memory_bytes,
+        "estimate_bytes": est.total,
+        "parts": {**est.parts, "headroom": est.headroom},
+        "stage": est.stage,
+        "fits": est.total <= gpu.memory_bytes,
     }
 
 

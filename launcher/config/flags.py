@@ -8,6 +8,7 @@ user typed, so that flags override --config, which overrides the preset.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import sys
 import typing
@@ -47,6 +48,8 @@ class SlurmArgs:
     python: str | None = None  # Python that runs torchrun on the nodes (default: the launcher's own).
     max_requeues: int = 3  # Times a preempted or timed-out job is requeued to resume; 0 disables.
     signal_grace: int = 120  # Seconds before the time limit at which the job checkpoints and requeues.
+    gpu_type: str | None = None  # GPU to plan for, e.g. h100, a100_80gb (default: the cluster's GRES type or h100).
+    gpu_memory_gb: float | None = None  # GPU memory in GB (2^30 bytes) to plan for, e.g. 40 (default: the GPU type's).
 
 
 @dataclass
@@ -86,6 +89,10 @@ class ParallelismArgs:
     dp: int | None = None  # Data parallel degree (default: fills the job: nodes*gpus/(tp*pp)).
     tp: int | None = None  # Tensor parallel degree (default: from the preset).
     pp: int | None = None  # Pipeline parallel degree (default: from the preset).
+    zero_stage: int = 0  # ZeRO stage: 1 shards the fp32 weights and Adam's states over dp (nanotron 0.4 has 0 and 1).
+    pp_engine: str = "1f1b"  # Pipeline schedule: 1f1b (a stage holds at most pp micro-batches) or afab (all of them).
+    tp_mode: str = "REDUCE_SCATTER"  # Tensor parallel mode: REDUCE_SCATTER (sequence parallel) or ALL_REDUCE.
+    layout: str = "manual"  # manual: --tp, --pp, batch as given; auto: the planner's best that fits (--plan).
 
 
 @dataclass
@@ -129,6 +136,8 @@ class ExecutionArgs:
     show_logs: bool = False  # Follow the job's log and state until it ends.
     config: str | None = None  # Start from this nanotron YAML; flags override it.
     sweep: str | None = None  # One run per grid point, e.g. "learning_rate=1e-4,3e-4 seed=1,2" (runs RUN-1..4).
+    plan: bool = False  # Print the layouts that fit this model, job and batch, best first; write and submit nothing.
+    skip_memory_check: bool = False  # Go ahead where the memory estimate says the layout does not fit the GPU.
 
 
 @dataclass
@@ -219,9 +228,21 @@ def _without_help_text() -> Iterator[None]:
         module.get_attribute_docstring = original  # type: ignore[attr-defined]
 
 
+_PARSED: dict[tuple[str, ...], tuple[LaunchArgs, set[str]]] = {}
+
+
 def parse(argv: list[str]) -> tuple[LaunchArgs, set[str]]:
-    """Parse argv into LaunchArgs and the set of flags given explicitly."""
+    """Parse argv into LaunchArgs and the set of flags given explicitly. A launch parses its command line twice
+    (`launch.main` to choose the command, `launch.check` to resolve it): the second is the first's, copied
+    (simple-parsing takes ~35 ms a parse)."""
+    key = tuple(argv)
+    if key in _PARSED:
+        args, explicit = _PARSED[key]
+        return copy.deepcopy(args), set(explicit)
     wants_help = any(tok in ("-h", "--help") or tok.startswith("--help=") for tok in argv)
     with contextlib.nullcontext() if wants_help else _without_help_text():
         namespace = build_parser().parse_args(argv)
-    return namespace.args, explicit_flags(argv)
+    explicit = explicit_flags(argv)
+    _PARSED.clear()  # one command line at a time (a sweep's points each parse once)
+    _PARSED[key] = (copy.deepcopy(namespace.args), explicit)
+    return namespace.args, set(explicit)

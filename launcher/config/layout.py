@@ -40,6 +40,7 @@ def check_layout(
     grad_accum: int,
     world_flags: str = "--nodes x --gpus_per_node",
     nodes_hint: int = 1,
+    gpus_per_node: int | None = None,
 ) -> list[Problem]:
     """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue)."""
     out: list[Problem] = []
@@ -71,12 +72,18 @@ def check_layout(
                 )
             )
         else:
+            used = dp * tp * pp
+            nodes = (  # the job that runs exactly the GPUs the layout uses, where whole nodes make it
+                f", or --nodes {used // gpus_per_node} to run {used} GPUs"
+                if gpus_per_node and used % gpus_per_node == 0
+                else ""
+            )
             out.append(
                 Problem(
                     "dp",
-                    f"--dp {dp} x --tp {tp} x --pp {pp} = {dp * tp * pp}, but the job has {world} GPUs "
+                    f"--dp {dp} x --tp {tp} x --pp {pp} = {used}, but the job has {world} GPUs "
                     f"({world_flags}); nanotron requires them equal",
-                    f"use --dp {world // (tp * pp)} or leave --dp out to derive it",
+                    f"use --dp {world // (tp * pp)} or leave --dp out to derive it{nodes}",
                 )
             )
     # a --tp to suggest divides both head counts, the MLP and the vocabulary, and fits the job (tp x pp | GPUs)

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -20,7 +20,8 @@ import yaml
 
 from launcher.config import schema
 from launcher.config.datasource import is_local_path
-from launcher.config.flags import GROUPS, LaunchArgs, flag_types
+from launcher.config.flags import GROUPS, LaunchArgs, TrainingArgs, flag_types
+from launcher.config.gpus import GpuChoice, from_flags
 from launcher.config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
 from launcher.config.problems import Problem
 
@@ -55,6 +56,8 @@ class RunSpec:
     tokenizer_vocab: int | None  # the local tokenizer's vocabulary size, when it can be read
     base_config: dict  # the nanotron YAML the generated config starts from
     base_config_path: str
+    gpu: GpuChoice  # what the memory check and the planner assume (the flags'; preflight may put the cluster's)
+    adapted: dict[str, str] = field(default_factory=dict)  # defaults changed to suit the run: flag -> what it became
 
     @property
     def world_size(self) -> int:
@@ -232,6 +235,8 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
         group = _override(group, from_config, explicit)
         groups[name] = group
     model, par, data, paths = groups["model"], groups["parallelism"], groups["data"], groups["paths"]
+    par = dataclasses.replace(par, tp_mode=par.tp_mode.upper(), pp_engine=par.pp_engine.lower())
+    training, adapted = _adapt_warmup(groups["training"], explicit | set(from_config))
 
     # A local --dataset or --tokenizer (~/data included) is written to the config as an absolute path, as the
     # other path flags are, and read from there: the job runs elsewhere, without the launcher's cwd or shell.
@@ -268,7 +273,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
         args,
         slurm=groups["slurm"],
         model=model,
-        training=groups["training"],
+        training=training,
         parallelism=par,
         data=data,
         paths=paths,
@@ -276,5 +281,16 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
         execution=groups["execution"],
     )
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
-    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path)
-    return spec, problems
+    gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
+    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted)
+    return spec, problems + gpu_problems
+
+
+def _adapt_warmup(training: TrainingArgs, chosen: set[str]) -> tuple[TrainingArgs, dict[str, str]]:
+    """A default warmup longer than the run becomes a tenth of it; one you chose (flag or --config) stays, and
+    validation says it is out of range."""
+    warmup, steps = training.warmup_steps, training.train_steps
+    if "warmup_steps" in chosen or steps <= 0 or warmup <= steps:
+        return training, {}
+    note = f"a tenth of the run, as the default {warmup} is longer than --train_steps {steps}"
+    return dataclasses.replace(training, warmup_steps=steps // 10), {"warmup_steps": note}

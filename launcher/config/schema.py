@@ -29,6 +29,9 @@ FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "dp": ("parallelism", "dp"),
     "tp": ("parallelism", "tp"),
     "pp": ("parallelism", "pp"),
+    "pp_engine": ("parallelism", "pp_engine"),
+    "tp_mode": ("parallelism", "tp_mode"),
+    "zero_stage": ("optimizer", "zero_stage"),
     "hidden_size": ("model", "model_config", "hidden_size"),
     "intermediate_size": ("model", "model_config", "intermediate_size"),
     "num_layers": ("model", "model_config", "num_hidden_layers"),
@@ -60,13 +63,15 @@ WRITTEN_OTHERWISE = {
     "profiler_export_path": "the profiler section, when given",
 }
 # Flags that are not the config's: where and how the job runs (the sbatch script), where the bundle goes, what
-# the launcher does. `model_size` reaches the config through the shape fields of its preset.
+# the launcher does. `model_size` reaches the config through the shape fields of its preset, `layout auto` through the
+# values it chooses (tp, pp, dp, the batch, zero_stage, pp_engine, tp_mode).
 NOT_IN_CONFIG = frozenset(
     {"nodes", "gpus_per_node", "cpus_per_node", "partition", "qos", "account", "constraint", "reservation"}
     | {"nodelist", "exclude", "exclusive", "mem", "time_limit", "dependency", "email", "tmp_dir"}
-    | {"pre_launch_commands", "extra_env", "python", "max_requeues", "signal_grace", "model_size"}
+    | {"pre_launch_commands", "extra_env", "python", "max_requeues", "signal_grace", "gpu_type", "gpu_memory_gb"}
+    | {"model_size", "layout"}
     | {"configs_path", "slurm_logs_path", "slurm_scripts_dir", "run_train_script", "resume", "wandb_disabled"}
-    | {"dry_run", "show_logs", "config", "sweep"}
+    | {"dry_run", "show_logs", "config", "sweep", "plan", "skip_memory_check"}
 )
 
 
@@ -181,6 +186,8 @@ def build_config(values: dict[str, Any], base: dict, checkpoints_dir: str) -> di
     set_path(config, ("model", "model_config", "max_position_embeddings"), values["max_seq_len"])
     set_path(config, ("checkpoints", "checkpoints_path"), checkpoints_dir)
     set_path(config, ("optimizer", "learning_rate_scheduler", "lr_warmup_style"), "linear")
+    if values["tp_mode"] == "ALL_REDUCE":  # nanotron's o_proj asserts async communication only under REDUCE_SCATTER
+        set_path(config, ("parallelism", "tp_linear_async_communication"), False)
     if values["profiler_export_path"]:  # else the base's (or --config's) profiler section stands
         config["profiler"] = {"profiler_export_path": values["profiler_export_path"]}
     return config

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import datacheck, dependency
+from launcher.config import datacheck, dependency, fit
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -275,9 +275,30 @@ def validate(spec: RunSpec) -> list[Problem]:
             vocab=s.vocab,
             grad_accum=t.grad_accum_steps,
             nodes_hint=spec.args.slurm.nodes,
+            gpus_per_node=spec.args.slurm.gpus_per_node,
         )
         if spec.world_size > 0
         else []
     )
+    layout += _check_modes(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec)
+    if fit.checkable(spec, checks):
+        checks += fit.memory_problems(spec)
     return _check_secrets(spec) + checks
+
+
+MODES = {  # flag -> (what nanotron 0.4 takes, the fix)
+    "zero_stage": ((0, 1), "use --zero_stage 1 to shard the optimizer states over dp, or 0"),
+    "pp_engine": (("1f1b", "afab"), "use --pp_engine 1f1b (afab holds every micro-batch's activations)"),
+    "tp_mode": (("REDUCE_SCATTER", "ALL_REDUCE"), "use --tp_mode REDUCE_SCATTER (sequence parallel) or ALL_REDUCE"),
+    "layout": (("manual", "auto"), "use --layout auto for the planner's best, or manual (--plan shows the table)"),
+}
+
+
+def _check_modes(spec: RunSpec) -> list[Problem]:
+    p, out = spec.args.parallelism, []
+    for flag, (allowed, fix) in MODES.items():
+        value = getattr(p, flag)
+        if value not in allowed:
+            out.append(Problem(flag, f"{value!r} is not one of {', '.join(map(str, allowed))}", fix))
+    return out

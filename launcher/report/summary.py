@@ -34,6 +34,20 @@ def _data_note(spec: RunSpec, figures: dict) -> str:
     return f"{reads}; the dataset holds {holds}: {times}"
 
 
+def _memory_note(spec: RunSpec, figures: dict) -> str:
+    mem = figures["memory"]
+    gib = 1024**3
+    parts = ", ".join(f"{k} {v / gib:.1f}" for k, v in mem["parts"].items())
+    where = f", pp stage {mem['stage']}" if spec.args.parallelism.pp and spec.args.parallelism.pp > 1 else ""
+    note = (
+        f"~{mem['estimate_bytes'] / gib:.1f} of {mem['gpu_bytes'] / gib:.1f} GiB per GPU ({parts}{where}); "
+        f"{mem['gpu']} ({mem['gpu_origin']})"
+    )
+    if not mem["fits"]:
+        note += "; estimated NOT to fit: going ahead as --skip_memory_check says"
+    return note
+
+
 def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
     """The text printed after the bundle is written."""
     a = spec.args
@@ -51,8 +65,10 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
         (
             "layout",
             f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
-            f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})",
+            f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"
+            + (", chosen by --layout auto (--plan shows why)" if a.parallelism.layout == "auto" else ""),
         ),
+        ("memory", _memory_note(spec, figures)),
         (
             "batch",
             f"{figures['global_batch_sequences']} sequences = {human_count(figures['global_batch_tokens'])} tokens "
@@ -63,7 +79,9 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             "training",
             f"{a.training.train_steps} steps = {human_count(figures['total_training_tokens'])} tokens, "
             f"lr {a.training.learning_rate:g} -> {a.training.min_lr:g} ({a.training.lr_decay_style}, "
-            f"{a.training.warmup_steps} warmup)",
+            f"{a.training.warmup_steps} warmup"
+            + (f", {spec.adapted['warmup_steps']}" if "warmup_steps" in spec.adapted else "")
+            + ")",
         ),
         ("data", _data_note(spec, figures)),
         *(

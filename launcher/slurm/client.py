@@ -13,7 +13,14 @@ import subprocess
 from pathlib import Path
 
 from launcher.errors import SlurmUnavailable, SubmissionError
-from launcher.slurm.parse import SACCT_FIELDS, JobState, parse_job_records, parse_sacct, parse_scontrol
+from launcher.slurm.parse import (
+    SACCT_FIELDS,
+    JobState,
+    parse_gres_types,
+    parse_job_records,
+    parse_sacct,
+    parse_scontrol,
+)
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$", re.ASCII)
 WHAT_NOW = (
@@ -155,3 +162,14 @@ def cancel(job_id: str) -> None:
     out = _run([_command("scancel"), job_id])
     if out.returncode != 0:
         raise SubmissionError(f"scancel {job_id} failed: {out.stderr.strip()}")
+
+
+def gpu_types(partition: str | None) -> list[str | None]:
+    """The GRES types of the GPUs on a partition's nodes (the default partition's when None), as sinfo says them.
+    Raises SlurmUnavailable when Slurm does not answer."""
+    out = _run([_command("sinfo"), "-h", "-o", "%P %G"])
+    if out.returncode != 0:
+        if _unreachable(out.stderr):
+            raise SlurmUnavailable(f"sinfo cannot reach the Slurm controller: {out.stderr.strip()}")
+        return []
+    return parse_gres_types(out.stdout, partition)

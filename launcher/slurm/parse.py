@@ -88,3 +88,25 @@ def parse_job_records(job_id: str, text: str) -> list[JobState]:
             )
         )
     return states
+
+
+GRES_ITEM = re.compile(r",(?![^()]*\))")  # commas between GRES items, not inside "(S:0-1,3)"
+
+
+def parse_gres_types(text: str, partition: str | None = None) -> list[str | None]:
+    """`sinfo -h -o "%P %G"` lines ("debug* gpu:h100:8(S:0-1)", "gpu gpu:8,shard:16", "cpu (null)") -> the GPU
+    types of the partition's nodes (None for GPUs without a type), the default partition's (marked *) when none
+    is named."""
+    types: list[str | None] = []
+    for line in text.splitlines():
+        name, _, gres = line.strip().partition(" ")
+        default = name.endswith("*")
+        if not name or (name.rstrip("*") != partition if partition else not default):
+            continue
+        for item in GRES_ITEM.split(gres.strip()):
+            fields = re.sub(r"\(.*?\)", "", item).split(":")
+            if fields[0] != "gpu":
+                continue
+            named = len(fields) >= 3 or (len(fields) == 2 and not fields[1].isdigit())
+            types.append(fields[1] if named else None)
+    return types

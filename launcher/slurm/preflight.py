@@ -5,20 +5,44 @@
 - the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.dependencies`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
 
-A dry run asks Slurm nothing. `launcher.launch.check` runs this after the pure phase (`launcher.config.validate`)
-and reports the problems of both at once.
+Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
+flag says, for the memory check. A dry run asks Slurm nothing. `launcher.launch.check` runs this after the pure
+phase (`launcher.config.validate`) and reports the problems of both at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from launcher.bundle import storage
-from launcher.config import dependency, figures
+from launcher.config import dependency, figures, gpus
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
 from launcher.slurm import client, dependencies
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
+
+
+def with_cluster_gpu(spec: RunSpec) -> RunSpec:
+    """The spec with the GPU the cluster says its partition has (sinfo's GRES type), unless --gpu_type or
+    --gpu_memory_gb says; the default stays where Slurm does not answer or names no type this project knows."""
+    s = spec.args.slurm
+    if s.gpu_type is not None or s.gpu_memory_gb is not None:
+        return spec
+    try:
+        types = client.gpu_types(s.partition)
+    except SlurmUnavailable:
+        return spec  # submitting will say so
+    choice = gpus.from_gres(types)
+    if choice is None:
+        named = sorted({t for t in types if t})
+        if not named:
+            return spec
+        default = gpus.default_choice()
+        origin = f"sinfo says gpu:{', gpu:'.join(named)}, not in configs/gpus.yaml: assumed; give --gpu_type"
+        choice = dataclasses.replace(default, origin=origin)
+    return dataclasses.replace(spec, gpu=choice)
 
 
 def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
