@@ -167,7 +167,7 @@ def test_script_waits_and_asks_slurm_to_cancel_an_impossible_wait() -> None:
     text = render.sbatch_script(spec, fixed_paths("t"))
     assert "#SBATCH --dependency=afterok:1:2\n#SBATCH --kill-on-invalid-dep=yes\n" in text
     spec, _ = spec_for("--dataset", "none")
-    assert "--dependency" not in render.sbatch_script(spec, fixed_paths("t"))
+    assert "#SBATCH --dependency" not in render.sbatch_script(spec, fixed_paths("t"))
 
 
 def test_jobs_are_looked_up_whatever_else_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
