@@ -1,7 +1,8 @@
 """The nanotron engine: nanotron 0.4's own DistributedTrainer, fed as nanotron's run_train.py feeds it.
 
-It needs a CUDA GPU, NCCL, flash_attn and nanotron (its trainer imports flash_attn; its ParallelContext accepts
-only NCCL), so it runs on GPU nodes only and is not exercised by this project's CPU tests.
+It needs a CUDA GPU, NCCL and nanotron (its ParallelContext accepts only NCCL), so it runs on GPU nodes only.
+nanotron's models import flash_attn at module level; where flash_attn cannot be imported,
+`launcher.train.flash_attn_compat` stands in for it (attention through torch SDPA; the job's log says so).
 
 Beyond nanotron's own loop, a small subclass adds the launcher's two job-side contracts:
 - stop requests (`launcher.train.stop`): checked after every step; the checkpoint is nanotron's own;
@@ -25,7 +26,7 @@ import torch.distributed as dist
 import yaml
 
 from launcher.errors import TrainError
-from launcher.train import nanotron_compat
+from launcher.train import flash_attn_compat, nanotron_compat
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.metrics import StepMetrics, append_metrics
@@ -35,16 +36,25 @@ from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome
 
 
 def missing() -> list[str]:
-    """What this machine lacks for the nanotron engine (empty: it can run)."""
+    """What this machine lacks for the nanotron engine (empty: it can run). flash_attn is not among them:
+    `flash_attn_compat` stands in where it cannot be imported."""
     lacking = [] if torch.cuda.is_available() else ["a CUDA GPU"]
     if not dist.is_nccl_available():
         lacking.append("NCCL")
-    for module in ("flash_attn", "nanotron"):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            lacking.append(module)
+    try:
+        importlib.import_module("nanotron")
+    except ImportError:
+        lacking.append("nanotron")
     return lacking
+
+
+def attention_note() -> str:
+    """How nanotron's attention will run here: flash_attn's kernels, or torch SDPA through the stand-in."""
+    return (
+        "attention through flash_attn"
+        if flash_attn_compat.real_flash_attn_error() is None
+        else flash_attn_compat.MESSAGE
+    )
 
 
 NANOTRON_POINTER = "latest.txt"  # written by nanotron's save_checkpoint into checkpoints_path
@@ -92,10 +102,11 @@ def train(config_file: str, cfg: TrainConfig) -> None:
             f"the nanotron engine needs {', '.join(lacking)}, missing here: use --engine torch "
             "(data parallel, runs on CPU or GPU)"
         )
+    is_main = int(os.environ.get("RANK", "0")) == 0
     nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
+    flash_attn_compat.install(is_main)  # before nanotron's models import flash_attn (a real one is kept)
     from nanotron.trainer import DistributedTrainer
 
-    is_main = int(os.environ.get("RANK", "0")) == 0
     done = _saved_step(cfg.checkpoints_path)
     if done is not None and done >= cfg.train_steps:  # nanotron would assert; say it as the torch engine does
         report_outcome(is_main, finished=True, step=done)
