@@ -52,8 +52,9 @@ def flops_per_token(config: dict, causal: bool) -> float:
     return 6.0 * matmul + (6.0 if causal else 12.0) * layers * d * seq
 
 
-def write_config(case: str, steps: int, micro_batch: int, work: Path) -> Path:
-    """The config the launcher writes for this case as a one-GPU job (its own flags, resolution and checks)."""
+def write_config(case: str, steps: int, micro_batch: int, work: Path, save_interval: int | None = None) -> Path:
+    """The config the launcher writes for this case as a one-GPU job (its own flags, resolution and checks);
+    without `save_interval`, only the last step is saved."""
     from launcher.config.flags import parse
     from launcher.config.resolve import resolve
     from launcher.config.schema import build_config, dump
@@ -64,7 +65,7 @@ def write_config(case: str, steps: int, micro_batch: int, work: Path) -> Path:
     flags = ["--run_name", f"bench-{preset}-{seq}-{data}", "--nodes", "1", "--gpus_per_node", "1",
              "--model_size", preset, "--max_seq_len", seq, "--micro_batch_size", str(micro_batch),
              "--grad_accum_steps", "1", "--train_steps", str(steps), "--warmup_steps", "10",
-             "--save_interval", str(10 * steps), "--log_interval", "1"]  # fmt: skip
+             "--save_interval", str(save_interval or 10 * steps), "--log_interval", "1"]  # fmt: skip
     if data == "local":
         from launcher.localcluster.demo_data import make_demo
 

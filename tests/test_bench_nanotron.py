@@ -4,6 +4,8 @@ write (nanotron's parser accepts them), and its FLOP convention (nanotron's own 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +85,14 @@ def _meta_model(shape: Any) -> Any:
     from launcher.train.model import llama_config
 
     return LlamaForCausalLM(llama_config(shape))
+
+
+def test_the_gpu_session_script_is_sound_shell() -> None:
+    script = ROOT / "bench" / "nanotron_gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    checker = shutil.which("shellcheck")
+    if checker is None:
+        assert os.environ.get("CI") != "true", "shellcheck must be installed in CI (scripts/setup.sh)"
+        pytest.skip("shellcheck not installed")
+    done = subprocess.run([checker, "-S", "style", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
