@@ -25,6 +25,7 @@ import builtins
 import contextlib
 import io
 import os
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +49,7 @@ def write_pointer(checkpoints_path: Path, step: int) -> None:
     """Make `<checkpoints_path>/latest.txt` say `step`, atomically and durably: readers see the old pointer or the
     new one, never a partial one, and a crash after this returns cannot lose it."""
     directory = Path(checkpoints_path)
-    tmp = directory / f".{POINTER}.{os.getpid()}.tmp"
+    tmp = directory / f".{POINTER}.{socket.gethostname()}.{os.getpid()}.tmp"  # writers on other nodes: other names
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(str(step))  # nanotron's own format: the step, no newline
         f.flush()
