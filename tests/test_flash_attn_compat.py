@@ -229,3 +229,20 @@ def test_installed_as_flash_attn_for_nanotrons_imports(
 
     is_flash_attn_2_available.cache_clear()
     assert not is_flash_attn_2_available()  # no flash-attn distribution: transformers is not misled
+
+
+def test_rms_norm_keeps_no_float32_copy_of_its_input_for_backward() -> None:
+    """As flash-attn's kernel: x in its own dtype, the weight and one float32 rstd per row; a float32 copy of a bf16
+    activation per norm would add gigabytes to a 1b model at sequence 4096."""
+    x, w = rand(4, 6, 32, dtype=torch.bfloat16, seed=15), rand(32, dtype=torch.bfloat16, seed=16)
+    saved: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append((t.dtype, tuple(t.shape)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer_norm_fn(x, w, None, eps=1e-5, is_rms_norm=True)
+    assert sorted(saved, key=str) == sorted(
+        [(torch.bfloat16, (4, 6, 32)), (torch.bfloat16, (32,)), (torch.float32, (4, 6, 1))], key=str
+    )

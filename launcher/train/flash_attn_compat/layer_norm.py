@@ -3,8 +3,9 @@
 nanotron calls `layer_norm_fn(x, weight, None, residual=None, eps=eps, dropout_p=0.0, prenorm=False,
 residual_in_fp32=False, is_rms_norm=True, return_dropout_mask=False)`. As flash-attn's Triton kernel does, the
 norm is computed in float32 (x and weight upcast, y = x / sqrt(mean(x^2) + eps) * weight) and returned in x's
-dtype; gradients flow to x and weight. LayerNorm proper, a bias, a residual, dropout and the other fused
-options are not implemented.
+dtype; gradients flow to x and weight, computed in float32 too. As the kernel does, backward keeps only x (in
+its dtype), the weight and one float32 rstd per row, not float32 copies of the activations. LayerNorm proper, a
+bias, a residual, dropout and the other fused options are not implemented.
 """
 
 from __future__ import annotations
@@ -39,6 +40,24 @@ def layer_norm_fn(
     given += [name for name, value in more.items() if value is not None]
     if given or dropout_p or prenorm or return_dropout_mask:
         refuse(f"layer_norm_fn with {', '.join(given) or 'dropout or prenorm'}")
-    x32 = x.float()
-    rstd = torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps)
-    return (x32 * rstd * weight.float()).to(x.dtype)
+    return _RMSNorm.apply(x, weight, eps)
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd * weight.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        grad32 = grad.float()
+        grad_weight = (grad32 * normed).reshape(-1, normed.shape[-1]).sum(dim=0)
+        grad_normed = grad32 * weight.float()
+        # d/dx of x * rstd(x): rstd * (g - normed * mean(g * normed)) over the last dimension
+        grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(dim=-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
