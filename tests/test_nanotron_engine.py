@@ -32,6 +32,7 @@ from launcher.train import flash_attn_compat, nanotron_compat, nanotron_engine, 
 from launcher.train.config import load_train_config
 from launcher.train.nanotron_engine import EPOCH_MESSAGE, epochs
 from launcher.train.nanotron_trainer import POINTER, pointer_writes_dropped, write_pointer
+from launcher.train.stop import STOP_MESSAGE
 
 if TYPE_CHECKING:
     from conftest import DemoData
@@ -295,7 +296,7 @@ def test_a_stop_logs_its_step_saves_it_and_the_resumed_run_continues_exactly(
     monkeypatch.setenv("LAUNCHER_OUTCOME_FILE", str(outcome))
     out = leg("b", 12, "second")
     assert "resuming from the run's own checkpoints" in out and "(latest: 4)" in out
-    assert "preempted: checkpoint saved at step 5; exiting so the job can be requeued" in out
+    assert STOP_MESSAGE.format(step=5) in out
     assert outcome.read_text() == "stopped 5\n" and not stop_file.exists()
     assert (tmp_path / "b" / POINTER).read_text() == "5"
     assert 5 in metrics(tmp_path / "b.jsonl"), "the stop step is logged though (5 - 1) % 3 != 0"
