@@ -1,7 +1,7 @@
 """The training job: `torchrun ... run_train.py --config-file CONFIG.yaml` on every node.
 
-Reads a nanotron 0.4 config and trains it with nanotron's trainer (GPU nodes with flash_attn) or the portable
-torch engine (data parallel, CPU or GPU). A user error prints one `error: ...` line and exits 2.
+Reads a nanotron 0.4 config and trains it with nanotron's trainer (GPU nodes; flash_attn or torch SDPA) or the
+portable torch engine (data parallel, CPU or GPU). A user error prints one `error: ...` line and exits 2.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         "--engine",
         choices=("auto", "torch", "nanotron"),
         default="auto",
-        help="auto: nanotron where CUDA, NCCL, flash_attn and nanotron are present, else torch",
+        help="auto: nanotron where CUDA, NCCL and nanotron are present (flash_attn optional), else torch",
     )
     args = parser.parse_args(argv)
 

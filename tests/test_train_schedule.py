@@ -107,3 +107,49 @@ def test_matches_nanotron_lambdalr_bit_for_bit(s: LRSchedule) -> None:
         assert lr_at(step, s) == optimizer.param_groups[0]["lr"], f"step {step}"
         optimizer.step()
         scheduler.step()
+
+
+@pytest.mark.parametrize(
+    ("train_steps", "warmup", "decay_start", "decay_steps", "style"),
+    [(100, 10, 30, None, "cosine"), (100, 10, 30, None, "linear"), (100, 10, None, None, "cosine"),
+     (100, 0, 30, None, "linear"), (100, 10, 30, 40, "cosine"), (60, 5, 80, None, "linear")],
+)  # fmt: skip
+def test_a_config_file_schedules_as_nanotron_parses_and_schedules_it(
+    train_steps: int, warmup: int, decay_start: int | None, decay_steps: int | None, style: str
+) -> None:
+    """The whole way: the config dict through nanotron's own get_config_from_dict (whose Config.__post_init__ fills
+    a null lr_decay_steps with train_steps - warmup) and its lr_scheduler_builder, against schedule.py's LR from
+    the same dict through launcher.train.config, at every step. (T=100, W=10, S=30 once differed at 69 steps.)"""
+    import copy
+
+    import torch
+    import yaml
+    from conftest import BASE_CONFIG
+
+    from launcher.train import nanotron_compat
+    from launcher.train.config import to_train_config
+
+    nanotron_compat.apply()
+    import nanotron.config as config
+    import nanotron.helpers as helpers
+
+    with open(BASE_CONFIG, encoding="utf-8") as f:
+        tree = yaml.safe_load(f)
+    tree["tokens"]["train_steps"] = train_steps
+    tree["optimizer"]["learning_rate_scheduler"].update(
+        learning_rate=3e-4, min_decay_lr=3e-5, lr_warmup_steps=warmup, lr_warmup_style="linear",
+        lr_decay_style=style, lr_decay_starting_step=decay_start, lr_decay_steps=decay_steps,
+    )  # fmt: skip
+    ours = to_train_config(copy.deepcopy(tree)).lr
+    parsed = config.get_config_from_dict(copy.deepcopy(tree))
+    optimizer = torch.optim.SGD(
+        [torch.nn.Parameter(torch.zeros(1))], lr=parsed.optimizer.learning_rate_scheduler.learning_rate
+    )
+    optimizer.get_base_optimizer = lambda: optimizer  # what nanotron's optimizer wrappers expose
+    scheduler = helpers.lr_scheduler_builder(
+        optimizer, parsed.optimizer.learning_rate_scheduler, total_training_steps=parsed.tokens.train_steps
+    )
+    for step in range(1, train_steps + 1):
+        assert lr_at(step, ours) == optimizer.param_groups[0]["lr"], f"step {step}"
+        optimizer.step()
+        scheduler.step()

@@ -108,8 +108,8 @@ def to_train_config(config: dict) -> TrainConfig:
     warmup = lrs.get("lr_warmup_steps") or 0
     decay_start = lrs.get("lr_decay_starting_step")
     decay_steps = lrs.get("lr_decay_steps")
-    if decay_steps is None:
-        decay_steps = tokens["train_steps"] - warmup - (decay_start or 0)
+    if decay_steps is None:  # nanotron's Config.__post_init__ fills it before its scheduler sees it: T - W
+        decay_steps = tokens["train_steps"] - warmup
     dataset = get_path(config, ("data", "dataset"))
     heads = mc["num_attention_heads"]
     return TrainConfig(

@@ -34,7 +34,8 @@ def load_checked(config_file: str, world_size: int) -> TrainConfig:
 
 
 def choose_engine(requested: str) -> tuple[str, str]:
-    """The engine to run and why: `auto` takes nanotron where it can run (CUDA, NCCL, flash_attn, nanotron)."""
+    """The engine to run and why: `auto` takes nanotron where it can run (CUDA, NCCL, nanotron); without
+    flash_attn its attention runs through torch SDPA (launcher.train.flash_attn_compat), and the reason says so."""
     from launcher.train import nanotron_engine  # (lazy, as each engine below: a job imports the one it runs)
 
     if requested not in ENGINES:
@@ -46,7 +47,7 @@ def choose_engine(requested: str) -> tuple[str, str]:
     lacking = nanotron_engine.missing()
     if lacking:
         return "torch", f"auto: nanotron needs {', '.join(lacking)}"
-    return "nanotron", "auto"
+    return "nanotron", f"auto; {nanotron_engine.attention_note()}"
 
 
 def run(config_file: str, engine: str = "auto") -> None:

@@ -87,12 +87,13 @@ class Reporter:
             self.wandb_run = None
 
 
+WANDB_FIX = "run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"
+
+
 def _start_wandb(cfg: TrainConfig) -> Any:
     import wandb
 
     try:
         return wandb.init(project=cfg.project, name=cfg.run_name, config=dataclasses.asdict(cfg))
     except wandb.errors.Error as e:
-        raise TrainError(
-            f"wandb could not start ({e}): run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"
-        ) from None
+        raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None

@@ -1,12 +1,11 @@
 """The nanotron engine: nanotron 0.4's own DistributedTrainer, fed as nanotron's run_train.py feeds it.
 
-It needs a CUDA GPU, NCCL, flash_attn and nanotron (its trainer imports flash_attn; its ParallelContext accepts
-only NCCL), so it runs on GPU nodes only and is not exercised by this project's CPU tests.
+It needs a CUDA GPU, NCCL and nanotron (its ParallelContext accepts only NCCL), so it runs on GPU nodes only.
+nanotron's models import flash_attn at module level; where flash_attn cannot be imported,
+`launcher.train.flash_attn_compat` stands in for it (attention through torch SDPA; the job's log says so).
+The launcher's contracts (stop requests, metrics file, last step saved, atomic checkpoint pointer, wandb) are
+added by the subclass in `launcher.train.nanotron_trainer`; the data (local datasets, epochs) are fed here.
 
-Beyond nanotron's own loop, a small subclass adds the launcher's two job-side contracts:
-- stop requests (`launcher.train.stop`): checked after every step; the checkpoint is nanotron's own;
-- `LAUNCHER_METRICS_FILE`: the first rank that holds the loss (nanotron's logger rank) appends one JSON line
-  per logged step (grad_norm is null when clipping is off: nanotron computes it only while clipping).
 nanotron 0.4 resumes only from `checkpoints.resume_checkpoint_path` (a checkpoint, or a directory whose latest.txt
 names one). The generated config leaves it empty (a fresh run has nothing to resume), so at start-up
 `resume_path` points it at the run's own checkpoints_path once that holds a checkpoint: a requeued or relaunched
@@ -17,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
-import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -25,29 +24,38 @@ import torch.distributed as dist
 import yaml
 
 from launcher.errors import TrainError
-from launcher.train import nanotron_compat
+from launcher.train import flash_attn_compat, nanotron_compat
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
-from launcher.train.metrics import StepMetrics, append_metrics
-from launcher.train.model import PEAK_BF16_FLOPS
-from launcher.train.schedule import lr_at
-from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome
+from launcher.train.nanotron_trainer import POINTER as NANOTRON_POINTER
+from launcher.train.nanotron_trainer import trainer_class
+from launcher.train.stop import report_outcome
+
+EPOCH_MESSAGE = "data: the dataset is exhausted; epoch {epoch} begins at step {step}"  # the torch engine's words
 
 
 def missing() -> list[str]:
-    """What this machine lacks for the nanotron engine (empty: it can run)."""
+    """What this machine lacks for the nanotron engine (empty: it can run). flash_attn is not among them:
+    `flash_attn_compat` stands in where it cannot be imported."""
     lacking = [] if torch.cuda.is_available() else ["a CUDA GPU"]
     if not dist.is_nccl_available():
         lacking.append("NCCL")
-    for module in ("flash_attn", "nanotron"):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            lacking.append(module)
+    try:
+        importlib.import_module("nanotron")
+    except ImportError:
+        lacking.append("nanotron")
     return lacking
 
 
-NANOTRON_POINTER = "latest.txt"  # written by nanotron's save_checkpoint into checkpoints_path
+def attention_note() -> str:
+    """How nanotron's attention will run here: flash_attn's kernels, or torch SDPA through the stand-in."""
+    return (
+        "attention through flash_attn"
+        if flash_attn_compat.real_flash_attn_error() is None
+        else flash_attn_compat.MESSAGE
+    )
+
+
 CACHE_DIR = ".data-cache"  # packed datasets, under checkpoints_path
 
 
@@ -92,10 +100,10 @@ def train(config_file: str, cfg: TrainConfig) -> None:
             f"the nanotron engine needs {', '.join(lacking)}, missing here: use --engine torch "
             "(data parallel, runs on CPU or GPU)"
         )
-    nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
-    from nanotron.trainer import DistributedTrainer
-
     is_main = int(os.environ.get("RANK", "0")) == 0
+    nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
+    flash_attn_compat.install(is_main)  # before nanotron's models import flash_attn (a real one is kept)
+
     done = _saved_step(cfg.checkpoints_path)
     if done is not None and done >= cfg.train_steps:  # nanotron would assert; say it as the torch engine does
         report_outcome(is_main, finished=True, step=done)
@@ -104,59 +112,19 @@ def train(config_file: str, cfg: TrainConfig) -> None:
         return
     given = config_file
     config_file = resumable_config(config_file, os.environ.get("TMPDIR") or "/tmp")
-
-    class LauncherTrainer(DistributedTrainer):  # type: ignore[misc, valid-type]
-        def post_init(self) -> None:
-            self.stop_request = StopRequest(torch.device("cuda", torch.cuda.current_device()))
-            self.metrics_file = os.environ.get("LAUNCHER_METRICS_FILE") or None
-
-        def post_train_step(self) -> None:
-            if not self.stop_request.agreed():
-                return
-            # nanotron's loop counts this step's samples after this hook: count them for the checkpoint
-            self.consumed_train_samples += self.global_batch_size
-            last = self.iteration_step >= self.config.tokens.train_steps
-            if not last or self.iteration_step % self.config.checkpoints.checkpoint_interval:
-                self.save_checkpoint()  # (on the last step nanotron saves by itself only at the interval)
-            self.stop_request.consume(dist.get_rank() == 0)
-            if last:  # the run ends anyway, complete
-                self.consumed_train_samples -= self.global_batch_size
-                return
-            report_outcome(dist.get_rank() == 0, finished=False, step=self.iteration_step)
-            if dist.get_rank() == 0:
-                print(STOP_MESSAGE.format(step=self.iteration_step), flush=True)
-            dist.barrier()
-            raise SystemExit(0)
-
-        def train_step_logs(self, outputs, loss_avg) -> None:  # type: ignore[no-untyped-def]
-            super().train_step_logs(outputs=outputs, loss_avg=loss_avg)
-            if self.metrics_file is None or dist.get_rank() != self.logger_ranks[0] or loss_avg is None:
-                return
-            elapsed = time.time() - self.iteration_start_time
-            tokens_per_s = self.global_batch_size * self.sequence_length / elapsed
-            model_tflops, _ = self.unwrapped_model.get_flops_per_sec(
-                elapsed, self.sequence_length, self.global_batch_size
+    try:
+        trainer = trainer_class(cfg)(config_file)  # joins the process group (nanotron's ParallelContext)
+        if config_file != given:
+            Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
+        trainer.train(_dataloader(trainer, cfg))
+        report_outcome(is_main, finished=True, step=trainer.iteration_step)
+        if is_main:
+            print(
+                f"training finished at step {trainer.iteration_step}; checkpoints in {cfg.checkpoints_path}", flush=True
             )
-            name = torch.cuda.get_device_name()
-            peak = next((p for key, p in PEAK_BF16_FLOPS.items() if key in name), None)
-            grad_norm = getattr(self, "grad_norm_unclipped", None)
-            metrics = StepMetrics(
-                step=self.iteration_step,
-                loss=loss_avg.item(),
-                lr=lr_at(self.iteration_step, cfg.lr),  # the step's own LR (nanotron logs the next one)
-                grad_norm=None if grad_norm is None else grad_norm.item(),
-                tokens_per_s=tokens_per_s,
-                tokens_per_s_per_gpu=tokens_per_s / dist.get_world_size(),
-                mfu=None if peak is None else model_tflops * 1e12 / peak,
-                time=time.time(),
-            )
-            append_metrics(self.metrics_file, metrics)
-
-    trainer = LauncherTrainer(config_file)
-    if config_file != given:
-        Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
-    trainer.train(_dataloader(trainer, cfg))
-    report_outcome(is_main, finished=True, step=trainer.iteration_step)
+    finally:  # a stop's SystemExit included
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _saved_step(checkpoints_path: str) -> int | None:
@@ -207,13 +175,14 @@ def packed_dataset(cfg: TrainConfig, tokenizer, num_proc: int = 1, overwrite_cac
 
 
 def _dataloader(trainer, cfg: TrainConfig):  # type: ignore[no-untyped-def]
-    """nanotron 0.4 run_train.py's get_dataloader: dummy tokens, or the dataset packed by `packed_dataset`."""
+    """nanotron 0.4 run_train.py's get_dataloader: dummy tokens, or the dataset packed by `packed_dataset`, fed
+    by nanotron's own get_train_dataloader epoch after epoch (`epochs`)."""
     from nanotron.dataloader import dummy_infinite_data_generator, get_train_dataloader
     from nanotron.parallel.pipeline_parallel.utils import get_input_output_pp_ranks
     from nanotron.utils import main_rank_first
 
     input_pp_rank, output_pp_rank = get_input_output_pp_ranks(model=trainer.model)
-    data = trainer.config.data
+    data, context = trainer.config.data, trainer.parallel_context
     if data.dataset is None:
         return dummy_infinite_data_generator(
             micro_batch_size=trainer.micro_batch_size,
@@ -222,27 +191,68 @@ def _dataloader(trainer, cfg: TrainConfig):  # type: ignore[no-untyped-def]
             output_pp_rank=output_pp_rank,
             vocab_size=trainer.model_config.vocab_size,
             seed=data.seed,
-            parallel_context=trainer.parallel_context,
+            parallel_context=context,
         )()
     tokenizer = load_tokenizer(cfg)  # checked on every rank (vocab_size), before any rank waits on another
     tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    with main_rank_first(trainer.parallel_context.world_pg):  # rank 0 tokenizes and caches; the others reuse
+    with main_rank_first(context.world_pg):  # rank 0 tokenizes and caches; the others reuse
         train_dataset = packed_dataset(
             cfg,
             tokenizer,
             num_proc=data.dataset.dataset_processing_num_proc_per_process or 1,
             overwrite_cache=bool(data.dataset.dataset_overwrite_cache),
         )
-        return get_train_dataloader(
+    dp = context.dp_pg.size()
+
+    def loader_at(epoch: int, skip: int):  # type: ignore[no-untyped-def]
+        loader = get_train_dataloader(
             train_dataset=train_dataset,
             sequence_length=trainer.sequence_length,
-            parallel_context=trainer.parallel_context,
+            parallel_context=context,
             input_pp_rank=input_pp_rank,
             output_pp_rank=output_pp_rank,
             micro_batch_size=trainer.micro_batch_size,
-            consumed_train_samples=trainer.consumed_train_samples,
+            consumed_train_samples=skip * dp,  # nanotron skips consumed_train_samples / dp samples of this rank's
             dataloader_num_workers=data.num_loading_workers,
             seed_worker=data.seed,
             dataloader_drop_last=True,
         )
+        sampler = getattr(loader.sampler, "batch_sampler", loader.sampler)  # under nanotron's SkipBatchSampler
+        sampler.set_epoch(epoch)  # a DistributedSampler: seed + epoch orders the epoch (epoch 0: nanotron's order)
+        return loader
+
+    def announce(epoch: int) -> None:
+        if dist.get_rank(context.world_pg) == 0:
+            print(EPOCH_MESSAGE.format(epoch=epoch, step=trainer.iteration_step), flush=True)
+
+    per_epoch = (len(train_dataset) // dp) // trainer.micro_batch_size * trainer.micro_batch_size
+    if per_epoch == 0:
+        raise TrainError(
+            f"the dataset makes {len(train_dataset)} windows of {trainer.sequence_length + 1} tokens, not one "
+            f"micro-batch of {trainer.micro_batch_size} for each of the {dp} data-parallel ranks: use a larger "
+            "dataset, a shorter sequence length or a smaller micro batch"
+        )
+    return epochs(loader_at, per_epoch, trainer.consumed_train_samples // dp, announce)
+
+
+def epochs(
+    loader_at: Callable[[int, int], Iterable[dict]],
+    samples_per_epoch: int,
+    consumed: int,
+    announce: Callable[[int], None],
+) -> Iterator[dict]:
+    """This rank's micro-batches forever: `loader_at(epoch, skip)` (a DataLoader over the epoch's order, its first
+    `skip` samples skipped) for epoch 0, 1, ..., starting where `consumed` samples end (`samples_per_epoch` of them
+    make an epoch). `announce(n)` as the first micro-batch of epoch n (counted from 1, n >= 2) is drawn, that is
+    during the step that reads it. nanotron's own loader ends after one pass, and its loop then dies of
+    "generator raised StopIteration"."""
+    epoch, skip = divmod(consumed, samples_per_epoch)
+    while True:
+        new = skip == 0 and epoch > 0
+        for batch in loader_at(epoch, skip):
+            if new:
+                announce(epoch + 1)
+                new = False
+            yield batch
+        epoch, skip = epoch + 1, 0
