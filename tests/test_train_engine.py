@@ -608,3 +608,31 @@ def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
     assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
     assert {id(p) for p in wrapped.parameters()} == {id(p) for p in model.parameters()}
     assert torch.allclose(wrapped(tokens), reference, rtol=1e-6)
+
+
+def test_a_run_keeps_the_engine_that_wrote_its_checkpoints(
+    demo_data: DemoData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    config = write_config(tmp_path / "c.yaml", tiny_config(demo_data, ckpt, **{"tokens.train_steps": 2}))
+    code, _, err = door(config, capsys)
+    assert code == 0, err
+    assert (ckpt / "engine").read_text() == "torch\n"  # recorded by the first attempt
+    # A node where the auto choice falls on the other engine (nanotron's checkpoints here) must not switch:
+    (ckpt / "engine").write_text("nanotron\n")
+    code, out, err = door(config, capsys)
+    assert code == 2 and "were written by the nanotron engine, but here the torch engine would run" in err, err
+    assert "Traceback" not in err and sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["2"]
+    # Before anything is saved, any engine may start the run (the first attempt died early)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "engine").write_text("nanotron\n")
+    config = write_config(tmp_path / "f.yaml", tiny_config(demo_data, fresh, **{"tokens.train_steps": 1}))
+    assert door(config, capsys)[0] == 0 and (fresh / "engine").read_text() == "torch\n"
+    # A run saved before the record existed is known by its pointer: nanotron's latest.txt
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "latest.txt").write_text("10\n")
+    config = write_config(tmp_path / "o.yaml", tiny_config(demo_data, old, **{"tokens.train_steps": 1}))
+    code, _, err = door(config, capsys)
+    assert code == 2 and "written by the nanotron engine" in err

@@ -15,11 +15,13 @@ from pathlib import Path
 from launcher.errors import SlurmUnavailable, SubmissionError
 from launcher.slurm.parse import (
     SACCT_FIELDS,
+    SQUEUE_JOBS,
     JobState,
     parse_gres_types,
     parse_job_records,
     parse_sacct,
     parse_scontrol,
+    parse_squeue_jobs,
 )
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$", re.ASCII)
@@ -173,3 +175,14 @@ def gpu_types(partition: str | None) -> list[str | None]:
             raise SlurmUnavailable(f"sinfo cannot reach the Slurm controller: {out.stderr.strip()}")
         return []
     return parse_gres_types(out.stdout, partition)
+
+
+def live_jobs(name: str) -> list[tuple[str, str, str]]:
+    """This user's jobs named `name` that Slurm still holds (pending, running, requeued, ...): (job id, state,
+    batch script path)."""
+    out = _run([_command("squeue"), "-h", "--me", "--name", name, "-o", SQUEUE_JOBS])
+    if out.returncode != 0:
+        if _unreachable(out.stderr):
+            raise SlurmUnavailable(f"squeue cannot reach the Slurm controller: {out.stderr.strip()}")
+        return []
+    return parse_squeue_jobs(out.stdout)

@@ -110,3 +110,17 @@ def parse_gres_types(text: str, partition: str | None = None) -> list[str | None
             named = len(fields) >= 3 or (len(fields) == 2 and not fields[1].isdigit())
             types.append(fields[1] if named else None)
     return types
+
+
+SQUEUE_JOBS = "%i|%T|%o"  # job id, state, command (the batch script's path)
+
+
+def parse_squeue_jobs(text: str) -> list[tuple[str, str, str]]:
+    """`squeue -h -o "%i|%T|%o"` output as (job id, state, command) triples; squeue lists live jobs only."""
+    rows = []
+    for line in text.splitlines():
+        job_id, _, rest = line.strip().partition("|")
+        state, _, command = rest.partition("|")
+        if job_id and state:
+            rows.append((job_id, state, command))
+    return rows

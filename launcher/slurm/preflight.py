@@ -3,6 +3,7 @@
 - where the run writes: every output directory can be created and written, and the checkpoints' filesystem has
   room for one checkpoint (`launcher.bundle.storage`);
 - the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.dependencies`);
+- a live job of the same run, which would write the same checkpoints (`launcher.slurm.writers`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
@@ -19,7 +20,7 @@ from launcher.config import dependency, figures, gpus
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
-from launcher.slurm import client, dependencies
+from launcher.slurm import client, dependencies, writers
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
 
@@ -82,6 +83,11 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
     found = storage_problems(spec, earlier)
     if ask_slurm:
         found += dependency_problems(spec, earlier + found)
+        if not any(p.flag == "run_name" for p in earlier):
+            try:
+                found += writers.problems(spec)
+            except SlurmUnavailable:
+                pass  # said by the dependency look-up or by Slurm's verdict on the script, whichever asks next
     return found
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 import yaml
@@ -50,12 +51,50 @@ def choose_engine(requested: str) -> tuple[str, str]:
     return "nanotron", f"auto; {nanotron_engine.attention_note()}"
 
 
+ENGINE_RECORD = "engine"  # beside the checkpoints: the engine that wrote them
+POINTERS = {"latest": "torch", "latest.txt": "nanotron"}  # each engine's pointer, for runs saved before the record
+
+
+def recorded_engine(checkpoints_path: str) -> str | None:
+    """The engine whose checkpoints this run holds: the record, else the pointer found; None before any save."""
+    root = Path(checkpoints_path)
+    try:
+        recorded = (root / ENGINE_RECORD).read_text(encoding="utf-8").strip()
+    except OSError:
+        recorded = ""
+    saved = [engine for pointer, engine in POINTERS.items() if (root / pointer).exists()]
+    if not saved:
+        return None  # nothing saved yet: any engine may start the run
+    return recorded if recorded in ENGINES else saved[0]
+
+
+def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
+    """One engine per run: a later attempt that would run another engine than the one whose checkpoints the run
+    holds fails with the reason, instead of restarting from step 0 beside them. Rank 0 records the engine."""
+    recorded = recorded_engine(cfg.checkpoints_path)
+    if recorded is not None and recorded != chosen:
+        where = "a CUDA GPU with nanotron" if recorded == "nanotron" else "run_train.py --engine torch"
+        raise TrainError(
+            f"this run's checkpoints ({cfg.checkpoints_path}) were written by the {recorded} engine, but here the "
+            f"{chosen} engine would run ({why}); the engines' checkpoints differ, so it would start again from step "
+            f"0: run it where the {recorded} engine works ({where}), "
+            "or start afresh with --resume false"
+        )
+    if int(os.environ.get("RANK", "0")) == 0:
+        root = Path(cfg.checkpoints_path)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".tmp-{ENGINE_RECORD}-{os.getpid()}"
+        tmp.write_text(f"{chosen}\n", encoding="utf-8")
+        os.replace(tmp, root / ENGINE_RECORD)
+
+
 def run(config_file: str, engine: str = "auto") -> None:
     """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone)."""
     cfg = load_checked(config_file, int(os.environ.get("WORLD_SIZE", "1")))
     chosen, why = choose_engine(engine)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"engine: {chosen} ({why})", flush=True)
+    settle_engine(cfg, chosen, why)
     if chosen == "nanotron":
         from launcher.train import nanotron_engine
 

@@ -1,0 +1,59 @@
+"""One writer per run, checked before the queue: a launch of a run whose job is still pending or running (same
+run name, same checkpoints path) is refused, naming the live job and the fix. Two jobs of one run would write the
+same checkpoints; the later one's resume would race the earlier one's saves.
+
+A live job counts as this run's when it holds the run's lock (the batch script writes its job id to
+`<checkpoints>/.launcher-lock` as it starts) or when its batch script is one of this run's bundles whose manifest
+names the same checkpoints. Chaining the launch after it (`--dependency afterany:ID`, or any kind naming it) is the
+way to queue one behind the other; `--resume false` gets a checkpoint directory of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.config import dependency
+from launcher.config.problems import Problem
+from launcher.config.resolve import RunSpec
+from launcher.slurm import client
+
+LOCK = ".launcher-lock"
+
+
+def _bundle_checkpoints(configs_path: str, run_name: str, script: str) -> str | None:
+    """The checkpoints path a run's batch script trains into, from its bundle's manifest (the script is named by
+    the bundle's stamp)."""
+    manifest = Path(configs_path) / run_name / Path(script).stem / "manifest.json"
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8"))["outputs"]["checkpoints"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def problems(spec: RunSpec) -> list[Problem]:
+    """A problem per live job of this run that would write the same checkpoints, unless the launch waits for it."""
+    a = spec.args
+    if not a.paths.resume:
+        return []  # a fresh start gets a checkpoint directory of its own
+    checkpoints = Path(a.paths.checkpoints_path) / a.run_name
+    try:
+        holder = (checkpoints / LOCK).read_text(encoding="utf-8").strip()
+    except OSError:
+        holder = ""
+    parsed = dependency.parse(a.slurm.dependency) if a.slurm.dependency else None
+    awaited = {job_id.split("_")[0] for item in (parsed[0] if parsed else []) for job_id in item.job_ids}
+    out = []
+    for job_id, state, script in client.live_jobs(a.run_name):
+        ours = job_id == holder or _bundle_checkpoints(a.paths.configs_path, a.run_name, script) == str(checkpoints)
+        if ours and job_id not in awaited:
+            out.append(
+                Problem(
+                    "run_name",
+                    f"job {job_id} of run {a.run_name} is {state} and trains into {checkpoints}; a second job would "
+                    "write the same checkpoints",
+                    f"queue this one after it with --dependency afterany:{job_id}, cancel it (scancel {job_id}), or "
+                    "give another --run_name or --checkpoints_path",
+                )
+            )
+    return out

@@ -1,0 +1,68 @@
+"""One writer per run: a second launch of a live run is refused before the queue, and a second job of one run (a
+script submitted twice by hand) refuses to train beside the first (the lock under the checkpoints path)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from launcher_helpers import spec_for
+from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
+
+from launcher.config.problems import Problem
+from launcher.slurm import client, writers
+
+
+def test_a_live_job_of_the_run_is_named_unless_awaited(tmp_path: Path, monkeypatch):
+    spec, _ = spec_for("--run_name", "r", "--dataset", "none", cwd=tmp_path)
+    ckpt = Path(spec.args.paths.checkpoints_path) / "r"
+    ckpt.mkdir(parents=True)
+    (ckpt / writers.LOCK).write_text("41\n")
+    monkeypatch.setattr(client, "live_jobs", lambda name: [("41", "RUNNING", "/x/logs/slurm_scripts/r/s.sbatch")])
+    (problem,) = writers.problems(spec)
+    assert isinstance(problem, Problem) and problem.flag == "run_name"
+    assert "job 41 of run r is RUNNING" in problem.message and "--dependency afterany:41" in problem.fix
+    waiting, _ = spec_for("--run_name", "r", "--dataset", "none", "--dependency", "afterok:41", cwd=tmp_path)
+    assert writers.problems(waiting) == []
+    fresh, _ = spec_for("--run_name", "r", "--dataset", "none", "--resume", "false", cwd=tmp_path)
+    assert writers.problems(fresh) == []
+    monkeypatch.setattr(client, "live_jobs", lambda name: [("52", "PENDING", "/elsewhere/job.sbatch")])
+    assert writers.problems(spec) == []  # a job of that name that is not this run's
+
+
+def test_a_second_launch_of_a_live_run_is_refused(tmp_path: Path, slurm_env: dict, demo_data):
+    first = launch(tmp_path, slurm_env, demo_data, "twice", "--train_steps", "100000", follow=False, nodes="1")
+    assert finish(first, timeout=60)[0] == 0
+    job_id = submitted_job_id(bundles(tmp_path, "twice")[0])
+    try:
+        code, out = finish(launch(tmp_path, slurm_env, demo_data, "twice", follow=False, nodes="1"), timeout=60)
+        assert code == 2 and f"--run_name: job {job_id} of run twice is" in out, out
+        assert len(bundles(tmp_path, "twice")) == 1  # nothing written
+        chained = launch(tmp_path, slurm_env, demo_data, "twice", "--dependency", f"afterany:{job_id}",
+                         "--dry_run", "true", nodes="1", follow=False)  # fmt: skip
+        assert finish(chained, timeout=60)[0] == 0
+    finally:
+        client.cancel(job_id)
+
+
+def test_a_script_submitted_twice_trains_once(tmp_path: Path, slurm_env: dict, demo_data):
+    first = launch(tmp_path, slurm_env, demo_data, "dup", "--train_steps", "100000", follow=False, nodes="1")
+    assert finish(first, timeout=60)[0] == 0
+    (bundle_dir,) = bundles(tmp_path, "dup")
+    job_id = submitted_job_id(bundle_dir)
+    script = manifest(bundle_dir)["files"]["script"]["path"]
+    log = Path(manifest(bundle_dir)["outputs"]["log"])
+    try:
+        wait_for(lambda: log.exists() and "step 2/" in log.read_text(), timeout=120)
+        again = subprocess.run(["sbatch", "--parsable", script], env=slurm_env, capture_output=True, text=True)
+        second = again.stdout.strip()
+        wait_for(lambda: (s := client.job_state(second)) is not None and s.terminal, timeout=90)
+        state = client.job_state(second)
+        assert state is not None and state.state == "FAILED" and state.exit_code == 4, state
+        text = log.read_text()
+        assert (
+            f"two jobs of one run: job {job_id} (RUNNING) holds" in text and f"--dependency afterany:{job_id}" in text
+        )
+        assert (client.job_state(job_id) or state).state == "RUNNING"  # the first trains on
+    finally:
+        client.cancel(job_id)
