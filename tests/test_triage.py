@@ -1,7 +1,8 @@
 """Triage: the verdict on a job that ended badly, from Slurm's state and the job's log (launcher/slurm/triage.py).
 
 The torchrun logs are real, recorded by tests/fixtures/triage/make.sh (see its README); the Slurm side of a job's
-log (srun, slurmstepd, the batch script's `[launcher ...]` lines) is written here in the formats they use.
+log (srun, slurmstepd, the batch script's `[launcher ...]` lines) is written here and in launcher_helpers, in the
+formats they use.
 """
 
 from __future__ import annotations
@@ -11,26 +12,12 @@ import re
 from pathlib import Path
 
 import pytest
+from launcher_helpers import END, SRUN_KILL, START, TRIAGE_FIXTURES, job_log
 
 from launcher.slurm import failures, triage
 from launcher.slurm.dependencies import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
 from launcher.slurm.submit import read_log
-
-FIXTURES = Path(__file__).parent / "fixtures" / "triage"
-START = "[launcher 14:41:47.512] job 48 attempt 1 started 2026-11-23T14:41:47+00:00 on node[1-2]\n"
-SRUN_KILL = (  # srun --kill-on-bad-exit=1 after one node's torchrun exits 1: it stops the other task
-    "srun: error: node2: task 1: Exited with exit code 1\n"
-    "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
-    "slurmstepd: error: *** STEP 48.0 ON node1 CANCELLED AT 2026-11-23T14:43:02 ***\n"
-    "srun: error: node1: task 0: Exited with exit code 143\n"
-)
-END = "[launcher 14:43:03.101] job 48 attempt 1 ended 2026-11-23T14:43:03+00:00, exit code 143\n"
-
-
-def job_log(fixture: str, slurm: str = SRUN_KILL) -> str:
-    """A job's log around a recorded torchrun log: the batch script's first line, torchrun, srun, the last line."""
-    return START + (FIXTURES / fixture).read_text() + slurm + END
 
 
 def judge(text: str, state: str = "FAILED", **slurm: object) -> triage.Verdict:
@@ -84,7 +71,7 @@ def test_cuda_out_of_memory_names_the_flags_to_change():
 
 def test_oom_fix_without_flags_at_micro_batch_1_and_with_the_memory_models_note():
     assert "halve --micro_batch_size and double --grad_accum_steps" in triage.oom_fix()
-    assert "a larger --tp or --pp" in triage.oom_fix()
+    assert "a larger --tp or a larger --pp" in triage.oom_fix()
     at_one = triage.oom_fix({"micro_batch_size": 1, "grad_accum_steps": 8, "tp": 1, "pp": 1})
     assert "--micro_batch_size is 1 already" in at_one and "--tp 2 or --pp 2" in at_one
     noted = triage.oom_fix(None, "the memory model puts this run at 86 GiB per GPU of 80")
@@ -207,7 +194,7 @@ def test_host_out_of_memory():
 
 
 def test_a_signal_without_traceback_is_a_crash():
-    summary = (FIXTURES / "nccl-timeout.log").read_text().split("Root Cause", 1)[1].replace("-6", "-11")
+    summary = (TRIAGE_FIXTURES / "nccl-timeout.log").read_text().split("Root Cause", 1)[1].replace("-6", "-11")
     v = judge(START + "Root Cause" + summary.replace("SIGABRT", "SIGSEGV"))
     assert (v.cause, v.rank) == ("crash", 1) and "SIGSEGV" in v.message
 

@@ -146,9 +146,8 @@ def oom_fix(flags: Mapping[str, Any] | None = None, memory_note: str | None = No
         batch = "--micro_batch_size is 1 already"
     else:
         batch = "halve --micro_batch_size and double --grad_accum_steps (the same batch)"
-    split = (
-        f"--tp {tp * 2} or --pp {pp * 2}" if isinstance(tp, int) and isinstance(pp, int) else "a larger --tp or --pp"
-    )
+    tp_text = f"--tp {tp * 2}" if isinstance(tp, int) else "a larger --tp"
+    split = f"{tp_text} or {f'--pp {pp * 2}' if isinstance(pp, int) else 'a larger --pp'}"
     fix = f"{batch}, or shard the model over more GPUs: {split}"
     return f"{memory_note}; {fix}" if memory_note else fix
 
