@@ -40,7 +40,7 @@ TAIL_LINES, WINDOWS, WINDOW_LINES, LINE_CHARS = 1500, 4, 150, 2000  # at most ~4
 FIRST_SIGNS = re.compile(r"Traceback \(most recent|^error: |Watchdog caught|NCCL error|Root Cause|\] (hung|preflight)")
 RESUME = "launch the same command again: it resumes from the last checkpoint"
 FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
-    "exception": "fix what its traceback ({trace}) names, then " + RESUME,
+    "exception": "correct what its traceback ({trace}) points at, then " + RESUME,
     "nccl": "most often a network or node fault, not the run: " + RESUME + "; if it fails again on that node, "
     "--exclude it; --extra_env NCCL_DEBUG=INFO logs NCCL's details",
     "nccl_timeout": "one rank never reached that collective: look for a rank that failed, hung or lagged first (data "
@@ -232,9 +232,10 @@ def verdict(
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         named = last(NODE_FAILURE)
         node = named["node"] if named else nodes or None
-        what = "failed to boot" if state == "BOOT_FAIL" else "failed (NODE_FAIL) and the processes there with it"
+        what = ("failed to boot" if state == "BOOT_FAIL" else "failed (NODE_FAIL)") + _progress(lines)
         one = named or not any(c in nodes for c in ",[")
-        message = (f"node {node} {what}" if one else f"one of the job's nodes ({nodes}) {what}") + _progress(lines)
+        message = f"node {node} {what}" if one else f"one of the job's nodes ({nodes}) {what}"
+        message += ": the run's processes there died with it" if state == "NODE_FAIL" else ""
         return Verdict("node_fail", message, FIXES["node_fail"].format(node=node or "NODE"), None, node)
     preflight, hung = last(PREFLIGHT), last(HUNG)
     if preflight:
@@ -245,10 +246,10 @@ def verdict(
         return Verdict("hung", message, FIXES["hung"].format(stacks=hung["stacks"]))
     notice, spent = last(PREEMPTION), last(NO_REQUEUE_LEFT)
     if state == "PREEMPTED" or notice:
-        message = "Slurm preempted the job: a higher-priority job took its nodes"
+        stopped = f", stopped at the checkpoint of step {spent['step']} with no requeue left" if spent else ""
+        message = f"Slurm preempted the job{stopped or _progress(lines)}: a higher-priority job took its nodes"
         message += f" ({notice['what']})" if notice and notice["what"] else ""
-        stopped = f"; stopped at the checkpoint of step {spent['step']} with no requeue left" if spent else ""
-        return Verdict("preempted", message + (stopped or _progress(lines)), FIXES["preempted"])
+        return Verdict("preempted", message, FIXES["preempted"])
     if spent:
         message = "it reached its time limit with no requeue left (--max_requeues): stopped at the checkpoint of step "
         return Verdict("time_limit", message + spent["step"], FIXES["time_limit_spent"].format(step=spent["step"]))
