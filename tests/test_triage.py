@@ -249,3 +249,18 @@ def test_a_harmless_traceback_early_on_does_not_hide_the_failure_in_the_middle()
     text = triage.excerpt((START + warning + noise + middle + noise).splitlines(keepends=True))
     assert "ImportError: no apex" in text and "[rank3]: ValueError" in text and "step 4999/9999" in text
     assert judge(text).rank == 3  # torchrun's summaries say which ranks failed: they outrank a stray traceback
+
+
+def test_a_chained_exception_is_named_by_its_last_link():
+    chain = (
+        '[rank2]: Traceback (most recent call last):\n[rank2]:   File "/x/data.py", line 9, in load\n'
+        "[rank2]: KeyError: 'input_ids'\n\n"  # torch's excepthook leaves blank lines unprefixed
+        "[rank2]: The above exception was the direct cause of the following exception:\n\n"
+        '[rank2]: Traceback (most recent call last):\n[rank2]:   File "/x/train.py", line 40, in step\n'
+        "[rank2]: RuntimeError: batch 17 has no input_ids\n"
+    )
+    (raised,) = failures.tracebacks(chain.splitlines())
+    assert (raised.rank, raised.type, raised.message, raised.frame) == (
+        2, "RuntimeError", "batch 17 has no input_ids", "train.py:40 in step"
+    )  # fmt: skip
+    assert raised.line == 0  # where the chain starts

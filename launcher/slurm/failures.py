@@ -125,11 +125,9 @@ def tracebacks(lines: list[str]) -> list[Raised]:
             chain_start = chain_start if chain_start is not None else i
             end, raised = _exception_at(body, i)
             chained = any(body[k].startswith(CHAINED) for k in range(end, min(end + 3, len(body))))
-            if raised and not chained:
-                if not raised.type.endswith(AGENT_EXCEPTIONS):
-                    found.append(
-                        Raised(rank, raised.type, raised.message, raised.detail, raised.frame, numbered[chain_start][0])
-                    )
+            if not chained:  # the chain's last exception is the one the process died of
+                if raised and not raised.type.endswith(AGENT_EXCEPTIONS):
+                    found.append(dataclasses.replace(raised, rank=rank, line=numbered[chain_start][0]))
                 chain_start = None
             i = max(end, i + 1)
     return sorted(found, key=lambda r: r.line)
