@@ -62,7 +62,8 @@ def training_png(metrics: Path, png: Path, title: str) -> Path | None:
             ax.plot([s for s, _ in points], [v for _, v in points], color="tab:blue", linewidth=1.4, marker="." if
                     len(points) <= 60 else None, markersize=4)  # fmt: skip
         else:
-            ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="gray")
+            why = " (the nanotron engine computes it only\nwith clipping on: --grad_clip)" if key == "grad_norm" else ""
+            ax.text(0.5, 0.5, f"not logged{why}", transform=ax.transAxes, ha="center", va="center", color="gray")
         for i, step in enumerate(resumes):
             label = f"resumed at step {', '.join(map(str, resumes))}" if i == 0 else None
             ax.axvline(step, color="tab:red", linestyle=":", linewidth=1.2, label=label)
@@ -115,6 +116,7 @@ def gpus_png(logs: list[dmon.DmonLog], png: Path, title: str) -> Path | None:
     from matplotlib.dates import DateFormatter
 
     colours = plt.get_cmap("tab10" if len(logs) <= 10 else "tab20")
+    band = 0.25 if len(logs) <= 4 else 0.1  # many nodes' bands overlap: lighter, so the lines stay readable
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.8), dpi=100, sharex=True)
     for ax, (column, name, unit, scale) in zip(axes.flat, GPU_PANELS, strict=True):
         for n, log in enumerate(logs):
@@ -122,7 +124,7 @@ def gpus_png(logs: list[dmon.DmonLog], png: Path, title: str) -> Path | None:
             colour = colours(n % colours.N)
             label = f"{log.host} ({len(log.gpus)} GPUs)" if n < MAX_LEGEND_NODES else None
             ax.plot(times, [m for m, _, _ in stats], color=colour, linewidth=1.4, label=label)
-            ax.fill_between(times, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], color=colour, alpha=0.25,
+            ax.fill_between(times, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], color=colour, alpha=band,
                             linewidth=0)  # fmt: skip
         ax.set_title(name, fontsize=11)
         ax.set_ylabel(unit)
