@@ -44,7 +44,7 @@ def test_a_failed_job_ends_with_its_verdict_printed_and_recorded(tmp_path: Path,
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "Job 48 ended FAILED, exit code 143"
     assert out[1].startswith("  why: rank 3 on node2 raised ValueError: shard 7 of /data/tokenized has 0 samples")
-    assert out[2].startswith("       at fail.py:70 in main; exit code 143 is srun stopping the other ranks")
+    assert out[2].startswith("       at fail.py:72 in main; exit code 143 is srun stopping the other ranks")
     assert out[3].startswith("  fix: correct what its traceback") and len(out) == 4
     data = json.loads(path.read_text())
     assert data["ended"] == {"state": "FAILED", "exit_code": 143, "restarts": 0}

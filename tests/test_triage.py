@@ -37,7 +37,7 @@ def test_an_exception_names_the_rank_that_raised_it_not_the_ones_stopped_after(f
     v = judge(job_log(fixture), exit_code=143)
     assert (v.cause, v.rank, v.node) == ("exception", 1, "node1")
     assert "ValueError: shard 7 of /data/tokenized has 0 samples, expected 4096 (rank 1)" in v.message
-    assert "at fail.py:70 in main" in v.message  # where in the code
+    assert "at fail.py:72 in main" in v.message  # where in the code
     assert "exit code 143 is srun stopping the other ranks after it" in v.message
     assert "RuntimeError" not in v.message and "[rank1]" in v.fix
 
@@ -50,6 +50,16 @@ def test_two_nodes_the_first_to_raise_wins_over_each_nodes_own_root_cause():
     v = judge(text, exit_code=143)
     assert (v.cause, v.rank, v.node, v.where) == ("exception", 3, "node2", "rank 3 on node2")
     assert "raised ValueError" in v.message and "(rank 3)" in v.message
+
+
+def test_two_nodes_with_srun_stopping_the_healthy_node():
+    # the ranks on node1 are stuck (as in an NCCL collective) when rank 3 raises: node2's torchrun exits 1, and
+    # srun (--kill-on-bad-exit) sends node1's torchrun SIGTERM: a SignalException, no summary from node1
+    text = job_log("exception-2nodes-srun.log")
+    assert "SignalException: Process" in text and len([f for f in failures.child_failures(text.splitlines())]) == 2
+    v = judge(text, exit_code=143)
+    assert (v.cause, v.rank, v.node) == ("exception", 3, "node2") and "raised ValueError" in v.message
+    assert "SignalException" not in v.message and "exit code 143 is srun stopping" in v.message
 
 
 def test_two_nodes_without_tracebacks_torchruns_summaries_decide():
