@@ -59,12 +59,16 @@ def report_end(final: JobState, log: Path, manifest_path: Path | None = None) ->
     print(
         f"Job {final.job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else "")
     )
+    # (a memory model's estimate for the run's flags, once there is one, goes in as memory_note=: see oom_fix)
     verdict = triage.for_job(final, read_log(log), flags=run_flags(manifest_path))
     if verdict is not None:
         print("\n".join(verdict.lines()))
     if manifest_path is not None and manifest_path.is_file():
         ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts}
-        manifest.record_end(manifest_path, ended, verdict.record() if verdict else None)
+        try:
+            manifest.record_end(manifest_path, ended, verdict.record() if verdict else None)
+        except OSError as e:
+            print(f"  (not recorded in {manifest_path}: {e.strerror or e})")
     return verdict
 
 
