@@ -12,12 +12,13 @@ from pathlib import Path
 from launcher import sweep
 from launcher.bundle import manifest
 from launcher.errors import LauncherError, SubmissionError, closed_pipe
+from launcher.report import pictures
 from launcher.slurm import client, follow
-from launcher.slurm.submit import follow_to_end
+from launcher.slurm.submit import follow_to_end, report_end
 
 
-def _resolve_target(target: str) -> tuple[str, Path, str]:
-    """A bundle directory (or its manifest) or a job id -> (job id, log path, target to show)."""
+def _resolve_target(target: str) -> tuple[str, Path, str, Path | None]:
+    """A bundle directory (or its manifest) or a job id -> (job id, log path, target to show, manifest or None)."""
     path = Path(target)
     if path.name == "manifest.json":
         path = path.parent
@@ -26,12 +27,12 @@ def _resolve_target(target: str) -> tuple[str, Path, str]:
         job_id = data["slurm"].get("job_id")
         if not job_id:
             raise LauncherError(f"{path} was never submitted ({data['slurm'].get('error', 'dry run')})")
-        return job_id, Path(data["outputs"]["log"]), str(path)
+        return job_id, Path(data["outputs"]["log"]), str(path), path / "manifest.json"
     if client.JOB_ID.match(target):
         log = client.job_log_path(target)
         if log is None:
             raise LauncherError(f"Slurm does not know job {target}; give its bundle directory instead")
-        return target, log, target
+        return target, log, target, None
     raise LauncherError(f"{target} is neither a bundle directory nor a job id")
 
 
@@ -51,6 +52,19 @@ def _sweep_action(action: str, directory: Path) -> int:
     return 0
 
 
+def _status(job_id: str, log: Path, manifest_path: Path | None) -> int:
+    """The job's state; once it has ended, the verdict on why (recorded in the manifest) too."""
+    state = client.job_state(job_id)
+    if state is None:
+        raise SubmissionError(f"Slurm no longer knows job {job_id}")
+    if state.terminal:
+        report_end(state, log, manifest_path)
+    else:
+        print(follow.describe(state))
+    print(f"  log: {log}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.jobs", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=("status", "attach", "cancel"))
@@ -60,19 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         sweep_dir = Path(args.target).parent if args.target.endswith(sweep.RECORD) else Path(args.target)
         if (sweep_dir / sweep.RECORD).is_file():
             return _sweep_action(args.action, sweep_dir)
-        job_id, log, target = _resolve_target(args.target)
+        job_id, log, target, manifest_path = _resolve_target(args.target)
         if args.action == "attach":
-            return follow_to_end(job_id, log, target)
+            code = follow_to_end(job_id, log, target, manifest_path)
+            if code != 130 and manifest_path is not None:
+                for name, png in pictures.render(manifest_path.parent).items():
+                    print(f"  {name:<12} {png}")
+            return code
         if args.action == "cancel":
             client.cancel(job_id)
             print(f"Cancelled job {job_id}.")
             return 0
-        state = client.job_state(job_id)
-        if state is None:
-            raise SubmissionError(f"Slurm no longer knows job {job_id}")
-        print(follow.describe(state) + (f", exit code {state.exit_code}" if state.terminal else ""))
-        print(f"  log: {log}")
-        return 0
+        return _status(job_id, log, manifest_path)
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

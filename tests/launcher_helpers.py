@@ -67,3 +67,19 @@ def run_launcher(
         env={**os.environ, **(env or {})},
         timeout=120,
     )
+
+
+TRIAGE_FIXTURES = ROOT / "tests" / "fixtures" / "triage"  # real torchrun logs (see its README)
+START = "[launcher 14:41:47.512] job 48 attempt 1 started 2026-11-23T14:41:47+00:00 on node[1-2]\n"
+SRUN_KILL = (  # srun --kill-on-bad-exit=1 after one node's torchrun exits 1: it stops the other task
+    "srun: error: node2: task 1: Exited with exit code 1\n"
+    "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+    "slurmstepd: error: *** STEP 48.0 ON node1 CANCELLED AT 2026-11-23T14:43:02 ***\n"
+    "srun: error: node1: task 0: Exited with exit code 143\n"
+)
+END = "[launcher 14:43:03.101] job 48 attempt 1 ended 2026-11-23T14:43:03+00:00, exit code 143\n"
+
+
+def job_log(fixture: str, slurm: str = SRUN_KILL) -> str:
+    """A job's log around a recorded torchrun log: the batch script's first line, torchrun, srun, the last line."""
+    return START + (TRIAGE_FIXTURES / fixture).read_text() + slurm + END

@@ -117,3 +117,12 @@ def record(manifest_path: Path, **slurm_fields: object) -> None:
     data = read_manifest(manifest_path.parent)
     data["slurm"].update(slurm_fields)
     write_manifest(manifest_path, data)
+
+
+def record_end(manifest_path: Path, ended: dict, verdict: dict | None) -> None:
+    """What became of the run: Slurm's final word (`ended`: state, exit code, requeues) and the launcher's verdict
+    on why it ended so (cause, where, message, fix; None when it COMPLETED)."""
+    data = read_manifest(manifest_path.parent)
+    data["ended"] = ended
+    data["verdict"] = verdict
+    write_manifest(manifest_path, data)

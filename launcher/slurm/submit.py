@@ -8,9 +8,9 @@ from pathlib import Path
 from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
-from launcher.report import plots
-from launcher.slurm import client, follow
-from launcher.slurm.dependencies import NEVER_SATISFIED
+from launcher.report import pictures, plots
+from launcher.slurm import client, follow, triage
+from launcher.slurm.parse import JobState
 
 
 def submit(paths: BundlePaths) -> str:
@@ -32,17 +32,54 @@ def how_to(target: str) -> str:
     )
 
 
-def follow_to_end(job_id: str, log: Path, target: str) -> int:
+def read_log(log: Path) -> str:
+    """What triage reads of a job's log: its last attempt's first failure and tail (`triage.excerpt`, bounded
+    memory whatever the log's size); "" when there is no log."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            return triage.excerpt(iter(lambda: f.readline(triage.LINE_CHARS), ""))
+    except OSError:
+        return ""
+
+
+def run_flags(manifest_path: Path | None) -> dict | None:
+    """The run's resolved flags from its manifest, one flat dict (micro_batch_size, tp, ...), or None."""
+    try:
+        resolved = manifest.read_manifest(manifest_path.parent)["resolved"] if manifest_path else None
+    except (OSError, ValueError, KeyError):
+        return None
+    return (
+        {k: v for group in resolved.values() if isinstance(group, dict) for k, v in group.items()} if resolved else None
+    )
+
+
+def report_end(final: JobState, log: Path, manifest_path: Path | None = None) -> triage.Verdict | None:
+    """Say how the job ended and, unless it COMPLETED, why and what to do; record both in the manifest (if any)."""
+    code = "" if final.exit_code is None else f", exit code {final.exit_code}"
+    print(
+        f"Job {final.job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else "")
+    )
+    # (a memory model's estimate for the run's flags, once there is one, goes in as memory_note=: see oom_fix)
+    verdict = triage.for_job(final, read_log(log), flags=run_flags(manifest_path))
+    if verdict is not None:
+        print("\n".join(verdict.lines()))
+    if manifest_path is not None and manifest_path.is_file():
+        ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts}
+        try:
+            manifest.record_end(manifest_path, ended, verdict.record() if verdict else None)
+        except OSError as e:
+            print(f"  (not recorded in {manifest_path}: {e.strerror or e})")
+    return verdict
+
+
+def follow_to_end(job_id: str, log: Path, target: str, manifest_path: Path | None = None) -> int:
     """Follow until the job ends; exit code 0 only for COMPLETED. Ctrl-C stops following, not the job."""
     try:
         final = follow.follow(job_id, log)
     except KeyboardInterrupt:
         print(f"\nStopped following; job {job_id} keeps running.\n{how_to(target)}", file=sys.stderr)
         return 130
-    code = "" if final.exit_code is None else f", exit code {final.exit_code}"
-    print(f"Job {job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else ""))
-    if final.reason == NEVER_SATISFIED:
-        print(f"  it never started: its dependency can no longer be met ({final.dependency or 'see scontrol'})")
+    report_end(final, log, manifest_path)
     return 0 if final.state == "COMPLETED" else 1
 
 
@@ -50,6 +87,7 @@ def _outputs(paths: BundlePaths) -> dict:
     found: dict[str, object] = {"bundle": paths.bundle_dir, "log": paths.log, "checkpoints": paths.checkpoints}
     if paths.metrics.exists():
         found["loss curve"] = plots.loss_curve(paths.metrics, paths.bundle_dir / "loss.png")
+    found.update(pictures.render(paths.bundle_dir))
     return found
 
 
@@ -59,7 +97,7 @@ def submit_and_follow(paths: BundlePaths, follow: bool) -> int:
     if not follow:
         print(how_to(str(paths.bundle_dir)))
         return 0
-    code = follow_to_end(job_id, paths.log, str(paths.bundle_dir))
+    code = follow_to_end(job_id, paths.log, str(paths.bundle_dir), paths.manifest)
     if code != 130:
         for name, value in _outputs(paths).items():
             print(f"  {name:<12} {value}")

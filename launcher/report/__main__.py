@@ -1,0 +1,66 @@
+"""Draw a run's pictures into its bundle: training.png (loss, learning rate, gradient norm, throughput over steps)
+and gpus.png (GPU utilisation, memory, power and temperature of every node over time).
+
+python -m launcher.report RUN_OR_BUNDLE   a bundle (logs/configs/RUN/STAMP), a run (logs/configs/RUN: its newest
+                                          bundle) or a sweep's directory (every point's bundle)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from launcher.errors import LauncherError, closed_pipe
+from launcher.report import pictures
+
+SWEEP_RECORD = "sweep.json"  # launcher.sweep.RECORD (a layer above this one: tests hold the two equal)
+
+
+def bundles(target: Path) -> list[Path]:
+    """The bundles a path names: itself, a run's newest, or a sweep's points."""
+    if target.name in ("manifest.json", SWEEP_RECORD):
+        target = target.parent
+    if (target / "manifest.json").is_file():
+        return [target]
+    if (target / SWEEP_RECORD).is_file():
+        points = json.loads((target / SWEEP_RECORD).read_text(encoding="utf-8"))["points"]
+        return [Path(p["bundle"]) for p in points if (Path(p["bundle"]) / "manifest.json").is_file()]
+    if target.is_dir():  # a run's directory: bundles are named by launch time, so the newest sorts last
+        stamps = sorted((d for d in target.iterdir() if (d / "manifest.json").is_file()), key=_stamp_order)
+        if stamps:
+            return [stamps[-1]]
+    raise LauncherError(f"{target} is neither a bundle (logs/configs/RUN/STAMP), a run's directory nor a sweep's")
+
+
+def _stamp_order(bundle: Path) -> tuple[str, int]:
+    """20261123-144147, then 20261123-144147-2 (the second launch that second), ..., -10."""
+    suffix = bundle.name[16:]
+    return bundle.name[:15], int(suffix) if suffix.isdigit() else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__.split("\n")[0])
+    parser.add_argument("target", help="a bundle directory, a run's directory (its newest bundle) or a sweep's")
+    args = parser.parse_args(argv)
+    try:
+        found = bundles(Path(args.target))
+        for bundle in found:
+            drawn = pictures.render(bundle)
+            if len(found) > 1:
+                print(f"{bundle}:")
+            for name, png in drawn.items():
+                print(f"  {name:<9} {png}")
+            if not drawn:
+                print(f"  nothing to draw yet: no metrics.jsonl steps or GPU samples for {bundle}")
+        return 0
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:
+        return closed_pipe()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

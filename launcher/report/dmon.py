@@ -1,0 +1,95 @@
+"""The GPU monitor's logs, as data: what `nvidia-smi dmon -d 15 -s pumt -o DT -f gpu-JOBID-HOST.log` writes on
+each node of a job (the batch script starts it wherever nvidia-smi exists). Pure: text in, samples out.
+
+The file is columns under two header lines, repeated now and then, each starting with '#': the names, then
+the units. With `-s pumt -o DT` (the column set depends on the driver; they are read by name):
+
+    #Date       Time        gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa     fb   bar1 ...
+    #YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %      %      %     MB     MB ...
+     20261123   14:41:47      0     71     33     41      0      0      0      0      0      0    531      2 ...
+
+A value the GPU does not report is '-'. A line cut short (the job killed mid-write) is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+# name in dmon's header -> (what it is, unit) for the columns the pictures use
+SHOWN = {
+    "sm": ("GPU utilisation (SM busy)", "%"),
+    "fb": ("memory used", "MiB"),
+    "pwr": ("power", "W"),
+    "gtemp": ("temperature", "°C"),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One GPU at one time."""
+
+    time: datetime
+    gpu: int
+    values: dict[str, float | None]  # column -> value; None where dmon printed '-' (not reported)
+
+
+@dataclass
+class DmonLog:
+    """One node's monitor log."""
+
+    host: str
+    columns: list[str] = field(default_factory=list)  # as the header names them: date, time, gpu, pwr, ...
+    units: dict[str, str] = field(default_factory=dict)  # column -> unit: "W", "%", "MB"
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> list[int]:
+        return sorted({s.gpu for s in self.samples})
+
+    def series(self, gpu: int, column: str) -> tuple[list[datetime], list[float]]:
+        """One GPU's reported values of one column over time ('-' left out)."""
+        points = [(s.time, s.values.get(column)) for s in self.samples if s.gpu == gpu]
+        kept = [(t, v) for t, v in points if v is not None]
+        return [t for t, _ in kept], [v for _, v in kept]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None  # '-', 'N/A'
+
+
+def parse(text: str, host: str = "") -> DmonLog:
+    """A dmon log's samples; the header lines name the columns (without Date/Time, samples get no usable time)."""
+    log = DmonLog(host)
+    for line in text.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if line.startswith("#"):
+            names = [w.lower() for w in line.lstrip("#").split()]
+            if "gpu" in names:
+                log.columns = names
+            elif log.columns and len(names) == len(log.columns):
+                log.units = dict(zip(log.columns, line.lstrip("#").split(), strict=True))
+            continue
+        if len(words) != len(log.columns) or "gpu" not in log.columns:
+            continue  # before any header, or cut short
+        row = dict(zip(log.columns, words, strict=True))
+        try:
+            when = datetime.strptime(f"{row.get('date', '19700101')} {row.get('time', '00:00:00')}", "%Y%m%d %H:%M:%S")
+            gpu = int(row["gpu"])
+        except ValueError:
+            continue
+        values = {k: _number(v) for k, v in row.items() if k not in ("date", "time", "gpu")}
+        log.samples.append(Sample(when, gpu, values))
+    return log
+
+
+def host_of(path: Path, job_id: str) -> str:
+    """The node a log is from, by its name: gpu-JOBID-HOST.log -> HOST."""
+    return re.sub(rf"^gpu-{re.escape(job_id)}-|\.log$", "", path.name)
