@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import faulthandler
 import os
+import signal
 import sys
 
 
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Every thread's Python stack to stderr (the job's log) on SIGUSR2: what the hang watchdog asks for where py-spy
+    # is not installed.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     code = main()
     # Training is over and saved. Run the exit hooks libraries registered (wandb finishes its run there: nanotron
     # 0.4 never calls wandb.finish), then skip the interpreter's teardown of torch and transformers: ~1.3 s per

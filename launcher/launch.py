@@ -55,10 +55,13 @@ def check(argv: list[str]) -> tuple[RunSpec, list[Problem]]:
 
 
 def _resolved(args: flags.LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list[Problem]]:
-    """The resolved spec, with the cluster's GPU where no flag names one (unless a dry run)."""
+    """The resolved spec, with the cluster's GPU where no flag names one (unless a dry run), and CPUs for every
+    process (the partition's, unless a dry run)."""
     spec, problems = resolve(args, explicit)
     if not args.execution.dry_run:
         spec = preflight.with_cluster_gpu(spec)
+    if not any(p.flag in ("gpus_per_node", "cpus_per_node") for p in problems):
+        spec = preflight.with_cpus(spec, ask_slurm=not args.execution.dry_run)
     return spec, problems
 
 

@@ -28,7 +28,11 @@ class BundlePaths:
     stop_file: Path
     outcome_file: Path
     srun_status_file: Path
-    requeues_file: Path  # one line per requeue the job asked for: "time-limit|preemption attempt N step S"
+    requeues_file: Path  # one line per requeue the job asked for: "WHY attempt N step S nodes EXCLUDED"
+    progress_file: Path  # "STEP UNIXTIME PHASE", written by training's rank 0, read by the hang watchdog
+    hung_file: Path  # the watchdog's finding: "STEP IDLE_S LIMIT_S"
+    preflight_report: Path  # the node checks' problems, one "NODE: WHAT" a line
+    port_taken_file: Path  # left by the first node when its rendezvous port was taken
     metrics: Path
     checkpoints: Path
 
@@ -50,6 +54,10 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         outcome_file=bundle_dir / "outcome",
         srun_status_file=bundle_dir / "srun-exit-code",
         requeues_file=bundle_dir / "requeues",
+        progress_file=bundle_dir / "progress",
+        hung_file=bundle_dir / "hung",
+        preflight_report=bundle_dir / "preflight",
+        port_taken_file=bundle_dir / "port-taken",
         metrics=bundle_dir / "metrics.jsonl",
         checkpoints=checkpoints,
     )

@@ -17,6 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from launcher.bundle.files import BundlePaths
 from launcher.config import schema
+from launcher.config.datasource import is_local_path
 from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
 
@@ -47,6 +48,26 @@ def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
     return schema.dump(schema.build_config(spec.flag_values(), spec.base_config, str(paths.checkpoints)))
 
 
+JOB_HELPERS = Path(__file__).resolve().parents[1] / "train"  # run by path with the job's Python: stdlib only
+
+
+def _modules(spec: RunSpec) -> str:
+    """What the job's Python must have for the torch engine (the node check looks for them)."""
+    needed = ["torch", "numpy", "yaml", "transformers"]
+    if spec.args.data.dataset is not None:
+        needed += ["datasets"]
+    if not spec.args.logging.wandb_disabled:
+        needed += ["wandb"]
+    return ",".join(needed)
+
+
+def _local_inputs(spec: RunSpec, paths: BundlePaths) -> list[str]:
+    """The paths the job reads, as every node must see them."""
+    d = spec.args.data
+    local = [v for v in (d.dataset, d.tokenizer) if v and is_local_path(v)]
+    return [str(paths.config), spec.args.paths.run_train_script, *local]
+
+
 def _values(spec: RunSpec, paths: BundlePaths) -> dict:
     """What both scripts are rendered from."""
     a = spec.args
@@ -66,6 +87,12 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "extra_env": spec.extra_env,
         "script_path": paths.script,
         "node_script": paths.node_script,
+        "progress_file": paths.progress_file,
+        "preflight_report": paths.preflight_report,
+        "port_taken_file": paths.port_taken_file,
+        "nodecheck": JOB_HELPERS / "nodecheck.py",
+        "preflight": a.job.preflight,
+        "debug": a.job.debug,
     }
 
 
@@ -93,6 +120,10 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             log_path=paths.log,
             srun_status_file=paths.srun_status_file,
             requeues_file=paths.requeues_file,
+            hung_file=paths.hung_file,
+            watchdog=JOB_HELPERS / "watchdog.py",
+            hang_timeout=a.job.hang_timeout,
+            hang_factor=a.job.hang_factor,
             checkpoints=paths.checkpoints,
             pre_launch_commands=a.slurm.pre_launch_commands,
             bundle_dir=paths.bundle_dir,
@@ -103,4 +134,13 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
 
 def node_script(spec: RunSpec, paths: BundlePaths) -> str:
     """The node script's text: what srun runs on every node."""
-    return _environment().get_template("node.sh.j2").render(**_values(spec, paths))
+    return (
+        _environment()
+        .get_template("node.sh.j2")
+        .render(
+            **_values(spec, paths),
+            modules=_modules(spec),
+            writable=[str(paths.checkpoints), str(paths.log.parent), str(paths.bundle_dir)],
+            readable=_local_inputs(spec, paths),
+        )
+    )

@@ -29,7 +29,7 @@ class SlurmArgs:
 
     nodes: int = 2  # Number of nodes.
     gpus_per_node: int = 8  # GPUs per node; torchrun starts one process per GPU.
-    cpus_per_node: int | None = None  # CPUs for the one task per node (default: the cluster's default).
+    cpus_per_node: int | None = None  # CPUs per node (default: the nodes' CPUs, in proportion to the GPUs asked).
     partition: str | None = None  # Slurm partition (default: the cluster's default partition).
     qos: str | None = None  # Slurm QOS (default: the cluster's default QOS).
     account: str | None = None  # Slurm account to charge (default: your default account).
@@ -141,6 +141,16 @@ class ExecutionArgs:
 
 
 @dataclass
+class JobArgs:
+    """How the job guards itself on the nodes."""
+
+    preflight: bool = True  # Check every node before training (GPUs, paths, Python, the rendezvous); false skips it.
+    hang_timeout: int = 1800  # Seconds with no first step (or no end of a save) that make a hang; 0: no watchdog.
+    hang_factor: float = 10.0  # Between steps, a hang is this many median step times with no step (at least 60 s).
+    debug: bool = False  # Trace the node side; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.
+
+
+@dataclass
 class LaunchArgs:
     """All flags, by group."""
 
@@ -153,6 +163,7 @@ class LaunchArgs:
     paths: PathArgs = field(default_factory=PathArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     execution: ExecutionArgs = field(default_factory=ExecutionArgs)
+    job: JobArgs = field(default_factory=JobArgs)
 
 
 GROUPS = {
@@ -164,6 +175,7 @@ GROUPS = {
     "paths": PathArgs,
     "logging": LoggingArgs,
     "execution": ExecutionArgs,
+    "job": JobArgs,
 }
 
 

@@ -167,6 +167,17 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
     return out
 
 
+def _check_job(spec: RunSpec) -> list[Problem]:
+    j, out = spec.args.job, []
+    if j.hang_timeout != 0 and j.hang_timeout < 10:
+        out.append(
+            Problem("hang_timeout", f"{j.hang_timeout} s is too short to start a run", "use 0 (no watchdog) or >= 10")
+        )
+    if not j.hang_factor >= 2:  # (nan too)
+        out.append(Problem("hang_factor", f"{j.hang_factor} would call a slow step a hang", "use 2 or more, e.g. 10"))
+    return out
+
+
 def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
     a, out = spec.args, []
     if not RUN_NAME.fullmatch(a.run_name):
@@ -281,7 +292,7 @@ def validate(spec: RunSpec) -> list[Problem]:
         else []
     )
     layout += _check_modes(spec)
-    checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec)
+    checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
     if fit.checkable(spec, checks):
         checks += fit.memory_problems(spec)
     return _check_secrets(spec) + checks

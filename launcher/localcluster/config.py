@@ -39,6 +39,7 @@ class ClusterSpec:
     preempt_grace_s: int = 60
     send_user_signal: bool = False
     slurmd_timeout_s: int = 60  # how long slurmctld waits for a silent slurmd before the node is DOWN (NODE_FAIL)
+    read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -145,7 +146,19 @@ def _start(spec: ClusterSpec) -> None:
     _spawn(spec, "munged", ["runuser", "-u", "munge", "--", str(shutil.which("munged")), *map(str, munged)])
     _spawn(spec, "slurmctld", ["slurmctld", "-f", conf])
     for node in spec.node_names:
-        _spawn(spec, f"slurmd.{node}", ["slurmd", "-f", conf, "-N", node])
+        _spawn(spec, f"slurmd.{node}", _slurmd_argv(spec, node))
+
+
+def _slurmd_argv(spec: ClusterSpec, node: str) -> list[str]:
+    """slurmd for `node`; where the spec makes a path read-only on that node, in a mount namespace of its own with
+    that path bound read-only, which its jobs inherit: a node that cannot write where the others can."""
+    argv = ["slurmd", "-f", str(spec.conf), "-N", node]
+    paths = [path for name, path in spec.read_only if name == node]
+    if not paths:
+        return argv
+    mounts = " && ".join(f"mount --bind {shlex.quote(p)} {shlex.quote(p)} && mount -o remount,bind,ro {shlex.quote(p)}"
+                         for p in paths)  # fmt: skip
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "-", *argv]
 
 
 def _node_states(spec: ClusterSpec) -> dict[str, str]:

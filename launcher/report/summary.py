@@ -48,6 +48,14 @@ def _memory_note(spec: RunSpec, figures: dict) -> str:
     return note
 
 
+def _cpu_note(spec: RunSpec) -> str:
+    s = spec.args.slurm
+    cpus = s.cpus_per_node or 1
+    per_process = max(cpus // max(s.gpus_per_node, 1), 1)
+    origin = spec.adapted.get("cpus_per_node", "--cpus_per_node")
+    return f"{cpus} per node: {per_process} per process (OMP_NUM_THREADS={per_process}); {origin}"
+
+
 def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
     """The text printed after the bundle is written."""
     a = spec.args
@@ -68,6 +76,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"
             + (", chosen by --layout auto (--plan shows why)" if a.parallelism.layout == "auto" else ""),
         ),
+        ("cpus", _cpu_note(spec)),
         ("memory", _memory_note(spec, figures)),
         (
             "batch",

@@ -19,6 +19,7 @@ from launcher.slurm.parse import (
     JobState,
     parse_gres_types,
     parse_job_records,
+    parse_node_shapes,
     parse_sacct,
     parse_scontrol,
     parse_squeue_jobs,
@@ -175,6 +176,17 @@ def gpu_types(partition: str | None) -> list[str | None]:
             raise SlurmUnavailable(f"sinfo cannot reach the Slurm controller: {out.stderr.strip()}")
         return []
     return parse_gres_types(out.stdout, partition)
+
+
+def node_shapes(partition: str | None) -> list[tuple[int, int]]:
+    """(CPUs, GPUs) of each kind of node in a partition (the default one when None). SlurmUnavailable when Slurm
+    does not answer."""
+    out = _run([_command("sinfo"), "-h", "-o", "%P|%c|%G"])
+    if out.returncode != 0:
+        if _unreachable(out.stderr):
+            raise SlurmUnavailable(f"sinfo cannot reach the Slurm controller: {out.stderr.strip()}")
+        return []
+    return parse_node_shapes(out.stdout, partition)
 
 
 def live_jobs(name: str) -> list[tuple[str, str, str]]:

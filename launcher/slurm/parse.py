@@ -112,6 +112,29 @@ def parse_gres_types(text: str, partition: str | None = None) -> list[str | None
     return types
 
 
+def _gpu_count(gres: str) -> int:
+    """GPUs in one node's GRES ("gpu:h100:8(S:0-1)", "gpu:2,shard:16", "(null)")."""
+    count = 0
+    for item in GRES_ITEM.split(gres.strip()):
+        fields = re.sub(r"\(.*?\)", "", item).split(":")
+        if fields[0] == "gpu" and fields[-1].isdigit() and len(fields) >= 2:
+            count += int(fields[-1])
+    return count
+
+
+def parse_node_shapes(text: str, partition: str | None = None) -> list[tuple[int, int]]:
+    """`sinfo -h -o "%P|%c|%G"` lines ("debug*|96|gpu:h100:8(S:0-1)") -> (CPUs, GPUs) of each kind of node in the
+    partition (the default partition, marked *, when none is named)."""
+    shapes = []
+    for line in text.splitlines():
+        name, cpus, gres = (line.strip().split("|") + ["", ""])[:3]
+        default = name.endswith("*")
+        if not name or (name.rstrip("*") != partition if partition else not default) or not cpus.isdigit():
+            continue
+        shapes.append((int(cpus), _gpu_count(gres)))
+    return shapes
+
+
 SQUEUE_JOBS = "%i|%T|%o"  # job id, state, command (the batch script's path)
 
 

@@ -46,6 +46,31 @@ def with_cluster_gpu(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, gpu=choice)
 
 
+def with_cpus(spec: RunSpec, ask_slurm: bool) -> RunSpec:
+    """The spec with --cpus_per_node decided when not given: the partition's nodes' CPUs in proportion to the GPUs
+    the job asks of them (all of them for a whole node), else one per process. Without it, where the cluster sets
+    no default (DefCpuPerGPU), every process of a node and its data loaders share one CPU."""
+    s = spec.args.slurm
+    if s.cpus_per_node is not None:
+        return spec
+    cpus, why = max(s.gpus_per_node, 1), "one per process"
+    if ask_slurm:
+        try:
+            shapes = client.node_shapes(s.partition)
+        except SlurmUnavailable:
+            shapes = []  # submitting will say so
+        shares = [c * min(s.gpus_per_node, g) // g if g else c for c, g in shapes]
+        if shares and min(shares) > cpus:
+            cpus = min(shares)
+            node_cpus, node_gpus = min(shapes)
+            why = f"the partition's nodes have {node_cpus} CPUs" + (f" for {node_gpus} GPUs" if node_gpus else "")
+    else:
+        why += " (a dry run asks Slurm nothing; launched, it asks the partition's nodes)"
+    slurm = dataclasses.replace(s, cpus_per_node=cpus)
+    adapted = {**spec.adapted, "cpus_per_node": why}
+    return dataclasses.replace(spec, args=dataclasses.replace(spec.args, slurm=slurm), adapted=adapted)
+
+
 def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     """Output directories that cannot be written, and a checkpoints filesystem without room for one checkpoint."""
     a, out = spec.args, []

@@ -42,6 +42,21 @@ def read_log(log: Path) -> str:
         return ""
 
 
+def memory_note(manifest_path: Path | None) -> str | None:
+    """The memory model's estimate recorded at launch (the manifest's derived figures), for an OOM's fix."""
+    if manifest_path is None:
+        return None
+    try:
+        memory = manifest.read_manifest(manifest_path.parent)["derived"]["memory"]
+        gib = 1024**3
+        return (
+            f"the launcher estimated ~{memory['estimate_bytes'] / gib:.1f} GiB per GPU of the "
+            f"{memory['gpu_bytes'] / gib:.1f} GiB of a {memory['gpu']} (docs/planning.md; --plan shows what fits)"
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def run_flags(manifest_path: Path | None) -> dict | None:
     """The run's resolved flags from its manifest, one flat dict (micro_batch_size, tp, ...), or None."""
     try:
@@ -59,8 +74,9 @@ def report_end(final: JobState, log: Path, manifest_path: Path | None = None) ->
     print(
         f"Job {final.job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else "")
     )
-    # (a memory model's estimate for the run's flags, once there is one, goes in as memory_note=: see oom_fix)
-    verdict = triage.for_job(final, read_log(log), flags=run_flags(manifest_path))
+    verdict = triage.for_job(
+        final, read_log(log), flags=run_flags(manifest_path), memory_note=memory_note(manifest_path)
+    )
     if verdict is not None:
         print("\n".join(verdict.lines()))
     if manifest_path is not None and manifest_path.is_file():

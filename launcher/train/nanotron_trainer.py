@@ -40,7 +40,7 @@ from launcher.train.config import TrainConfig
 from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics
 from launcher.train.model import peak_flops
 from launcher.train.schedule import lr_at
-from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome
+from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 
 POINTER = "latest.txt"  # nanotron's pointer to the newest checkpoint, in checkpoints_path
 
@@ -115,6 +115,7 @@ def trainer_class(cfg: TrainConfig) -> type:
 
         def training_step(self, dataloader: Any) -> tuple[Any, Any]:
             outputs, loss_avg = super().training_step(dataloader=dataloader)
+            report_progress(self.is_main(), self.iteration_step)  # for the hang watchdog
             last = self.iteration_step >= self.config.tokens.train_steps
             if self.stop_request.agreed():  # a collective: every rank, every step
                 if not last:
@@ -152,6 +153,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             super().post_training()
 
         def save_checkpoint(self) -> Path:
+            report_progress(self.is_main(), self.iteration_step, "saving")
             with pointer_writes_dropped(nanotron.trainer):
                 path = super().save_checkpoint()
             dist.barrier(self.parallel_context.world_pg)  # every rank's files are written: the pointer may name them
@@ -160,6 +162,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             if (shared and self.is_main()) or (not shared and local_rank == 0):  # one writer per filesystem
                 write_pointer(self.config.checkpoints.checkpoints_path, self.iteration_step)
             self.last_saved_step = self.iteration_step
+            report_progress(self.is_main(), self.iteration_step)
             return path
 
         def train_step_logs(self, outputs: Any, loss_avg: Any) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -67,4 +68,16 @@ def report_outcome(is_main: bool, finished: bool, step: int) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(f"{'finished' if finished else 'stopped'} {step}\n")
+    os.replace(tmp, path)
+
+
+def report_progress(is_main: bool, step: int, phase: str = "step") -> None:
+    """Tell the hang watchdog where training stands (rank 0 only): "STEP UNIXTIME PHASE", replaced whole.
+    `phase` is "step" after a step, "saving" while a checkpoint is written."""
+    path = os.environ.get("LAUNCHER_PROGRESS_FILE")
+    if not is_main or not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"{step} {time.time():.3f} {phase}\n")
     os.replace(tmp, path)

@@ -31,7 +31,7 @@ from launcher.train.data import MicroBatches, build_micro_batches
 from launcher.train.metrics import Reporter, StepMetrics
 from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token, peak_flops
 from launcher.train.schedule import lr_at
-from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome
+from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 
 
 @dataclass(frozen=True)
@@ -197,9 +197,12 @@ class TorchTrainer:
                     self._log(loss_sum, grad_norm, window_steps, window_start)
                     window_start, window_steps = time.perf_counter(), 0
                 stopping = stop.agreed()
+                report_progress(where.rank == 0, self.step)
                 periodic = cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0
                 if periodic or stopping or self.step == cfg.train_steps:
+                    report_progress(where.rank == 0, self.step, "saving")
                     checkpoint.save(cfg, self.step, self.model, self.optimizer, self.position)
+                    report_progress(where.rank == 0, self.step)
                     window_start = time.perf_counter()  # saving is not training time
                 if stopping:
                     stop.consume(where.rank == 0)

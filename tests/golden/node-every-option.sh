@@ -3,24 +3,30 @@
 # script (/project/logs/slurm_scripts/golden-every-option/20260101-000000.sbatch). Every value it needs is written here, not taken from the environment.
 #
 # On this node it:
+#   - checks the node before training: its GPUs, the paths the run writes and reads, the Python modules the engine
+#     needs; the nodes then meet at the rendezvous port, and the first one says which node failed what;
 #   - starts `nvidia-smi dmon` every 15 s into the log directory, where nvidia-smi exists;
-#   - starts torchrun (2 nodes, rendezvous at the address given as the first argument), which starts
-#     8 training processes: /project/run_train.py;
+#   - starts torchrun (2 nodes, rendezvous at the address given), which starts 8 training
+#     processes: /project/run_train.py;
 #   - passes Slurm's SIGTERM to training, not to torchrun: training saves a checkpoint at its next step and exits,
 #     and torchrun waits for it (a preemption's grace time is for saving, not for dying).
+# The batch script also runs it to dump the training processes' stacks (a hang) and to stop them.
 #
-# Usage (the batch script's): bash node.sh RENDEZVOUS_HOST:PORT
+# Usage (the batch script's): bash node.sh run HOST:PORT NODE1,NODE2,...  |  bash node.sh dump DIR  |  bash node.sh stop
 # shellcheck disable=SC2016,SC2089,SC2090  # (values are single-quoted on purpose: a $ or quote is a literal character)
 set -uo pipefail
 
-rdzv="$1"
 LAUNCHER_PYTHON=/usr/bin/python3
 LAUNCHER_TRAIN_SCRIPT=/project/run_train.py
 LAUNCHER_CONFIG=/project/logs/configs/golden-every-option/20260101-000000/config.yaml
 LAUNCHER_LOG_DIR=/project/logs/slurm_logs/golden-every-option
+LAUNCHER_NODECHECK=/work/main/launcher/train/nodecheck.py
+LAUNCHER_PREFLIGHT_REPORT=/project/logs/configs/golden-every-option/20260101-000000/preflight
+LAUNCHER_PORT_TAKEN=/project/logs/configs/golden-every-option/20260101-000000/port-taken
 export LAUNCHER_STOP_FILE=/project/logs/configs/golden-every-option/20260101-000000/stop-requested
 export LAUNCHER_OUTCOME_FILE=/project/logs/configs/golden-every-option/20260101-000000/outcome
 export LAUNCHER_METRICS_FILE=/project/logs/configs/golden-every-option/20260101-000000/metrics.jsonl
+export LAUNCHER_PROGRESS_FILE=/project/logs/configs/golden-every-option/20260101-000000/progress
 export TMPDIR=/tmp
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONUNBUFFERED=1
@@ -33,11 +39,61 @@ export NCCL_DEBUG=INFO
 export A='x y'
 
 node="${SLURMD_NODENAME:-$(hostname)}"
+export LAUNCHER_NODE_TAG="${SLURM_JOB_ID}:${node}"  # marks this node's training processes, for dump and stop
+
+# This node's training processes: they carry the tag, and LOCAL_RANK from torchrun.
+training_pids() {
+  local entry pid environ
+  for entry in /proc/[0-9]*; do
+    pid=${entry#/proc/}
+    environ=$(tr '\0' '\n' < "$entry/environ" 2>/dev/null) || continue
+    grep -qxF "LAUNCHER_NODE_TAG=${LAUNCHER_NODE_TAG}" <<< "$environ" && grep -q '^LOCAL_RANK=' <<< "$environ" \
+      && echo "$pid"
+  done
+}
+
+mode="${1:-run}"
+case "$mode" in
+  dump)  # every training process's Python stacks: py-spy where the job's environment has it, else faulthandler
+    pyspy="$(dirname "$LAUNCHER_PYTHON")/py-spy"
+    [[ -x "$pyspy" ]] || pyspy=$(command -v py-spy || true)
+    for pid in $(training_pids); do
+      if [[ -n "$pyspy" ]]; then
+        "$pyspy" dump --pid "$pid" > "$2/${node}-${pid}.txt" 2>&1 || kill -USR2 "$pid" 2>/dev/null
+      else
+        kill -USR2 "$pid" 2>/dev/null  # faulthandler writes every thread's stack to the job's log
+        echo "py-spy not found: the stacks of process ${pid} are in the job's log (faulthandler)" > "$2/${node}-${pid}.txt"
+      fi
+    done
+    exit 0 ;;
+  stop)
+    pids=$(training_pids)
+    # shellcheck disable=SC2086  # one pid a word
+    [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null
+    exit 0 ;;
+esac
+rdzv="$2"
+job_nodes="$3"
+
 status_file="${TMPDIR}/launcher-torchrun-${SLURM_JOB_ID}-${node}.status"
 monitor_pid=""
 trap '[[ -n "$monitor_pid" ]] && kill "$monitor_pid" 2>/dev/null; rm -f "$status_file"; true' EXIT
 # Slurm's SIGTERM is for the training processes (they checkpoint and exit); this script waits for them.
 trap 'true' TERM
+
+"$LAUNCHER_PYTHON" "$LAUNCHER_NODECHECK" --head "${rdzv%:*}" --port "${rdzv##*:}" --nodes "$job_nodes" \
+  --node "$node" --gpus 8 --report "$LAUNCHER_PREFLIGHT_REPORT" --modules torch,numpy,yaml,transformers \
+  --writable /project/checkpoints/golden-every-option \
+  --writable /project/logs/slurm_logs/golden-every-option \
+  --writable /project/logs/configs/golden-every-option/20260101-000000 \
+  --readable /project/logs/configs/golden-every-option/20260101-000000/config.yaml \
+  --readable /project/run_train.py \
+  --timeout 60
+case $? in
+  0) ;;
+  6) touch "$LAUNCHER_PORT_TAKEN"; exit 6 ;;  # the batch script tries another port
+  *) exit 5 ;;
+esac
 
 if [[ "${SLURM_LOCALID:-0}" == 0 ]] && command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi dmon -d 15 -s pumt -o DT -f "${LAUNCHER_LOG_DIR}/gpu-${SLURM_JOB_ID}-${node}.log" &
