@@ -21,7 +21,7 @@ demo: cluster
 	  --time_limit 10:00 --wandb_disabled true --show_logs
 
 test: setup
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

@@ -1,4 +1,5 @@
-"""The session's Slurm cluster: a real local cluster (2 nodes x 2 fake GPUs), started once for all tests.
+"""The session's Slurm cluster: a real local cluster (2 nodes x 2 fake GPUs), started once for all tests (once per
+worker where pytest-xdist runs several).
 
 Imported by conftest.py. Outside CI, tests that need it skip (with the reason) when Slurm is not installed; under
 CI=true they never skip. A cluster that was already up (e.g. after `make demo`) is reused and left up.
@@ -24,7 +25,10 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
         if IN_CI:
             pytest.fail("Slurm is not installed under CI=true: scripts/install_slurm.sh must install it")
         pytest.skip("Slurm is not installed (run scripts/install_slurm.sh or make test)")
-    spec = localcluster.ClusterSpec(localcluster.default_dir(), nodes=2, gpus_per_node=2)
+    # one cluster per pytest-xdist worker: `make test` runs two, each with its own daemons and ports
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    directory = localcluster.default_dir() if worker is None else localcluster.default_dir().with_name(f".slurm-{worker}")
+    spec = localcluster.ClusterSpec(directory, nodes=2, gpus_per_node=2)
     was_up = localcluster.is_up(spec)
     env = localcluster.up(spec)
     yield env

@@ -7,6 +7,7 @@ several allocations, and a cancel that leaves no process behind.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -96,9 +97,12 @@ def latest_step(checkpoints: Path) -> int:
         return 0
 
 
-def leftover_processes(job_id: str) -> list[str]:
+def leftover_processes(job_id: str, conf: str | None = None) -> list[str]:
     """Every process on this machine (all the virtual nodes) started for the job: its environment names the job,
-    whatever its command line (the heartbeat's sleep, srun, torchrun, the trainers, a GPU monitor)."""
+    whatever its command line (the heartbeat's sleep, srun, torchrun, the trainers, a GPU monitor). `conf`: the
+    job's cluster (its SLURM_CONF; default this process's), as job ids repeat across the clusters tests run."""
+    conf = conf or os.environ.get("SLURM_CONF", "")
+    wanted = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_CONF={conf}".encode()}
     found = []
     for proc in Path("/proc").iterdir():
         try:
@@ -106,7 +110,7 @@ def leftover_processes(job_id: str) -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or a kernel thread
             continue
-        if f"SLURM_JOB_ID={job_id}".encode() in environ.split(b"\0"):
+        if wanted <= set(environ.split(b"\0")):
             found.append(f"{proc.name} {cmdline}")
     return found
 

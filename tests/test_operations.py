@@ -156,7 +156,7 @@ def test_a_node_failure_is_named(tmp_path: Path, slurm_env: dict, three_nodes, d
         assert code == 1 and "ended NODE_FAIL" in out, out
         assert "node3" in out.split("ended NODE_FAIL")[1]  # the verdict names the node
     finally:
-        for pid in leftover_processes(job_id):  # slurmstepd and training ran on without their slurmd
+        for pid in leftover_processes(job_id, env["SLURM_CONF"]):  # training ran on without its slurmd
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid.split()[0]), 9)
         up(spec)  # node3's slurmd back for the other tests

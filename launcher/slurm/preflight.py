@@ -60,7 +60,7 @@ def with_cpus(spec: RunSpec, ask_slurm: bool) -> RunSpec:
         except SlurmUnavailable:
             shapes = []  # submitting will say so
         shares = [c * min(s.gpus_per_node, g) // g if g else c for c, g in shapes]
-        if shares and min(shares) > cpus:
+        if shares and min(shares) >= cpus:
             cpus = min(shares)
             node_cpus, node_gpus = min(shapes)
             why = f"the partition's nodes have {node_cpus} CPUs" + (f" for {node_gpus} GPUs" if node_gpus else "")
