@@ -6,6 +6,7 @@ and how to fix it) and exit non-zero. Anything else escaping is a bug in the lau
 
 import os
 import sys
+from collections.abc import Callable
 
 
 class LauncherError(Exception):
@@ -39,3 +40,15 @@ def closed_pipe() -> int:
     Python must not complain again while flushing at exit."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1
+
+
+def as_command(body: Callable[[], int]) -> int:
+    """A command line's exit code: `body`'s, or a LauncherError's message on stderr and its exit code, or a closed
+    output pipe's. The one way every `python -m launcher.X` command ends."""
+    try:
+        return body()
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:
+        return closed_pipe()

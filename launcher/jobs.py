@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher import sweep
 from launcher.bundle import manifest
-from launcher.errors import LauncherError, SubmissionError, closed_pipe
+from launcher.errors import LauncherError, SubmissionError, as_command
 from launcher.report import pictures
 from launcher.slurm import client, follow
 from launcher.slurm.submit import follow_to_end, report_end
@@ -70,27 +70,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("status", "attach", "cancel"))
     parser.add_argument("target", help="a bundle or sweep directory (logs/configs/RUN/STAMP) or a Slurm job id")
     args = parser.parse_args(argv)
-    try:
-        sweep_dir = Path(args.target).parent if args.target.endswith(sweep.RECORD) else Path(args.target)
-        if (sweep_dir / sweep.RECORD).is_file():
-            return _sweep_action(args.action, sweep_dir)
-        job_id, log, target, manifest_path = _resolve_target(args.target)
-        if args.action == "attach":
-            code = follow_to_end(job_id, log, target, manifest_path)
-            if code != 130 and manifest_path is not None:
-                for name, png in pictures.render(manifest_path.parent).items():
-                    print(f"  {name:<12} {png}")
-            return code
-        if args.action == "cancel":
-            client.cancel(job_id)
-            print(f"Cancelled job {job_id}.")
-            return 0
-        return _status(job_id, log, manifest_path)
-    except LauncherError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except BrokenPipeError:
-        return closed_pipe()
+    return as_command(lambda: _act(args.action, args.target))
+
+
+def _act(action: str, target_text: str) -> int:
+    sweep_dir = Path(target_text).parent if target_text.endswith(sweep.RECORD) else Path(target_text)
+    if (sweep_dir / sweep.RECORD).is_file():
+        return _sweep_action(action, sweep_dir)
+    job_id, log, target, manifest_path = _resolve_target(target_text)
+    if action == "attach":
+        code = follow_to_end(job_id, log, target, manifest_path)
+        if code != 130 and manifest_path is not None:
+            for name, png in pictures.render(manifest_path.parent).items():
+                print(f"  {name:<12} {png}")
+        return code
+    if action == "cancel":
+        client.cancel(job_id)
+        print(f"Cancelled job {job_id}.")
+        return 0
+    return _status(job_id, log, manifest_path)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,8 @@ def test_a_node_failure_is_named(tmp_path: Path, slurm_env: dict, three_nodes, d
     env = {**slurm_env, **env}
     proc = launch(tmp_path, env, demo_data, "nodefail", "--nodelist", "node3", "--train_steps", "100000",
                   "--max_requeues", "0", nodes="1")  # fmt: skip
-    (bundle_dir,) = wait_for(lambda: bundles(tmp_path, "nodefail"), timeout=60)
+    (bundle_dir,) = wait_for(lambda: (tmp_path / "logs/configs/nodefail").is_dir() and bundles(tmp_path, "nodefail"),
+                             timeout=60)  # fmt: skip
     job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
     log = Path(manifest(bundle_dir)["outputs"]["log"])
     wait_for(lambda: log.exists() and "step 2/" in log.read_text(), timeout=120)

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from launcher.errors import LauncherError, closed_pipe
+from launcher.errors import LauncherError, as_command
 from launcher.report import pictures
 
 SWEEP_RECORD = "sweep.json"  # launcher.sweep.RECORD (a layer above this one: tests hold the two equal)
@@ -44,22 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__.split("\n")[0])
     parser.add_argument("target", help="a bundle directory, a run's directory (its newest bundle) or a sweep's")
     args = parser.parse_args(argv)
-    try:
-        found = bundles(Path(args.target))
-        for bundle in found:
-            drawn = pictures.render(bundle)
-            if len(found) > 1:
-                print(f"{bundle}:")
-            for name, png in drawn.items():
-                print(f"  {name:<9} {png}")
-            if not drawn:
-                print(f"  nothing to draw yet: no metrics.jsonl steps or GPU samples for {bundle}")
-        return 0
-    except LauncherError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except BrokenPipeError:
-        return closed_pipe()
+    return as_command(lambda: _draw(Path(args.target)))
+
+
+def _draw(target: Path) -> int:
+    found = bundles(target)
+    for bundle in found:
+        drawn = pictures.render(bundle)
+        if len(found) > 1:
+            print(f"{bundle}:")
+        for name, png in drawn.items():
+            print(f"  {name:<9} {png}")
+        if not drawn:
+            print(f"  nothing to draw yet: no metrics.jsonl steps or GPU samples for {bundle}")
+    return 0
 
 
 if __name__ == "__main__":

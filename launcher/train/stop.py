@@ -60,24 +60,23 @@ class StopRequest:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def report_outcome(is_main: bool, finished: bool, step: int) -> None:
-    """Tell the batch script how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
-    path = os.environ.get("LAUNCHER_OUTCOME_FILE")
+def _tell(variable: str, is_main: bool, text: str) -> None:
+    """Replace the file named by the environment `variable` with `text`, whole (rank 0 only; no file, no word)."""
+    path = os.environ.get(variable)
     if not is_main or not path:
         return
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(f"{'finished' if finished else 'stopped'} {step}\n")
+        f.write(text)
     os.replace(tmp, path)
+
+
+def report_outcome(is_main: bool, finished: bool, step: int) -> None:
+    """Tell the batch script how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
+    _tell("LAUNCHER_OUTCOME_FILE", is_main, f"{'finished' if finished else 'stopped'} {step}\n")
 
 
 def report_progress(is_main: bool, step: int, phase: str = "step") -> None:
     """Tell the hang watchdog where training stands (rank 0 only): "STEP UNIXTIME PHASE", replaced whole.
     `phase` is "step" after a step, "saving" while a checkpoint is written."""
-    path = os.environ.get("LAUNCHER_PROGRESS_FILE")
-    if not is_main or not path:
-        return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(f"{step} {time.time():.3f} {phase}\n")
-    os.replace(tmp, path)
+    _tell("LAUNCHER_PROGRESS_FILE", is_main, f"{step} {time.time():.3f} {phase}\n")
