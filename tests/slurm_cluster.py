@@ -27,7 +27,8 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
         pytest.skip("Slurm is not installed (run scripts/install_slurm.sh or make test)")
     # one cluster per pytest-xdist worker: `make test` runs two, each with its own daemons and ports
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    directory = localcluster.default_dir() if worker is None else localcluster.default_dir().with_name(f".slurm-{worker}")
+    default = localcluster.default_dir()
+    directory = default if worker is None else default.with_name(f".slurm-{worker}")
     spec = localcluster.ClusterSpec(directory, nodes=2, gpus_per_node=2)
     was_up = localcluster.is_up(spec)
     env = localcluster.up(spec)

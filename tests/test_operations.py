@@ -192,7 +192,7 @@ dist.barrier()
     "name,body,said",
     [
         ("raises", RAISES, ["ValueError: bad shard index 7 in the data", "rank 1"]),
-        ("oom", OOM, ["out of memory", "--micro_batch_size"]),
+        ("oom", OOM, ["ran out of GPU memory", "--micro_batch_size"]),
     ],
 )
 def test_a_failed_run_says_why(tmp_path: Path, slurm_env: dict, demo_data, name: str, body: str, said: list[str]):

@@ -117,3 +117,21 @@ def test_every_example_fits_its_gpus_and_says_so(example: list[str], tmp_path: P
     out = dry(example, tmp_path)
     line = next(x for x in out.stdout.splitlines() if x.strip().startswith("memory"))
     assert "of 79.6 GiB per GPU" in line and "H100 80GB SXM" in line
+
+
+def test_the_small_model_example_trains_on_the_local_cluster(tmp_path: Path, slurm_env: dict, demo_data):
+    """ "Training a Small Model for Testing", run for real where it can be: on the local cluster (2 GPUs a node, not
+    8) with a local dataset and tokenizer in place of the hub's (nothing downloads here); its other flags as
+    documented, the default warmup included."""
+    import subprocess
+    import sys
+
+    from launcher_helpers import LAUNCHER
+
+    flags = [f for f in SMALL if f not in ("--dataset", "stas/openwebtext-10k")]
+    argv = [sys.executable, str(LAUNCHER), *flags, "--gpus_per_node", "2", "--dataset", str(demo_data.dataset),
+            "--tokenizer", str(demo_data.tokenizer), "--wandb_disabled", "true", "--show_logs"]  # fmt: skip
+    out = subprocess.run(argv, cwd=tmp_path, env=slurm_env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "10 warmup, a tenth of the run" in out.stdout and "step 100/100" in out.stdout
+    assert "ended COMPLETED" in out.stdout
