@@ -59,8 +59,9 @@ def test_ports_derive_from_the_directory(tmp_path: Path) -> None:
 
 
 def test_up_shows_idle_nodes_with_gpus(spec: ClusterSpec) -> None:
-    lines = run(spec, "sinfo", "--noheader", "--Node", "--format=%N %T %G").splitlines()
-    assert lines == ["node1 idle gpu:2", "node2 idle gpu:2"]
+    lines = run(spec, "sinfo", "--noheader", "--Node", "--format=%N %P %T %G").splitlines()
+    # every node in both partitions: debug (the default, preemptible) and urgent (the one that preempts)
+    assert sorted(lines) == [f"node{n} {p} idle gpu:2" for n in (1, 2) for p in ("debug*", "urgent")]
 
 
 def test_srun_on_two_nodes(spec: ClusterSpec) -> None:
