@@ -27,11 +27,19 @@ def stamp(log: str, needle: str) -> datetime:
     return datetime.strptime(re.search(r"\[launcher (\S+)\]", line).group(1), "%H:%M:%S.%f")
 
 
+MARKERS = {  # the job's log lines, in the order they come, and what each marks
+    "attempt 1 started": "the batch script starts (Slurm scheduled the job)",
+    "rendezvous": "srun starts the node script (lock, port: the prologue done)",
+    "engine:": "rank 0 has imported torch and chosen its engine (node checks and torchrun done)",
+    "engine torch |": "rank 0 has built the model and loaded the data",
+    "step 1/": "the first step is logged",
+}
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "launcher.demo_data", f"{tmp}/demo"], cwd=ROOT, check=True, capture_output=True
-        )
+        demo = [sys.executable, "-m", "launcher.localcluster.demo_data", f"{tmp}/demo"]
+        subprocess.run(demo, cwd=ROOT, check=True, capture_output=True)
         start = time.monotonic()
         launched = subprocess.run(
             [
@@ -63,9 +71,14 @@ def main() -> None:
         submitted = time.monotonic() - start
         (bundle,) = (Path(tmp) / "logs/configs/bench").iterdir()
         log = Path(json.loads((bundle / "manifest.json").read_text())["outputs"]["log"])
-        while not (log.exists() and "step 1/" in log.read_text()):
-            time.sleep(0.05)
-        first_step = time.monotonic() - start
+        seen: dict[str, float] = {}
+        while "step 1/" not in seen:
+            text = log.read_text() if log.exists() else ""
+            for marker in MARKERS:
+                if marker in text and marker not in seen:
+                    seen[marker] = time.monotonic() - start
+            time.sleep(0.02)
+        first_step = seen["step 1/"]
         while "training finished" not in log.read_text():
             time.sleep(0.05)
         finished = time.monotonic()
@@ -78,6 +91,9 @@ def main() -> None:
     print(f"launch command until the first training step is logged: {first_step:.1f} s (target <= 15 s)")
     print(f"batch prologue before srun/torchrun: {prologue:.3f} s (target <= 2 s)")
     print(f"from the last step until the job has ended: {teardown:.2f} s")
+    print("when each line appeared in the log, from the launch command:")
+    for marker, at in seen.items():
+        print(f"  {at:6.2f} s  {MARKERS[marker]}")
 
 
 if __name__ == "__main__":
