@@ -600,7 +600,7 @@ def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
     tokens = torch.randint(0, 128, (3, 17), generator=torch.Generator().manual_seed(0))
     # the loss of the model's own logits (lm_head included) predicting each next token
     reference = torch.nn.functional.cross_entropy(
-        model(input_ids=tokens[:, :-1]).logits.flatten(0, 1), tokens[:, 1:].flatten()
+        model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()
     )
     assert torch.allclose(WithLoss(model)(tokens), reference, rtol=1e-6)
 

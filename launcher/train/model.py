@@ -1,4 +1,5 @@
-"""The portable engine's model: transformers' Llama, shaped and initialised like nanotron's.
+"""The portable engine's model: a Llama (launcher.train.llama, transformers' modules in plain torch), shaped and
+initialised like nanotron's.
 
 nanotron's `RandomInit` (LlamaForTraining.init_model_randomly) draws every column-parallel linear (q, k, v,
 gate, up, lm_head) and the embedding from N(0, std), the row-parallel ones (o_proj, down_proj) from
@@ -15,13 +16,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.train.config import ModelShape
+from launcher.train.llama import LlamaForCausalLM
 
 ROW_PARALLEL = ("o_proj", "down_proj")  # nanotron's TensorParallelRowLinear layers: scaled init
 PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}  # dense, per GPU
 
 
 def llama_config(shape: ModelShape):  # type: ignore[no-untyped-def]  # transformers.LlamaConfig
-    """transformers' LlamaConfig for a nanotron model shape."""
+    """transformers' LlamaConfig for a nanotron model shape (the tests' and benches' reference model; the engine
+    trains launcher.train.llama's, which a test holds to transformers' logits)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(  # type: ignore[call-arg]
@@ -66,11 +69,10 @@ def init_like_nanotron(model: nn.Module, std: float, num_layers: int) -> None:
 
 
 def build_model(shape: ModelShape, init_std: float, seed: int) -> nn.Module:
-    """A freshly initialised LlamaForCausalLM in float32 on the CPU, identical on every rank for one seed."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(shape))
+    """A freshly initialised Llama (launcher.train.llama) in float32 on the CPU, identical on every rank for one
+    seed."""
+    model = LlamaForCausalLM(shape)
+    torch.manual_seed(seed)  # after construction: the draws depend on the seed alone, not on how modules are built
     init_like_nanotron(model, init_std, shape.num_hidden_layers)
     return model
 
