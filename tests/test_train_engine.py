@@ -599,9 +599,7 @@ def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
     model = build_model(shape, init_std=0.02, seed=0)
     tokens = torch.randint(0, 128, (3, 17), generator=torch.Generator().manual_seed(0))
     # the loss of the model's own logits (lm_head included) predicting each next token
-    reference = torch.nn.functional.cross_entropy(
-        model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()
-    )
+    reference = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     assert torch.allclose(WithLoss(model)(tokens), reference, rtol=1e-6)
 
     # on a GPU each layer and the loss are compiled; with compilation off (as TORCH_COMPILE_DISABLE=1 does) the
