@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.storage import free_bytes
 from launcher.config.figures import human_bytes, human_count
@@ -46,6 +48,16 @@ def _memory_note(spec: RunSpec, figures: dict) -> str:
     if not mem["fits"]:
         note += "; estimated NOT to fit: going ahead as --skip_memory_check says"
     return note
+
+
+def shown(path: object) -> str:
+    """A path as the user reads it best: relative to where they launched, when it lies below; else whole."""
+    text = str(path)
+    try:
+        relative = Path(text).relative_to(Path.cwd())
+    except ValueError:
+        return text
+    return str(relative) if str(relative) != "." else text
 
 
 def _cpu_note(spec: RunSpec) -> str:
@@ -98,12 +110,12 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             if a.slurm.dependency
             else []
         ),
-        ("bundle", str(paths.bundle_dir)),
-        ("config", str(paths.config)),
-        ("script", str(paths.script)),
-        ("manifest", str(paths.manifest)),
-        ("log", str(paths.log)),
-        ("checkpoints", f"{paths.checkpoints} ({_checkpoint_note(spec, figures)})"),
+        ("bundle", shown(paths.bundle_dir)),
+        ("config", shown(paths.config)),
+        ("script", shown(paths.script)),
+        ("manifest", shown(paths.manifest)),
+        ("log", shown(paths.log)),
+        ("checkpoints", f"{shown(paths.checkpoints)} ({_checkpoint_note(spec, figures)})"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

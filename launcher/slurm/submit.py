@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
-from launcher.report import pictures, plots
+from launcher.report import pictures, plots, summary
 from launcher.slurm import client, follow, triage
 from launcher.slurm.parse import JobState
 
@@ -116,5 +116,5 @@ def submit_and_follow(paths: BundlePaths, follow: bool) -> int:
     code = follow_to_end(job_id, paths.log, str(paths.bundle_dir), paths.manifest)
     if code != 130:
         for name, value in _outputs(paths).items():
-            print(f"  {name:<12} {value}")
+            print(f"  {name:<12} {summary.shown(value)}")
     return code
