@@ -125,12 +125,13 @@ def assert_continuous(bundle_dir: Path, train_steps: int) -> None:
 
 
 FAKE_NVIDIA_SMI = """#!/bin/bash
-# stands in for nvidia-smi: `-L` lists the node's two GPUs (the node check asks); `dmon ... -f FILE` samples into
-# FILE until stopped
+# stands in for nvidia-smi: `-L` lists the node's two GPUs (the node check asks); `dmon ... -f FILE` starts FILE
+# afresh (the harsher of what dmon might do to an existing file) and samples into it until stopped
 if [[ "$1" == "-L" ]]; then
   printf 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n'
   exit 0
 fi
+: > "${@: -1}"
 while :; do echo "# gpu sample" >> "${@: -1}"; sleep 2; done
 """
 

@@ -14,7 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_e2e_training import assert_continuous, bundles, finish, launch, manifest, submitted_job_id, wait_for
+from test_e2e_training import (
+    assert_continuous,
+    bundles,
+    finish,
+    launch,
+    manifest,
+    submitted_job_id,
+    wait_for,
+    with_fake_nvidia_smi,
+)
 
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.report.plots import read_metrics
@@ -56,11 +65,17 @@ def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: st
 
 
 def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
-    job_id, seen, out, log = preempt_and_follow(tmp_path, slurm_env, demo_data, "preempted")
+    env = with_fake_nvidia_smi(tmp_path, slurm_env)  # so that each attempt starts the GPU monitor on each node
+    job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "preempted")
     assert "preemption notice: Slurm preempted this job at" in log
     assert "time-limit or preemption notice (USR1)" not in log  # Slurm's notice here is SIGTERM to training
     (bundle_dir,) = bundles(tmp_path, "preempted")
     assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log)
+    logs = Path(manifest(bundle_dir)["outputs"]["log"]).parent
+    monitors = {p.name: p.read_text() for p in logs.glob(f"gpu-{job_id}-*")}
+    names = [f"gpu-{job_id}-{node}.log{attempt}" for node in ("node1", "node2") for attempt in ("", ".2")]
+    assert sorted(monitors) == names  # one GPU monitor log per attempt and node: the requeue overwrote none
+    assert all("# gpu sample" in text for text in monitors.values()), monitors
 
 
 @pytest.fixture(scope="module")

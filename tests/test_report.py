@@ -4,9 +4,11 @@ dmon fixtures, and `python -m launcher.report` on a bundle, a run's directory an
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,38 @@ def test_dmon_header_repeated_other_columns_or_no_samples():
 def test_host_from_the_log_name():
     assert dmon.host_of(Path("logs/gpu-4242-gpu-a01.log"), "4242") == "gpu-a01"
     assert dmon.host_of(Path("gpu-7-node-7.log"), "7") == "node-7"
+    assert dmon.host_of(Path("gpu-7-node-7.log.2"), "7") == "node-7"  # a later attempt on the node
+    names = ["gpu-7-node-7.log", "gpu-7-node-7.log.12", "gpu-7-node-7.log.bak", "gpu-70-node-7.log", "gpu-7-.log"]
+    assert [dmon.is_log_of(Path(n), "7") for n in names] == [True, True, False, False, False]
+
+
+def shifted(text: str, by: timedelta) -> str:
+    """A dmon log's text with every sample's time moved on (a later attempt's log)."""
+    lines = []
+    for line in text.splitlines():
+        words = line.split()
+        if words and not line.startswith("#") and len(words) > 2:
+            when = datetime.strptime(f"{words[0]} {words[1]}", "%Y%m%d %H:%M:%S") + by
+            line = line.replace(f"{words[0]}   {words[1]}", f"{when:%Y%m%d}   {when:%H:%M:%S}", 1)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def test_a_nodes_attempts_are_joined_and_the_time_between_left_blank(tmp_path: Path):
+    first = (DMON / "gpu-4242-gpu-a01.log").read_text()
+    (tmp_path / "gpu-4242-gpu-a01.log").write_text(first)
+    (tmp_path / "gpu-4242-gpu-a01.log.2").write_text(shifted(first, timedelta(hours=1)))  # the requeued attempt
+    shutil.copy(DMON / "gpu-4242-gpu-a02.log", tmp_path)
+    logs = pictures.dmon_logs(tmp_path, "4242")
+    assert [log.host for log in logs] == ["gpu-a01", "gpu-a02"]
+    a01 = logs[0]
+    assert len(a01.samples) == 2 * 52 and a01.samples == sorted(a01.samples, key=lambda s: (s.time, s.gpu))
+    assert (a01.samples[-1].time - a01.samples[0].time) == timedelta(hours=1, seconds=25 * 15)
+    times, stats = pictures.node_series(a01, "pwr")
+    blanks = [i for i, (mean, _, _) in enumerate(stats) if math.isnan(mean)]
+    assert len(times) == 2 * 26 + 1 and blanks == [26]  # one break, between the attempts, not a line across it
+    assert times[25] < times[26] < times[27]
+    assert pictures.gpus_png(logs, tmp_path / "gpus.png", "joined").stat().st_size > 30_000
 
 
 def test_requeued_steps_keep_their_last_line_and_mark_the_resume():

@@ -1,5 +1,6 @@
 """The GPU monitor's logs, as data: what `nvidia-smi dmon -d 15 -s pumt -o DT -f gpu-JOBID-HOST.log` writes on
-each node of a job (the batch script starts it wherever nvidia-smi exists). Pure: text in, samples out.
+each node of a job (the node script starts it wherever nvidia-smi exists; a later attempt on the same node writes
+gpu-JOBID-HOST.log.2, .3, ...). Pure: text in, samples out.
 
 The file is columns under two header lines, repeated now and then, each starting with '#': the names, then
 the units. With `-s pumt -o DT` (the column set depends on the driver; they are read by name):
@@ -91,5 +92,21 @@ def parse(text: str, host: str = "") -> DmonLog:
 
 
 def host_of(path: Path, job_id: str) -> str:
-    """The node a log is from, by its name: gpu-JOBID-HOST.log -> HOST."""
-    return re.sub(rf"^gpu-{re.escape(job_id)}-|\.log$", "", path.name)
+    """The node a log is from, by its name: gpu-JOBID-HOST.log -> HOST (and a later attempt's gpu-JOBID-HOST.log.N)."""
+    return re.sub(rf"^gpu-{re.escape(job_id)}-|\.log(\.\d+)?$", "", path.name)
+
+
+def is_log_of(path: Path, job_id: str) -> bool:
+    """Whether a file is one of a job's monitor logs: gpu-JOBID-HOST.log, or gpu-JOBID-HOST.log.N."""
+    return re.fullmatch(rf"gpu-{re.escape(job_id)}-.+\.log(\.\d+)?", path.name) is not None
+
+
+def joined(logs: list[DmonLog]) -> list[DmonLog]:
+    """One log a node: the attempts' logs of the same host joined, their samples in time order."""
+    by_host: dict[str, DmonLog] = {}
+    for log in logs:
+        into = by_host.setdefault(log.host, DmonLog(log.host, list(log.columns), dict(log.units)))
+        into.samples.extend(log.samples)
+    for log in by_host.values():
+        log.samples.sort(key=lambda s: (s.time, s.gpu))
+    return list(by_host.values())

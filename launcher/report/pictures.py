@@ -6,7 +6,8 @@ colour a node, from the `nvidia-smi dmon` logs the job writes beside its log). m
 from __future__ import annotations
 
 import json
-from datetime import datetime
+import math
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -95,15 +96,26 @@ GPU_PANELS = (  # dmon column, title, y label, scale
 )
 
 
+GAP = timedelta(seconds=4 * 15)  # dmon samples every 15 s: a longer silence is the node between attempts
+
+
 def node_series(log: dmon.DmonLog, column: str, scale: float = 1.0) -> tuple[list[datetime], list[tuple[float, ...]]]:
-    """A node's GPUs at each sample time: (mean, lowest, highest) of the column's reported values."""
+    """A node's GPUs at each sample time: (mean, lowest, highest) of the column's reported values. Where the samples
+    stop for longer than GAP (the job requeued, waiting), a NaN point breaks the line instead of bridging it."""
     at: dict[datetime, list[float]] = {}
     for s in log.samples:
         value = s.values.get(column)
         if value is not None:
             at.setdefault(s.time, []).append(value * scale)
-    times = sorted(at)
-    return times, [(sum(at[t]) / len(at[t]), min(at[t]), max(at[t])) for t in times]
+    times: list[datetime] = []
+    stats: list[tuple[float, ...]] = []
+    for t in sorted(at):
+        if times and t - times[-1] > GAP:
+            times.append(times[-1] + (t - times[-1]) / 2)
+            stats.append((math.nan, math.nan, math.nan))
+        times.append(t)
+        stats.append((sum(at[t]) / len(at[t]), min(at[t]), max(at[t])))
+    return times, stats
 
 
 def gpus_png(logs: list[dmon.DmonLog], png: Path, title: str) -> Path | None:
@@ -151,14 +163,17 @@ def _first_time(logs: list[dmon.DmonLog]) -> datetime:
 
 
 def dmon_logs(log_dir: Path, job_id: str) -> list[dmon.DmonLog]:
-    """Every node's monitor log of a job: gpu-JOBID-HOST.log beside the job's log."""
+    """Every node's monitor log of a job, beside the job's log: gpu-JOBID-HOST.log, and gpu-JOBID-HOST.log.N of its
+    later attempts on that node, joined."""
     logs = []
-    for path in sorted(log_dir.glob(f"gpu-{job_id}-*.log")):
+    for path in sorted(log_dir.glob(f"gpu-{job_id}-*.log*")):
+        if not dmon.is_log_of(path, job_id):
+            continue
         try:
             logs.append(dmon.parse(path.read_text(encoding="utf-8", errors="replace"), dmon.host_of(path, job_id)))
         except OSError:
             continue
-    return logs
+    return dmon.joined(logs)
 
 
 def render(bundle_dir: Path) -> dict[str, Path]:

@@ -5,7 +5,7 @@
 # On this node it:
 #   - checks the node before training: its GPUs, the paths the run writes and reads, the Python modules the engine
 #     needs; the nodes then meet at the rendezvous port, and the first one says which node failed what;
-#   - starts `nvidia-smi dmon` every 15 s into the log directory, where nvidia-smi exists;
+#   - starts `nvidia-smi dmon` every 15 s into the log directory, where nvidia-smi exists (a new file each attempt);
 #   - starts torchrun (2 nodes, rendezvous at the address given), which starts 8 training
 #     processes: /project/run_train.py;
 #   - passes Slurm's SIGTERM to training, not to torchrun: training saves a checkpoint at its next step and exits,
@@ -94,7 +94,15 @@ case $? in
 esac
 
 if [[ "${SLURM_LOCALID:-0}" == 0 ]] && command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi dmon -d 15 -s pumt -o DT -f "${LAUNCHER_LOG_DIR}/gpu-${SLURM_JOB_ID}-${node}.log" &
+  # one file per attempt on this node (a requeue, another rendezvous port): gpu-JOB-NODE.log, then .log.2, .log.3,
+  # ..., so that no attempt's samples are lost, whether dmon -f would start an existing file afresh or not
+  monitor_log="${LAUNCHER_LOG_DIR}/gpu-${SLURM_JOB_ID}-${node}.log"
+  n=1
+  while [[ -e "$monitor_log" ]]; do
+    n=$(( n + 1 ))
+    monitor_log="${LAUNCHER_LOG_DIR}/gpu-${SLURM_JOB_ID}-${node}.log.${n}"
+  done
+  nvidia-smi dmon -d 15 -s pumt -o DT -f "$monitor_log" &
   monitor_pid=$!
 fi
 
