@@ -48,6 +48,9 @@ def _sweep_action(action: str, directory: Path) -> int:
             client.cancel(job_id)
         print(f"Cancelled {len(live)} job(s): {' '.join(live) or 'none was still running'}.")
         return 0
+    for entry in sweep.read_record(directory)["points"]:
+        if (state := states.get(entry["job_id"])) is not None and state.terminal:
+            sweep.judge_point(entry, state)  # as `status` of one run does
     print(sweep.results(directory, {k: v.state for k, v in states.items() if v is not None}, plot=False))
     return 0
 

@@ -7,6 +7,8 @@ makes 6 runs, lr-1 .. lr-6, each an ordinary run: its own bundle, script, log an
 command the single run it is (requeue and resume work per point as for any run). Every point is checked, and put
 to Slurm, before anything is written. The sweep's record (`<configs_path>/<run_name>/<stamp>/sweep.json`)
 lists the points, their values, bundles and job ids; `python -m launcher.jobs status|attach|cancel` takes it.
+The results rank the points by final loss and say why each point that did not complete ended so (triage's
+verdict, recorded in the point's manifest).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.bundle import manifest
 from launcher.config import flags
 from launcher.config.problems import Problem
 from launcher.errors import LauncherError
@@ -26,7 +29,7 @@ from launcher.report import plots as plotting
 from launcher.slurm import client
 from launcher.slurm.follow import describe
 from launcher.slurm.parse import JobState
-from launcher.slurm.submit import how_to
+from launcher.slurm.submit import how_to, judge_end
 
 MAX_POINTS = 64
 NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
@@ -159,6 +162,7 @@ def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
                     said[e["job_id"]], changed = text, True
                 if state.terminal:
                     finals[e["job_id"]] = state
+                    judge_point(e, state)
             if len(finals) < len(entries):
                 interval = poll if changed else min(interval * 1.5, max_poll)
                 time.sleep(interval)
@@ -167,6 +171,25 @@ def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}))
     return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1
+
+
+def judge_point(entry: dict, state: JobState) -> None:
+    """Why a point's job ended so, recorded in its bundle's manifest, as for one run (`submit.judge_end`); the
+    results read it from there."""
+    bundle = Path(entry["bundle"])
+    try:
+        log = Path(manifest.read_manifest(bundle)["outputs"]["log"])
+    except (OSError, ValueError, KeyError):
+        return  # a bundle moved or damaged: the table still shows Slurm's state
+    judge_end(state, log, bundle / "manifest.json")
+
+
+def _verdict(bundle: Path) -> dict | None:
+    try:
+        verdict = manifest.read_manifest(bundle).get("verdict")
+    except (OSError, ValueError):
+        return None
+    return verdict if isinstance(verdict, dict) else None
 
 
 def _final(metrics: Path) -> dict | None:
@@ -193,6 +216,12 @@ def results(record_dir: Path, states: dict[str, str], plot: bool = True) -> str:
             f"  {e['run_name']:<16} {text:<{width}}  {e['job_id'] or '-':>7}  {state:<10} "
             f"{step if step is not None else '-':>6}  {f'{loss:.4f}' if loss is not None else '-':>8}"
         )
+    for _, e, state, _ in rows:  # why each point that did not complete ended so, and what to do
+        if state != "COMPLETED" and (verdict := _verdict(Path(e["bundle"]))):
+            first, *rest = str(verdict.get("message", "")).splitlines() or [""]
+            lines.append(f"  {e['run_name']} ended {state}: {first}")
+            lines.extend(f"      {line}" for line in rest)
+            lines.append(f"      fix: {verdict.get('fix', '')}")
     series = {f"{e['run_name']} ({values_text(e['values'])})": Path(e["bundle"]) / "metrics.jsonl"
               for e in record["points"]}  # fmt: skip
     if plot and any(path.exists() for path in series.values()):

@@ -110,3 +110,41 @@ def test_a_sweep_on_the_cluster_ends_with_its_results(tmp_path: Path, slurm_env:
         done = subprocess.run([sys.executable, "-m", "launcher.jobs", action, str(record_dir)], cwd=ROOT,
                               env=slurm_env, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0 and words in done.stdout, done.stdout + done.stderr
+
+
+DIVERGES = """
+import sys
+import torch.distributed as dist
+import yaml
+dist.init_process_group("gloo")
+config = yaml.safe_load(open(sys.argv[sys.argv.index("--config-file") + 1]))
+lr = config["optimizer"]["learning_rate_scheduler"]["learning_rate"]
+if lr > 1e-3 and dist.get_rank() == 0:
+    raise FloatingPointError(f"loss is nan at step 3 with learning rate {lr}")
+dist.barrier()
+"""
+
+
+def test_a_failed_point_says_why_after_the_table(tmp_path: Path, slurm_env: dict, demo_data) -> None:
+    script = tmp_path / "diverges.py"
+    script.write_text(DIVERGES)
+    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "dv", "--nodes", "1", "--gpus_per_node",
+            "2", "--dataset", str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--train_steps", "12",
+            "--warmup_steps", "2", "--grad_accum_steps", "1", "--save_interval", "100", "--wandb_disabled", "true",
+            "--time_limit", "5:00", "--run_train_script", str(script), "--sweep", "learning_rate=1e-4,1e-2",
+            "--show_logs"]  # fmt: skip
+    out = subprocess.run(argv, cwd=tmp_path, env=slurm_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr  # not every point completed
+    after = out.stdout[out.stdout.index("Sweep dv: lowest final loss first") :]
+    assert "dv-1 ended" not in after  # it completed: nothing to explain
+    why = after[after.index("dv-2 ended FAILED: ") :]
+    assert "FloatingPointError: loss is nan at step 3 with learning rate 0.01" in why and "rank 0" in why, after
+    assert "fix: " in why
+    (bundle_dir,) = (tmp_path / "logs/configs/dv-2").iterdir()
+    recorded = json.loads((bundle_dir / "manifest.json").read_text())
+    assert recorded["ended"]["state"] == "FAILED" and recorded["verdict"]["cause"] == "exception"
+
+    (record_dir,) = [d for d in (tmp_path / "logs/configs/dv").iterdir() if (d / sweep.RECORD).exists()]
+    status = subprocess.run([sys.executable, "-m", "launcher.jobs", "status", str(record_dir)], cwd=ROOT,
+                            env=slurm_env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert status.returncode == 0 and "dv-2 ended FAILED: " in status.stdout, status.stdout + status.stderr

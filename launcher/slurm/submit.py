@@ -68,23 +68,32 @@ def run_flags(manifest_path: Path | None) -> dict | None:
     )
 
 
+def judge_end(final: JobState, log: Path, manifest_path: Path | None = None) -> tuple[triage.Verdict | None, str]:
+    """Why the job ended so (None when it COMPLETED), recorded with Slurm's final word in the manifest (if any);
+    the second value says why it could not be recorded, or is ""."""
+    verdict = triage.for_job(
+        final, read_log(log), flags=run_flags(manifest_path), memory_note=memory_note(manifest_path)
+    )
+    if manifest_path is not None and manifest_path.is_file():
+        ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts}
+        try:
+            manifest.record_end(manifest_path, ended, verdict.record() if verdict else None)
+        except OSError as e:
+            return verdict, f"not recorded in {manifest_path}: {e.strerror or e}"
+    return verdict, ""
+
+
 def report_end(final: JobState, log: Path, manifest_path: Path | None = None) -> triage.Verdict | None:
     """Say how the job ended and, unless it COMPLETED, why and what to do; record both in the manifest (if any)."""
     code = "" if final.exit_code is None else f", exit code {final.exit_code}"
     print(
         f"Job {final.job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else "")
     )
-    verdict = triage.for_job(
-        final, read_log(log), flags=run_flags(manifest_path), memory_note=memory_note(manifest_path)
-    )
+    verdict, unrecorded = judge_end(final, log, manifest_path)
     if verdict is not None:
         print("\n".join(verdict.lines()))
-    if manifest_path is not None and manifest_path.is_file():
-        ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts}
-        try:
-            manifest.record_end(manifest_path, ended, verdict.record() if verdict else None)
-        except OSError as e:
-            print(f"  (not recorded in {manifest_path}: {e.strerror or e})")
+    if unrecorded:
+        print(f"  ({unrecorded})")
     return verdict
 
 
