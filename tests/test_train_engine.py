@@ -113,7 +113,7 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
     assert "data: the dataset is exhausted; epoch 2 begins at step" in out  # the run loops over the data
 
     leg("first", "b", **{"tokens.train_steps": 10})  # same schedule (explicit decay steps): stops at 10
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["10", "5", "engine", "latest"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [".data-cache", "10", "5", "engine", "latest"]
     stop_file, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
     stop_file.touch()
     monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))
@@ -352,6 +352,7 @@ def test_two_torchrun_ranks_stay_in_sync_and_match_one_process(
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "engine torch | world size 2 | device cpu" in proc.stdout
+    assert len(list((tmp_path / "ddp" / ".data-cache").glob("windows-*.npy"))) == 1  # tokenized once, shared
     for step in ("3", "6"):
         meta = json.loads((tmp_path / "ddp" / step / "meta.json").read_text())
         checksums = meta["parameter_checksums"]
@@ -640,3 +641,18 @@ def test_a_run_keeps_the_engine_that_wrote_its_checkpoints(
     config = write_config(tmp_path / "o.yaml", tiny_config(demo_data, old, **{"tokens.train_steps": 1}))
     code, _, err = door(config, capsys)
     assert code == 2 and "written by the nanotron engine" in err
+
+
+def test_a_full_disk_is_found_behind_torch_saves_runtime_error() -> None:
+    from launcher.train import checkpoint
+
+    full = OSError(28, "No space left on device")
+    try:
+        try:
+            raise full
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 122688 vs 122580")  # noqa: B904
+    except RuntimeError as e:
+        wrapped = e
+    assert checkpoint._io_error(wrapped) is full and checkpoint._io_error(full) is full
+    assert checkpoint._io_error(RuntimeError("a bug, not the disk")) is None  # raised as it is, not explained away

@@ -102,6 +102,17 @@ def parameter_checksum(model: nn.Module) -> float:
         return float(sum(p.double().sum() for p in model.parameters()))
 
 
+def _io_error(error: BaseException) -> OSError | None:
+    """The OSError behind a failed write: the error itself, or the one it was raised from. torch.save's zip writer
+    turns a disk that fills mid-file into RuntimeError('... unexpected pos ...'), with the OSError as its context."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _fsynced_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write a file through `write` and flush it to disk before it is renamed into place."""
     with open(path, "wb") as f:
@@ -195,8 +206,10 @@ def save(cfg: TrainConfig, step: int, model: nn.Module, optimizer: torch.optim.O
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states, **meta}
         try:
             _write(root, step, state, meta)
-        except OSError as e:
-            failure[0] = f"{e.strerror or e} ({e.filename or root})" if e.strerror else str(e)
+        except (OSError, RuntimeError) as e:
+            if (io := _io_error(e)) is None:
+                raise
+            failure[0] = f"{io.strerror or io} ({io.filename or root})" if io.strerror else str(io)
     dist.broadcast_object_list(failure, src=0)
     if failure[0] is not None:
         previous = read_pointer(root)

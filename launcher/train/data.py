@@ -5,9 +5,10 @@ exactly the windows an uninterrupted run would have read. Two sources:
 
 - no dataset: random tokens, deterministic in (data seed, rank, k), like nanotron's dummy data generator;
 - a dataset (a `save_to_disk` directory, a local .json/.jsonl/.parquet/.csv/.txt file, or a hub name): the text
-  column is tokenized once in memory, documents are joined with eos and cut into windows of sequence_length + 1
-  tokens (consecutive windows share one token, as nanotron's `clm_process` does), the windows are shuffled per
-  epoch from the data seed, and dp rank r takes windows r, r + dp, ... of each epoch's order.
+  column is tokenized once (the torch engine's rank 0, shared through `packcache`), documents are joined with
+  eos and cut into windows of sequence_length + 1 tokens (consecutive windows share one token, as nanotron's
+  `clm_process` does), the windows are shuffled per epoch from the data seed, and dp rank r takes windows
+  r, r + dp, ... of each epoch's order.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class PackedWindows:
         for sample in range(index * self.micro_batch_size, (index + 1) * self.micro_batch_size):
             epoch, offset = divmod(sample, self.per_rank)
             rows.append(self._epoch_order(epoch)[self.rank + offset * self.dp])
-        return torch.from_numpy(self.windows[rows])
+        return torch.from_numpy(np.asarray(self.windows[rows], dtype=np.int64))  # a copy, also of a mapped file
 
     def epoch(self, index: int) -> int:
         return ((index + 1) * self.micro_batch_size - 1) // self.per_rank  # the epoch of its last sample
@@ -204,10 +205,16 @@ def pack(token_lists: list[list[int]], eos_id: int, sequence_length: int) -> np.
     return tokens[starts + np.arange(sequence_length + 1, dtype=np.int64)]
 
 
-def build_micro_batches(cfg: TrainConfig, rank: int, dp: int) -> MicroBatches:
-    """This dp rank's micro-batch stream for the run."""
+def build_windows(cfg: TrainConfig) -> np.ndarray:
+    """The configured dataset, tokenized and packed into windows (`pack`)."""
+    token_lists, eos_id = tokenize(cfg, load_texts(cfg))
+    return pack(token_lists, eos_id, cfg.sequence_length)
+
+
+def build_micro_batches(cfg: TrainConfig, rank: int, dp: int, windows: np.ndarray | None = None) -> MicroBatches:
+    """This dp rank's micro-batch stream for the run; `windows`: the dataset's packed windows where the caller has
+    them already (the engine's shared cache, `packcache`), else they are built here."""
     if cfg.dataset is None:
         return RandomTokens(cfg.model.vocab_size, cfg.sequence_length, cfg.micro_batch_size, cfg.data_seed, rank)
-    token_lists, eos_id = tokenize(cfg, load_texts(cfg))
-    windows = pack(token_lists, eos_id, cfg.sequence_length)
+    windows = build_windows(cfg) if windows is None else windows
     return PackedWindows(windows, cfg.micro_batch_size, cfg.data_seed, rank, dp)

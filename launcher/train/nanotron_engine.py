@@ -24,7 +24,7 @@ import torch.distributed as dist
 import yaml
 
 from launcher.errors import TrainError
-from launcher.train import flash_attn_compat, nanotron_compat
+from launcher.train import flash_attn_compat, nanotron_compat, packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.nanotron_trainer import POINTER as NANOTRON_POINTER
@@ -54,9 +54,6 @@ def attention_note() -> str:
         if flash_attn_compat.real_flash_attn_error() is None
         else flash_attn_compat.MESSAGE
     )
-
-
-CACHE_DIR = ".data-cache"  # packed datasets, under checkpoints_path
 
 
 def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None) -> str | None:
@@ -160,7 +157,7 @@ def packed_dataset(cfg: TrainConfig, tokenizer, num_proc: int = 1, overwrite_cac
 
     raw = load_split(cfg)
     key = Hasher.hash([raw._fingerprint, Hasher.hash(tokenize_and_pack)])
-    cache = Path(cfg.checkpoints_path) / CACHE_DIR
+    cache = Path(cfg.checkpoints_path) / packcache.CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)
     return raw.map(
         tokenize_and_pack,

@@ -25,9 +25,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.errors import TrainError
-from launcher.train import checkpoint
+from launcher.train import checkpoint, packcache
 from launcher.train.config import TrainConfig
-from launcher.train.data import MicroBatches, build_micro_batches
+from launcher.train.data import MicroBatches, build_micro_batches, build_windows
 from launcher.train.metrics import Reporter, StepMetrics
 from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token, peak_flops
 from launcher.train.schedule import lr_at
@@ -88,6 +88,29 @@ def train(cfg: TrainConfig) -> None:
         dist.destroy_process_group()
 
 
+def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
+    """The dataset's packed windows, tokenized once for all ranks (`packcache`): rank 0 builds and caches them
+    unless the cache has them, the others wait for it and map the file. None where there is no dataset, the data
+    is not cached (a hub name), or this rank cannot read the cache (a checkpoint directory not shared with rank
+    0's node): the rank then builds its own. A data error on rank 0 is raised on every rank."""
+    if cfg.dataset is None:
+        return None
+    cached = packcache.path_for(cfg)
+    outcome: list = [None]
+    if dist.get_rank() == 0 and cached is not None:
+        try:
+            if packcache.load(cached) is None:
+                packcache.save(cached, build_windows(cfg))
+        except TrainError as e:
+            outcome[0] = e
+        except OSError as e:  # not fatal: every rank builds its own, as without the cache
+            print(f"warning: the packed data could not be cached in {cached.parent}: {e.strerror or e}", flush=True)
+    dist.broadcast_object_list(outcome, src=0)
+    if isinstance(outcome[0], TrainError):
+        raise outcome[0]
+    return packcache.load(cached) if cached is not None else None
+
+
 def _resume_points(cfg: TrainConfig) -> tuple[list[Path], list[str]]:
     """Rank 0's view of the checkpoints to resume from, newest first, and its notes (or its TrainError), the same
     on every rank. Rank 0 first removes what killed saves left behind."""
@@ -124,7 +147,7 @@ class TorchTrainer:
     def __init__(self, cfg: TrainConfig, where: Rank):
         self.cfg, self.where = cfg, where
         self.reporter = Reporter(cfg, where.rank == 0)
-        self.batches: MicroBatches = build_micro_batches(cfg, where.rank, where.world_size)
+        self.batches: MicroBatches = build_micro_batches(cfg, where.rank, where.world_size, _shared_windows(cfg))
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.model: nn.Module = build_model(cfg.model, cfg.init_std, cfg.seed).to(where.device)  # seeds torch
