@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +94,29 @@ def test_a_data_error_on_rank_0_is_raised_and_nothing_cached(cfg: TrainConfig, o
     with pytest.raises(TrainError, match="vocab_size is 16"):
         torch_engine._shared_windows(small_vocab)
     assert not list((Path(cfg.checkpoints_path) / ".data-cache").glob("*"))
+
+
+def test_the_waiting_ranks_hear_from_rank_0_while_it_packs(
+    cfg: TrainConfig, one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A corpus that takes longer to tokenize than a collective may wait: rank 0 broadcasts every HEARTBEAT_S."""
+    slow_build = torch_engine.build_windows
+
+    def slow(c: TrainConfig) -> np.ndarray:
+        time.sleep(0.5)
+        return slow_build(c)
+
+    said: list[object] = []
+    broadcast = dist.broadcast_object_list
+
+    def counted(objects: list, src: int = 0) -> None:
+        broadcast(objects, src=src)
+        said.append(objects[0])
+
+    monkeypatch.setattr(torch_engine, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(torch_engine, "build_windows", slow)
+    monkeypatch.setattr(torch_engine.dist, "broadcast_object_list", counted)
+    windows = torch_engine._shared_windows(cfg)
+    assert windows is not None and np.array_equal(windows, slow_build(cfg))
+    heartbeats = [s for s in said if s is True]
+    assert len(heartbeats) >= 5 and said[-2:] == [False, None], said  # working..., done, no error

@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import random
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,26 +89,53 @@ def train(cfg: TrainConfig) -> None:
         dist.destroy_process_group()
 
 
+HEARTBEAT_S = 30.0  # while rank 0 packs the data, it tells the waiting ranks this often (far inside any timeout)
+
+
 def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
     """The dataset's packed windows, tokenized once for all ranks (`packcache`): rank 0 builds and caches them
     unless the cache has them, the others wait for it and map the file. None where there is no dataset, the data
     is not cached (a hub name), or this rank cannot read the cache (a checkpoint directory not shared with rank
-    0's node): the rank then builds its own. A data error on rank 0 is raised on every rank."""
+    0's node): the rank then builds its own. A data error on rank 0 is raised on every rank.
+
+    Rank 0 builds in a thread and broadcasts "still working" every HEARTBEAT_S seconds, so that the waiting ranks
+    are never in one collective longer than that: a corpus that takes longer to tokenize than the process group's
+    timeout (10 minutes for NCCL) must not end the run."""
     if cfg.dataset is None:
         return None
     cached = packcache.path_for(cfg)
     outcome: list = [None]
-    if dist.get_rank() == 0 and cached is not None:
-        try:
-            if packcache.load(cached) is None:
+    done = threading.Event()
+    if dist.get_rank() == 0 and cached is not None and packcache.load(cached) is None:
+
+        def build() -> None:
+            try:
                 packcache.save(cached, build_windows(cfg))
-        except TrainError as e:
-            outcome[0] = e
-        except OSError as e:  # not fatal: every rank builds its own, as without the cache
-            print(f"warning: the packed data could not be cached in {cached.parent}: {e.strerror or e}", flush=True)
-    dist.broadcast_object_list(outcome, src=0)
-    if isinstance(outcome[0], TrainError):
-        raise outcome[0]
+            except OSError as e:  # not fatal: every rank builds its own, as without the cache
+                print(f"warning: the packed data could not be cached in {cached.parent}: {e.strerror or e}", flush=True)
+            except Exception as e:  # noqa: BLE001  raised below, on every rank
+                outcome[0] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=build, name="pack-data", daemon=True).start()
+    else:
+        done.set()
+    while True:
+        working: list[bool | None] = [None]
+        if dist.get_rank() == 0:
+            working[0] = not done.wait(HEARTBEAT_S)
+        dist.broadcast_object_list(working, src=0)
+        if not working[0]:
+            break
+    failure = outcome[0]
+    shared: list = [failure if failure is None or isinstance(failure, TrainError) else
+                    TrainError(f"rank 0 could not prepare the data: {type(failure).__name__}: {failure}")]  # fmt: skip
+    dist.broadcast_object_list(shared, src=0)
+    if failure is not None and not isinstance(failure, TrainError):
+        raise failure  # rank 0: the original, with its traceback
+    if shared[0] is not None:
+        raise shared[0]
     return packcache.load(cached) if cached is not None else None
 
 
