@@ -10,21 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launcher.errors import LauncherError, closed_pipe  # noqa: E402
+from launcher.errors import as_command  # noqa: E402
 from launcher.launch import main  # noqa: E402
 
-
-def run() -> int:
-    try:
-        return main()
-    except LauncherError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return closed_pipe()
-
-
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(as_command(main))

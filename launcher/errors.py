@@ -43,12 +43,14 @@ def closed_pipe() -> int:
 
 
 def as_command(body: Callable[[], int]) -> int:
-    """A command line's exit code: `body`'s, or a LauncherError's message on stderr and its exit code, or a closed
-    output pipe's. The one way every `python -m launcher.X` command ends."""
+    """A command line's exit code: `body`'s, or a LauncherError's message on stderr and its exit code, 130 for
+    Ctrl-C, or a closed output pipe's. The one way every command ends (`slurm_launcher.py`, `python -m launcher.X`)."""
     try:
         return body()
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:
         return closed_pipe()
