@@ -120,3 +120,23 @@ def test_the_waiting_ranks_hear_from_rank_0_while_it_packs(
     assert windows is not None and np.array_equal(windows, slow_build(cfg))
     heartbeats = [s for s in said if s is True]
     assert len(heartbeats) >= 5 and said[-2:] == [False, None], said  # working..., done, no error
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_and_rank_0_builds_once(
+    cfg: TrainConfig, one_rank: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[int] = []
+    real_build = torch_engine.build_windows
+
+    def counted(c: TrainConfig) -> np.ndarray:
+        calls.append(1)
+        return real_build(c)
+
+    def full_disk(path: Path, windows: np.ndarray) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch_engine, "build_windows", counted)
+    monkeypatch.setattr(packcache, "save", full_disk)
+    windows = torch_engine._shared_windows(cfg)
+    assert windows is not None and np.array_equal(windows, real_build(cfg)) and len(calls) == 1
+    assert "warning: the packed data could not be cached" in capsys.readouterr().out

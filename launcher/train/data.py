@@ -148,12 +148,17 @@ def load_tokenizer(cfg: TrainConfig):  # type: ignore[no-untyped-def]  # a trans
     except (OSError, ValueError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainError(f"could not load tokenizer {cfg.tokenizer!r}: {first_line}") from None
-    if len(tokenizer) > cfg.model.vocab_size:
-        raise TrainError(
-            f"tokenizer {cfg.tokenizer} has {len(tokenizer)} tokens but the model's vocab_size is "
-            f"{cfg.model.vocab_size}: use --vocab_size {len(tokenizer)} (or larger)"
-        )
+    _check_vocabulary(cfg, len(tokenizer))
     return tokenizer
+
+
+def _check_vocabulary(cfg: TrainConfig, size: int) -> None:
+    """A tokenizer of `size` tokens must fit the model's embedding."""
+    if size > cfg.model.vocab_size:
+        raise TrainError(
+            f"tokenizer {cfg.tokenizer} has {size} tokens but the model's vocab_size is "
+            f"{cfg.model.vocab_size}: use --vocab_size {size} (or larger)"
+        )
 
 
 def _eos_of(directory: Path) -> str | None:
@@ -185,12 +190,7 @@ def tokenize(cfg: TrainConfig, texts: list[str]) -> tuple[list[list[int]], int]:
         fast = Tokenizer.from_file(str(directory / "tokenizer.json"))
     except Exception as e:  # noqa: BLE001  the Rust library's errors: all mean "not a tokenizer it reads"
         raise TrainError(f"could not load tokenizer {cfg.tokenizer!r}: {e}") from None
-    size = fast.get_vocab_size(with_added_tokens=True)
-    if size > cfg.model.vocab_size:
-        raise TrainError(
-            f"tokenizer {cfg.tokenizer} has {size} tokens but the model's vocab_size is "
-            f"{cfg.model.vocab_size}: use --vocab_size {size} (or larger)"
-        )
+    _check_vocabulary(cfg, fast.get_vocab_size(with_added_tokens=True))
     eos = _eos_of(directory)
     eos_id = fast.token_to_id(eos) if eos is not None else None
     ids = [encoding.ids for encoding in fast.encode_batch(texts, add_special_tokens=False)]

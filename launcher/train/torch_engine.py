@@ -104,17 +104,18 @@ def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
     if cfg.dataset is None:
         return None
     cached = packcache.path_for(cfg)
-    outcome: list = [None]
+    built: list = [None, None]  # rank 0: the windows it built, the error it met
     done = threading.Event()
     if dist.get_rank() == 0 and cached is not None and packcache.load(cached) is None:
 
         def build() -> None:
             try:
-                packcache.save(cached, build_windows(cfg))
-            except OSError as e:  # not fatal: every rank builds its own, as without the cache
+                built[0] = build_windows(cfg)
+                packcache.save(cached, built[0])
+            except OSError as e:  # not fatal: rank 0 keeps what it built, the others build their own
                 print(f"warning: the packed data could not be cached in {cached.parent}: {e.strerror or e}", flush=True)
             except Exception as e:  # noqa: BLE001  raised below, on every rank
-                outcome[0] = e
+                built[1] = e
             finally:
                 done.set()
 
@@ -128,15 +129,16 @@ def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
         dist.broadcast_object_list(working, src=0)
         if not working[0]:
             break
-    failure = outcome[0]
-    shared: list = [failure if failure is None or isinstance(failure, TrainError) else
-                    TrainError(f"rank 0 could not prepare the data: {type(failure).__name__}: {failure}")]  # fmt: skip
-    dist.broadcast_object_list(shared, src=0)
-    if failure is not None and not isinstance(failure, TrainError):
+    failure = built[1]
+    told = [failure if failure is None or isinstance(failure, TrainError) else
+            TrainError(f"rank 0 could not prepare the data: {type(failure).__name__}: {failure}")]  # fmt: skip
+    dist.broadcast_object_list(told, src=0)
+    if failure is not None:
         raise failure  # rank 0: the original, with its traceback
-    if shared[0] is not None:
-        raise shared[0]
-    return packcache.load(cached) if cached is not None else None
+    if told[0] is not None:
+        raise told[0]
+    loaded = packcache.load(cached) if cached is not None else None
+    return loaded if loaded is not None else built[0]
 
 
 def _resume_points(cfg: TrainConfig) -> tuple[list[Path], list[str]]:
