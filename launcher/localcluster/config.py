@@ -55,6 +55,12 @@ class ClusterSpec:
         return PORT_BASE + PORT_STEP * (zlib.crc32(str(self.dir).encode()) % PORT_SLOTS)
 
     @property
+    def first_job_id(self) -> int:
+        """Job ids start in a window of 1,000 of this cluster's own: the job's rendezvous port derives from its id
+        (20000 + id % 20000), and clusters on one machine share 127.0.0.1, so two clusters' job 1 must not meet."""
+        return 1 + 1000 * (zlib.crc32(str(self.dir).encode()) % 20)
+
+    @property
     def node_names(self) -> list[str]:
         return [f"node{k}" for k in range(1, self.nodes + 1)]
 
@@ -98,6 +104,7 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={d}/log/jobcomp.log
 MinJobAge=600
+FirstJobId={spec.first_job_id}
 # Schedule at once; requeue allowed; nodes return to service when their slurmd registers again.
 SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=1
 JobRequeue=1
