@@ -9,14 +9,13 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from launcher import sweep
 from launcher.bundle import files, manifest, render
 from launcher.config import figures, fit, flags, validate
 from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
-from launcher.report import plan, summary
-from launcher.slurm import preflight, submit
+from launcher.report import summary
+from launcher.slurm import preflight
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
@@ -67,6 +66,8 @@ def _resolved(args: flags.LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list
 
 def plan_run(argv: list[str]) -> int:
     """`--plan`: the layouts that fit, best first; nothing written or submitted."""
+    from launcher.report import plan  # imported here only for speed: a dry run never needs it
+
     args, explicit = flags.parse(argv)
     spec, problems = _resolved(args, explicit)
     if not fit.checkable(spec, problems):
@@ -193,11 +194,16 @@ def launch_run(argv: list[str]) -> int:
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
+    from launcher.slurm import submit  # imported here only for speed: a dry run never submits (~40 ms)
+
     return submit.submit_and_follow(paths, follow=spec.args.execution.show_logs)
 
 
 def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     """A sweep: every point's bundle (all or none), the sweep's record, every point submitted and followed."""
+    from launcher import sweep  # imported here only for speed: a single run's dry run never needs it (~40 ms)
+    from launcher.slurm import submit  # (ditto)
+
     axes, problems = sweep.parse(sweep_text)
     if problems:
         raise ConfigError(report(problems))
