@@ -108,3 +108,18 @@ def test_a_dry_run_never_imports_simple_parsing(tmp_path: Path):
     assert out.returncode == 0, out.stderr
     out = run_launcher("--run_name", "x", "--nodes", "many", cwd=tmp_path, block=("simple_parsing",))
     assert out.returncode != 0 and "simple_parsing" in out.stderr  # an error's message is simple-parsing's
+
+
+def test_a_launch_parses_each_command_line_once(tmp_path: Path, monkeypatch):
+    from launcher import launch
+
+    monkeypatch.chdir(tmp_path)
+    seen: list[list[str]] = []
+    parse = flags.parse
+    monkeypatch.setattr(flags, "parse", lambda argv: seen.append(argv) or parse(argv))
+    argv = ["--run_name", "x", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none", "--dry_run"]
+    assert launch.main(argv) == 0
+    assert seen == [argv]
+    seen.clear()
+    assert launch.main([*argv, "--sweep", "seed=1,2"]) == 0
+    assert len(seen) == 3 and len({tuple(a) for a in seen}) == 3  # the sweep's line, then each point's own

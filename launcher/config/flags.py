@@ -15,7 +15,7 @@ import sys
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from launcher.config.secrets_guard import redact
 
@@ -307,16 +307,23 @@ def _parse_quickly(argv: list[str]) -> LaunchArgs:
     return LaunchArgs(given["run_name"], **{name: GROUPS[name](**fields) for name, fields in groups.items()})
 
 
-def parse(argv: list[str]) -> tuple[LaunchArgs, set[str]]:
+class Parsed(NamedTuple):
+    """A command line, parsed: its flags by group, and the names of those the user typed."""
+
+    args: LaunchArgs
+    explicit: set[str]
+
+
+def parse(argv: list[str]) -> Parsed:
     """Parse argv into LaunchArgs and the set of flags given explicitly. A clean command line is parsed by plain
     argparse (`_quick_parser`, ~2 ms); --help and any other line by simple-parsing (its import and parse cost
     ~60 ms), which prints the help or the error and exits as it always did."""
     wants_help = any(tok in ("-h", "--help") or tok.startswith("--help=") for tok in argv)
     if not wants_help:
         try:
-            return _parse_quickly(argv), explicit_flags(argv)
+            return Parsed(_parse_quickly(argv), explicit_flags(argv))
         except _Unsure:
             pass
     with contextlib.nullcontext() if wants_help else _without_help_text():
         namespace = build_parser().parse_args(argv)
-    return namespace.args, explicit_flags(argv)
+    return Parsed(namespace.args, explicit_flags(argv))
