@@ -16,6 +16,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
 from launcher.config import schema
@@ -44,6 +45,8 @@ def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), bytecode_cache=template_cache.cache_for(OPTIONS), **OPTIONS)
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["comment"] = _comment
+    env.globals["P"] = protocol  # the contract's names: files, variables, words
+    env.globals["say"] = protocol.bash_line  # `log {{ say("name", field="bash expression") }}`
     return env
 
 
