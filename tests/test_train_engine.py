@@ -593,10 +593,10 @@ def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, 
 def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from launcher.train.config import ModelShape
+    from launcher.config.shape import ModelShape
     from launcher.train.model import WithLoss, build_model, compile_for_gpu
 
-    shape = ModelShape(32, 64, 2, 4, 2, 128, 64, 1e-5, True, "silu", 10000.0, 1, 2)
+    shape = ModelShape(32, 64, 2, 4, 2, 128, 64, tie_word_embeddings=True, rms_norm_eps=1e-5)
     model = build_model(shape, init_std=0.02, seed=0)
     tokens = torch.randint(0, 128, (3, 17), generator=torch.Generator().manual_seed(0))
     # the loss of the model's own logits (lm_head included) predicting each next token

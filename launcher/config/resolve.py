@@ -14,7 +14,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
@@ -24,6 +24,8 @@ from launcher.config.flags import GROUPS, LaunchArgs, TrainingArgs, flag_types
 from launcher.config.gpus import GpuChoice, from_flags
 from launcher.config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
 from launcher.config.problems import Problem
+from launcher.config.schema import get_path
+from launcher.config.shape import ModelShape, from_model_config
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -32,18 +34,6 @@ PATH_FIELDS = ("configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scr
 
 
 G = TypeVar("G", bound="DataclassInstance")
-
-
-class Shape(NamedTuple):
-    """The resolved model shape as plain integers."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    seq: int
 
 
 @dataclass(frozen=True)
@@ -64,20 +54,14 @@ class RunSpec:
         return self.args.slurm.nodes * self.args.slurm.gpus_per_node
 
     @property
-    def shape(self) -> Shape:
-        """The model shape; every field is resolved (a preset defines them all)."""
+    def shape(self) -> ModelShape:
+        """The model shape: the resolved flags (a preset defines them all), the base or --config YAML's other
+        model settings."""
         m = self.args.model
-        values = (
-            m.hidden_size,
-            m.intermediate_size,
-            m.num_layers,
-            m.num_heads,
-            m.num_kv_heads,
-            m.vocab_size,
-            m.max_seq_len,
-        )
-        assert all(v is not None for v in values), f"unresolved model shape {m}"
-        return Shape(*values)  # type: ignore[arg-type]
+        sizes = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "model_size"}
+        assert all(v is not None for v in sizes.values()), f"unresolved model shape {m}"
+        model_config = get_path(self.base_config, ("model", "model_config")) or {}
+        return from_model_config(model_config, **sizes, tie_word_embeddings=self.tie_word_embeddings)
 
     def flag_values(self) -> dict[str, Any]:
         """Every flag's resolved value by flag name, and the values derived beside the flags that the nanotron

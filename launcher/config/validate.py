@@ -76,8 +76,8 @@ def _check_training(spec: RunSpec) -> list[Problem]:
         out.append(Problem("grad_clip", f"must be >= 0, got {t.grad_clip}", "use 0 to disable clipping"))
     if t.lr_decay_style not in ("cosine", "linear"):
         out.append(Problem("lr_decay_style", f"unknown style {t.lr_decay_style!r}", "use cosine or linear"))
-    if spec.shape.seq <= 0:
-        out.append(Problem("max_seq_len", f"must be positive, got {spec.shape.seq}", "e.g. 2048"))
+    if spec.shape.max_seq_len <= 0:
+        out.append(Problem("max_seq_len", f"must be positive, got {spec.shape.max_seq_len}", "e.g. 2048"))
     return out
 
 
@@ -200,7 +200,7 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
         elif not is_local_path(value) and not HUB_NAME.fullmatch(value):
             out.append(Problem(flag, f"{value!r} is neither an existing path nor a hub name", "check the spelling"))
     vocab = spec.tokenizer_vocab
-    if vocab and vocab > spec.shape.vocab:
+    if vocab and vocab > spec.shape.vocab_size:
         out.append(
             Problem(
                 "vocab_size",
@@ -271,20 +271,15 @@ def _check_secrets(spec: RunSpec) -> list[Problem]:
 
 def validate(spec: RunSpec) -> list[Problem]:
     """Every problem with a resolved spec, in flag order."""
-    s, p, t = spec.shape, spec.args.parallelism, spec.args.training
+    p = spec.args.parallelism
     layout = (
         check_layout(
+            spec.shape,
             world=spec.world_size,
             dp=p.dp if p.dp is not None else 1,  # None: not derivable, as tp or pp is not positive (said there)
             tp=p.tp or 0,
             pp=p.pp or 0,
-            hidden=s.hidden,
-            intermediate=s.intermediate,
-            layers=s.layers,
-            heads=s.heads,
-            kv_heads=s.kv_heads,
-            vocab=s.vocab,
-            grad_accum=t.grad_accum_steps,
+            grad_accum_steps=spec.args.training.grad_accum_steps,
             nodes_hint=spec.args.slurm.nodes,
             gpus_per_node=spec.args.slurm.gpus_per_node,
         )

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.train.config import ModelShape
+from launcher.config.shape import ModelShape
 from launcher.train.llama import LlamaForCausalLM
 
 ROW_PARALLEL = ("o_proj", "down_proj")  # nanotron's TensorParallelRowLinear layers: scaled init
@@ -31,11 +31,11 @@ def llama_config(shape: ModelShape):  # type: ignore[no-untyped-def]  # transfor
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
         hidden_act=shape.hidden_act,
-        max_position_embeddings=shape.max_position_embeddings,
+        max_position_embeddings=shape.max_seq_len,
         rms_norm_eps=shape.rms_norm_eps,
         tie_word_embeddings=shape.tie_word_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
@@ -73,7 +73,7 @@ def build_model(shape: ModelShape, init_std: float, seed: int) -> nn.Module:
     seed."""
     model = LlamaForCausalLM(shape)
     torch.manual_seed(seed)  # after construction: the draws depend on the seed alone, not on how modules are built
-    init_like_nanotron(model, init_std, shape.num_hidden_layers)
+    init_like_nanotron(model, init_std, shape.num_layers)
     return model
 
 
@@ -122,7 +122,7 @@ def count_parameters(model: nn.Module) -> int:
 def flops_per_token(model: nn.Module, shape: ModelShape, sequence_length: int) -> float:
     """Training FLOPs per token: 6 x (weights used in matmuls, lm_head included) + 12 x layers x hidden x seq."""
     matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    return 6.0 * matmul_weights + 12.0 * shape.num_hidden_layers * shape.hidden_size * sequence_length
+    return 6.0 * matmul_weights + 12.0 * shape.num_layers * shape.hidden_size * sequence_length
 
 
 def peak_flops(device: torch.device) -> float | None:
