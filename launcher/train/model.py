@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.config import gpus
 from launcher.config.shape import ModelShape
 from launcher.train.llama import LlamaForCausalLM
 
 ROW_PARALLEL = ("o_proj", "down_proj")  # nanotron's TensorParallelRowLinear layers: scaled init
-PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}  # dense, per GPU
 
 
 def llama_config(shape: ModelShape):  # type: ignore[no-untyped-def]  # transformers.LlamaConfig
@@ -126,8 +126,9 @@ def flops_per_token(model: nn.Module, shape: ModelShape, sequence_length: int) -
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """The dense bf16 peak of this GPU, if it is one we know; None on CPU or an unknown GPU."""
+    """The dense bf16 peak FLOP/s of this GPU, as configs/gpus.yaml gives it for the device's name; None on CPU or
+    a GPU the file does not list."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+    gpu = gpus.from_device_name(torch.cuda.get_device_name(device))
+    return None if gpu is None else gpu.tflops * 1e12
