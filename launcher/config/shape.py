@@ -56,17 +56,22 @@ class ModelShape:
         return self.hidden_size // self.num_heads
 
 
-def from_model_config(mc: dict[str, Any], **sizes: Any) -> ModelShape:
-    """A nanotron 0.4 `model.model_config` mapping as a ModelShape (nanotron's defaults where a value is missing);
-    `sizes` replace the mapping's values (the launcher's resolved flags)."""
-    heads = sizes.get("num_heads", mc.get("num_attention_heads"))
-    values = {
-        "hidden_size": mc.get("hidden_size"),
-        "intermediate_size": mc.get("intermediate_size"),
-        "num_layers": mc.get("num_hidden_layers"),
-        "num_heads": heads,
-        "num_kv_heads": mc.get("num_key_value_heads") or heads,
-        "vocab_size": mc.get("vocab_size"),
+# field -> nanotron's LlamaConfig key, for the sizes a config must state (a missing one raises KeyError naming it)
+REQUIRED = {
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "vocab_size": "vocab_size",
+}
+
+
+def from_model_config(mc: dict[str, Any], **given: Any) -> ModelShape:
+    """A nanotron 0.4 `model.model_config` mapping as a ModelShape (nanotron's defaults where an optional value is
+    missing); `given` fields replace the mapping's values (the launcher's resolved flags)."""
+    values = {field: given[field] if field in given else mc[key] for field, key in REQUIRED.items()}
+    optional = {
+        "num_kv_heads": mc.get("num_key_value_heads") or values["num_heads"],
         "max_seq_len": mc.get("max_position_embeddings", 2048),
         "tie_word_embeddings": mc.get("tie_word_embeddings", False),
         "rms_norm_eps": mc.get("rms_norm_eps", 1e-6),
@@ -74,5 +79,4 @@ def from_model_config(mc: dict[str, Any], **sizes: Any) -> ModelShape:
         "bos_token_id": mc.get("bos_token_id", 1),
         "eos_token_id": mc.get("eos_token_id", 2),
     }
-    values.update(sizes)
-    return ModelShape(**{k: v for k, v in values.items() if v is not None})
+    return ModelShape(**{**optional, **values, **given})
