@@ -5,9 +5,8 @@ them together, for one run or for every point of a sweep (all or none)."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from launcher import protocol as P
 from launcher import submission, sweep
@@ -205,16 +204,9 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     grid = sweep.points(argv, run_name, axes)
     prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
     a = prepared[0].spec.args
-    record_dir = sweep.claim_record(a.paths.configs_path, run_name)
-    record: dict[str, Any] = {
-        "sweep": sweep_text,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "points": [
-            {"run_name": p.run_name, "values": p.values, "bundle": str(prep.paths.bundle_dir), "job_id": None}
-            for p, prep in zip(grid, prepared, strict=True)
-        ],
-    }
-    manifest.write_manifest(record_dir / sweep.RECORD, record, new=True)
+    record_dir = sweep.write_record(
+        a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared]
+    )
     print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
     for p, prep in zip(grid, prepared, strict=True):
         print(f"  {p.label}")
@@ -222,15 +214,17 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     if a.execution.dry_run:
         print("Dry run: nothing submitted. Submit each script with sbatch, or launch again without --dry_run.")
         return 0
-    failed = 0
-    for entry, prep in zip(record["points"], prepared, strict=True):
+    failed, submitted = 0, []
+    for p, prep in zip(grid, prepared, strict=True):
         try:
-            entry["job_id"] = submission.submit(prep.paths)
+            job_id = submission.submit(prep.paths)
         except LauncherError as e:
             failed += 1
-            print(f"error: {entry['run_name']}: {e}", file=sys.stderr)
-        manifest.write_manifest(record_dir / sweep.RECORD, record)
-    print("Submitted " + ", ".join(f"{e['run_name']} as job {e['job_id']}" for e in record["points"] if e["job_id"]))
+            print(f"error: {p.run_name}: {e}", file=sys.stderr)
+            continue
+        sweep.record_job(record_dir, p, job_id)
+        submitted.append(f"{p.run_name} as job {job_id}")
+    print("Submitted " + ", ".join(submitted))
     if not a.execution.show_logs:
         print(submission.how_to(str(record_dir)))
         return 1 if failed else 0

@@ -83,6 +83,8 @@ LINES = {
     "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
     "to resume",
     "late_notice": "the {notice} notice came as training ended: nothing to resume",
+    "pre_launch_ended": "the pre-launch commands ended this attempt at: {command} (exit code {code})",
+    "outcome": "training's last word: {word}",
 }
 # What a field matches where a pattern needs more than "anything" (the default).
 FIELD_PATTERNS = {

@@ -25,7 +25,8 @@ BASH_STATE = (
     "stacks=/logs/stacks-48-2 suspects=node2 holder=41 holder_state=RUNNING lock=/ck/.launcher-lock "
     "LAUNCHER_CHECKPOINTS=/ck head_node=node1 port=20048 rdzv=127.0.0.1:20048 rdzv_port=20048 "
     "LAUNCHER_PYTHON=/usr/bin/python3 preempt_time=2026-11-24T08:00:00 saved=520 time_limits=0 "
-    "LAUNCHER_MAX_REQUEUES=3 notice=warned; set -- preemption node2"
+    "LAUNCHER_MAX_REQUEUES=3 notice=warned pre_launch_command='source /no/venv/bin/activate' outcome='stopped 520' "
+    "; set -- preemption node2"
 )
 
 

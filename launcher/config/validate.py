@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import datacheck, dependency, fit
+from launcher.config import datacheck, dependency_syntax, fit
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -83,7 +83,7 @@ def _check_training(spec: RunSpec) -> list[Problem]:
 
 def _check_slurm(spec: RunSpec) -> list[Problem]:
     s = spec.args.slurm
-    out = _check_allocation(spec) + _check_time(spec) + dependency.syntax_problems(s.dependency)
+    out = _check_allocation(spec) + _check_time(spec) + dependency_syntax.syntax_problems(s.dependency)
     out += _check_names(spec) + _check_requeue(spec) + _check_extra_env(spec) + _check_pre_launch(spec)
     if not os.path.isabs(s.tmp_dir):
         out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
