@@ -20,8 +20,6 @@ from simple_parsing import ArgumentParser
 
 from launcher.config.secrets_guard import redact
 
-RUN_DEFAULT = "the cluster's default"
-
 
 @dataclass
 class SlurmArgs:
