@@ -136,9 +136,8 @@ def test_slurm_refuses_before_anything_is_written(tmp_path: Path, slurm_env: dic
 
 def test_refusal_at_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict, monkeypatch: pytest.MonkeyPatch):
     """A bundle written by a dry run and submitted later, when Slurm refuses it then: kept, failure recorded."""
-    from launcher import launch
+    from launcher import launch, submission
     from launcher.errors import LauncherError
-    from launcher import submission
 
     monkeypatch.chdir(tmp_path)
     prepared = launch.prepare(["--run_name", "later", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none",
