@@ -22,8 +22,6 @@ from launcher.config.secrets_guard import redact
 if TYPE_CHECKING:
     from simple_parsing import ArgumentParser
 
-RUN_DEFAULT = "the cluster's default"
-
 
 @dataclass
 class SlurmArgs:
