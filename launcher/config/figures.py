@@ -38,7 +38,7 @@ def parameters(spec: RunSpec) -> int:
         layers=s.layers,
         heads=s.heads,
         kv_heads=s.kv_heads,
-        vocab=s.vocab,
+        vocab=spec.padded_vocab,  # what nanotron builds
         tied=spec.tie_word_embeddings,
     )
 
@@ -60,7 +60,9 @@ def derived(spec: RunSpec) -> dict:
     return {
         "parameters": params,
         "world_size": spec.world_size,
-        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
+        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp},
+        "nanotron_dialect": {"dialect": spec.dialect.dialect, "why": spec.dialect.why},
+        "padded_vocab": spec.padded_vocab,
         "global_batch_sequences": sequences,
         "global_batch_tokens": sequences * s.seq,
         "total_training_tokens": sequences * s.seq * t.train_steps,

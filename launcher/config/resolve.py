@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import yaml
 
-from launcher.config import schema
+from launcher.config import dialect, schema
+from launcher.config import dialect_rules as rules
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS, LaunchArgs, TrainingArgs, flag_types
 from launcher.config.gpus import GpuChoice, from_flags
@@ -58,6 +59,13 @@ class RunSpec:
     base_config_path: str
     gpu: GpuChoice  # what the memory check and the planner assume (the flags'; preflight may put the cluster's)
     adapted: dict[str, str] = field(default_factory=dict)  # defaults changed to suit the run: flag -> what it became
+    dialect: dialect.Choice = dialect.Choice("0.4", "")  # the nanotron config dialect written, and why
+
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
+        step = (self.args.parallelism.tp or 1) * int(schema.get_path(self.base_config, schema.VOCAB_MULTIPLE) or 1)
+        return -(-(self.args.model.vocab_size or 0) // step) * step
 
     @property
     def world_size(self) -> int:
@@ -162,6 +170,8 @@ def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, l
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems
+    user = dialect.to_canonical(user)
+    problems = rules.model_problems(user, target)
     replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
     for keys, what in schema.shape_problems(user, base):
         if keys not in replaced:
@@ -250,9 +260,14 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     if tokenizer_vocab and "vocab_size" not in explicit and "vocab_size" not in from_config:
         step = math.lcm(64, par.tp or 1)
         model = dataclasses.replace(model, vocab_size=-(-tokenizer_vocab // step) * step)
-    if par.dp is None and par.tp and par.pp:
+    if par.dp is None and par.tp and par.pp and par.cp > 0:
         world = args.slurm.nodes * args.slurm.gpus_per_node
-        par = dataclasses.replace(par, dp=max(world // (par.tp * par.pp), 1))
+        par = dataclasses.replace(par, dp=max(world // (par.tp * par.pp * par.cp), 1))
+    choice = dialect.choose(groups["slurm"].nanotron_dialect, groups["slurm"].python)
+    if groups["slurm"].nanotron_dialect not in ("auto", *dialect.DIALECTS):
+        problems.append(Problem("nanotron_dialect", f"{groups['slurm'].nanotron_dialect!r} is not a dialect",
+                                "use --nanotron_dialect auto, 0.4 or main"))  # fmt: skip
+    model, adapted_theta = rules.rope_theta(model, choice.dialect, size, explicit | set(from_config))
     if "run_train_script" not in explicit:
         paths = dataclasses.replace(paths, run_train_script=str(PROJECT_ROOT / "run_train.py"))
     paths = dataclasses.replace(paths, **{f: _absolute(getattr(paths, f), cwd) for f in PATH_FIELDS})
@@ -271,7 +286,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
 
     resolved = dataclasses.replace(
         args,
-        slurm=groups["slurm"],
+        slurm=dataclasses.replace(groups["slurm"], nanotron_dialect=choice.dialect),
         model=model,
         training=training,
         parallelism=par,
@@ -282,7 +297,8 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     )
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
     gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
-    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted)
+    adapted.update(adapted_theta)
+    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice)
     return spec, problems + gpu_problems
 
 

@@ -1,9 +1,9 @@
 """What the training job needs to know about a run, and how it reads that from the run's nanotron YAML.
 
-`load_train_config(path)` reads a nanotron 0.4 config into a `TrainConfig`; the engines
-(`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this. A second schema (newer
-nanotron) adds a second reader, not a second engine. `check_train_config` holds the config to the launcher's own
-layout rules (`launcher.config.layout`) against the processes torchrun actually started.
+`load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.config.dialect`), into a
+`TrainConfig`; the engines (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this.
+`check_train_config` holds the config to the launcher's own layout rules (`launcher.config.layout`) against the
+processes torchrun actually started.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any
 
 import yaml
 
+from launcher.config.dialect import to_canonical
 from launcher.config.layout import check_layout
 from launcher.config.problems import Problem
-from launcher.config.schema import get_path, train_split
+from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
 
 ROPE_THETA = 10000.0  # nanotron 0.4's Llama has no rope_theta field and uses this value
 
@@ -37,6 +38,7 @@ class ModelShape:
     rope_theta: float  # nanotron 0.4's LlamaConfig has no field for it: its models use 10000
     bos_token_id: int
     eos_token_id: int
+    rope_interleaved: bool = False  # main's field; the torch engine rotates halves for a 0.4 config (docs)
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,16 @@ def _require(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:
     return default if value is None else value
 
 
+def padded_vocab(vocab: int, tp: int, multiple: int) -> int:
+    """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
+    step = max(tp, 1) * max(multiple, 1)
+    return -(-vocab // step) * step
+
+
 def to_train_config(config: dict) -> TrainConfig:
-    """A nanotron 0.4 config dict as the engine's TrainConfig (missing optional values get nanotron's defaults)."""
+    """A nanotron config dict, 0.4's dialect or main's, as the engine's TrainConfig (missing optional values get
+    nanotron's defaults)."""
+    config = to_canonical(config)
     mc = config["model"]["model_config"]
     lrs = config["optimizer"]["learning_rate_scheduler"]
     tokens = config["tokens"]
@@ -122,12 +132,13 @@ def to_train_config(config: dict) -> TrainConfig:
             num_hidden_layers=mc["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=mc.get("num_key_value_heads") or heads,
-            vocab_size=mc["vocab_size"],
+            vocab_size=padded_vocab(mc["vocab_size"], config["parallelism"]["tp"], _require(config, VOCAB_MULTIPLE, 1)),
             max_position_embeddings=mc.get("max_position_embeddings", 2048),
             rms_norm_eps=mc.get("rms_norm_eps", 1e-6),
             tie_word_embeddings=mc.get("tie_word_embeddings", False),
             hidden_act=mc.get("hidden_act", "silu"),
-            rope_theta=ROPE_THETA,
+            rope_theta=mc.get("rope_theta", ROPE_THETA),
+            rope_interleaved=bool(mc.get("rope_interleaved", False)),
             bos_token_id=mc.get("bos_token_id", 1),
             eos_token_id=mc.get("eos_token_id", 2),
         ),
