@@ -147,7 +147,7 @@ def test_ill_typed_config_is_reported_not_raised(tmp_path: Path):
     bad.write_text(
         "model:\n  model_config:\n    hidden_size: big\n"
         "optimizer:\n  learning_rate_scheduler:\n    learning_rate: 3e-4\n"  # PyYAML: text, not a number
-        "data_stages: []\n"  # a newer nanotron's section
+        "datas: []\n"  # a section of no nanotron
         "data:\n  dataset:\n    hf_dataset_or_datasets: {a: 0.5, b: 0.5}\n"
     )
     spec, problems = spec_for("--config", str(bad))

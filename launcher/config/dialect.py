@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DIALECTS = ("0.4", "main")
@@ -51,6 +52,28 @@ MAIN_ONLY: dict[tuple[str, ...], Any] = {
     ("metrics_logging",): None,
     ("s3_upload",): None,
 }
+
+RECORD = "nanotron-dialect"  # beside a run's checkpoints: the dialect of the config that wrote them (the job's)
+METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint: its format version, 1.2 (0.4) or 1.5 (main)
+
+
+def of_checkpoints(root: Path) -> tuple[str | None, str]:
+    """(the dialect a run's checkpoints in `root` were written from, how that is known); (None, "") when nothing
+    says: no checkpoint, or one saved before the record by the torch engine."""
+    try:
+        recorded = (root / RECORD).read_text(encoding="utf-8").strip()
+    except OSError:
+        recorded = ""
+    if recorded in DIALECTS:
+        return recorded, f"{root / RECORD} says {recorded}"
+    try:
+        step = int((root / "latest.txt").read_text(encoding="utf-8").strip())
+        version = json.loads((root / str(step) / METADATA).read_text(encoding="utf-8"))["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, ""
+    found = "0.4" if str(version) in ("1.0", "1.1", "1.2") else "main"
+    return found, f"nanotron's checkpoint format {version} in {root / str(step) / METADATA}"
+
 
 PROBE = r"""
 import importlib.util, json, os, sys

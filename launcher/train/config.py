@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from launcher.config.dialect import to_canonical
+from launcher.config.dialect import is_main, to_canonical
 from launcher.config.layout import check_layout
 from launcher.config.problems import Problem
 from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
@@ -90,6 +90,7 @@ class TrainConfig:
     resume_checkpoint_path: str | None
     log_interval: int  # nanotron: logging.iteration_step_info_interval
     init_path: str | None = None  # nanotron: model.init_method.path, weights of a nanotron checkpoint
+    dialect: str = "0.4"  # the nanotron config dialect the file is written in: "0.4" or "main"
 
     @property
     def global_batch_size(self) -> int:
@@ -111,6 +112,7 @@ def padded_vocab(vocab: int, tp: int, multiple: int) -> int:
 def to_train_config(config: dict) -> TrainConfig:
     """A nanotron config dict, 0.4's dialect or main's, as the engine's TrainConfig (missing optional values get
     nanotron's defaults)."""
+    written = "main" if is_main(config) else "0.4"
     config = to_canonical(config)
     mc = config["model"]["model_config"]
     lrs = config["optimizer"]["learning_rate_scheduler"]
@@ -178,6 +180,7 @@ def to_train_config(config: dict) -> TrainConfig:
         resume_checkpoint_path=config["checkpoints"].get("resume_checkpoint_path"),
         log_interval=_require(config, ("logging", "iteration_step_info_interval"), 1),
         init_path=get_path(config, ("model", "init_method", "path")),
+        dialect=written,
     )
 
 

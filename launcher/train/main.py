@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from launcher.config import dialect
 from launcher.errors import ConfigError, TrainError
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
 
@@ -80,12 +81,20 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
             f"0: run it where the {recorded} engine works ({where}), "
             "or start afresh with --resume false"
         )
+    saved, how = dialect.of_checkpoints(Path(cfg.checkpoints_path))
+    if saved is not None and saved != cfg.dialect:
+        raise TrainError(
+            f"this run's checkpoints ({cfg.checkpoints_path}) were written from a nanotron {saved} config ({how}), "
+            f"but this config is in {cfg.dialect}'s dialect; a checkpoint does not cross dialects: resume with "
+            f"--nanotron_dialect {saved}, or start afresh with --resume false"
+        )
     if int(os.environ.get("RANK", "0")) == 0:
         root = Path(cfg.checkpoints_path)
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{ENGINE_RECORD}-{os.getpid()}"
-        tmp.write_text(f"{chosen}\n", encoding="utf-8")
-        os.replace(tmp, root / ENGINE_RECORD)
+        for name, value in ((ENGINE_RECORD, chosen), (dialect.RECORD, cfg.dialect)):
+            tmp = root / f".tmp-{name}-{os.getpid()}"
+            tmp.write_text(f"{value}\n", encoding="utf-8")
+            os.replace(tmp, root / name)
 
 
 def run(config_file: str, engine: str = "auto") -> None:
