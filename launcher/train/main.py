@@ -52,6 +52,10 @@ def choose_engine(requested: str) -> tuple[str, str]:
     return "nanotron", f"auto; {nanotron_engine.attention_note()}"
 
 
+MAIN_TRAINER = (
+    "the nanotron engine drives nanotron 0.4's trainer; nanotron main's (data stages, checkpoint format 1.5) is not "
+    "wired yet, so a config in main's dialect trains with the torch engine (docs/nanotron-dialects.md)"
+)
 ENGINE_RECORD = "engine"  # beside the checkpoints: the engine that wrote them
 POINTERS = {"latest": "torch", "latest.txt": "nanotron"}  # each engine's pointer, for runs saved before the record
 
@@ -101,6 +105,10 @@ def run(config_file: str, engine: str = "auto") -> None:
     """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone)."""
     cfg = load_checked(config_file, int(os.environ.get("WORLD_SIZE", "1")))
     chosen, why = choose_engine(engine)
+    if chosen == "nanotron" and cfg.dialect == "main":
+        if engine != "auto":
+            raise TrainError(MAIN_TRAINER)
+        chosen, why = "torch", f"auto: {MAIN_TRAINER}"
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"engine: {chosen} ({why})", flush=True)
     settle_engine(cfg, chosen, why)
