@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import protocol as P
+
 DIALECTS = ("0.4", "main")
 # What the job's Python runs when it has no nanotron: main's is what nanotron's README installs (pip install -e
 # from a clone), and both engines of the job read it.
@@ -53,8 +55,8 @@ MAIN_ONLY: dict[tuple[str, ...], Any] = {
     ("s3_upload",): None,
 }
 
-RECORD = "nanotron-dialect"  # beside a run's checkpoints: the dialect of the config that wrote them (the job's)
-METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint: its format version, 1.2 (0.4) or 1.5 (main)
+RECORD = P.DIALECT_RECORD  # beside a run's checkpoints: the dialect of the config that wrote them (the job's)
+METADATA = P.NANOTRON_METADATA  # in a nanotron checkpoint: its format version, 1.2 (0.4) or 1.5 (main)
 
 
 def of_checkpoints(root: Path) -> tuple[str | None, str]:
@@ -67,7 +69,7 @@ def of_checkpoints(root: Path) -> tuple[str | None, str]:
     if recorded in DIALECTS:
         return recorded, f"{root / RECORD} says {recorded}"
     try:
-        step = int((root / "latest.txt").read_text(encoding="utf-8").strip())
+        step = int((root / P.NANOTRON_POINTER).read_text(encoding="utf-8").strip())
         version = json.loads((root / str(step) / METADATA).read_text(encoding="utf-8"))["version"]
     except (OSError, ValueError, KeyError, TypeError):
         return None, ""

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from launcher import atomic
+from launcher import protocol as P
 from launcher.config import dialect
 from launcher.errors import ConfigError, TrainError
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
@@ -57,7 +59,7 @@ MAIN_TRAINER = (
     "wired yet, so a config in main's dialect trains with the torch engine (docs/nanotron-dialects.md)"
 )
 ENGINE_RECORD = "engine"  # beside the checkpoints: the engine that wrote them
-POINTERS = {"latest": "torch", "latest.txt": "nanotron"}  # each engine's pointer, for runs saved before the record
+POINTERS = P.POINTERS  # each engine's pointer, for runs saved before the record
 
 
 def recorded_engine(checkpoints_path: str) -> str | None:
@@ -96,9 +98,7 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
         root = Path(cfg.checkpoints_path)
         root.mkdir(parents=True, exist_ok=True)
         for name, value in ((ENGINE_RECORD, chosen), (dialect.RECORD, cfg.dialect)):
-            tmp = root / f".tmp-{name}-{os.getpid()}"
-            tmp.write_text(f"{value}\n", encoding="utf-8")
-            os.replace(tmp, root / name)
+            atomic.replace(root / name, f"{value}\n")
 
 
 def run(config_file: str, engine: str = "auto") -> None:
