@@ -42,7 +42,8 @@ def source() -> Path:
 def python_with_main(tmp_path: Path) -> Path:
     """An executable that runs this Python with nanotron main first on its path: a job's --python with main."""
     wrapper = tmp_path / "python-main"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={source() / "src"} exec {sys.executable} "$@"\n')
+    src = source() / "src"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{src}${{PYTHONPATH:+:$PYTHONPATH}}" exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 
