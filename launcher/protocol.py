@@ -35,6 +35,8 @@ TORCH_POINTER = "latest"  # the torch engine's pointer to its newest checkpoint 
 NANOTRON_POINTER = "latest.txt"  # nanotron's
 POINTERS = {TORCH_POINTER: "torch", NANOTRON_POINTER: "nanotron"}  # pointer -> the engine that writes it
 DATA_CACHE = ".data-cache"  # the torch engine's packed windows
+DIALECT_RECORD = "nanotron-dialect"  # the config dialect ("0.4" | "main") the run's checkpoints were written from
+NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
 
 # What the job reads from its environment (set by the node script).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"

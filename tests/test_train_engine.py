@@ -114,7 +114,14 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
     assert "data: the dataset is exhausted; epoch 2 begins at step" in out  # the run loops over the data
 
     leg("first", "b", **{"tokens.train_steps": 10})  # same schedule (explicit decay steps): stops at 10
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [".data-cache", "10", "5", "engine", "latest"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        ".data-cache",
+        "10",
+        "5",
+        "engine",
+        "latest",
+        "nanotron-dialect",
+    ]
     stop_file, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
     stop_file.touch()
     monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))

@@ -6,6 +6,7 @@ Checkpoint sizes: nanotron 0.4 writes bf16 weights, their fp32 master copies and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from launcher.config import datasize, fit
@@ -30,7 +31,7 @@ def parameter_count(shape: ModelShape) -> int:
 
 def parameters(spec: RunSpec) -> int:
     """The run's model's parameter count."""
-    return parameter_count(spec.shape)
+    return parameter_count(dataclasses.replace(spec.shape, vocab_size=spec.padded_vocab))  # what nanotron builds
 
 
 def checkpoint_count(train_steps: int, save_interval: int, save_initial_state: bool) -> int:
@@ -50,7 +51,9 @@ def derived(spec: RunSpec) -> dict:
     return {
         "parameters": params,
         "world_size": spec.world_size,
-        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
+        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp},
+        "nanotron_dialect": {"dialect": spec.dialect.dialect, "why": spec.dialect.why},
+        "padded_vocab": spec.padded_vocab,
         "global_batch_sequences": sequences,
         "global_batch_tokens": sequences * s.max_seq_len,
         "total_training_tokens": sequences * s.max_seq_len * t.train_steps,

@@ -28,6 +28,7 @@ def layout_of(spec: RunSpec) -> Layout:
         dp=p.dp or 1,
         tp=p.tp or 1,
         pp=p.pp or 1,
+        cp=max(p.cp, 1),
         micro_batch=t.micro_batch_size,
         grad_accum=t.grad_accum_steps,
         zero_stage=p.zero_stage,

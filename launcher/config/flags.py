@@ -46,6 +46,7 @@ class SlurmArgs:
     pre_launch_commands: str | None = None  # Shell commands run on the batch node before launch.
     extra_env: str | None = None  # Extra environment: KEY=VALUE pairs, separated by spaces or newlines.
     python: str | None = None  # Python that runs torchrun on the nodes (default: the launcher's own).
+    nanotron_dialect: str = "auto"  # Config dialect: auto (the --python's nanotron, by its schema), 0.4 or main.
     max_requeues: int = 3  # Times a preempted or timed-out job is requeued to resume; 0 disables.
     signal_grace: int = 120  # Seconds before the time limit at which the job checkpoints and requeues.
     gpu_type: str | None = None  # GPU to plan for, e.g. h100, a100_80gb (default: the cluster's GRES type or h100).
@@ -64,6 +65,7 @@ class ModelArgs:
     num_kv_heads: int | None = None  # Key/value heads, GQA when < num_heads (default: from the preset).
     vocab_size: int | None = None  # Vocabulary size (default: the local tokenizer's, else the preset's).
     max_seq_len: int | None = None  # Sequence length and max positions (default: from the preset).
+    rope_theta: float | None = None  # RoPE base (default: the preset's; nanotron 0.4 has only 10000).
 
 
 @dataclass
@@ -84,11 +86,12 @@ class TrainingArgs:
 
 @dataclass
 class ParallelismArgs:
-    """Parallelism: dp x tp x pp must equal nodes x gpus_per_node."""
+    """Parallelism: dp x tp x pp x cp must equal nodes x gpus_per_node."""
 
     dp: int | None = None  # Data parallel degree (default: fills the job: nodes*gpus/(tp*pp)).
     tp: int | None = None  # Tensor parallel degree (default: from the preset).
     pp: int | None = None  # Pipeline parallel degree (default: from the preset).
+    cp: int = 1  # Context parallel degree: each sequence split over cp GPUs (nanotron main only).
     zero_stage: int = 0  # ZeRO stage: 1 shards the fp32 weights and Adam's states over dp (nanotron 0.4 has 0 and 1).
     pp_engine: str = "1f1b"  # Pipeline schedule: 1f1b (a stage holds at most pp micro-batches) or afab (all of them).
     tp_mode: str = "REDUCE_SCATTER"  # Tensor parallel mode: REDUCE_SCATTER (sequence parallel) or ALL_REDUCE.

@@ -22,6 +22,7 @@ The headroom beside the allocator's peak (CUDA context, NCCL buffers, fragmentat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class Layout:
     fp32_grad_accum: bool = True  # optimizer.accumulate_grad_in_fp32
     dtype_bytes: int = 2  # model.dtype: bfloat16
     vocab_multiple: int = 1  # model.make_vocab_size_divisible_by
+    cp: int = 1  # nanotron main's context parallelism: each GPU holds 1/cp of every sequence's activations
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ def headroom(peak: int, lay: Layout) -> int:
 
 def estimate(m: ModelShape, lay: Layout) -> Estimate:
     """The peak of the stage that peaks highest (ties: the first)."""
+    if lay.cp > 1:  # a cp rank computes its own slice of every sequence: the activations of seq / cp tokens
+        m = dataclasses.replace(m, max_seq_len=max(m.max_seq_len // lay.cp, 1))
     per_layer = layer_activations(m, lay)
     workspace = _workspace(m, lay)
     vocab = padded_vocab(m.vocab_size, lay.tp, lay.vocab_multiple)

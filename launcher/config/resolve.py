@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from launcher.config import schema
+from launcher.config import dialect, schema
+from launcher.config import dialect_rules as rules
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
 from launcher.config.gpus import GpuChoice, from_flags
@@ -48,6 +49,13 @@ class RunSpec:
     base_config_path: str
     gpu: GpuChoice  # what the memory check and the planner assume (the flags'; preflight may put the cluster's)
     adapted: dict[str, str] = field(default_factory=dict)  # defaults changed to suit the run: flag -> what it became
+    dialect: dialect.Choice = dialect.Choice("0.4", "")  # the nanotron config dialect written, and why
+
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
+        step = (self.args.parallelism.tp or 1) * int(schema.get_path(self.base_config, schema.VOCAB_MULTIPLE) or 1)
+        return -(-(self.args.model.vocab_size or 0) // step) * step
 
     @property
     def world_size(self) -> int:
@@ -146,6 +154,8 @@ def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, l
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems
+    user = dialect.to_canonical(user)
+    problems = rules.model_problems(user, target)
     replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
     for keys, what in schema.shape_problems(user, base):
         if keys not in replaced:
@@ -212,10 +222,16 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     if tokenizer_vocab and "vocab_size" not in chosen:
         step = math.lcm(64, par.tp or 1)
         model = dataclasses.replace(model, vocab_size=-(-tokenizer_vocab // step) * step)
-    if par.dp is None and par.tp and par.pp:  # dp fills the job
-        par = dataclasses.replace(par, dp=max(args.slurm.nodes * args.slurm.gpus_per_node // (par.tp * par.pp), 1))
+    if par.dp is None and par.tp and par.pp and par.cp > 0:  # dp fills the job
+        world = args.slurm.nodes * args.slurm.gpus_per_node
+        par = dataclasses.replace(par, dp=max(world // (par.tp * par.pp * par.cp), 1))
+    choice, dialect_problems = _dialect(groups["slurm"].nanotron_dialect, groups["slurm"].python)
+    size = args.model.model_size if args.model.model_size in preset_names() else "tiny"
+    model, adapted_theta = rules.rope_theta(model, choice.dialect, size, chosen)
+    adapted.update(adapted_theta)
     extra_env, env_problems = _extra_env(groups["slurm"].extra_env)
     groups.update(
+        slurm=dataclasses.replace(groups["slurm"], nanotron_dialect=choice.dialect),
         model=model,
         training=training,
         parallelism=par,
@@ -226,8 +242,18 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     resolved = dataclasses.replace(args, **groups)  # (the job's flags are not in a YAML: --config sets none)
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
     gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
-    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted)
-    return spec, problems + preset_problems + env_problems + gpu_problems
+    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice)
+    return spec, problems + preset_problems + dialect_problems + env_problems + gpu_problems
+
+
+def _dialect(asked: str, python: str | None) -> tuple[dialect.Choice, list[Problem]]:
+    """The nanotron config dialect to write (`--nanotron_dialect`, auto: the job's Python's nanotron)."""
+    problems = []
+    if asked not in ("auto", *dialect.DIALECTS):
+        problems.append(
+            Problem("nanotron_dialect", f"{asked!r} is not a dialect", "use --nanotron_dialect auto, 0.4 or main")
+        )
+    return dialect.choose(asked, python), problems
 
 
 def _config_values(path: str | None, explicit: set[str]) -> tuple[dict, str, dict, list[Problem]]:

@@ -33,6 +33,7 @@ class ModelShape:
     rope_theta: float = ROPE_THETA  # nanotron 0.4's LlamaConfig has no field for it: its models use 10000
     bos_token_id: int = 1
     eos_token_id: int = 2
+    rope_interleaved: bool = False  # main's field; the torch engine rotates halves for a 0.4 config (docs)
 
     def sizes(self) -> dict[str, int]:
         """The integer sizes by flag name (each must be positive)."""
@@ -78,5 +79,7 @@ def from_model_config(mc: dict[str, Any], **given: Any) -> ModelShape:
         "hidden_act": mc.get("hidden_act", "silu"),
         "bos_token_id": mc.get("bos_token_id", 1),
         "eos_token_id": mc.get("eos_token_id", 2),
+        "rope_theta": mc.get("rope_theta", ROPE_THETA),
+        "rope_interleaved": bool(mc.get("rope_interleaved", False)),
     }
     return ModelShape(**{**optional, **values, **given})

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import datacheck, dependency_syntax, fit
+from launcher.config import datacheck, dependency_syntax, dialect_rules, fit
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -252,14 +252,20 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
         if steps <= 0:
             out.append(Problem(flag, f"must be positive, got {steps}", "give a number of steps >= 1"))
     profiling = a.logging.profiler_export_path or spec.base_config.get("profiler")  # the flag, or --config's
-    if profiling and a.training.train_steps >= 10:
-        out.append(
-            Problem(
-                "profiler_export_path" if a.logging.profiler_export_path else "config",
-                "nanotron only profiles runs of fewer than 10 steps (it asserts so at start-up)",
-                "use --train_steps 9 or less with the profiler",
-            )
-        )
+    flag = "profiler_export_path" if a.logging.profiler_export_path else "config"
+    if profiling and spec.dialect.dialect == "0.4" and a.training.train_steps >= 10:
+        why = "nanotron 0.4 only profiles runs of fewer than 10 steps (it asserts so at start-up)"
+        out.append(Problem(flag, why, "use --train_steps 9 or less with the profiler"))
+    if profiling and spec.dialect.dialect == "main":
+        section = spec.base_config.get("profiler") or {}
+        p = {
+            k: section.get(k, d)
+            for k, d in (("skip_first", 3), ("repeat", 1), ("wait", 1), ("warmup", 1), ("active", 1))
+        }
+        needed = p["skip_first"] + p["repeat"] * (p["wait"] + p["warmup"] + p["active"])
+        if a.training.train_steps < needed:
+            why = f"nanotron main profiles {needed} steps (skip_first + repeat x (wait + warmup + active))"
+            out.append(Problem(flag, why, f"use --train_steps {needed} or more with the profiler"))
     return out
 
 
@@ -304,13 +310,14 @@ def validate(spec: RunSpec) -> list[Problem]:
             tp=p.tp or 0,
             pp=p.pp or 0,
             grad_accum_steps=spec.args.training.grad_accum_steps,
+            cp=p.cp if p.cp > 0 else 1,
             nodes_hint=spec.args.slurm.nodes,
             gpus_per_node=spec.args.slurm.gpus_per_node,
         )
         if spec.world_size > 0
         else []
     )
-    layout += _check_modes(spec)
+    layout += _check_modes(spec) + dialect_rules.written_problems(spec.flag_values(), spec.base_config)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
     if fit.checkable(spec, checks):
         checks += fit.memory_problems(spec)

@@ -1,21 +1,23 @@
 """What the training job needs to know about a run, and how it reads that from the run's nanotron YAML.
 
-`load_train_config(path)` reads a nanotron 0.4 config into a `TrainConfig`; the engines
-(`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this. A second schema (newer
-nanotron) adds a second reader, not a second engine. `check_train_config` holds the config to the launcher's own
-layout rules (`launcher.config.layout`) against the processes torchrun actually started.
+`load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.config.dialect`), into a
+`TrainConfig`; the engines (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this.
+`check_train_config` holds the config to the launcher's own layout rules (`launcher.config.layout`) against the
+processes torchrun actually started.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from launcher.config.dialect import is_main, to_canonical
 from launcher.config.layout import check_layout
 from launcher.config.problems import Problem
-from launcher.config.schema import get_path, train_split
+from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
 from launcher.config.shape import ModelShape, from_model_config
 
 
@@ -68,6 +70,7 @@ class TrainConfig:
     resume_checkpoint_path: str | None
     log_interval: int  # nanotron: logging.iteration_step_info_interval
     init_path: str | None = None  # nanotron: model.init_method.path, weights of a nanotron checkpoint
+    dialect: str = "0.4"  # the nanotron config dialect the file is written in: "0.4" or "main"
 
     @property
     def global_batch_size(self) -> int:
@@ -80,8 +83,18 @@ def _require(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:
     return default if value is None else value
 
 
+def padded_vocab(vocab: int, tp: int, multiple: int) -> int:
+    """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
+    step = max(tp, 1) * max(multiple, 1)
+    return -(-vocab // step) * step
+
+
 def to_train_config(config: dict) -> TrainConfig:
-    """A nanotron 0.4 config dict as the engine's TrainConfig (missing optional values get nanotron's defaults)."""
+    """A nanotron config dict, 0.4's dialect or main's, as the engine's TrainConfig (missing optional values get
+    nanotron's defaults)."""
+    written = "main" if is_main(config) else "0.4"
+    config = to_canonical(config)
+    mc = config["model"]["model_config"]
     lrs = config["optimizer"]["learning_rate_scheduler"]
     tokens = config["tokens"]
     warmup = lrs.get("lr_warmup_steps") or 0
@@ -94,7 +107,10 @@ def to_train_config(config: dict) -> TrainConfig:
         project=config["general"]["project"],
         run_name=config["general"].get("run") or "run",
         seed=_require(config, ("general", "seed"), 42),
-        model=from_model_config(config["model"]["model_config"]),
+        model=dataclasses.replace(
+            from_model_config(mc),
+            vocab_size=padded_vocab(mc["vocab_size"], config["parallelism"]["tp"], _require(config, VOCAB_MULTIPLE, 1)),
+        ),
         init_std=_require(config, ("model", "init_method", "std"), 0.02),
         dtype=_require(config, ("model", "dtype"), "bfloat16"),
         dp=config["parallelism"]["dp"],
@@ -131,6 +147,7 @@ def to_train_config(config: dict) -> TrainConfig:
         resume_checkpoint_path=config["checkpoints"].get("resume_checkpoint_path"),
         log_interval=_require(config, ("logging", "iteration_step_info_interval"), 1),
         init_path=get_path(config, ("model", "init_method", "path")),
+        dialect=written,
     )
 
 
