@@ -46,6 +46,8 @@ def test_completed_without_finishing_is_not_a_success():
     assert "did not reach its last step at step 12 of 40: it never said how it ended" in verdict.message
     finished = START + "step 40/40 | loss 1.1\n" + P.line("outcome", word="finished 40") + "\n"
     assert triage.verdict("COMPLETED", finished) is None
+    stand_in = START + "all_reduce ok\n" + P.line("outcome", word="none") + "\n"  # a script that trains nothing
+    assert triage.verdict("COMPLETED", stand_in) is None
 
 
 @pytest.mark.parametrize(

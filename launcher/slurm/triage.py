@@ -197,9 +197,14 @@ def _pre_launch(e: Ending) -> Verdict | None:
 
 
 def _not_trained(e: Ending) -> Verdict | None:
-    """COMPLETED, but training's last word was not "finished" (or it never said one)."""
+    """COMPLETED, but training stopped before its last step: its last word was "stopped", or it said none while its
+    step lines stop short of the last. (A script that prints neither, like a stand-in for training, is not judged.)"""
     word = e.last(OUTCOME)
     if not word or word["word"].split(" ")[0] == P.FINISHED:
+        return None
+    steps = [m for m in map(STEP.match, e.lines) if m]
+    short = bool(steps) and int(steps[-1]["step"]) < int(steps[-1]["steps"])
+    if word["word"] == "none" and not short:
         return None
     said = "it never said how it ended" if word["word"] == "none" else f"its last word was '{word['word']}'"
     message = f"Slurm says COMPLETED, but training did not reach its last step{e.progress}: {said}"
