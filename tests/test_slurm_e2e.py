@@ -94,7 +94,8 @@ def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict)
         argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "waiter", "--nodes", "1"]
         argv += ["--gpus_per_node", "2", "--run_train_script", script(tmp_path, "allreduce.py", ALLREDUCE)]
         argv += ["--dataset", "none", "--time_limit", "5:00", "--show_logs"]
-        waiter = subprocess.Popen(argv, cwd=tmp_path, env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        quick = {**slurm_env, "LAUNCHER_POLL_SECONDS": "2"}  # a pending job is looked at after 2 s, 3 s, ...
+        waiter = subprocess.Popen(argv, cwd=tmp_path, env=quick, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         manifest = tmp_path / "logs/configs/waiter"
         waiter_id = wait_for(
             lambda: (
@@ -104,7 +105,7 @@ def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict)
             )
         )
         wait_for(lambda: slurm.job_state(waiter_id).reason == "Resources")
-        time.sleep(1.5)  # the follower polls every second
+        time.sleep(3.5)  # the follower's next look at the pending job
     finally:
         slurm.cancel(holder_id)
     stdout, stderr = waiter.communicate(timeout=120)

@@ -161,13 +161,14 @@ def watch(
     jobs: list[Watched],
     say: Callable[[Watched, str], None],
     *,
-    query: Query = client.job_states_many,
+    query: Query | None = None,
     cadence: Cadence | None = None,
     on_end: Callable[[Watched, JobState], None] | None = None,
 ) -> dict[str, JobState]:
-    """Follow the jobs until all have ended: pump their logs, ask the controller when the first is due (about all
-    that have not ended, at once), `say` each change, `on_end` each end; return their final states."""
-    cadence = cadence or Cadence.from_env()
+    """Follow the jobs until all have ended: pump their logs, ask the controller when the first is due (`query`,
+    about all that have not ended at once; `client.job_states_many` unless given), `say` each change, `on_end`
+    each end; return their final states."""
+    cadence, query = cadence or Cadence.from_env(), query or client.job_states_many
     finals: dict[str, JobState] = {}
     while live := [w for w in jobs if w.job_id not in finals]:
         now, grew = time.monotonic(), False
