@@ -29,14 +29,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from launcher import protocol as P  # noqa: E402
 from launcher.localcluster.sdiag import rpc_counts, served  # noqa: E402
 from launcher.slurm import client as slurm  # noqa: E402
 from launcher.slurm import follow  # noqa: E402
 
-MARKS = """log() { printf '[launcher %s] %s\\n' "$(date +%H:%M:%S.%3N)" "$*"; }
-log "job $SLURM_JOB_ID attempt 1 started"
-trap 'log "job $SLURM_JOB_ID attempt 1 ended, exit code $?"' EXIT
-"""
+MARKS = "\n".join(  # the batch script's own lines at an attempt's start and end, from the contract
+    [
+        'log() { printf \'[launcher %s] %s\\n\' "$(date +%H:%M:%S.%3N)" "$*"; }',
+        "log " + P.bash_line("attempt_started", job="$SLURM_JOB_ID", attempt="1", when="$(date)", nodes="node"),
+        "trap 'log "
+        + P.bash_line("attempt_ended", job="$SLURM_JOB_ID", attempt="1", when="$(date)", code="$?")
+        + "' EXIT",
+    ]
+)
 JOB = """#!/bin/bash
 #SBATCH --job-name=bench-follow
 #SBATCH --output={log}

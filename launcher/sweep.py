@@ -141,7 +141,7 @@ def read_record(directory: Path) -> dict:
 def _log_of(entry: dict) -> Path:
     """A point's log, from its manifest (a moved or damaged bundle: a path that is never there)."""
     try:
-        return Path(manifest.read_manifest(Path(entry["bundle"]))["outputs"]["log"])
+        return manifest.load(Path(entry["bundle"])).log
     except (OSError, ValueError, KeyError):
         return Path(entry["bundle"]) / "no log"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from launcher_helpers import ROOT
 
+from launcher import protocol as P
 from launcher.errors import LauncherError
 from launcher.localcluster.sdiag import parse_rpc_counts, rpc_counts, served
 from launcher.slurm import client
@@ -39,13 +40,15 @@ def test_attempt_lines_are_found_across_reads(tmp_path: Path) -> None:
     log = tmp_path / "job.out"
     tail = LogTail(log, None)
     assert tail.pump() == (0, [])  # no log yet
-    log.write_bytes(b"[launcher 10:00:00.001] job 7 attempt 1 started 2026-11-24T10:00:00+00:00 on node1\nstep 1\n")
+    started = P.line("attempt_started", job=7, attempt=1, when="2026-11-24T10:00:00+00:00", nodes="node1")
+    ended = P.line("attempt_ended", job=7, attempt=1, when="2026-11-24T10:00:02+00:00", code=0).encode() + b"\n"
+    log.write_bytes(started.encode() + b"\nstep 1\n")
     assert tail.pump()[1] == [(1, "started")]
-    with open(log, "ab") as f:  # an end line written in two pieces, and one that only quotes the words
-        f.write(b"echo [launcher 10:00:01.000] job 7 attempt 1 ended\n[launcher 10:00:02.5] job 7 att")
+    with open(log, "ab") as f:  # a line that only quotes the words, then the end line written in two pieces
+        f.write(b"echo " + ended + ended[:30])
     assert tail.pump()[1] == []
     with open(log, "ab") as f:
-        f.write(b"empt 1 ended 2026-11-24T10:00:02+00:00, exit code 0\n")
+        f.write(ended[30:])
     count, marks = tail.pump()
     assert marks == [(1, "ended")] and count > 0 and tail.offset == log.stat().st_size
 
@@ -116,7 +119,7 @@ def test_many_jobs_in_one_query_as_scontrol_sees_each(slurm_env: dict) -> None:
 
 
 NAP = 'import time\nprint("napping", flush=True)\ntime.sleep({seconds})\n'
-QUIET_WINDOW = 25.0
+QUIET_WINDOW = 20.0
 
 
 def wait_until(predicate, timeout: float) -> None:
@@ -127,11 +130,11 @@ def wait_until(predicate, timeout: float) -> None:
 
 
 def test_following_a_quiet_job_costs_no_query_until_its_log_says_it_ended(tmp_path: Path, slurm_env: dict) -> None:
-    """A running job followed with LAUNCHER_POLL_SECONDS=60 for a 25 s quiet window: no controller query in it
-    (the follower of before asked twice a second: ~100 RPCs in 25 s); then the job's own end line brings the end
+    """A running job followed with LAUNCHER_POLL_SECONDS=60 for a 20 s quiet window: no controller query in it
+    (the follower of before asked twice a second: ~80 RPCs in 20 s); then the job's own end line brings the end
     within seconds, though the next scheduled query is a minute away."""
     nap = tmp_path / "nap.py"
-    nap.write_text(NAP.format(seconds=QUIET_WINDOW + 8))
+    nap.write_text(NAP.format(seconds=QUIET_WINDOW + 6))
     argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "quiet", "--nodes", "1",
             "--gpus_per_node", "1", "--run_train_script", str(nap), "--dataset", "none", "--time_limit", "5:00",
             "--show_logs"]  # fmt: skip

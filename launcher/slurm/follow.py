@@ -15,7 +15,6 @@ The logs are read every `tick` seconds: a read of a file, no controller query.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -23,14 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from launcher import protocol as P
 from launcher.config.problems import Problem
 from launcher.errors import LauncherError
 from launcher.slurm import client
 from launcher.slurm.parse import JobState
 
 POLL_ENV = "LAUNCHER_POLL_SECONDS"
-# The batch script's lines at an attempt's start and end (sbatch.sh.j2: `log "job ${SLURM_JOB_ID} attempt ..."`)
-ATTEMPT_LINE = re.compile(rb"^\[launcher [\d:.]+\] job \S+ attempt (\d+) (started|ended)\b", re.MULTILINE)
+# The batch script's lines at an attempt's start and end (the contract's formats, as sbatch.sh.j2 prints them)
+ATTEMPT_LINES = (("started", P.pattern("attempt_started", whole=False)), ("ended", P.pattern("attempt_ended")))
+START = P.LINE_START.encode()
 ENDING = frozenset({"COMPLETING", "SIGNALING", "STAGE_OUT", "REQUEUED"})  # on the way to an end or a requeue
 CHUNK, LINE_START = 1 << 20, 4096  # bytes read at a time; bytes of an unfinished line kept to find a marker in
 
@@ -120,8 +121,17 @@ class LogTail:
         text = self.line + data
         done = text.rfind(b"\n") + 1
         self.line = text[done:][:LINE_START] if done else text[:LINE_START]
-        marks = [(int(m.group(1)), m.group(2).decode()) for m in ATTEMPT_LINE.finditer(text, 0, done)]
-        return len(data), marks
+        return len(data), attempt_marks(text[:done]) if START in text[:done] else []
+
+
+def attempt_marks(lines: bytes) -> list[tuple[int, str]]:
+    """The batch script's attempt lines among whole lines: (attempt, "started" | "ended"), in order."""
+    marks = []
+    for raw in lines.split(b"\n"):
+        if raw.startswith(START):
+            line = raw.decode("utf-8", "replace")
+            marks += [(int(m["attempt"]), word) for word, pattern in ATTEMPT_LINES if (m := pattern.match(line))]
+    return marks
 
 
 @dataclass
