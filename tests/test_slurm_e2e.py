@@ -331,7 +331,8 @@ def test_dependency_that_can_never_be_met(tmp_path: Path, slurm_env: dict):
     first_id = job_id_of(tmp_path, "doomed")
     # submitted while the first still runs: Slurm accepts it, then cancels it when the first fails
     ran = script(tmp_path, "ran.py", "print('RAN-ANYWAY')\n")
-    waiting = launch(tmp_path, slurm_env, "waiting", ran, "--nodes", "1", "--dependency", f"afterok:{first_id}",
+    quick = {**slurm_env, "LAUNCHER_POLL_SECONDS": "2"}  # its cancel, while pending, is seen at a look 2-8 s apart
+    waiting = launch(tmp_path, quick, "waiting", ran, "--nodes", "1", "--dependency", f"afterok:{first_id}",
                      "--show_logs")  # fmt: skip
     assert waiting.returncode == 1, waiting.stdout + waiting.stderr
     assert "ended CANCELLED" in waiting.stdout and "RAN-ANYWAY" not in waiting.stdout
