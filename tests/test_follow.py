@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -158,7 +159,7 @@ def test_following_a_quiet_job_costs_no_query_until_its_log_says_it_ended(tmp_pa
     finally:
         proc.kill()
     assert proc.returncode == 0, stdout + err.read_text()
-    assert sum(in_quiet.values()) == 0, in_quiet  # not one RPC from anyone in the quiet window
+    assert sum(in_quiet.values()) == 0, in_quiet  # not one query from anyone in the quiet window
     assert noticed < 5, f"the end was noticed {noticed:.1f} s after the job's log said it"
     after = served(quiet_start, rpc_counts(slurm_env))
     assert after["REQUEST_JOB_INFO_SINGLE"] >= 1  # the query that confirmed the end: the counts do see the follower
@@ -182,4 +183,8 @@ def test_sdiag_counts_are_read_from_their_section() -> None:
         "\nRemote Procedure Call statistics by user\n"
         "\troot            (       0) count:120    ave_time:466    total_time:55555\n"
     )
-    assert parse_rpc_counts(text) == {"REQUEST_FED_INFO": 59, "REQUEST_JOB_INFO_SINGLE": 59}
+    before = parse_rpc_counts(text)
+    assert before == {"REQUEST_FED_INFO": 59, "REQUEST_JOB_INFO_SINGLE": 59}
+    after = Counter({**before, "REQUEST_JOB_INFO_SINGLE": 61, "MESSAGE_NODE_REGISTRATION_STATUS": 1})
+    assert served(before, after) == {"REQUEST_JOB_INFO_SINGLE": 2}  # a node's own report is no one's query
+    assert served(before, after, nodes=True)["MESSAGE_NODE_REGISTRATION_STATUS"] == 1

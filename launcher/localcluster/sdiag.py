@@ -35,6 +35,13 @@ def rpc_counts(env: dict[str, str] | None = None) -> Counter[str]:
     return counts
 
 
-def served(before: Counter[str], after: Counter[str]) -> Counter[str]:
-    """The RPCs served between two readings, by type (only the types that grew)."""
-    return Counter({kind: after[kind] - before.get(kind, 0) for kind in after if after[kind] > before.get(kind, 0)})
+def served(before: Counter[str], after: Counter[str], nodes: bool = False) -> Counter[str]:
+    """The RPCs served between two readings, by type (only the types that grew); without the nodes' own reports
+    (MESSAGE_NODE_REGISTRATION_STATUS, ..., which come whoever follows) unless `nodes`."""
+    return Counter(
+        {
+            kind: after[kind] - before.get(kind, 0)
+            for kind in after
+            if after[kind] > before.get(kind, 0) and (nodes or not kind.startswith("MESSAGE_"))
+        }
+    )

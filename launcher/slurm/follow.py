@@ -33,7 +33,7 @@ POLL_ENV = "LAUNCHER_POLL_SECONDS"
 ATTEMPT_LINES = (("started", P.pattern("attempt_started", whole=False)), ("ended", P.pattern("attempt_ended")))
 START = P.LINE_START.encode()
 ENDING = frozenset({"COMPLETING", "SIGNALING", "STAGE_OUT", "REQUEUED"})  # on the way to an end or a requeue
-CHUNK, LINE_START = 1 << 20, 4096  # bytes read at a time; bytes of an unfinished line kept to find a marker in
+CHUNK, KEEP = 1 << 20, 4096  # bytes read at a time; bytes of an unfinished line kept (an attempt line's start)
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class LogTail:
         self.offset += len(data)
         text = self.line + data
         done = text.rfind(b"\n") + 1
-        self.line = text[done:][:LINE_START] if done else text[:LINE_START]
+        self.line = text[done:][:KEEP]
         return len(data), attempt_marks(text[:done]) if START in text[:done] else []
 
 
