@@ -158,7 +158,7 @@ def test_following_a_quiet_job_costs_no_query_until_its_log_says_it_ended(tmp_pa
         stdout, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 0, stdout + err.read_text()
+    assert " ended COMPLETED" in stdout, stdout + err.read_text()  # (a nap is no training: its verdict says so)
     assert sum(in_quiet.values()) == 0, in_quiet  # not one query from anyone in the quiet window
     assert noticed < 5, f"the end was noticed {noticed:.1f} s after the job's log said it"
     after = served(quiet_start, rpc_counts(slurm_env))
