@@ -44,9 +44,9 @@ def _sweep_action(action: str, directory: Path) -> int:
     if action == "attach":
         return sweep.follow(directory)
     job_ids = [e["job_id"] for e in sweep.read_record(directory)["points"] if e["job_id"]]
-    states = {job_id: client.job_state(job_id) for job_id in job_ids}
+    states = client.job_states_many(job_ids)  # one controller query for them all
     if action == "cancel":
-        live = [job_id for job_id, state in states.items() if state is not None and not state.terminal]
+        live = [job_id for job_id, state in states.items() if not state.terminal]
         for job_id in live:
             client.cancel(job_id)
         print(f"Cancelled {len(live)} job(s): {' '.join(live) or 'none was still running'}.")
@@ -54,7 +54,7 @@ def _sweep_action(action: str, directory: Path) -> int:
     for entry in sweep.read_record(directory)["points"]:
         if (state := states.get(entry["job_id"])) is not None and state.terminal:
             sweep.judge_point(entry, state)  # as `status` of one run does
-    print(sweep.results(directory, {k: v.state for k, v in states.items() if v is not None}, plot=False))
+    print(sweep.results(directory, {k: v.state for k, v in states.items()}, plot=False))
     return 0
 
 

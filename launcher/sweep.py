@@ -26,10 +26,8 @@ from launcher import protocol as P
 from launcher.bundle import files, manifest
 from launcher.config import flags
 from launcher.config.problems import Problem
-from launcher.errors import LauncherError
 from launcher.report import plots as plotting
-from launcher.slurm import client
-from launcher.slurm.follow import describe
+from launcher.slurm.follow import Cadence, LogTail, Watched, watch
 from launcher.slurm.parse import JobState
 from launcher.submission import how_to, judge_end
 
@@ -151,33 +149,32 @@ def read_record(directory: Path) -> dict:
     return json.loads((directory / RECORD).read_text(encoding="utf-8"))
 
 
-def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
-    """Report every point's state changes until all have ended, then the results; 0 only if all COMPLETED.
-    Ctrl-C stops following, not the jobs."""
-    record = read_record(record_dir)
-    entries = [e for e in record["points"] if e["job_id"]]
-    said: dict[str, str] = {}
-    finals: dict[str, JobState] = {}
-    interval = poll
+def _log_of(entry: dict) -> Path:
+    """A point's log, from its manifest (a moved or damaged bundle: a path that is never there)."""
     try:
-        while len(finals) < len(entries):
-            changed = False
-            for e in entries:
-                if e["job_id"] in finals:
-                    continue
-                state = client.job_state(e["job_id"])
-                if state is None:
-                    raise LauncherError(f"Slurm no longer knows job {e['job_id']} ({e['run_name']})")
-                text = describe(state)
-                if said.get(e["job_id"]) != text:
-                    print(f"[follow] {e['run_name']}: {text}", file=sys.stderr, flush=True)
-                    said[e["job_id"]], changed = text, True
-                if state.terminal:
-                    finals[e["job_id"]] = state
-                    judge_point(e, state)
-            if len(finals) < len(entries):
-                interval = poll if changed else min(interval * 1.5, max_poll)
-                time.sleep(interval)
+        return manifest.load(Path(entry["bundle"])).log
+    except (OSError, ValueError, KeyError):
+        return Path(entry["bundle"]) / "no log"
+
+
+def follow(record_dir: Path, cadence: Cadence | None = None) -> int:
+    """Report every point's state changes until all have ended, then the results; 0 only if all COMPLETED. One
+    controller query for all points at a time (`launcher.slurm.follow.watch`); each point's log says when its
+    attempts end. Ctrl-C stops following, not the jobs."""
+    record = read_record(record_dir)
+    entries = {e["job_id"]: e for e in record["points"] if e["job_id"]}
+    watched = []
+    for job_id, entry in entries.items():
+        log = _log_of(entry)
+        tail = LogTail(log, None, offset=log.stat().st_size if log.is_file() else 0)  # its attempt lines from now on
+        watched.append(Watched(job_id, tail, label=entry["run_name"]))
+    try:
+        finals = watch(
+            watched,
+            lambda w, text: print(f"[follow] {w.label}: {text}", file=sys.stderr, flush=True),
+            cadence=cadence,
+            on_end=lambda w, state: judge_point(entries[w.job_id], state),
+        )
     except KeyboardInterrupt:
         print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130

@@ -94,7 +94,8 @@ def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict)
         argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "waiter", "--nodes", "1"]
         argv += ["--gpus_per_node", "2", "--run_train_script", script(tmp_path, "allreduce.py", ALLREDUCE)]
         argv += ["--dataset", "none", "--time_limit", "5:00", "--show_logs"]
-        waiter = subprocess.Popen(argv, cwd=tmp_path, env=slurm_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        quick = {**slurm_env, "LAUNCHER_POLL_SECONDS": "2"}  # a pending job is looked at after 2 s, 3 s, ...
+        waiter = subprocess.Popen(argv, cwd=tmp_path, env=quick, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         manifest = tmp_path / "logs/configs/waiter"
         waiter_id = wait_for(
             lambda: (
@@ -104,7 +105,7 @@ def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict)
             )
         )
         wait_for(lambda: slurm.job_state(waiter_id).reason == "Resources")
-        time.sleep(1.5)  # the follower polls every second
+        time.sleep(3.5)  # the follower's next look at the pending job
     finally:
         slurm.cancel(holder_id)
     stdout, stderr = waiter.communicate(timeout=120)
@@ -329,7 +330,8 @@ def test_dependency_that_can_never_be_met(tmp_path: Path, slurm_env: dict):
     first_id = job_id_of(tmp_path, "doomed")
     # submitted while the first still runs: Slurm accepts it, then cancels it when the first fails
     ran = script(tmp_path, "ran.py", "print('RAN-ANYWAY')\n")
-    waiting = launch(tmp_path, slurm_env, "waiting", ran, "--nodes", "1", "--dependency", f"afterok:{first_id}",
+    quick = {**slurm_env, "LAUNCHER_POLL_SECONDS": "2"}  # its cancel, while pending, is seen at a look 2-8 s apart
+    waiting = launch(tmp_path, quick, "waiting", ran, "--nodes", "1", "--dependency", f"afterok:{first_id}",
                      "--show_logs")  # fmt: skip
     assert waiting.returncode == 1, waiting.stdout + waiting.stderr
     assert "ended CANCELLED" in waiting.stdout and "RAN-ANYWAY" not in waiting.stdout

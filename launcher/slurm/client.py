@@ -16,6 +16,7 @@ from launcher.errors import SlurmUnavailable, SubmissionError
 from launcher.slurm.parse import (
     SACCT_FIELDS,
     SQUEUE_JOBS,
+    SQUEUE_STATES,
     JobState,
     parse_gres_types,
     parse_job_records,
@@ -23,6 +24,7 @@ from launcher.slurm.parse import (
     parse_sacct,
     parse_scontrol,
     parse_squeue_jobs,
+    parse_squeue_states,
 )
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$", re.ASCII)
@@ -161,6 +163,26 @@ def job_state(job_id: str) -> JobState | None:
     """The job's current state (for an array, its first record), or None when Slurm no longer knows it."""
     states = job_states(job_id)
     return states[0] if states else None
+
+
+def job_states_many(job_ids: list[str]) -> dict[str, JobState]:
+    """The states of many jobs in one controller query (`squeue -j ID,ID,... -t all`: two RPCs, however many
+    jobs, where `scontrol show job` takes two each); a job squeue does not list (the controller has forgotten it,
+    an array) is asked about alone (`job_state`: scontrol, then sacct). A job Slurm does not know is left out."""
+    ids = list(dict.fromkeys(job_ids))
+    if len(ids) == 1:  # squeue asks for one job as scontrol does, plus the partitions: scontrol is cheaper
+        state = job_state(ids[0])
+        return {ids[0]: state} if state else {}
+    found: dict[str, JobState] = {}
+    if ids:
+        out = _run([_command("squeue"), "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_STATES])
+        if out.returncode != 0 and _unreachable(out.stderr):
+            raise SlurmUnavailable(f"squeue cannot reach the Slurm controller: {out.stderr.strip()}")
+        found = {k: v for k, v in parse_squeue_states(out.stdout).items() if k in ids}
+    for job_id in ids:
+        if job_id not in found and (state := job_state(job_id)) is not None:
+            found[job_id] = state
+    return {job_id: found[job_id] for job_id in ids if job_id in found}
 
 
 def job_log_path(job_id: str) -> Path | None:

@@ -135,6 +135,42 @@ def parse_node_shapes(text: str, partition: str | None = None) -> list[tuple[int
     return shapes
 
 
+# Many jobs' states in one query (`squeue -j ID,ID,... -t all -h -O ...`): one field per column, each ending in |
+# (no width given: squeue pads nothing); exit_code is the raw wait status (512 = exit code 2; 9 = signal 9).
+SQUEUE_STATES = "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:|,Dependency:|"
+
+
+def _wait_status(text: str) -> tuple[int | None, int | None]:
+    """squeue's exit_code ("512", a raw wait status; "2:0" where a version says it as scontrol does) -> (exit
+    code, signal), as scontrol's ExitCode=2:0 says them."""
+    if ":" in text or not text.isdigit():
+        return _exit(text)
+    status = int(text)
+    return (0, status & 0x7F) if status & 0x7F else (status >> 8, 0)
+
+
+def parse_squeue_states(text: str) -> dict[str, JobState]:
+    """`squeue -h -O SQUEUE_STATES` output -> job id -> its state, as `parse_job_records` would read it."""
+    found = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 7 or not fields[0] or not fields[1]:
+            continue
+        job_id, state, reason, code, restarts, nodes, dependency = fields[:7]
+        status, sig = _wait_status(code)
+        found[job_id] = JobState(
+            job_id,
+            state,
+            reason or "None",
+            status,
+            sig,
+            int(restarts) if restarts.isdigit() else 0,
+            nodes,
+            "" if dependency in ("(null)", "") else dependency,
+        )
+    return found
+
+
 SQUEUE_JOBS = "%i|%T|%o"  # job id, state, command (the batch script's path)
 
 

@@ -4,6 +4,7 @@
   room for one checkpoint (`launcher.bundle.storage`);
 - the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.awaited_jobs`);
 - a live job of the same run, which would write the same checkpoints (`launcher.slurm.one_writer`);
+- the follower's rate (LAUNCHER_POLL_SECONDS, `launcher.slurm.follow`), where set;
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
@@ -21,7 +22,7 @@ from launcher.config import dependency_syntax, dialect, figures, gpus
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
-from launcher.slurm import awaited_jobs, client, one_writer
+from launcher.slurm import awaited_jobs, client, follow, one_writer
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
 
@@ -128,6 +129,7 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
     """Every problem of the preflight phase; `earlier`: the pure phase's, which some of these defer to."""
     found = storage_problems(spec, earlier) + resume_problems(spec)
     if ask_slurm:
+        found += follow.env_problems()  # the follower's rate, before the job is submitted to be followed
         found += dependency_problems(spec, earlier + found)
         if not any(p.flag == "run_name" for p in earlier):
             try:
