@@ -15,6 +15,9 @@
 # Usage (the batch script's): bash node.sh run HOST:PORT NODE1,NODE2,...  |  bash node.sh dump DIR  |  bash node.sh stop
 # shellcheck disable=SC2016,SC2089,SC2090  # (values are single-quoted on purpose: a $ or quote is a literal character)
 set -uo pipefail
+# Slurm passes the submitting shell's soft open-file limit (often 1024); torchrun's store on the first node holds
+# about (GPUs + 1) x nodes connections: the soft limit goes up to the hard one (the node check says if that is short).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 LAUNCHER_PYTHON=/usr/bin/python3
 LAUNCHER_TRAIN_SCRIPT=/project/run_train.py
@@ -53,16 +56,20 @@ training_pids() {
 mode="${1:-run}"
 case "$mode" in
   dump)  # every training process's Python stacks: py-spy where the job's environment has it, else faulthandler
+    # All processes at once, each dump at most 30 s, without pausing the process (--nonblocking): a process stuck
+    # in the kernel (D state) cannot hold up the others, nor this node the job.
     pyspy="$(dirname "$LAUNCHER_PYTHON")/py-spy"
     [[ -x "$pyspy" ]] || pyspy=$(command -v py-spy || true)
     for pid in $(training_pids); do
       if [[ -n "$pyspy" ]]; then
-        "$pyspy" dump --pid "$pid" > "$2/${node}-${pid}.txt" 2>&1 || kill -USR2 "$pid" 2>/dev/null
+        { timeout -k 5 30 "$pyspy" dump --nonblocking --pid "$pid" > "$2/${node}-${pid}.txt" 2>&1 \
+            || kill -USR2 "$pid" 2>/dev/null; } &
       else
         kill -USR2 "$pid" 2>/dev/null  # faulthandler writes every thread's stack to the job's log
         echo "py-spy not found: the stacks of process ${pid} are in the job's log (faulthandler)" > "$2/${node}-${pid}.txt"
       fi
     done
+    wait
     exit 0 ;;
   stop)
     pids=$(training_pids)
