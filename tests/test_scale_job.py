@@ -3,13 +3,16 @@ file looked for by rank 0 alone, every few seconds; the progress file rewritten 
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
 import os
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from launcher.train import stop
+from launcher.train import checkpoint, stop
 
 
 def rank_looks(rank: int, world: int, store_path: str, stop_file: str, counts: dict) -> None:
@@ -59,3 +62,56 @@ def test_progress_is_rewritten_every_few_seconds_and_at_once_on_a_change_of_phas
     stop.report_progress(True, 1000, "saving")
     stop.report_progress(True, 1000)
     assert len(writes) == 3 and progress.read_text().startswith("1000 ") and progress.read_text().endswith(" step\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """What checkpoint.save reads of a TrainConfig: its hash and the checkpoints path."""
+
+    checkpoints_path: str
+
+
+def rank_saves_and_resumes(rank: int, world: int, store_path: str, root: str, counts: dict) -> None:
+    from launcher.train import checkpoint, torch_engine
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    torch.manual_seed(100 + rank)  # each rank's own RNG state
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    dist.broadcast(model.weight.data, 0)
+    dist.broadcast(model.bias.data, 0)
+    mine = checkpoint.rng_digest()
+    created, opened = [], []
+    real_open = builtins.open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        (created if any(m in mode for m in "wax") else opened).append(os.path.basename(str(file)))
+        return real_open(file, mode, *args, **kwargs)
+
+    builtins.open = counting_open
+    try:
+        checkpoint.save(Where(root), 3, model, optimizer, data_position=6)
+        torch.manual_seed(0)  # a fresh run's state, until the resume restores this rank's own
+        fresh = torch.nn.Linear(8, 8)
+        state, why = torch_engine._read_agreed(Path(root) / "3", torch.device("cpu"))
+        restored = checkpoint.load(state, Path(root) / "3", fresh, torch.optim.AdamW(fresh.parameters()))
+    finally:
+        builtins.open = real_open
+    same = bool(torch.equal(fresh.weight, model.weight)) and restored.step == 3 and restored.data_position == 6
+    counts[rank] = (sorted(created), opened.count(checkpoint.STATE_FILE), same, checkpoint.rng_digest() == mine)
+    dist.destroy_process_group()
+
+
+def test_one_writer_per_save_and_one_reader_per_resume(tmp_path: Path):
+    with mp.Manager() as manager:
+        counts = manager.dict()
+        mp.spawn(rank_saves_and_resumes, args=(2, str(tmp_path / "store"), str(tmp_path / "ckpt"), counts), nprocs=2)
+        counts = dict(counts)
+    # rank 0 writes the state, its meta and the pointer (through a temporary file); rank 1 writes nothing; rank 0
+    # alone reads the state file; both get the weights and the step back, and each its own RNG states
+    assert len(counts[0][0]) == 3 and counts[0][0][1:] == ["meta.json", "state.pt"], counts
+    assert counts[0][0][0].startswith(f".tmp-{checkpoint.POINTER}-"), counts
+    assert counts[1][0] == [] and counts[0][1] == 1 and counts[1][1] == 0
+    assert counts[0][2:] == (True, True) and counts[1][2:] == (True, True)

@@ -17,6 +17,9 @@ from launcher.slurm import client
 from launcher.slurm.parse import JobState
 
 
+CHUNK = 1024 * 1024
+
+
 @dataclass
 class LogTail:
     """Copies what is appended to a file, from its first byte, to `out`."""
@@ -26,18 +29,20 @@ class LogTail:
     offset: int = 0
 
     def pump(self) -> int:
-        """Copy new bytes; return how many."""
+        """Copy new bytes, a chunk at a time (attaching to a 2 GiB log holds 1 MiB, not 2 GiB); return how many."""
+        copied = 0
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                data = f.read()
+                while data := f.read(CHUNK):
+                    self.out.write(data)
+                    self.offset += len(data)
+                    copied += len(data)
         except FileNotFoundError:
-            return 0
-        if data:
-            self.out.write(data)
+            return copied
+        if copied:
             self.out.flush()
-            self.offset += len(data)
-        return len(data)
+        return copied
 
 
 def describe(state: JobState) -> str:
