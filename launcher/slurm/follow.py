@@ -16,7 +16,6 @@ from launcher.errors import LauncherError
 from launcher.slurm import client
 from launcher.slurm.parse import JobState
 
-
 CHUNK = 1024 * 1024
 
 
