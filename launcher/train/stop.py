@@ -103,3 +103,21 @@ def report_progress(is_main: bool, step: int, phase: str = "step") -> None:
         return
     _last_progress[:] = [phase, now]
     _tell("LAUNCHER_PROGRESS_FILE", is_main, f"{step} {time.time():.3f} {phase}\n")
+
+
+def grace_warning(save_s: float, step_s: float) -> str | None:
+    """A warning when a time-limit save would not fit the notice Slurm gives (`LAUNCHER_SIGNAL_GRACE` seconds
+    before the limit): the step under way, then the save, with a fifth to spare. None when it fits."""
+    try:
+        grace = float(os.environ.get("LAUNCHER_SIGNAL_GRACE") or 0)
+    except ValueError:
+        return None
+    need = save_s + step_s
+    if not grace or need * 1.25 <= grace:
+        return None
+    return (
+        f"warning: a checkpoint took {save_s:.0f} s and a step {step_s:.1f} s: a time-limit save needs ~{need:.0f} s "
+        f"of "
+        f"the {grace:.0f} s warning Slurm gives; launch again with --signal_grace {int(need * 1.5) + 30} or the "
+        f"time-limit save may be cut short (the run then resumes from the save before)"
+    )

@@ -32,7 +32,7 @@ from launcher.train.data import MicroBatches, build_micro_batches, build_windows
 from launcher.train.metrics import Reporter, StepMetrics
 from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token, peak_flops
 from launcher.train.schedule import lr_at
-from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
+from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
 
 
 @dataclass(frozen=True)
@@ -247,9 +247,12 @@ class TorchTrainer:
             if self.step == 0 and cfg.save_initial_state:
                 checkpoint.save(cfg, 0, self.model, self.optimizer, self.position)
             window_start, window_steps = time.perf_counter(), 0
+            warned: str | None = None
             while self.step < cfg.train_steps:
                 self.step += 1
+                stepping = time.perf_counter()
                 loss_sum, grad_norm = self.train_step(ddp)
+                step_s = time.perf_counter() - stepping
                 window_steps += 1
                 if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
                     self._log(loss_sum, grad_norm, window_steps, window_start)
@@ -259,8 +262,11 @@ class TorchTrainer:
                 periodic = cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0
                 if periodic or stopping or self.step == cfg.train_steps:
                     report_progress(where.rank == 0, self.step, "saving")
+                    saving = time.perf_counter()
                     checkpoint.save(cfg, self.step, self.model, self.optimizer, self.position)
                     report_progress(where.rank == 0, self.step)
+                    if warned is None and (warned := grace_warning(time.perf_counter() - saving, step_s)):
+                        self.reporter.print(warned)
                     window_start = time.perf_counter()  # saving is not training time
                 if stopping:
                     stop.consume(where.rank == 0)
