@@ -115,3 +115,12 @@ def test_one_writer_per_save_and_one_reader_per_resume(tmp_path: Path):
     assert counts[0][0][0].startswith(f".tmp-{checkpoint.POINTER}-"), counts
     assert counts[1][0] == [] and counts[0][1] == 1 and counts[1][1] == 0
     assert counts[0][2:] == (True, True) and counts[1][2:] == (True, True)
+
+
+def test_a_save_that_would_not_fit_the_grace_time_is_named(monkeypatch):
+    monkeypatch.delenv("LAUNCHER_SIGNAL_GRACE", raising=False)
+    assert stop.grace_warning(500, 10) is None  # no requeue on time limits: nothing to fit
+    monkeypatch.setenv("LAUNCHER_SIGNAL_GRACE", "120")
+    assert stop.grace_warning(60, 5) is None
+    warning = stop.grace_warning(95, 12)
+    assert warning is not None and "needs ~107 s of the 120 s warning" in warning and "--signal_grace 190" in warning
