@@ -20,11 +20,15 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
+from launcher import atomic
+from launcher import protocol as P
+
+STOP_MESSAGE = P.STOP_MESSAGE
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # On a shared filesystem every look is a metadata request to its server: rank 0 alone looks for the stop file, at
 # most this often (the time-limit warning comes minutes ahead), and rank 0 rewrites the progress file at most this
@@ -38,7 +42,7 @@ class StopRequest:
 
     def __init__(self, device: torch.device):
         self.device, self.signalled = device, False
-        self.path = os.environ.get("LAUNCHER_STOP_FILE") or None
+        self.path = os.environ.get(P.ENV_STOP_FILE) or None
         self.looked = float("-inf")  # when rank 0 last looked for the stop file
         self.previous_handlers: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
@@ -80,15 +84,12 @@ def _tell(variable: str, is_main: bool, text: str) -> None:
     path = os.environ.get(variable)
     if not is_main or not path:
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic.replace(Path(path), text)
 
 
 def report_outcome(is_main: bool, finished: bool, step: int) -> None:
     """Tell the batch script how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
-    _tell("LAUNCHER_OUTCOME_FILE", is_main, f"{'finished' if finished else 'stopped'} {step}\n")
+    _tell(P.ENV_OUTCOME_FILE, is_main, P.OUTCOME_FORMAT.format(word=P.FINISHED if finished else P.STOPPED, step=step))
 
 
 _last_progress: list = [None, float("-inf")]  # the phase last written, and when
@@ -102,14 +103,14 @@ def report_progress(is_main: bool, step: int, phase: str = "step") -> None:
     if not is_main or (phase == _last_progress[0] and now - _last_progress[1] < PROGRESS_EVERY_S):
         return
     _last_progress[:] = [phase, now]
-    _tell("LAUNCHER_PROGRESS_FILE", is_main, f"{step} {time.time():.3f} {phase}\n")
+    _tell(P.ENV_PROGRESS_FILE, is_main, P.PROGRESS_FORMAT.format(step=step, time=time.time(), phase=phase))
 
 
 def grace_warning(save_s: float, step_s: float) -> str | None:
     """A warning when a time-limit save would not fit the notice Slurm gives (`LAUNCHER_SIGNAL_GRACE` seconds
     before the limit): the step under way, then the save, with a fifth to spare. None when it fits."""
     try:
-        grace = float(os.environ.get("LAUNCHER_SIGNAL_GRACE") or 0)
+        grace = float(os.environ.get(P.ENV_SIGNAL_GRACE) or 0)
     except ValueError:
         return None
     need = save_s + step_s
@@ -117,7 +118,6 @@ def grace_warning(save_s: float, step_s: float) -> str | None:
         return None
     return (
         f"warning: a checkpoint took {save_s:.0f} s and a step {step_s:.1f} s: a time-limit save needs ~{need:.0f} s "
-        f"of "
-        f"the {grace:.0f} s warning Slurm gives; launch again with --signal_grace {int(need * 1.5) + 30} or the "
+        f"of the {grace:.0f} s warning Slurm gives; launch again with --signal_grace {int(need * 1.5) + 30} or the "
         f"time-limit save may be cut short (the run then resumes from the save before)"
     )
