@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from array import array
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -193,8 +194,9 @@ def binned_logs(log_dir: Path, job_id: str) -> list[dmon.Binned]:
     by_host: dict[str, dmon.Binned] = {}
     for path in paths:
         host = dmon.host_of(path, job_id)
-        into = by_host.get(host) or dmon.Binned(host, start, width, {c: [0.0] * bins for c, *_ in GPU_PANELS},
-                                                {c: [0] * bins for c, *_ in GPU_PANELS})  # fmt: skip
+        columns = [c for c, *_ in GPU_PANELS]
+        sums, counts = {c: array("d", [0.0]) * bins for c in columns}, {c: array("l", [0]) * bins for c in columns}
+        into = by_host.get(host) or dmon.Binned(host, start, width, sums, counts)
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 by_host[host] = dmon.bin_into(into, f)
