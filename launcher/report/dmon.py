@@ -15,7 +15,7 @@ A value the GPU does not report is '-'. A line cut short (the job killed mid-wri
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, MutableSequence
+from collections.abc import Iterable, Mapping, MutableSequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -146,8 +146,8 @@ class Binned:
     host: str
     start: datetime
     width: float
-    sums: dict[str, MutableSequence[float]]  # array("d"): 8 bytes a bin, not a Python float's 32
-    counts: dict[str, MutableSequence[int]]
+    sums: Mapping[str, MutableSequence[float]]  # array("d"): 8 bytes a bin, not a Python float's 32
+    counts: Mapping[str, MutableSequence[int]]
     gpus: set[int] = field(default_factory=set)
 
     def means(self, column: str) -> list[float]:
