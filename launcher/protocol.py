@@ -35,6 +35,8 @@ TORCH_POINTER = "latest"  # the torch engine's pointer to its newest checkpoint 
 NANOTRON_POINTER = "latest.txt"  # nanotron's
 POINTERS = {TORCH_POINTER: "torch", NANOTRON_POINTER: "nanotron"}  # pointer -> the engine that writes it
 DATA_CACHE = ".data-cache"  # the torch engine's packed windows
+DIALECT_RECORD = "nanotron-dialect"  # the config dialect ("0.4" | "main") the run's checkpoints were written from
+NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
 
 # What the job reads from its environment (set by the node script).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
@@ -98,6 +100,11 @@ STAMP_PATTERN = r"\d\d:\d\d:\d\d(?:\.\d+)?"
 STEP_LINE = "step {step}/{steps} | "
 STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
 SHELL_UNSAFE = re.compile(r'["$`\\]')
+
+
+def printf_format(fmt: str) -> str:
+    """A format with its fields as printf's `%s`, ending in a newline (for the batch script's records)."""
+    return re.sub(r"\{[^}]*\}", "%s", fmt) + "\\n"
 
 
 def fields(name: str) -> list[str]:

@@ -72,7 +72,7 @@ class Where:
 
 
 def rank_saves_and_resumes(rank: int, world: int, store_path: str, root: str, counts: dict) -> None:
-    from launcher.train import checkpoint, torch_engine
+    from launcher.train import checkpoint, resume
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     torch.manual_seed(100 + rank)  # each rank's own RNG state
@@ -95,7 +95,7 @@ def rank_saves_and_resumes(rank: int, world: int, store_path: str, root: str, co
         checkpoint.save(Where(root), 3, model, optimizer, data_position=6)
         torch.manual_seed(0)  # a fresh run's state, until the resume restores this rank's own
         fresh = torch.nn.Linear(8, 8)
-        state, why = torch_engine._read_agreed(Path(root) / "3", torch.device("cpu"))
+        state, why = resume._read_agreed(Path(root) / "3", torch.device("cpu"))
         restored = checkpoint.load(state, Path(root) / "3", fresh, torch.optim.AdamW(fresh.parameters()))
     finally:
         builtins.open = real_open

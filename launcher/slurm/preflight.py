@@ -14,9 +14,10 @@ phase (`launcher.config.validate`) and reports the problems of both at once.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from launcher.bundle import storage
-from launcher.config import dependency_syntax, figures, gpus
+from launcher.config import dependency_syntax, dialect, figures, gpus
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
@@ -79,7 +80,7 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     if a.logging.profiler_export_path:
         out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     said = {p.flag for p in earlier + out}
-    if all(v > 0 for v in spec.shape) and not said & {"checkpoints_path", "save_interval"}:
+    if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"}:
         out += storage.space_problems(figures.parameters(spec), a.paths.checkpoints_path)
     return out
 
@@ -103,9 +104,29 @@ def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
         ]
 
 
+def resume_problems(spec: RunSpec) -> list[Problem]:
+    """A run resumed in another nanotron dialect than its checkpoints were written in: nanotron main's checkpoints
+    (format 1.5, with data-stage metadata) are not 0.4's (1.2), and the model's RoPE (theta, layout) may differ."""
+    a = spec.args
+    if not a.paths.resume:
+        return []
+    saved, how = dialect.of_checkpoints(Path(a.paths.checkpoints_path) / a.run_name)
+    if saved is None or saved == spec.dialect.dialect:
+        return []
+    return [
+        Problem(
+            "nanotron_dialect",
+            f"run {a.run_name}'s checkpoints were written from a nanotron {saved} config ({how}), but this launch "
+            f"writes {spec.dialect.dialect}'s ({spec.dialect.why}); a checkpoint does not cross dialects",
+            f"resume where the job's nanotron is {saved} (--nanotron_dialect {saved}), or start afresh: "
+            "--resume false or a new --run_name",
+        )
+    ]
+
+
 def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Problem]:
     """Every problem of the preflight phase; `earlier`: the pure phase's, which some of these defer to."""
-    found = storage_problems(spec, earlier)
+    found = storage_problems(spec, earlier) + resume_problems(spec)
     if ask_slurm:
         found += dependency_problems(spec, earlier + found)
         if not any(p.flag == "run_name" for p in earlier):
