@@ -43,6 +43,7 @@ ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
 ENV_OUTCOME_FILE = "LAUNCHER_OUTCOME_FILE"
 ENV_METRICS_FILE = "LAUNCHER_METRICS_FILE"
 ENV_PROGRESS_FILE = "LAUNCHER_PROGRESS_FILE"
+ENV_SIGNAL_GRACE = "LAUNCHER_SIGNAL_GRACE"  # seconds the time-limit warning comes early (where the job requeues)
 ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE", marks a node's training processes (for stack dumps and stop)
 
 # Training's words as it ends (OUTCOME_FILE), read by the batch script's end-of-attempt table.
@@ -66,7 +67,8 @@ LINES = {
     "terminated": "termination signal (a cancel, the time limit, or the end of a preemption's grace time): this "
     "attempt ends",
     "hung": "hung at step {step}: no progress for {idle} s (limit {limit} s); stacks in {stacks}",
-    "suspected": "suspected: {nodes} (its training processes are not waiting for the others)",
+    "suspected": "suspected: {nodes} (its training processes' stacks differ from the others')",
+    "not_excluded": "not leaving out {count} nodes (at most {most}; the partition can spare {spare})",
     "two_writers": "two jobs of one run: job {holder} ({state}) holds {lock} and trains into {checkpoints}; this job "
     "does not train beside it. Cancel one of them, or chain them: --dependency afterany:{holder}",
     "heartbeat": "heartbeat",

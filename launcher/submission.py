@@ -10,7 +10,7 @@ from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
 from launcher.report import pictures, plots, summary
-from launcher.slurm import client, follow, triage
+from launcher.slurm import client, follow, logread, triage
 from launcher.slurm.parse import JobState
 
 
@@ -37,8 +37,7 @@ def read_log(log: Path) -> str:
     """What triage reads of a job's log: its last attempt's first failure and tail (`triage.excerpt`, bounded
     memory whatever the log's size); "" when there is no log."""
     try:
-        with open(log, encoding="utf-8", errors="replace") as f:
-            return triage.excerpt(iter(lambda: f.readline(triage.LINE_CHARS), ""))
+        return triage.excerpt(logread.tail_lines(log, line_chars=triage.LINE_CHARS))  # the last 64 MiB at most
     except OSError:
         return ""
 

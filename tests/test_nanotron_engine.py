@@ -69,6 +69,11 @@ def test_nanotrons_own_pointer_write_is_dropped_and_only_there(tmp_path: Path) -
     assert "open" not in vars(module), "the builtin is back"
     module.save(tmp_path)
     assert (tmp_path / "latest.txt").read_text() == "7"
+    other = tmp_path / "rank1"
+    other.mkdir()
+    with pointer_writes_dropped(module, is_main=False):  # every other rank: neither the pointer nor model_config
+        module.save(other)
+    assert list(other.iterdir()) == []
 
 
 def test_epochs_go_around_reshuffled_and_resume_where_they_stopped() -> None:

@@ -4,7 +4,10 @@ nodes meeting at the rendezvous port (threads standing in for nodes; the end-to-
 from __future__ import annotations
 
 import os
+import resource
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -92,3 +95,51 @@ def test_the_head_reports_for_all(tmp_path: Path, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert code == nodecheck.FAILED and "preflight failed on node1: cannot write" in out
     assert report.read_text().startswith(f"node1: cannot write {tmp_path / 'f' / 'x'}")
+
+
+def limited_head(port: int, nodes: list[str], files: int, report: Path) -> subprocess.Popen:
+    """The head as the job runs it (the script by path), with an open-file limit of `files`, soft and hard."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
+    argv = [sys.executable, nodecheck.__file__, "--head", "127.0.0.1", "--port", str(port), "--nodes",
+            ",".join(nodes), "--node", nodes[0], "--gpus", "8", "--timeout", "60", "--report", str(report)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=limit)
+
+
+def test_many_peers_under_a_low_file_limit_get_the_verdict_and_the_limit_is_named(tmp_path: Path):
+    # 600 nodes against a head allowed 256 open files: a head holding a socket per node ran out of files at ~250
+    # and called it a taken port. Now every node gets the verdict, and the verdict names the limit itself.
+    port, nodes = free_port(), ["head"] + [f"n{i}" for i in range(600)]
+    head = limited_head(port, nodes, 256, tmp_path / "report")
+    verdicts: dict[str, dict] = {}
+
+    def peer(node: str) -> None:
+        verdicts[node] = nodecheck.ask("127.0.0.1", port, nodes, node, ["disk full"] if node == "n7" else [], 60)
+
+    threads = [threading.Thread(target=peer, args=(n,)) for n in nodes[1:]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out, _ = head.communicate(timeout=60)
+    assert head.returncode == nodecheck.FAILED and "taken" not in out, out
+    assert len(verdicts) == 600 and all(set(v) == set(nodes) for v in verdicts.values())
+    assert verdicts["n3"]["n7"] == ["disk full"] and verdicts["n3"]["n3"] == []
+    (limit_line,) = verdicts["n1"]["head"]
+    assert (
+        limit_line.startswith("the open-file limit is 256 (ulimit -n, hard limit 256)")
+        and "601 nodes x 8 processes needs about 5665" in limit_line
+    )
+    assert (tmp_path / "report").read_text().splitlines()[0].startswith("head: the open-file limit is 256")
+
+
+def test_a_head_that_cannot_listen_for_another_reason_says_why(capsys: pytest.CaptureFixture[str]):
+    code = nodecheck.main(["--head", "127.0.0.1", "--port", "1", "--nodes", "node1,node2", "--node", "node1",
+                           "--timeout", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    if os.geteuid() == 0:  # root may listen on port 1; nothing to show then
+        assert code in (0, nodecheck.FAILED)
+        return
+    assert code == nodecheck.FAILED and "cannot listen on port 1 (Permission denied)" in out and "taken" not in out

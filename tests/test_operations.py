@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -76,7 +77,8 @@ def test_a_hang_is_caught_dumped_and_the_run_goes_on_without_the_node(tmp_path: 
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0, out + log[-3000:]
     first = log.split(" attempt 1 started ")[1].split(" on ")[1].split()[0]
-    assert "hung at step 4: no progress for" in log and "(limit 20 s); stacks in" in log, log[-3000:]
+    # progress is written every 5 s or on a change of phase: the save at step 3 is the last word, or step 4
+    assert re.search(r"hung at step [34]: no progress for", log) and "(limit 20 s); stacks in" in log, log[-3000:]
     stacks = Path(log.split("stacks in ")[1].split()[0])
     dumps = {p.name: p.read_text() for p in stacks.glob(f"{first}-*.txt")}
     assert len(dumps) == 2 and all("Thread" in text for text in dumps.values()), dumps  # py-spy, one a rank

@@ -157,3 +157,16 @@ def test_report_command_on_a_bundle_a_run_and_a_sweep(tmp_path: Path, capsys: py
 
 def test_the_sweep_record_name_is_the_sweeps():
     assert report_cli.SWEEP_RECORD == sweep.RECORD
+
+
+def test_many_nodes_are_drawn_as_their_distribution_in_bounded_bins(tmp_path: Path):
+    from synthetic_dmon import write_logs
+
+    write_logs(tmp_path, "99", nodes=40, gpus=4, samples=800, slow={7})  # 40 nodes, 3 h 20 min each
+    nodes = pictures.binned_logs(tmp_path, "99")
+    assert len(nodes) == 40 and all(len(n.sums["sm"]) <= pictures.MAX_BINS for n in nodes)
+    slow = next(n for n in nodes if n.host == "node0007")
+    assert {round(m) for m in slow.means("sm")} == {10} and slow.gpus == {0, 1, 2, 3}
+    assert sum(sum(n.counts["sm"]) for n in nodes) == 40 * 4 * 800  # every sample counted once
+    png = pictures.gpus_picture(tmp_path, "99", tmp_path / "gpus.png", "many")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 30_000

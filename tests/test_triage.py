@@ -255,3 +255,19 @@ def test_a_chained_exception_is_named_by_its_last_link():
         2, "RuntimeError", "batch 17 has no input_ids", "train.py:40 in step"
     )  # fmt: skip
     assert raised.line == 0  # where the chain starts
+
+
+def test_a_big_log_is_read_from_its_end_only(tmp_path: Path):
+    from launcher.slurm import logread
+    from launcher.submission import read_log
+
+    log = tmp_path / "big.out"
+    with open(log, "w") as f:
+        f.write("[launcher 10:00:00.000] job 5 attempt 1 started 2026-11-24T10:00:00+00:00 on node1\n")
+        f.write("x" * 3000 + "\n")  # a long line across the cut
+        f.writelines(f"step {i}/100000 | loss 2.0\n" for i in range(200_000))
+        f.write("Traceback (most recent call last):\nRuntimeError: CUDA error: an illegal memory access\n")
+    lines = list(logread.tail_lines(log, max_bytes=10_000))
+    assert lines[0].startswith("step ") and lines[-1].startswith("RuntimeError") and sum(map(len, lines)) <= 10_000
+    assert lines == log.read_text().splitlines(keepends=True)[-len(lines) :]  # whole lines, the file's last ones
+    assert "RuntimeError: CUDA error: an illegal memory access" in read_log(log)

@@ -100,6 +100,7 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "nodecheck": JOB_HELPERS / "nodecheck.py",
         "preflight": a.job.preflight,
         "debug": a.job.debug,
+        "signal_grace": a.slurm.signal_grace if a.slurm.max_requeues else 0,
     }
 
 
@@ -123,7 +124,6 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             placement={name: getattr(a.slurm, name) for name in PLACEMENT},  # values checked by validation
             exclusive=a.slurm.exclusive,
             max_requeues=a.slurm.max_requeues,
-            signal_grace=a.slurm.signal_grace,
             log_path=paths.log,
             srun_status_file=paths.srun_status_file,
             requeues_file=paths.requeues_file,

@@ -15,6 +15,7 @@ A value the GPU does not report is '-'. A line cut short (the job killed mid-wri
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, MutableSequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -102,3 +103,80 @@ def joined(logs: list[DmonLog]) -> list[DmonLog]:
     for log in by_host.values():
         log.samples.sort(key=lambda s: (s.time, s.gpu))
     return list(by_host.values())
+
+
+# Thousands of nodes: each log is read as a stream into a fixed number of time bins (a node's mean over its GPUs
+# and the bin's samples, per column shown), so that memory grows with nodes x bins, not with samples.
+
+
+def _when(date: str, time: str) -> datetime | None:
+    try:
+        return datetime.strptime(f"{date} {time}", "%Y%m%d %H:%M:%S")
+    except ValueError:
+        return None
+
+
+def span(path: Path, edge: int = 65536) -> tuple[datetime, datetime] | None:
+    """The first and last sample times of a log, from its first and last `edge` bytes (None without samples)."""
+    with open(path, "rb") as f:
+        head = f.read(edge)
+        size = f.seek(0, 2)
+        f.seek(max(0, size - edge))
+        tail = f.read(edge)
+    found = []
+    for chunk in (head, tail):
+        rows = [w for w in (line.split() for line in chunk.decode("utf-8", "replace").splitlines()) if len(w) > 3]
+        found.append([t for w in rows if not w[0].startswith("#") and (t := _when(w[0], w[1])) is not None])
+    return (found[0][0], found[1][-1]) if found[0] and found[1] else None
+
+
+@dataclass
+class Binned:
+    """One node's samples in time bins of `width` seconds from `start`: per shown column, the sum and count of its
+    GPUs' reported values in each bin."""
+
+    host: str
+    start: datetime
+    width: float
+    sums: Mapping[str, MutableSequence[float]]  # array("d"): 8 bytes a bin, not a Python float's 32
+    counts: Mapping[str, MutableSequence[int]]
+    gpus: set[int] = field(default_factory=set)
+
+    def means(self, column: str) -> list[float]:
+        """Each bin's mean (NaN where the node reported nothing)."""
+        return [s / n if n else float("nan") for s, n in zip(self.sums[column], self.counts[column], strict=True)]
+
+
+def bin_into(binned: Binned, lines: Iterable[str]) -> Binned:
+    """Add a log's samples (its lines, streamed) into `binned` (a node's later attempts go into the same bins)."""
+    bins = len(next(iter(binned.sums.values())))
+    columns: list[str] = []
+    wanted: list[tuple[int, str]] = []
+    cache: tuple[str, int] = ("", -1)
+    for line in lines:
+        if line.startswith("#"):
+            names = [w.lower() for w in line.lstrip("#").split()]
+            if "gpu" in names and "date" in names:
+                columns = names
+                wanted = [(names.index(c), c) for c in binned.sums if c in names]
+            continue
+        words = line.split()
+        if len(words) != len(columns) or not columns:
+            continue
+        key = words[0] + words[1]
+        if key != cache[0]:
+            when = _when(words[0], words[1])
+            index = -1 if when is None else int((when - binned.start).total_seconds() // binned.width)
+            cache = (key, min(index, bins - 1))
+        if cache[1] < 0:
+            continue
+        try:
+            binned.gpus.add(int(words[columns.index("gpu")]))
+        except ValueError:
+            continue
+        for i, column in wanted:
+            value = _number(words[i])
+            if value is not None:
+                binned.sums[column][cache[1]] += value
+                binned.counts[column][cache[1]] += 1
+    return binned

@@ -6,6 +6,8 @@ colour a node, from the `nvidia-smi dmon` logs the job writes beside its log). m
 from __future__ import annotations
 
 import math
+import warnings
+from array import array
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,94 @@ def dmon_logs(log_dir: Path, job_id: str) -> list[dmon.DmonLog]:
     return dmon.joined(logs)
 
 
+MAX_BINS = 360  # time bins of a picture of many nodes: its memory is nodes x bins, whatever the run's length
+SLOWEST = 5  # the nodes drawn by name in a picture of many nodes: the lowest mean utilisation
+
+
+def binned_logs(log_dir: Path, job_id: str) -> list[dmon.Binned]:
+    """Every node's monitor logs as time bins on one grid (MAX_BINS over the job's samples), streamed."""
+    paths = [p for p in sorted(log_dir.glob(f"gpu-{job_id}-*.log*")) if dmon.is_log_of(p, job_id)]
+    spans = [s for p in paths if (s := _span(p))]
+    if not spans:
+        return []
+    start, end = min(a for a, _ in spans), max(b for _, b in spans)
+    width = max(15.0, math.ceil((end - start).total_seconds() / MAX_BINS + 1e-9))
+    bins = int((end - start).total_seconds() // width) + 1
+    by_host: dict[str, dmon.Binned] = {}
+    for path in paths:
+        host = dmon.host_of(path, job_id)
+        columns = [c for c, *_ in GPU_PANELS]
+        sums, counts = {c: array("d", [0.0]) * bins for c in columns}, {c: array("l", [0]) * bins for c in columns}
+        into = by_host.get(host) or dmon.Binned(host, start, width, sums, counts)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                by_host[host] = dmon.bin_into(into, f)
+        except OSError:
+            continue
+    return list(by_host.values())
+
+
+def _span(path: Path) -> tuple[datetime, datetime] | None:
+    try:
+        return dmon.span(path)
+    except OSError:
+        return None
+
+
+def cluster_png(nodes: list[dmon.Binned], png: Path, title: str) -> Path | None:
+    """Many nodes at once: per time bin, the median of the nodes' means, the band of the middle 90% and the
+    lowest-highest range, and the SLOWEST nodes (lowest mean utilisation) by name."""
+    if not nodes:
+        return None
+    import numpy as np
+
+    plt = _pyplot()
+    from matplotlib.dates import DateFormatter
+
+    first = nodes[0]
+    times = [first.start + timedelta(seconds=first.width * (i + 0.5)) for i in range(len(first.sums["sm"]))]
+    means = {c: np.array([n.means(c) for n in nodes], dtype=np.float32) for c, *_ in GPU_PANELS}
+    with np.errstate(all="ignore"):
+        busy = np.nanmean(means["sm"], axis=1)
+    slowest = [int(i) for i in np.argsort(np.nan_to_num(busy, nan=np.inf))[:SLOWEST]]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.8), dpi=100, sharex=True)
+    for ax, (column, name, unit, scale) in zip(axes.flat, GPU_PANELS, strict=True):
+        m = means[column] * scale
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a bin no node reported in: NaN, said once by numpy per bin
+            lo, p5, mid, p95, hi = np.nanpercentile(m, [0, 5, 50, 95, 100], axis=0)
+        ax.fill_between(times, lo, hi, color="tab:blue", alpha=0.12, linewidth=0, label="lowest-highest node")
+        ax.fill_between(times, p5, p95, color="tab:blue", alpha=0.3, linewidth=0, label="middle 90% of nodes")
+        ax.plot(times, mid, color="tab:blue", linewidth=1.4, label="median node")
+        for n, i in enumerate(slowest):
+            ax.plot(times, m[i], linewidth=1.0, color=plt.get_cmap("tab10")((n + 1) % 10),
+                    label=f"{nodes[i].host} (mean SM {busy[i]:.0f}%)")  # fmt: skip
+        ax.set_title(name, fontsize=11)
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0, top=105 if column == "sm" else None)
+    for ax in axes[1]:
+        ax.xaxis.set_major_formatter(DateFormatter("%H:%M"))
+        ax.set_xlabel(f"time on {first.start:%Y-%m-%d} ({first.width:.0f} s bins of nvidia-smi dmon samples)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=4, frameon=False, fontsize=8,
+               title=f"each node: its GPUs' mean; the {SLOWEST} least busy by name", title_fontsize=9)  # fmt: skip
+    gpus = sum(len(n.gpus) for n in nodes)
+    fig.suptitle(f"{title}: {gpus} GPUs on {len(nodes)} nodes", fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
+def gpus_picture(log_dir: Path, job_id: str, png: Path, title: str) -> Path | None:
+    """gpus.png: a line a node up to MAX_LEGEND_NODES nodes, else the nodes' distribution (bounded memory)."""
+    hosts = {dmon.host_of(p, job_id) for p in log_dir.glob(f"gpu-{job_id}-*.log*") if dmon.is_log_of(p, job_id)}
+    if len(hosts) <= MAX_LEGEND_NODES:
+        return gpus_png(dmon_logs(log_dir, job_id), png, title)
+    return cluster_png(binned_logs(log_dir, job_id), png, title)
+
+
 def render(bundle_dir: Path) -> dict[str, Path]:
     """Draw a bundle's pictures (those it has data for) into it; returns {"training": PNG, "gpus": PNG}."""
     run = manifest.load(bundle_dir)
@@ -184,10 +274,6 @@ def render(bundle_dir: Path) -> dict[str, Path]:
     if run.metrics.is_file() and (png := training_png(run.metrics, bundle_dir / "training.png", title)):
         drawn["training"] = png
     log = run.data.get("outputs", {}).get("log")
-    if (
-        run.job_id
-        and log
-        and (png := gpus_png(dmon_logs(Path(log).parent, run.job_id), bundle_dir / "gpus.png", title))
-    ):
+    if run.job_id and log and (png := gpus_picture(Path(log).parent, run.job_id, bundle_dir / "gpus.png", title)):
         drawn["gpus"] = png
     return drawn

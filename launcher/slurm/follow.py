@@ -34,6 +34,7 @@ ATTEMPT_LINES = (("started", P.pattern("attempt_started", whole=False)), ("ended
 START = P.LINE_START.encode()
 ENDING = frozenset({"COMPLETING", "SIGNALING", "STAGE_OUT", "REQUEUED"})  # on the way to an end or a requeue
 CHUNK, KEEP = 1 << 20, 4096  # bytes read at a time; bytes of an unfinished line kept (an attempt line's start)
+PUMP_CHUNKS = 64  # at most 64 MiB copied between two looks at the controller's clock (a 2 GiB log: ~32 ticks)
 
 
 @dataclass(frozen=True)
@@ -105,23 +106,28 @@ class LogTail:
     line: bytes = b""  # the start of the last, unfinished line
 
     def pump(self) -> tuple[int, list[tuple[int, str]]]:
-        """Copy new bytes; return how many, and the (attempt, "started" | "ended") lines among them."""
+        """Copy new bytes, a chunk at a time up to PUMP_CHUNKS of them (attaching to a 2 GiB log holds 1 MiB, not
+        2 GiB); return how many, and the (attempt, "started" | "ended") lines among them."""
+        copied, marks = 0, []
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                data = f.read(CHUNK)
+                for _ in range(PUMP_CHUNKS):
+                    if not (data := f.read(CHUNK)):
+                        break
+                    if self.out is not None:
+                        self.out.write(data)
+                    self.offset += len(data)
+                    copied += len(data)
+                    text = self.line + data
+                    done = text.rfind(b"\n") + 1
+                    self.line = text[done:][:KEEP]
+                    marks += attempt_marks(text[:done]) if START in text[:done] else []
         except (FileNotFoundError, IsADirectoryError, PermissionError):
-            return 0, []
-        if not data:
-            return 0, []
-        if self.out is not None:
-            self.out.write(data)
+            pass
+        if copied and self.out is not None:
             self.out.flush()
-        self.offset += len(data)
-        text = self.line + data
-        done = text.rfind(b"\n") + 1
-        self.line = text[done:][:KEEP]
-        return len(data), attempt_marks(text[:done]) if START in text[:done] else []
+        return copied, marks
 
 
 def attempt_marks(lines: bytes) -> list[tuple[int, str]]:

@@ -53,13 +53,15 @@ def write_pointer(checkpoints_path: Path, step: int) -> None:
 
 
 @contextlib.contextmanager
-def pointer_writes_dropped(module: ModuleType) -> Iterator[None]:
+def pointer_writes_dropped(module: ModuleType, is_main: bool = True) -> Iterator[None]:
     """While active, `open(<dir>/latest.txt, "w")` called from `module`'s functions writes into nothing (a
-    discarded buffer); every other `open` there is the builtin. `module` is nanotron.trainer, whose
-    save_checkpoint writes the pointer so; nothing else changes in it."""
+    discarded buffer), and so does `open(<step>/model_config.json, "w")` on every rank but the first (nanotron
+    has every rank write it: 32,000 writers of one file at 4,000 nodes); every other `open` there is the builtin.
+    `module` is nanotron.trainer, whose save_checkpoint writes both so; nothing else changes in it."""
+    dropped = {POINTER} if is_main else {POINTER, "model_config.json"}
 
     def guarded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if isinstance(file, str | os.PathLike) and Path(file).name == POINTER and "w" in mode:
+        if isinstance(file, str | os.PathLike) and Path(file).name in dropped and "w" in mode:
             return contextlib.nullcontext(io.StringIO())
         return builtins.open(file, mode, *args, **kwargs)
 
@@ -144,7 +146,7 @@ def trainer_class(cfg: TrainConfig) -> type:
 
         def save_checkpoint(self) -> Path:
             report_progress(self.is_main(), self.iteration_step, "saving")
-            with pointer_writes_dropped(nanotron.trainer):
+            with pointer_writes_dropped(nanotron.trainer, self.is_main()):
                 path = super().save_checkpoint()
             dist.barrier(self.parallel_context.world_pg)  # every rank's files are written: the pointer may name them
             shared = self.config.checkpoints.checkpoints_path_is_shared_file_system

@@ -7,7 +7,12 @@ its findings, the first node answers all of them with the verdict. That also pro
 the nodes; a node that cannot reach it is named. The first node prints one line per problem,
 `preflight failed on NODE: WHAT`, writes them to the report file for the batch script (which requeues the job
 without those nodes), and every node exits 5; a port already taken on the first node exits 6 (the batch script
-tries another).
+tries another); any other failure to listen is named as what it is (out of files, ...), not as a taken port.
+
+At thousands of nodes the first node never holds a socket per node: each node reports on a short connection and
+asks again every few seconds until the verdict is there (one selector loop, a bounded number of sockets open).
+The first node, where torchrun's rendezvous store listens next, also checks its own limits: the open-file limit
+(raised to the hard limit; about (GPUs + 1) x nodes needed) and the listen backlog (net.core.somaxconn).
 
 Standard library only: it runs with the job's Python before anything heavy is imported, as a script by path
 (`python nodecheck.py ...`), without the launcher package on sys.path.
@@ -16,9 +21,12 @@ Standard library only: it runs with the job's Python before anything heavy is im
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import json
 import os
+import random
+import selectors
 import shutil
 import socket
 import subprocess
@@ -74,6 +82,43 @@ def module_problems(modules: list[str]) -> list[str]:
     return [f"{sys.executable} lacks {', '.join(missing)}"] if missing else []
 
 
+def head_limit_problems(nodes: int, gpus: int) -> tuple[list[str], list[str]]:
+    """The head's limits against what the rendezvous needs: (problems, warnings), each naming the limit.
+
+    torchrun's store on this node holds a connection from every node's agent and every training process: about
+    (GPUs + 1) x nodes open files in one process. The open-file limit is raised to its hard limit first (the node
+    script does it too: Slurm passes the submitting shell's soft limit, often 1024). A listen backlog smaller
+    than the nodes that connect at once makes the kernel drop connections, which clients retry after 1, 3, 7 s:
+    slow, not fatal, so a warning."""
+    problems, warnings = [], []
+    need = (max(gpus, 1) + 1) * nodes + 256
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        if soft != resource.RLIM_INFINITY and soft < need:
+            problems.append(
+                f"the open-file limit is {soft} (ulimit -n, hard limit {hard}); the rendezvous store of {nodes} "
+                f"nodes x {gpus} processes needs about {need}: ask the cluster's admins to raise nofile "
+                f"(limits.conf, or LimitNOFILE of slurmd)"
+            )
+    except (ImportError, ValueError, OSError) as e:
+        warnings.append(f"could not read or raise the open-file limit ({e})")
+    try:
+        somaxconn = int(open("/proc/sys/net/core/somaxconn", encoding="ascii").read())
+        if somaxconn < nodes:
+            warnings.append(
+                f"net.core.somaxconn is {somaxconn}, below the {nodes} nodes that connect at once: the kernel drops "
+                f"the rest and they retry (slower start); sysctl -w net.core.somaxconn={max(4096, nodes)}"
+            )
+    except (OSError, ValueError):
+        pass
+    return problems, warnings
+
+
 def _send(sock: socket.socket, data: object) -> None:
     sock.sendall(json.dumps(data).encode() + b"\n")
 
@@ -88,54 +133,155 @@ def _receive(sock: socket.socket) -> object:
     return json.loads(buffer)
 
 
+def poll_interval(nodes: int) -> float:
+    """Seconds between a peer's asks for the verdict: the head answers about 500 asks a second at most."""
+    return min(max(nodes / 500, 0.2), 10.0)
+
+
+def ask(head: str, port: int, nodes: list[str], node: str, mine: list[str], timeout: float) -> dict[str, list[str]]:
+    """A peer: report, and ask again every few seconds until the head has the verdict (one short connection
+    each time, so that the head never holds a socket per node)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((head, port), timeout=10) as sock:
+                sock.settimeout(30)
+                _send(sock, {"node": node, "problems": mine})
+                answer = _receive(sock)  # this side closes first, so the head's port is free at once
+            assert isinstance(answer, dict)
+            if "verdict" in answer:  # the nodes with problems (and the head): the others have none
+                return {n: answer["verdict"].get(n, []) for n in nodes}
+            deadline = max(deadline, time.monotonic() + float(answer["wait"]) + 30)  # reported: the head is there
+            time.sleep(float(answer["wait"]) * random.uniform(0.8, 1.2))
+            continue
+        except (OSError, ConnectionError, ValueError, KeyError, AssertionError):
+            pass
+        if time.monotonic() > deadline:
+            return {node: mine + [f"cannot reach the rendezvous host {head}:{port} within {timeout:.0f} s"]}
+        time.sleep(random.uniform(0.1, 0.3))
+
+
+class Head:
+    """The first node's side: short connections served by one selector loop, a bounded number open at once."""
+
+    def __init__(self, port: int, nodes: list[str], found: dict[str, list[str]], max_open: int):
+        # OSError here: the port is taken (EADDRINUSE), or a limit (the caller says which)
+        self.server = socket.create_server(("", port), reuse_port=False, backlog=min(len(nodes), 65535))
+        self.server.setblocking(False)
+        self.nodes, self.found, self.max_open = nodes, found, max_open
+        self.verdict: dict[str, list[str]] | None = None
+        self.told: set[str] = set()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.server, selectors.EVENT_READ)
+        self.listening, self.open = True, 0
+        self.wait = poll_interval(len(nodes))
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.server.accept()
+        except BlockingIOError:
+            return
+        except OSError:  # out of files after all: stop taking new ones until some close (they wait in the backlog)
+            self._listen(False)
+            return
+        sock.setblocking(False)
+        self.open += 1
+        self.selector.register(sock, selectors.EVENT_READ, [b"", False])
+        if self.open >= self.max_open:
+            self._listen(False)
+
+    def _listen(self, on: bool) -> None:
+        if on != self.listening:
+            if on:
+                self.selector.register(self.server, selectors.EVENT_READ)
+            else:
+                self.selector.unregister(self.server)
+            self.listening = on
+
+    def _close(self, sock: socket.socket) -> None:
+        self.selector.unregister(sock)
+        sock.close()
+        self.open -= 1
+        self._listen(True)
+
+    def _read(self, sock: socket.socket, state: list) -> None:
+        try:
+            chunk = sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if state[1] or not chunk:  # answered: the peer closes first (no TIME_WAIT on the head's port)
+            self._close(sock)
+            return
+        state[0] += chunk
+        if not state[0].endswith(b"\n"):
+            return
+        try:
+            report = json.loads(state[0])
+            node = str(report["node"])
+            self.found[node] = [str(p) for p in report["problems"]]
+        except (ValueError, KeyError, TypeError):
+            self._close(sock)
+            return
+        if self.verdict is None and all(n in self.found for n in self.nodes):
+            self.verdict = dict(self.found)
+        if self.verdict is not None:  # short at thousands of nodes: only the nodes with problems, and the head
+            answer: dict = {"verdict": {n: p for n, p in self.verdict.items() if p or n == self.nodes[0]}}
+        else:
+            answer = {"wait": self.wait}
+        state[1] = True
+        try:
+            sock.setblocking(True)
+            sock.settimeout(10)
+            _send(sock, answer)
+            sock.setblocking(False)
+        except OSError:
+            self._close(sock)
+            return
+        if self.verdict is not None:
+            self.told.add(node)
+
+    def serve(self, timeout: float, never: str) -> dict[str, list[str]]:
+        """Answer until every node that reported has the verdict (or a while past the deadline)."""
+        deadline, absent = time.monotonic() + timeout, set()
+        try:
+            while True:
+                now = time.monotonic()
+                if self.verdict is None and now > deadline:
+                    absent = {n for n in self.nodes if n not in self.found}
+                    self.found.update({n: [never] for n in absent})
+                    self.verdict, deadline = dict(self.found), now  # those that reported come back soon
+                if self.verdict is not None:
+                    untold = [n for n in self.nodes[1:] if n not in self.told and n not in absent]
+                    if (not untold and self.open == 0) or now > deadline + 5 * self.wait + 30:
+                        return self.verdict
+                for key, _ in self.selector.select(timeout=0.5):
+                    if key.fileobj is self.server:
+                        self._accept()
+                    else:
+                        self._read(key.fileobj, key.data)  # type: ignore[arg-type]
+        finally:
+            for key in list(self.selector.get_map().values()):
+                key.fileobj.close()  # type: ignore[union-attr]
+            self.selector.close()
+
+
 def gather(head: str, port: int, nodes: list[str], node: str, mine: list[str], timeout: float) -> dict[str, list[str]]:
     """Every node's problems, gathered by the first node and sent back to all: node -> problems."""
     if len(nodes) == 1:
         return {node: mine}
     if node != nodes[0]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection((head, port), timeout=5) as sock:
-                    sock.settimeout(timeout)
-                    _send(sock, {"node": node, "problems": mine})
-                    verdict = _receive(sock)  # this side closes first, so the head's port is free at once
-                assert isinstance(verdict, dict)
-                return verdict
-            except (OSError, ConnectionError, ValueError):
-                if time.monotonic() > deadline:
-                    return {node: mine + [f"cannot reach the rendezvous host {head}:{port} within {timeout:.0f} s"]}
-                time.sleep(0.2)
-    server = socket.create_server(("", port), reuse_port=False)  # OSError: the port is taken (the caller says so)
-    server.settimeout(timeout)
-    found, peers = {node: mine}, []
-    deadline = time.monotonic() + timeout
+        return ask(head, port, nodes, node, mine, timeout)
     try:
-        while len(found) < len(nodes) and time.monotonic() < deadline:
-            try:
-                sock, _ = server.accept()
-            except TimeoutError:
-                break
-            sock.settimeout(max(deadline - time.monotonic(), 1))
-            report = _receive(sock)
-            assert isinstance(report, dict)
-            found[str(report["node"])] = [str(p) for p in report["problems"]]
-            peers.append(sock)
-        for missing in nodes:
-            if missing not in found:
-                found[missing] = [f"never reached the rendezvous host {head}:{port} within {timeout:.0f} s"]
-        for sock in peers:
-            _send(sock, found)
-        for sock in peers:  # wait for each peer to close first: no TIME_WAIT left on the head's port
-            sock.settimeout(5)
-            try:
-                sock.recv(1)
-            except OSError:
-                pass
-            sock.close()
-    finally:
-        server.close()
-    return found
+        import resource
+
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        files = 1024
+    max_open = max(8, min(1024, (files if files > 0 else 1024) // 2 - 32))
+    never = f"never reached the rendezvous host {head}:{port} within {timeout:.0f} s"
+    return Head(port, nodes, {node: mine}, max_open).serve(timeout, never)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,11 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     nodes = args.nodes.split(",")
     mine = gpu_problems(args.gpus) + path_problems(args.writable, args.readable)
     mine += module_problems([m for m in args.modules.split(",") if m])
+    if args.node == nodes[0]:  # the head: the rendezvous store lives here
+        limits, warnings = head_limit_problems(len(nodes), args.gpus)
+        mine += limits
+        for warning in warnings:
+            print(f"[launcher {time.strftime('%H:%M:%S')}] warning on {args.node}: {warning}", flush=True)
     try:
         found = gather(args.head, args.port, nodes, args.node, mine, args.timeout)
     except OSError as e:
-        print(f"rendezvous port {args.port} on {args.node} is taken ({e.strerror or e}): another port", flush=True)
-        return PORT_TAKEN
+        if e.errno == errno.EADDRINUSE:
+            print(f"rendezvous port {args.port} on {args.node} is taken ({e.strerror or e}): another port", flush=True)
+            return PORT_TAKEN
+        # not the port: a limit or the network, named as such (the other nodes say they could not reach it)
+        found = {args.node: mine + [f"cannot listen on port {args.port} ({e.strerror or e})"]}
     failed = [(node, what) for node in nodes for what in found.get(node, [])]
     if args.node == nodes[0] or nodes[0] not in found:  # the first node says it all; a node cut off, its own
         for node, what in failed:

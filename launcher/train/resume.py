@@ -67,11 +67,16 @@ def _resume_points(cfg: TrainConfig) -> tuple[list[Path], list[str]]:
 
 
 def _read_agreed(path: Path, device: torch.device) -> tuple[dict | None, str]:
-    """Every rank reads the checkpoint; it counts only if every rank could (else None and why)."""
-    try:
-        state, why = checkpoint.read_state(path), ""
-    except Exception as e:  # noqa: BLE001  a damaged file fails torch.load in any of a dozen ways; all mean "skip it"
-        state, why = None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-    failed = torch.tensor(float(state is None), device=device)
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-    return (state if not failed.item() else None), why
+    """Rank 0 reads the checkpoint and shares it (`checkpoint.share`: one read of the file, not one a rank); None
+    and why when it cannot be read."""
+    state, why = None, ""
+    if dist.get_rank() == 0:
+        try:
+            state = checkpoint.read_state(path)
+        except Exception as e:  # noqa: BLE001  a damaged file fails torch.load in many ways; all mean "skip it"
+            why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    failed = [why]
+    dist.broadcast_object_list(failed, src=0)
+    if failed[0]:
+        return None, failed[0]
+    return checkpoint.share(state, device), ""

@@ -4,8 +4,9 @@ Each asks the job to save a checkpoint at the next step boundary and exit 0. SIG
 training processes of a preemption (within its grace time), a cancel, or the time limit; the stop file is the batch
 script's word for the time-limit warning (USR1 to the batch script). The node script starts torchrun with SIGTERM
 blocked so that torchrun does not stop the processes itself; a StopRequest unblocks it once it can handle it. The
-ranks agree every step with an all_reduce(MAX) of their flags. The request is consumed: rank 0 removes the
-stop file once the checkpoint is saved, so the requeued job trains on.
+ranks agree every step with an all_reduce(MAX) of their flags; only rank 0 looks for the stop file, every few
+seconds (at 32,000 ranks, one metadata request where there were 32,000 a step). The request is consumed: rank 0
+removes the stop file once the checkpoint is saved, so the requeued job trains on.
 
 The outcome is explicit: rank 0 writes `LAUNCHER_OUTCOME_FILE` as training ends, "finished STEP" or "stopped STEP"
 (at a checkpoint before the last step). The batch script requeues a stopped run and never a finished one, so a
@@ -29,6 +30,11 @@ from launcher import protocol as P
 
 STOP_MESSAGE = P.STOP_MESSAGE
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# On a shared filesystem every look is a metadata request to its server: rank 0 alone looks for the stop file, at
+# most this often (the time-limit warning comes minutes ahead), and rank 0 rewrites the progress file at most this
+# often (the hang watchdog allows at least 10 s); a change of phase ("saving") is written at once.
+STOP_FILE_EVERY_S = 5.0
+PROGRESS_EVERY_S = 5.0
 
 
 class StopRequest:
@@ -37,6 +43,7 @@ class StopRequest:
     def __init__(self, device: torch.device):
         self.device, self.signalled = device, False
         self.path = os.environ.get(P.ENV_STOP_FILE) or None
+        self.looked = float("-inf")  # when rank 0 last looked for the stop file
         self.previous_handlers: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
@@ -47,10 +54,18 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """Whether any rank has a request (a collective: every rank calls it at every step boundary)."""
-        requested = self.signalled or (self.path is not None and os.path.exists(self.path))
+        requested = self.signalled or self._file_seen()
         flag = torch.tensor(float(requested), device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+    def _file_seen(self) -> bool:
+        """Rank 0 only, at most every STOP_FILE_EVERY_S: whether the stop file is there (the all_reduce tells all)."""
+        now = time.monotonic()
+        if self.path is None or dist.get_rank() != 0 or now - self.looked < STOP_FILE_EVERY_S:
+            return False
+        self.looked = now
+        return os.path.exists(self.path)
 
     def consume(self, is_main: bool) -> None:
         """Remove the stop file (rank 0 only) once the checkpoint is saved, so the requeued job trains on."""
@@ -77,7 +92,32 @@ def report_outcome(is_main: bool, finished: bool, step: int) -> None:
     _tell(P.ENV_OUTCOME_FILE, is_main, P.OUTCOME_FORMAT.format(word=P.FINISHED if finished else P.STOPPED, step=step))
 
 
+_last_progress: list = [None, float("-inf")]  # the phase last written, and when
+
+
 def report_progress(is_main: bool, step: int, phase: str = "step") -> None:
-    """Tell the hang watchdog where training stands (rank 0 only): "STEP UNIXTIME PHASE", replaced whole.
-    `phase` is "step" after a step, "saving" while a checkpoint is written."""
+    """Tell the hang watchdog where training stands (rank 0 only): "STEP UNIXTIME PHASE", replaced whole, at most
+    every PROGRESS_EVERY_S unless the phase changes. `phase` is "step" after a step, "saving" while a checkpoint
+    is written."""
+    now = time.monotonic()
+    if not is_main or (phase == _last_progress[0] and now - _last_progress[1] < PROGRESS_EVERY_S):
+        return
+    _last_progress[:] = [phase, now]
     _tell(P.ENV_PROGRESS_FILE, is_main, P.PROGRESS_FORMAT.format(step=step, time=time.time(), phase=phase))
+
+
+def grace_warning(save_s: float, step_s: float) -> str | None:
+    """A warning when a time-limit save would not fit the notice Slurm gives (`LAUNCHER_SIGNAL_GRACE` seconds
+    before the limit): the step under way, then the save, with a fifth to spare. None when it fits."""
+    try:
+        grace = float(os.environ.get(P.ENV_SIGNAL_GRACE) or 0)
+    except ValueError:
+        return None
+    need = save_s + step_s
+    if not grace or need * 1.25 <= grace:
+        return None
+    return (
+        f"warning: a checkpoint took {save_s:.0f} s and a step {step_s:.1f} s: a time-limit save needs ~{need:.0f} s "
+        f"of the {grace:.0f} s warning Slurm gives; launch again with --signal_grace {int(need * 1.5) + 30} or the "
+        f"time-limit save may be cut short (the run then resumes from the save before)"
+    )

@@ -32,7 +32,7 @@ from launcher.train.metrics import Reporter, StepMetrics
 from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token, peak_flops
 from launcher.train.resume import resume
 from launcher.train.schedule import lr_at
-from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
+from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,7 @@ class TorchTrainer:
         if where.device.type == "cuda" and cfg.dtype == "bfloat16":
             self.compute_dtype = torch.bfloat16
         # optimizer steps done; micro-batches consumed by this rank (the newest readable checkpoint's, or 0)
+        self.step_s, self.grace_warned = 0.0, False  # the last step's time; whether a save outgrew the grace
         self.step, self.position = resume(
             cfg, where.world_size, where.device, self.model, self.optimizer, self.reporter
         )
@@ -203,7 +204,9 @@ class TorchTrainer:
         window_start, window_steps = time.perf_counter(), 0  # the steps whose throughput the next log line gives
         while self.step < cfg.train_steps:
             self.step += 1
+            stepping = time.perf_counter()
             loss_sum, grad_norm = self.train_step(ddp)
+            self.step_s = time.perf_counter() - stepping
             window_steps += 1
             if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
                 self._log(loss_sum, grad_norm, window_steps, window_start)
@@ -226,8 +229,12 @@ class TorchTrainer:
         """A checkpoint of the step just done, announced to the launcher while it is written."""
         rank0 = self.where.rank == 0
         report_progress(rank0, self.step, "saving")
+        saving = time.perf_counter()
         checkpoint.save(self.cfg, self.step, self.model, self.optimizer, self.position)
         report_progress(rank0, self.step)
+        if not self.grace_warned and (warning := grace_warning(time.perf_counter() - saving, self.step_s)):
+            self.reporter.print(warning)  # once: a time-limit save would not fit --signal_grace
+            self.grace_warned = True
 
     def wrap(self) -> DistributedDataParallel:
         """The model with its loss under DDP; compiled on a GPU (see model.compile_for_gpu)."""

@@ -13,7 +13,8 @@ Past the limit it writes "STEP IDLE LIMIT" to `--hung-file` and sends SIGUSR2 to
 rank's stacks, ends the training and requeues the run once without the suspected node.
 
 `--suspects DIR` reads the stack dumps (py-spy's, one file a process, named NODE-PID.txt) and prints the nodes
-whose processes are not waiting in a collective: where a hang starts, the others only wait for it.
+whose processes do something other than the great majority (where a hang starts, the others only wait for it),
+at most `--max-suspects` of them: more point at no one node, and a requeue without them could not start.
 
 Standard library only, run as a script by path with the job's Python.
 """
@@ -83,14 +84,45 @@ def watch(progress: Path, hung_file: Path, notify: int, factor: float, floor: fl
         time.sleep(poll)
 
 
-def suspects(stacks: Path) -> list[str]:
-    """Nodes with a process that is not waiting in a collective, from py-spy dumps named NODE-PID.txt."""
-    elsewhere = set()
-    for dump in sorted(stacks.glob("*-*.txt")):
-        text = dump.read_text(encoding="utf-8", errors="replace")
-        if "Thread" in text and not any(word in text for word in COLLECTIVE):
-            elsewhere.add(dump.name.rsplit("-", 1)[0])
-    return sorted(elsewhere)
+def signature(text: str) -> tuple[str, ...] | None:
+    """What a process is doing, from its py-spy dump: the frames of its first thread listed as active (else the
+    first), function and file without line numbers (a loop's iterations differ by line), innermost 8."""
+    threads = text.split("\nThread ")[1:]
+    if not threads:
+        return None
+    chosen = next((t for t in threads if "(active" in t.split("\n", 1)[0]), threads[0])
+    frames = []
+    for line in chosen.splitlines()[1:]:
+        line = line.strip()
+        if not line or line.startswith(("Thread ", "Process ", "Python v")) or " (" not in line:
+            continue
+        function, where = line.split(" (", 1)
+        frames.append(f"{function} ({where.rsplit(':', 1)[0]})")
+    return tuple(frames[:8])
+
+
+def suspects(stacks: Path, max_suspects: int = 0) -> tuple[list[str], str]:
+    """(the suspected nodes, why none is) from py-spy dumps named NODE-PID.txt.
+
+    Processes are grouped by what they are doing (`signature`). Where a hang starts, one node's processes do
+    something else while the thousands of others wait in the same place: the suspects are the nodes with a
+    process in a group under a tenth of the largest. Where no group is that small (a few processes), a process
+    outside any collective while others wait in one is the suspect. More suspects than `max_suspects` (0: no
+    limit) point at no one node: none then (a requeue must be able to start without them)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for dump in stacks.glob("*-*.txt"):
+        sig = signature(dump.read_text(encoding="utf-8", errors="replace"))
+        if sig is not None:
+            groups.setdefault(sig, []).append(dump.name.rsplit("-", 1)[0])
+    if not groups:
+        return [], "no stacks to compare (py-spy missing or no dump answered)"
+    largest = max(len(nodes) for nodes in groups.values())
+    odd = {node for nodes in groups.values() if len(nodes) * 10 < largest for node in nodes}
+    if not odd and any(any(w in " ".join(sig) for w in COLLECTIVE) for sig in groups):
+        odd = {n for sig, nodes in groups.items() if not any(w in " ".join(sig) for w in COLLECTIVE) for n in nodes}
+    if max_suspects and len(odd) > max_suspects:
+        return [], f"{len(odd)} nodes' stacks differ from the others': more than {max_suspects}, so no one node"
+    return sorted(odd), "" if odd else f"no node's processes stand out ({len(groups)} kinds of stacks, none rare)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,9 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=1800.0, help="limit before the first step and while saving")
     parser.add_argument("--poll", type=float, default=0.0, help="seconds between looks (default: floor / 20, 1-30)")
     parser.add_argument("--suspects", type=Path, help="print the suspected nodes from this directory of stack dumps")
+    parser.add_argument("--max-suspects", type=int, default=0, help="more suspects than this: none (0: no limit)")
     args = parser.parse_args(argv)
     if args.suspects is not None:
-        print(" ".join(suspects(args.suspects)))
+        found, why = suspects(args.suspects, args.max_suspects)
+        print(" ".join(found))
+        if why:
+            print(f"no suspected node: {why}", file=sys.stderr)
         return 0
     poll = args.poll or min(max(args.floor / 20, 1.0), 30.0)
     return watch(args.progress, args.hung_file, args.notify, args.factor, args.floor, poll)

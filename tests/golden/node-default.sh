@@ -15,6 +15,9 @@
 # Usage (the batch script's): bash node.sh run HOST:PORT NODE1,NODE2,...  |  bash node.sh dump DIR  |  bash node.sh stop
 # shellcheck disable=SC2016,SC2089,SC2090  # (values are single-quoted on purpose: a $ or quote is a literal character)
 set -uo pipefail
+# Slurm passes the submitting shell's soft open-file limit (often 1024); torchrun's store on the first node holds
+# about (GPUs + 1) x nodes connections: the soft limit goes up to the hard one (the node check says if that is short).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 LAUNCHER_PYTHON=/usr/bin/python3
 LAUNCHER_TRAIN_SCRIPT=/project/run_train.py
@@ -27,6 +30,7 @@ export LAUNCHER_STOP_FILE=/project/logs/configs/golden-default/20260101-000000/s
 export LAUNCHER_OUTCOME_FILE=/project/logs/configs/golden-default/20260101-000000/outcome
 export LAUNCHER_METRICS_FILE=/project/logs/configs/golden-default/20260101-000000/metrics.jsonl
 export LAUNCHER_PROGRESS_FILE=/project/logs/configs/golden-default/20260101-000000/progress
+export LAUNCHER_SIGNAL_GRACE=120  # seconds a time-limit save has (training warns if saves take longer)
 export TMPDIR=/tmp
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONUNBUFFERED=1
@@ -53,16 +57,20 @@ training_pids() {
 mode="${1:-run}"
 case "$mode" in
   dump)  # every training process's Python stacks: py-spy where the job's environment has it, else faulthandler
+    # All processes at once, each dump at most 30 s, without pausing the process (--nonblocking): a process stuck
+    # in the kernel (D state) cannot hold up the others, nor this node the job.
     pyspy="$(dirname "$LAUNCHER_PYTHON")/py-spy"
     [[ -x "$pyspy" ]] || pyspy=$(command -v py-spy || true)
     for pid in $(training_pids); do
       if [[ -n "$pyspy" ]]; then
-        "$pyspy" dump --pid "$pid" > "$2/${node}-${pid}.txt" 2>&1 || kill -USR2 "$pid" 2>/dev/null
+        { timeout -k 5 30 "$pyspy" dump --nonblocking --pid "$pid" > "$2/${node}-${pid}.txt" 2>&1 \
+            || kill -USR2 "$pid" 2>/dev/null; } &
       else
         kill -USR2 "$pid" 2>/dev/null  # faulthandler writes every thread's stack to the job's log
         echo "py-spy not found: the stacks of process ${pid} are in the job's log (faulthandler)" > "$2/${node}-${pid}.txt"
       fi
     done
+    wait
     exit 0 ;;
   stop)
     pids=$(training_pids)
@@ -106,6 +114,16 @@ if [[ "${SLURM_LOCALID:-0}" == 0 ]] && command -v nvidia-smi >/dev/null 2>&1; th
   monitor_pid=$!
 fi
 
+# The rendezvous is static: this node's rank is its place in the job's node list (the first node, where the store
+# listens, is 0). The run is never elastic (a fixed node count, no restarts), and c10d's rendezvous would have every
+# agent re-read and compare-and-set one state of ~125 bytes a node for the whole run (docs/performance.md).
+node_rank=$(tr ',' '\n' <<< "$job_nodes" | grep -nxF -- "$node" | head -n 1 | cut -d: -f1)
+if [[ -z "$node_rank" ]]; then
+  echo "[launcher $(date +%H:%M:%S.%3N)] node ${node} is not in the job's node list (${job_nodes:0:200}): no rank" >&2
+  exit 1
+fi
+node_rank=$(( node_rank - 1 ))
+
 # torchrun starts with SIGTERM blocked (a blocked signal stays blocked through exec and into the processes it
 # starts, whatever handler torchrun installs), so that it does not stop the training processes the moment Slurm
 # sends its notice; training unblocks SIGTERM once it can save on it (launcher/train/stop.py, StopRequest).
@@ -114,8 +132,8 @@ fi
   "$LAUNCHER_PYTHON" -c 'import os, signal, sys
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *sys.argv[1:]])' \
-    --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint="$rdzv" \
-    --rdzv_id="$SLURM_JOB_ID" --max_restarts=0 "$LAUNCHER_TRAIN_SCRIPT" --config-file "$LAUNCHER_CONFIG"
+    --nnodes=2 --nproc_per_node=8 --node_rank="$node_rank" --master_addr="${rdzv%:*}" \
+    --master_port="${rdzv##*:}" --max_restarts=0 "$LAUNCHER_TRAIN_SCRIPT" --config-file "$LAUNCHER_CONFIG"
   echo "$?" > "$status_file"
 } &
 torchrun_pid=$!
