@@ -11,12 +11,12 @@ from typing import Any, NamedTuple
 
 from launcher import sweep
 from launcher.bundle import files, manifest, render
-from launcher.config import figures, fit, flags, validate
+from launcher.config import container, figures, fit, flags, validate
 from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
 from launcher.report import plan, summary
-from launcher.slurm import preflight, submit
+from launcher.slurm import interactive, preflight, submit
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
@@ -139,6 +139,9 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
     derived = figures.derived(draft.spec)
     paths = draft.paths
     try:
+        image = draft.spec.args.container.container_image
+        if image:  # what ran: the image's path and sha256 (a file), or its reference
+            derived["container"] = container.record(image)
         files.make_room(paths)
         hashes = {
             "config": files.write_new(paths.config, draft.config_text),
@@ -193,6 +196,8 @@ def launch_run(argv: list[str]) -> int:
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
+    if spec.args.execution.interactive:
+        return interactive.run(spec, paths)
     return submit.submit_and_follow(paths, follow=spec.args.execution.show_logs)
 
 

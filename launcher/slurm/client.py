@@ -198,3 +198,10 @@ def live_jobs(name: str) -> list[tuple[str, str, str]]:
             raise SlurmUnavailable(f"squeue cannot reach the Slurm controller: {out.stderr.strip()}")
         return []
     return parse_squeue_jobs(out.stdout)
+
+
+def srun_lists(option: str) -> bool:
+    """Whether `srun --help` lists `option`: a SPANK plugin's options appear there where the plugin is loaded (pyxis's
+    --container-image). Asks no controller."""
+    proc = _run([_command("srun"), "--help"])
+    return option in proc.stdout + proc.stderr

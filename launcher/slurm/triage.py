@@ -55,6 +55,8 @@ FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
     "exited": "read the log's lines before torchrun's summary; " + RESUME,
     "node_fail": "not the run's fault: " + RESUME + "; --exclude {node} keeps it off that node",
     "preflight": "keep the run off that node with --exclude {node} (and tell the cluster's admins), then launch again",
+    "container": "give --container_image an image that holds it, or a --python on a host path the nodes see (the "
+    "launcher mounts its installation); docs/containers.md says what an image must hold",
     "hung": "read the stacks in {stacks}: the rank not waiting where the others wait is the culprit (a collective it "
     "never reached, data loading, I/O); " + RESUME,
     "preempted": RESUME + "; --max_requeues N requeues it by itself; a --partition or --qos that is not "
@@ -71,7 +73,7 @@ FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
 }
 CAUSES = (
     "exception", "cuda_oom", "nccl", "node_fail", "time_limit", "preempted", "bad_input", "dependency", "hung",
-    "preflight", "cancelled", "host_oom", "crash", "stopped", "unknown",
+    "preflight", "container", "cancelled", "host_oom", "crash", "stopped", "unknown",
 )  # fmt: skip
 
 
@@ -240,6 +242,8 @@ def verdict(
     preflight, hung = last(PREFLIGHT), last(HUNG)
     if preflight:
         message = f"the node check failed on {preflight['node']} before training: {preflight['what']}"
+        if preflight["what"].startswith("the container "):
+            return Verdict("container", message, FIXES["container"], None, preflight["node"])
         return Verdict("preflight", message, FIXES["preflight"].format(node=preflight["node"]), None, preflight["node"])
     if hung:
         message = f"training hung at step {hung['step']}: no progress for {hung['idle']} s (limit {hung['limit']} s)"
