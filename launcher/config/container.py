@@ -35,13 +35,32 @@ def image_problems(image: str) -> list[Problem]:
     if is_file_image(image):
         if not os.path.isfile(image):
             what = "is a directory, not a squashfs file" if os.path.isdir(image) else "does not exist"
-            return [Problem("container_image", f"{image} {what}", "give an image file (.sqsh; `enroot import`) or a registry reference like nvcr.io#nvidia/pytorch:24.01-py3")]  # fmt: skip
+            return [
+                Problem(
+                    "container_image",
+                    f"{image} {what}",
+                    "give an image file (.sqsh; `enroot import`) or a registry reference like "
+                    "nvcr.io#nvidia/pytorch:24.01-py3",
+                )
+            ]
         if not os.access(image, os.R_OK):
-            return [Problem("container_image", f"{image} is not readable", f"chmod a+r {image}, or copy it where the nodes can read it")]  # fmt: skip
+            return [
+                Problem(
+                    "container_image",
+                    f"{image} is not readable",
+                    f"chmod a+r {image}, or copy it where the nodes can read it",
+                )
+            ]
         return []
     bare = next((image[len(s) :] for s in SCHEMES if image.startswith(s)), image)
     if not REFERENCE.match(bare):
-        return [Problem("container_image", f"{image!r} is neither a file (starting with / or .) nor a registry reference", "give a path to a .sqsh image, or a reference like nvcr.io#nvidia/pytorch:24.01-py3 or ubuntu:24.04")]  # fmt: skip
+        return [
+            Problem(
+                "container_image",
+                f"{image!r} is neither a file (starting with / or .) nor a registry reference",
+                "give a path to a .sqsh image, or a reference like nvcr.io#nvidia/pytorch:24.01-py3 or ubuntu:24.04",
+            )
+        ]
     return []
 
 
@@ -60,12 +79,30 @@ def mount_problems(text: str | None) -> list[Problem]:
     out = []
     for src, dst, flags in parse_mounts(text):
         if not os.path.isabs(src) or not os.path.isabs(dst):
-            out.append(Problem("container_mounts", f"{src}:{dst}: both sides must be absolute paths", "give /host/path[:/container/path[:ro]]"))  # fmt: skip
+            out.append(
+                Problem(
+                    "container_mounts",
+                    f"{src}:{dst}: both sides must be absolute paths",
+                    "give /host/path[:/container/path[:ro]]",
+                )
+            )
         elif not os.path.exists(src):
-            out.append(Problem("container_mounts", f"{src} does not exist on this host", f"create it, or drop {src} from --container_mounts"))  # fmt: skip
+            out.append(
+                Problem(
+                    "container_mounts",
+                    f"{src} does not exist on this host",
+                    f"create it, or drop {src} from --container_mounts",
+                )
+            )
         bad = [f for f in flags.split("+") if f and f not in MOUNT_FLAGS]
         if bad:
-            out.append(Problem("container_mounts", f"{src}: unknown mount option {', '.join(bad)}", f"use {', '.join(sorted(MOUNT_FLAGS))}, joined by +"))  # fmt: skip
+            out.append(
+                Problem(
+                    "container_mounts",
+                    f"{src}: unknown mount option {', '.join(bad)}",
+                    f"use {', '.join(sorted(MOUNT_FLAGS))}, joined by +",
+                )
+            )
     return out
 
 
@@ -99,8 +136,9 @@ def unsafe_paths(paths: list[str]) -> list[str]:
     return [p for p in paths if "," in p or ":" in p]
 
 
-def srun_options(image: str, paths: list[str], mounts: str | None, workdir: str | None, env: str | None,
-                 writable: bool) -> list[str]:  # fmt: skip
+def srun_options(
+    image: str, paths: list[str], mounts: str | None, workdir: str | None, env: str | None, writable: bool
+) -> list[str]:
     """pyxis's options for the node step's srun: the image, the launcher's mounts then the user's, and the rest."""
     entries = [f"{p}:{p}" for p in needed_mounts(paths)]
     entries += [f"{s}:{d}" + (f":{f}" if f else "") for s, d, f in parse_mounts(mounts)]
@@ -119,9 +157,21 @@ def env_problems(env: str | None, workdir: str | None) -> list[Problem]:
     out = []
     bad = [n for n in (env or "").split(",") if n and not ENV_NAME.match(n)]
     if bad:
-        out.append(Problem("container_env", f"{', '.join(bad)} not environment variable names", "give NAME[,NAME...]: the host's values of these replace the image's"))  # fmt: skip
+        out.append(
+            Problem(
+                "container_env",
+                f"{', '.join(bad)} not environment variable names",
+                "give NAME[,NAME...]: the host's values of these replace the image's",
+            )
+        )
     if workdir and not os.path.isabs(workdir):
-        out.append(Problem("container_workdir", f"{workdir} is not an absolute path", "give an absolute directory inside the container"))  # fmt: skip
+        out.append(
+            Problem(
+                "container_workdir",
+                f"{workdir} is not an absolute path",
+                "give an absolute directory inside the container",
+            )
+        )
     return out
 
 
@@ -141,9 +191,18 @@ def problems(c: object, python: str | None) -> list[Problem]:
     image = getattr(c, "container_image", None)
     if not image:
         given = [name for name in COMPANIONS if getattr(c, name, None)]
-        return [Problem(name, "has no effect without --container_image", "give --container_image, or drop it") for name in given]  # fmt: skip
+        return [
+            Problem(name, "has no effect without --container_image", "give --container_image, or drop it")
+            for name in given
+        ]
     out = image_problems(image) + mount_problems(getattr(c, "container_mounts", None))
     out += env_problems(getattr(c, "container_env", None), getattr(c, "container_workdir", None))
     if python and not os.path.isabs(python):
-        out.append(Problem("python", f"{python!r} would be looked up on the image's PATH, not yours", "give an absolute path (a Python in the image, or on a host path the nodes see)"))  # fmt: skip
+        out.append(
+            Problem(
+                "python",
+                f"{python!r} would be looked up on the image's PATH, not yours",
+                "give an absolute path (a Python in the image, or on a host path the nodes see)",
+            )
+        )
     return out

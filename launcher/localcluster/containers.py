@@ -84,8 +84,12 @@ def install(vendor: Path = VENDOR) -> None:
 
 
 def image_path() -> Path:
-    """The cached image: its name carries a hash of the script that makes it, so a changed recipe makes a new one."""
-    digest = hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:12]
+    """The cached image: its name carries a hash of the recipe (the script's IMAGE_LIBS and make_image), so a changed
+    recipe makes a new one."""
+    text = SCRIPT.read_text()
+    recipe = [line for line in text.splitlines() if line.startswith("IMAGE_LIBS=")]
+    recipe.append(text[text.index("make_image() {") :].split("\n}\n")[0])
+    digest = hashlib.sha256("\n".join(recipe).encode()).hexdigest()[:12]
     return CACHE / f"bookworm-{digest}.sqsh"
 
 

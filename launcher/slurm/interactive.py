@@ -60,8 +60,8 @@ def rc_text(spec: RunSpec, paths: BundlePaths) -> str:
     lines += [
         f"PS1={shlex.quote(f'[{a.run_name} interactive] ')}'\\h:\\w\\$ '",
         'node_step() { bash "$LAUNCHER_NODE_SCRIPT" run "$LAUNCHER_RDZV" "$LAUNCHER_NODES"; }',
-        "echo \"Job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}: a shell on ${SLURMD_NODENAME:-$(hostname)} with the run's "
-        'environment. Ctrl-D releases the allocation."',
+        'echo "Job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}: a shell on ${SLURMD_NODENAME:-$(hostname)} with the '
+        "run's environment. Ctrl-D releases the allocation.\"",
         'echo "  node_step       runs the bundle\'s node step on this node (torchrun; rendezvous ${LAUNCHER_RDZV})"',
         'echo "  on every node:  srun --jobid=${SLURM_JOB_ID} --overlap --ntasks-per-node=1 --export=ALL '
         '${LAUNCHER_CONTAINER_OPTIONS} bash ${LAUNCHER_NODE_SCRIPT} run ${LAUNCHER_RDZV} ${LAUNCHER_NODES}"',
