@@ -47,7 +47,7 @@ training_pids() {
   for entry in /proc/[0-9]*; do
     pid=${entry#/proc/}
     environ=$(tr '\0' '\n' < "$entry/environ" 2>/dev/null) || continue
-    grep -qxF "LAUNCHER_NODE_TAG=${LAUNCHER_NODE_TAG}" <<< "$environ" && grep -q '^LOCAL_RANK=' <<< "$environ" \
+    grep -qxF LAUNCHER_NODE_TAG"=${SLURM_JOB_ID}:${node}" <<< "$environ" && grep -q '^LOCAL_RANK=' <<< "$environ" \
       && echo "$pid"
   done
 }
