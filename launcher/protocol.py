@@ -25,6 +25,7 @@ PROGRESS_FILE = "progress"  # PROGRESS_FORMAT, written by training's rank 0, rea
 HUNG_FILE = "hung"  # the watchdog's finding: HUNG_FILE_FORMAT
 PREFLIGHT_REPORT = "preflight"  # the node checks' problems, one "NODE: WHAT" a line
 PORT_TAKEN_FILE = "port-taken"  # left by the first node when its rendezvous port was taken
+INTERACTIVE_RC = "interactive.rc"  # --interactive: the shell's start-up file (the run's environment)
 SWEEP_RECORD = "sweep.json"  # a sweep's record, in its own directory beside the points' bundles
 SCRIPT_SUFFIX, LOG_SUFFIX = ".sbatch", ".out"  # <scripts>/<run>/<stamp>.sbatch, <logs>/<run>/<stamp>.out
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from launcher_helpers import all_problems, fixed_paths, spec_for
 
+from launcher import protocol
 from launcher.bundle import render
 from launcher.config import container
-from launcher.slurm import interactive
+from launcher.slurm import interactive, triage
+from launcher.train import nodecheck
 
 BASE = ["--nodes", "2", "--gpus_per_node", "2", "--dataset", "none", "--wandb_disabled", "true"]
 
@@ -105,3 +108,27 @@ def test_interactive_asks_salloc_for_the_scripts_resources():
     options = interactive.salloc_options(render.sbatch_script(spec, fixed_paths("t")))
     assert {"--job-name=t", "--nodes=2", "--gpus-per-node=2", "--partition=gpu", "--exclude=gpu7"} <= set(options)
     assert "--time=2:00:00" in options and not any(o.startswith(("--output", "--signal", "--requeue")) for o in options)
+
+
+def test_the_node_scripts_container_check_is_triaged(tmp_path: Path):
+    """The rendered node script, in a container whose Python is missing, says so in one line before torchrun; triage
+    reads that line as the container's fault. And the node check's words for missing modules, likewise."""
+    image = tmp_path / "img.sqsh"
+    image.write_bytes(b"squash")
+    spec, _ = spec_for(*BASE, "--container_image", str(image), "--python", str(tmp_path / "none/bin/python3"))
+    paths = fixed_paths("t", tmp_path)
+    paths.bundle_dir.mkdir(parents=True)
+    script = tmp_path / "node.sh"
+    script.write_text(render.node_script(spec, paths))
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "7"}
+    proc = subprocess.run(["bash", str(script), "run", "127.0.0.1:29999", "node1"], env=env, capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 5, proc.stderr
+    said = f"the container {image} has no Python at {tmp_path}/none/bin/python3"
+    assert proc.stdout.count("\n") == 1 and said in proc.stdout
+    assert paths.preflight_report.read_text() == f"node1: {said}\n"
+    found = triage.verdict("FAILED", proc.stdout, exit_code=5)
+    assert found is not None and found.cause == "container" and said in found.message, found
+    lacks = nodecheck.module_problems(["torch", "no_such_module_here"], str(image))
+    assert lacks == [f"the container {image}: {sys.executable} lacks no_such_module_here"]
+    assert triage.verdict("FAILED", protocol.line("preflight_failed", node="n2", what=lacks[0])).cause == "container"

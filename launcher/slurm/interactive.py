@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 
+from launcher import protocol as P
 from launcher.bundle import files
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.render import container_options
@@ -24,7 +25,6 @@ SALLOC_OPTIONS = {
     "constraint", "reservation", "nodelist", "exclude", "mem", "exclusive", "dependency",
 }  # fmt: skip
 SBATCH_LINE = re.compile(r"^#SBATCH --([\w-]+)(?:=(.*))?$")
-RC_NAME = "interactive.rc"
 
 # Run by salloc on the login node, inside the allocation: the rendezvous address as the batch script derives it,
 # then the shell on the first node (the container options come as arguments).
@@ -53,8 +53,8 @@ def rc_text(spec: RunSpec, paths: BundlePaths) -> str:
     """The shell's start-up file: the run's environment, a prompt, and how to start the node step."""
     a = spec.args
     exports = {"TMPDIR": a.slurm.tmp_dir, **spec.extra_env}
-    exports |= {"LAUNCHER_NODE_SCRIPT": str(paths.node_script), "LAUNCHER_STOP_FILE": str(paths.stop_file)}
-    exports |= {"LAUNCHER_OUTCOME_FILE": str(paths.outcome_file)}
+    exports |= {"LAUNCHER_NODE_SCRIPT": str(paths.node_script), P.ENV_STOP_FILE: str(paths.stop_file)}
+    exports |= {P.ENV_OUTCOME_FILE: str(paths.outcome_file)}
     lines = [f"# The shell of `--interactive` for {a.run_name} (written by the launcher; read by bash --rcfile)."]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in exports.items()]
     lines += [
@@ -72,7 +72,7 @@ def rc_text(spec: RunSpec, paths: BundlePaths) -> str:
 
 def run(spec: RunSpec, paths: BundlePaths) -> int:
     """salloc with the run's resources and the shell on its first node; returns salloc's exit code."""
-    rc = paths.bundle_dir / RC_NAME
+    rc = paths.bundle_dir / P.INTERACTIVE_RC
     files.write_new(rc, rc_text(spec, paths))
     options = salloc_options(paths.script.read_text(encoding="utf-8"))
     argv = ["salloc", *options, "--", "/bin/bash", "-c", HOST_SIDE, "interactive", str(rc)]
