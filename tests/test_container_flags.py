@@ -132,3 +132,15 @@ def test_the_node_scripts_container_check_is_triaged(tmp_path: Path):
     lacks = nodecheck.module_problems(["torch", "no_such_module_here"], str(image))
     assert lacks == [f"the container {image}: {sys.executable} lacks no_such_module_here"]
     assert triage.verdict("FAILED", protocol.line("preflight_failed", node="n2", what=lacks[0])).cause == "container"
+
+
+def test_the_interactive_shells_start_up_file_parses(tmp_path: Path):
+    spec, _ = spec_for(*BASE, "--extra_env", "A='x y'")
+    rc = tmp_path / "rc"
+    rc.write_text(interactive.rc_text(spec, fixed_paths("t")))
+    assert subprocess.run(["bash", "-n", str(rc)]).returncode == 0
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5", "LAUNCHER_RDZV": "h:1", "LAUNCHER_NODES": "n1,n2"}
+    out = subprocess.run(
+        ["bash", "-c", f'. {rc}; printf \'%s|%s\' "$A" "$TMPDIR"'], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.endswith("x y|/tmp") and "--nodes=2 --ntasks=2" in out.stdout

@@ -57,15 +57,17 @@ def rc_text(spec: RunSpec, paths: BundlePaths) -> str:
     exports |= {P.ENV_OUTCOME_FILE: str(paths.outcome_file)}
     lines = [f"# The shell of `--interactive` for {a.run_name} (written by the launcher; read by bash --rcfile)."]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in exports.items()]
+    where = "srun is not in the container" if a.container.container_image else "this one"
     lines += [
         f"PS1={shlex.quote(f'[{a.run_name} interactive] ')}'\\h:\\w\\$ '",
         'node_step() { bash "$LAUNCHER_NODE_SCRIPT" run "$LAUNCHER_RDZV" "$LAUNCHER_NODES"; }',
         'echo "Job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}: a shell on ${SLURMD_NODENAME:-$(hostname)} with the '
         "run's environment. Ctrl-D releases the allocation.\"",
         'echo "  node_step       runs the bundle\'s node step on this node (torchrun; rendezvous ${LAUNCHER_RDZV})"',
-        'echo "  on every node:  srun --jobid=${SLURM_JOB_ID} --overlap --ntasks-per-node=1 --export=ALL '
-        '${LAUNCHER_CONTAINER_OPTIONS} bash ${LAUNCHER_NODE_SCRIPT} run ${LAUNCHER_RDZV} ${LAUNCHER_NODES}"',
-        f"echo {shlex.quote('                 (from a shell on the host: ' + ('srun is not in the container' if a.container.container_image else 'this one') + ')')}",  # noqa: E501
+        f'echo "  on every node:  srun --jobid=${{SLURM_JOB_ID}} --overlap --nodes={a.slurm.nodes} '
+        f"--ntasks={a.slurm.nodes} --export=ALL ${{LAUNCHER_CONTAINER_OPTIONS}} "
+        'bash ${LAUNCHER_NODE_SCRIPT} run ${LAUNCHER_RDZV} ${LAUNCHER_NODES}"',
+        f"echo {shlex.quote('                 (from a shell on the host: ' + where + ')')}",
     ]
     return "\n".join(lines) + "\n"
 
