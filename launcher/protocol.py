@@ -103,6 +103,11 @@ STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
 SHELL_UNSAFE = re.compile(r'["$`\\]')
 
 
+def printf_format(fmt: str) -> str:
+    """A format with its fields as printf's `%s`, ending in a newline (for the batch script's records)."""
+    return re.sub(r"\{[^}]*\}", "%s", fmt) + "\\n"
+
+
 def fields(name: str) -> list[str]:
     """The fields a line names, in order."""
     return [f for _, f, _, _ in string.Formatter().parse(LINES[name]) if f]

@@ -155,6 +155,8 @@ def test_ill_typed_config_is_reported_not_raised(tmp_path: Path):
     text = "\n".join(map(str, problems))
     assert {p.flag for p in problems} == {"config"}, text
     assert "model.model_config.hidden_size is 'big'" in text and "write 3.0e-4" in text
+    # the shape check and the type check both find these values: each is said once (Problem.key)
+    assert text.count("model.model_config.hidden_size is") == 1 and text.count("learning_rate is") == 1, text
     assert "data_stages is not a section" in text and "not a mixture" in text
     # a flag replaces the YAML's value, so that value is no longer a problem
     spec, problems = spec_for("--config", str(bad), "--hidden_size", "128", "--learning_rate", "1e-3")

@@ -122,3 +122,13 @@ def test_the_templates_speak_the_contracts_words():
 def _spec_and_paths():
     spec, _ = spec_for("--run_name", "p", "--dataset", "none")
     return spec, fixed_paths("p")
+
+
+def test_the_requeue_record_the_script_writes_reads_back_by_its_format(tmp_path: Path):
+    (printf,) = [line.strip() for line in _script().splitlines() if '>> "$LAUNCHER_REQUEUES"' in line]
+    record = tmp_path / "requeues"
+    body = f"{BASH_STATE}; LAUNCHER_REQUEUES={record}; {printf}"
+    subprocess.run(["bash", "-c", body], check=True)
+    fields = re.fullmatch(P._regex(P.REQUEUE_FORMAT), record.read_text().rstrip("\n"))
+    assert fields is not None and fields.groupdict() == {"why": "preemption", "attempt": "2", "step": "520",
+                                                         "nodes": "node2"}  # fmt: skip

@@ -136,15 +136,14 @@ def test_slurm_refuses_before_anything_is_written(tmp_path: Path, slurm_env: dic
 
 def test_refusal_at_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict, monkeypatch: pytest.MonkeyPatch):
     """A bundle written by a dry run and submitted later, when Slurm refuses it then: kept, failure recorded."""
-    from launcher import launch
+    from launcher import launch, submission
     from launcher.errors import LauncherError
-    from launcher.slurm import submit
 
     monkeypatch.chdir(tmp_path)
     prepared = launch.prepare(["--run_name", "later", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none",
                             "--partition", "nosuch", "--dry_run", "true"])  # fmt: skip
     with pytest.raises(LauncherError) as refused:
-        submit.submit(prepared.paths)
+        submission.submit(prepared.paths)
     assert "invalid partition" in str(refused.value).lower() and "fix --partition" in str(refused.value)
     assert f"The bundle is kept: {prepared.paths.bundle_dir}" in str(refused.value)
     manifest = json.loads(prepared.paths.manifest.read_text())

@@ -12,6 +12,7 @@ from launcher_helpers import spec_for
 from launcher.config.flags import flag_names
 from launcher.config.layout import check_layout
 from launcher.config.problems import report
+from launcher.config.shape import ModelShape
 from launcher.config.slurm_values import time_limit_seconds
 from launcher.config.validate import validate
 
@@ -194,19 +195,11 @@ def test_accepted_layouts_satisfy_nanotron(x: dict):
 
 
 def test_check_layout_is_shared_with_the_trainer():
+    shape = ModelShape(
+        hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=256, max_seq_len=64
+    )
     problems = check_layout(
-        world=4,
-        dp=1,
-        tp=1,
-        pp=1,
-        hidden=64,
-        intermediate=256,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        vocab=256,
-        grad_accum=1,
-        world_flags="processes started by torchrun",
+        shape, world=4, dp=1, tp=1, pp=1, grad_accum_steps=1, world_flags="processes started by torchrun"
     )
     assert flags_of(problems) == ["dp"] and "torchrun" in problems[0].message
 

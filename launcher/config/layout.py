@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from launcher.config.problems import Problem
+from launcher.config.shape import ModelShape
 
 
 def divisors(n: int) -> list[int]:
@@ -26,35 +27,24 @@ def _nodes_for(replica: int, world: int, nodes: int) -> int:
 
 
 def check_layout(
+    shape: ModelShape,
     *,
     world: int,
     dp: int,
     tp: int,
     pp: int,
-    hidden: int,
-    intermediate: int,
-    layers: int,
-    heads: int,
-    kv_heads: int,
-    vocab: int,
-    grad_accum: int,
+    grad_accum_steps: int,
     world_flags: str = "--nodes x --gpus_per_node",
     nodes_hint: int = 1,
     gpus_per_node: int | None = None,
 ) -> list[Problem]:
-    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue)."""
+    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue), for a
+    job of `world` GPUs (processes) running dp x tp x pp with `grad_accum_steps` micro-batches a step."""
     out: list[Problem] = []
-    sizes = {
-        "hidden_size": hidden,
-        "intermediate_size": intermediate,
-        "num_layers": layers,
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "vocab_size": vocab,
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-    }
+    hidden, intermediate, layers = shape.hidden_size, shape.intermediate_size, shape.num_layers
+    heads, kv_heads, vocab, grad_accum = shape.num_heads, shape.num_kv_heads, shape.vocab_size, grad_accum_steps
+    sizes = {**shape.sizes(), "dp": dp, "tp": tp, "pp": pp}
+    del sizes["max_seq_len"]  # validation says it (training's check); nanotron's layout rules do not read it
     for flag, value in sizes.items():
         if value <= 0:
             out.append(Problem(flag, f"must be a positive integer, got {value}", f"give --{flag} >= 1"))

@@ -79,7 +79,7 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     if a.logging.profiler_export_path:
         out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     said = {p.flag for p in earlier + out}
-    if all(v > 0 for v in spec.shape) and not said & {"checkpoints_path", "save_interval"}:
+    if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"}:
         out += storage.space_problems(figures.parameters(spec), a.paths.checkpoints_path)
     return out
 

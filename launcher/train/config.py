@@ -16,27 +16,7 @@ import yaml
 from launcher.config.layout import check_layout
 from launcher.config.problems import Problem
 from launcher.config.schema import get_path, train_split
-
-ROPE_THETA = 10000.0  # nanotron 0.4's Llama has no rope_theta field and uses this value
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A Llama model's shape, as nanotron's LlamaConfig states it."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    max_position_embeddings: int
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-    hidden_act: str
-    rope_theta: float  # nanotron 0.4's LlamaConfig has no field for it: its models use 10000
-    bos_token_id: int
-    eos_token_id: int
+from launcher.config.shape import ModelShape, from_model_config
 
 
 @dataclass(frozen=True)
@@ -102,7 +82,6 @@ def _require(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:
 
 def to_train_config(config: dict) -> TrainConfig:
     """A nanotron 0.4 config dict as the engine's TrainConfig (missing optional values get nanotron's defaults)."""
-    mc = config["model"]["model_config"]
     lrs = config["optimizer"]["learning_rate_scheduler"]
     tokens = config["tokens"]
     warmup = lrs.get("lr_warmup_steps") or 0
@@ -111,26 +90,11 @@ def to_train_config(config: dict) -> TrainConfig:
     if decay_steps is None:  # nanotron's Config.__post_init__ fills it before its scheduler sees it: T - W
         decay_steps = tokens["train_steps"] - warmup
     dataset = get_path(config, ("data", "dataset"))
-    heads = mc["num_attention_heads"]
     return TrainConfig(
         project=config["general"]["project"],
         run_name=config["general"].get("run") or "run",
         seed=_require(config, ("general", "seed"), 42),
-        model=ModelShape(
-            hidden_size=mc["hidden_size"],
-            intermediate_size=mc["intermediate_size"],
-            num_hidden_layers=mc["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=mc.get("num_key_value_heads") or heads,
-            vocab_size=mc["vocab_size"],
-            max_position_embeddings=mc.get("max_position_embeddings", 2048),
-            rms_norm_eps=mc.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=mc.get("tie_word_embeddings", False),
-            hidden_act=mc.get("hidden_act", "silu"),
-            rope_theta=ROPE_THETA,
-            bos_token_id=mc.get("bos_token_id", 1),
-            eos_token_id=mc.get("eos_token_id", 2),
-        ),
+        model=from_model_config(config["model"]["model_config"]),
         init_std=_require(config, ("model", "init_method", "std"), 0.02),
         dtype=_require(config, ("model", "dtype"), "bfloat16"),
         dp=config["parallelism"]["dp"],
@@ -178,18 +142,12 @@ def load_train_config(path: str) -> TrainConfig:
 
 def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
     """The training job's start-up check: the launcher's layout rules, against the processes actually started."""
-    m = cfg.model
     return check_layout(
+        cfg.model,
         world=world_size,
         dp=cfg.dp,
         tp=cfg.tp,
         pp=cfg.pp,
-        hidden=m.hidden_size,
-        intermediate=m.intermediate_size,
-        layers=m.num_hidden_layers,
-        heads=m.num_attention_heads,
-        kv_heads=m.num_key_value_heads,
-        vocab=m.vocab_size,
-        grad_accum=cfg.grad_accum_steps,
+        grad_accum_steps=cfg.grad_accum_steps,
         world_flags="processes started by torchrun",
     )

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.train.config import ModelShape
+from launcher.config.shape import ModelShape
 
 
 class LlamaRMSNorm(nn.Module):
@@ -64,7 +64,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class LlamaAttention(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
-        h, heads, kv = shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads
+        h, heads, kv = shape.hidden_size, shape.num_heads, shape.num_kv_heads
         self.heads, self.kv_heads, self.head_dim = heads, kv, h // heads
         self.q_proj = nn.Linear(h, heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(h, kv * self.head_dim, bias=False)
@@ -122,9 +122,9 @@ class LlamaModel(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(shape) for _ in range(shape.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(shape) for _ in range(shape.num_layers))
         self.norm = LlamaRMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(shape.hidden_size // shape.num_attention_heads, shape.rope_theta)
+        self.rotary_emb = LlamaRotaryEmbedding(shape.hidden_size // shape.num_heads, shape.rope_theta)
 
     def forward(self, input_ids: torch.Tensor) -> DecoderOutput:
         x = self.embed_tokens(input_ids)
