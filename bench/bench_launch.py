@@ -1,7 +1,10 @@
 """Time from the launch command to the first training step on the local cluster (aim <= 8 s), and the
 batch script's prologue before torchrun starts (target <= 2 s), and the job's end after its last step. Not a test.
 
-    make cluster && SLURM_CONF=$PWD/.slurm/etc/slurm.conf python bench/bench_launch.py
+    make cluster && SLURM_CONF=$PWD/.slurm/etc/slurm.conf python bench/bench_launch.py [MORE LAUNCHER FLAGS]
+
+(e.g. `--container_image IMAGE` on a cluster started with `up --containers`: the same run with its node step in the
+image; docs/performance.md has both.)
 
 Launches the demo model (2 nodes x 2 processes, 5 steps) and watches its log: the prologue is the time between
 the job's "started" line and its "rendezvous" line (everything the script does before srun), the start-up is the
@@ -61,6 +64,7 @@ def main() -> None:
                 "1",
                 "--wandb_disabled",
                 "true",
+                *sys.argv[1:],
             ],
             cwd=tmp,
             capture_output=True,

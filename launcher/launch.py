@@ -10,12 +10,12 @@ from typing import NamedTuple
 
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
-from launcher.config import figures, fit, flags, validate
+from launcher.config import container, figures, fit, flags, validate
 from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
 from launcher.report import summary
-from launcher.slurm import preflight
+from launcher.slurm import interactive, preflight
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
@@ -141,6 +141,9 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
     derived = figures.derived(draft.spec)
     paths = draft.paths
     try:
+        image = draft.spec.args.container.container_image
+        if image:  # what ran: the image's path and sha256 (a file), or its reference
+            derived["container"] = container.record(image)
         files.make_room(paths)
         hashes = {
             "config": files.write_new(paths.config, draft.config_text),
@@ -197,6 +200,8 @@ def launch_run(argv: list[str], parsed: flags.Parsed) -> int:
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
+    if spec.args.execution.interactive:
+        return interactive.run(spec, paths)
     from launcher import submission  # imported here only for speed: a dry run never submits (~40 ms)
 
     return submission.submit_and_follow(paths, follow=spec.args.execution.show_logs)

@@ -25,6 +25,7 @@ PROGRESS_FILE = "progress"  # PROGRESS_FORMAT, written by training's rank 0, rea
 HUNG_FILE = "hung"  # the watchdog's finding: HUNG_FILE_FORMAT
 PREFLIGHT_REPORT = "preflight"  # the node checks' problems, one "NODE: WHAT" a line
 PORT_TAKEN_FILE = "port-taken"  # left by the first node when its rendezvous port was taken
+INTERACTIVE_RC = "interactive.rc"  # --interactive: the shell's start-up file (the run's environment)
 SWEEP_RECORD = "sweep.json"  # a sweep's record, in its own directory beside the points' bundles
 SCRIPT_SUFFIX, LOG_SUFFIX = ".sbatch", ".out"  # <scripts>/<run>/<stamp>.sbatch, <logs>/<run>/<stamp>.out
 
@@ -77,6 +78,7 @@ LINES = {
     "port_taken": "rendezvous port {port} was taken on {node} before torchrun could listen on it: trying another",
     "preemption": "preemption notice: {what}",
     "preflight_failed": "preflight failed on {node}: {what}",
+    "node_warning": "warning on {node}: {what}",
     "exclude_failed": "could not exclude {nodes} from the requeued job",
     "requeue_preemption": "checkpoint saved at step {step}; requeueing after the preemption; the next attempt resumes",
     "requeue_time_limit": "checkpoint saved at step {step}; requeueing after the time-limit notice ({count} of "
@@ -90,6 +92,10 @@ LINES = {
     "pre_launch_ended": "the pre-launch commands ended this attempt at: {command} (exit code {code})",
     "outcome": "training's last word: {word}",
 }
+# What the node checks say of a container (the `what` of preflight_failed); triage knows the cause by its start.
+CONTAINER_START = "the container "
+CONTAINER_NO_PYTHON = CONTAINER_START + "{image} has no Python at {python}"
+CONTAINER_LACKS = CONTAINER_START + "{image}: {python} lacks {modules}"
 # What a field matches where a pattern needs more than "anything" (the default).
 FIELD_PATTERNS = {
     "step": r"\S+", "steps": r"\d+", "attempt": r"\d+", "job": r"\S+", "node": r"[^:\s]+", "idle": r"[\d.?]+",

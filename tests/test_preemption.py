@@ -36,10 +36,10 @@ def last_logged_step(bundle_dir: Path) -> int:
     return max((r["step"] for r in read_metrics(path)), default=0) if path.exists() else 0
 
 
-def preempt_and_follow(tmp_path: Path, env: dict, demo_data, run_name: str) -> tuple[str, int, str, str]:
+def preempt_and_follow(tmp_path: Path, env: dict, demo_data, run_name: str, *flags: str) -> tuple[str, int, str, str]:
     """Launch a run on all GPUs, let it train past step 10, preempt it with an urgent job; return the job id, the
-    step seen before the preemption, the launcher's output and the job's log."""
-    proc = launch(tmp_path, env, demo_data, run_name, "--train_steps", "150", "--save_interval", "100000")
+    step seen before the preemption, the launcher's output and the job's log. `flags`: more launcher flags."""
+    proc = launch(tmp_path, env, demo_data, run_name, "--train_steps", "150", "--save_interval", "100000", *flags)
     (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs" / run_name).glob("*")), timeout=30)
     job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
     wait_for(lambda: last_logged_step(bundle_dir) >= 10, timeout=180)

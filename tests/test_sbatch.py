@@ -45,6 +45,8 @@ SCRIPT_CASES = {
         "--time_limit", "2-00:00:00", "--signal_grace", "300", "--max_requeues", "5",
     ],
     "no-requeue": ["--max_requeues", "0"],
+    "container": ["--container_image", "nvcr.io#nvidia/pytorch:24.01-py3", "--container_mounts", "/etc:/host-etc:ro",
+                  "--container_env", "PATH", "--container_workdir", "/project", "--tmp_dir", "/scratch/tmp"],
 }  # fmt: skip
 
 

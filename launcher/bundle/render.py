@@ -19,7 +19,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
-from launcher.config import schema
+from launcher.config import container, schema
 from launcher.config.datasource import is_local_path
 from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
@@ -75,6 +75,26 @@ def _local_inputs(spec: RunSpec, paths: BundlePaths) -> list[str]:
     return [str(paths.config), spec.args.paths.run_train_script, *local]
 
 
+def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
+    """pyxis's options for the node step, mounting every host path it touches at the same path (none without an
+    image): the bundle, the script and the logs, the checkpoints, TMPDIR, local data and tokenizer, the project (the
+    training script, the node check) and the Python's installation where it lives outside the system's directories."""
+    c, a = spec.args.container, spec.args
+    if not c.container_image:
+        return []
+    touched = [str(paths.bundle_dir), str(paths.script.parent), str(paths.log.parent), str(paths.checkpoints)]
+    touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(JOB_HELPERS.parents[1])]
+    touched += [v for v in _local_inputs(spec, paths)[2:]]
+    touched += container.python_prefixes(_python(spec))
+    return container.srun_options(
+        c.container_image, touched, c.container_mounts, c.container_workdir, c.container_env, c.container_writable
+    )
+
+
+def _python(spec: RunSpec) -> str:
+    return spec.args.slurm.python or sys.executable
+
+
 def _values(spec: RunSpec, paths: BundlePaths) -> dict:
     """What both scripts are rendered from."""
     a = spec.args
@@ -82,7 +102,7 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "run_name": a.run_name,
         "nodes": a.slurm.nodes,
         "gpus_per_node": a.slurm.gpus_per_node,
-        "python": a.slurm.python or sys.executable,
+        "python": _python(spec),
         "train_script": a.paths.run_train_script,
         "config_path": paths.config,
         "log_dir": paths.log.parent,
@@ -101,6 +121,8 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "preflight": a.job.preflight,
         "debug": a.job.debug,
         "signal_grace": a.slurm.signal_grace if a.slurm.max_requeues else 0,
+        "container": container_options(spec, paths),
+        "image": a.container.container_image,
     }
 
 

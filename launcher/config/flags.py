@@ -141,6 +141,7 @@ class ExecutionArgs:
     sweep: str | None = None  # One run per grid point, e.g. "learning_rate=1e-4,3e-4 seed=1,2" (runs RUN-1..4).
     plan: bool = False  # Print the layouts that fit this model, job and batch, best first; write and submit nothing.
     skip_memory_check: bool = False  # Go ahead where the memory estimate says the layout does not fit the GPU.
+    interactive: bool = False  # Allocate the run's nodes (salloc) and open a shell on the first, with its environment.
 
 
 @dataclass
@@ -151,6 +152,17 @@ class JobArgs:
     hang_timeout: int = 1800  # Seconds with no first step (or no end of a save) that make a hang; 0: no watchdog.
     hang_factor: float = 10.0  # Between steps, a hang is this many median step times with no step (at least 60 s).
     debug: bool = False  # Trace the node side; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.
+
+
+@dataclass
+class ContainerArgs:
+    """The node step in a container (pyxis + enroot: srun --container-image); the batch script stays on the host."""
+
+    container_image: str | None = None  # A squashfs image (a path starting with / or .) or a registry reference.
+    container_mounts: str | None = None  # More mounts, SRC[:DST[:ro]] comma-separated (the run's paths are added).
+    container_workdir: str | None = None  # Working directory inside the container (default: the image's $HOME).
+    container_env: str | None = None  # Variables whose host values replace the image's, e.g. PATH,LD_LIBRARY_PATH.
+    container_writable: bool = False  # Make the container's root filesystem writable (default: read-only).
 
 
 @dataclass
@@ -167,6 +179,7 @@ class LaunchArgs:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     execution: ExecutionArgs = field(default_factory=ExecutionArgs)
     job: JobArgs = field(default_factory=JobArgs)
+    container: ContainerArgs = field(default_factory=ContainerArgs)
 
 
 GROUPS = {
@@ -179,6 +192,7 @@ GROUPS = {
     "logging": LoggingArgs,
     "execution": ExecutionArgs,
     "job": JobArgs,
+    "container": ContainerArgs,
 }
 
 

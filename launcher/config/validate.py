@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import datacheck, dependency_syntax, dialect_rules, fit
+from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -87,8 +87,10 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
     out += _check_names(spec) + _check_requeue(spec) + _check_extra_env(spec) + _check_pre_launch(spec)
     if not os.path.isabs(s.tmp_dir):
         out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
-    if s.python and os.sep in s.python and not os.access(s.python, os.X_OK):
+    image = spec.args.container.container_image
+    if s.python and os.sep in s.python and not os.access(s.python, os.X_OK) and not (image and os.path.isabs(s.python)):
         out.append(Problem("python", f"{s.python} is not an executable", "give the path of a python"))
+    out += container.problems(spec.args.container, s.python)
     return out
 
 

@@ -12,6 +12,8 @@ import socket
 import zlib
 from pathlib import Path
 
+from launcher.localcluster import containers
+
 PORT_BASE, PORT_SLOTS, PORT_STEP = 20000, 500, 20
 MUNGE_ROOT = Path("/tmp")
 
@@ -40,6 +42,7 @@ class ClusterSpec:
     send_user_signal: bool = False
     slurmd_timeout_s: int = 60  # how long slurmctld waits for a silent slurmd before the node is DOWN (NODE_FAIL)
     read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
+    containers: bool = False  # pyxis + enroot on every node (srun --container-image): launcher.localcluster.containers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -133,7 +136,7 @@ SelectTypeParameters=CR_CPU
 # Virtual nodes: same host, one slurmd port each; CPUs are shared (OverSubscribe=FORCE).
 {nodes}
 {partitions}
-"""
+""" + (f"PlugStackConfig={d}/etc/plugstack.conf\n" if spec.containers else "")
 
 
 def gres_conf(spec: ClusterSpec) -> str:
@@ -144,4 +147,7 @@ def gres_conf(spec: ClusterSpec) -> str:
 
 def config_files(spec: ClusterSpec) -> dict[Path, str]:
     """The cluster's configuration files and their text."""
-    return {spec.conf: slurm_conf(spec), spec.conf.with_name("gres.conf"): gres_conf(spec)}
+    files = {spec.conf: slurm_conf(spec), spec.conf.with_name("gres.conf"): gres_conf(spec)}
+    if spec.containers:
+        files[spec.conf.with_name("plugstack.conf")] = containers.plugstack_conf(spec.dir)
+    return files

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.localcluster import containers
 from launcher.localcluster.config import ClusterSpec, config_files
 
 READY_TIMEOUT_S, STOP_TIMEOUT_S, PIDFILE_TIMEOUT_S = 30.0, 10.0, 10.0
@@ -154,10 +155,12 @@ def _slurmd_argv(spec: ClusterSpec, node: str) -> list[str]:
     that path bound read-only, which its jobs inherit: a node that cannot write where the others can."""
     argv = ["slurmd", "-f", str(spec.conf), "-N", node]
     paths = [path for name, path in spec.read_only if name == node]
-    if not paths:
+    commands = [f"mount --bind {shlex.quote(p)} {shlex.quote(p)} && mount -o remount,bind,ro {shlex.quote(p)}"
+                for p in paths]  # fmt: skip
+    commands += containers.slurmd_mounts(node) if spec.containers else []
+    if not commands:
         return argv
-    mounts = " && ".join(f"mount --bind {shlex.quote(p)} {shlex.quote(p)} && mount -o remount,bind,ro {shlex.quote(p)}"
-                         for p in paths)  # fmt: skip
+    mounts = " && ".join(commands)
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "-", *argv]
 
 
@@ -200,6 +203,11 @@ def up(spec: ClusterSpec) -> dict[str, str]:
         raise ClusterError(f"{', '.join(missing)} not found: run scripts/install_slurm.sh")
     if os.geteuid() != 0:
         raise ClusterError("the local cluster must be started as root (munged runs as munge, slurmd as root)")
+    if spec.containers:
+        try:
+            containers.install()
+        except containers.ContainersUnavailable as e:
+            raise ClusterError(f"--containers: {e}") from None
     unchanged = all(p.exists() and p.read_text() == text for p, text in config_files(spec).items())
     if unchanged and is_up(spec):
         print(f"cluster in {spec.dir} already running")

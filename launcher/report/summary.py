@@ -79,6 +79,11 @@ def _theta(spec: RunSpec) -> str:
     return f"; rope_theta: {spec.adapted['rope_theta']}" if "rope_theta" in spec.adapted else ""
 
 
+def _container_note(record: dict) -> str:
+    image = f"{record['path']} (sha256 {record['sha256'][:16]}...)" if "path" in record else record["reference"]
+    return f"{image}: the node step runs in it (pyxis), the run's host paths mounted at the same paths"
+
+
 def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
     """The text printed after the bundle is written."""
     a = spec.args
@@ -122,6 +127,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             if a.slurm.dependency
             else []
         ),
+        *([("container", _container_note(figures["container"]))] if "container" in figures else []),
         ("bundle", shown(paths.bundle_dir)),
         ("config", shown(paths.config)),
         ("script", shown(paths.script)),

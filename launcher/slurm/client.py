@@ -217,3 +217,10 @@ def live_jobs(name: str) -> list[tuple[str, str, str]]:
     batch script path)."""
     out = _query("squeue", "-h", "--me", "--name", name, "-o", SQUEUE_JOBS)
     return parse_squeue_jobs(out) if out is not None else []
+
+
+def srun_lists(option: str) -> bool:
+    """Whether `srun --help` lists `option`: a SPANK plugin's options appear there where the plugin is loaded (pyxis's
+    --container-image). Asks no controller."""
+    proc = _run([_command("srun"), "--help"])
+    return option in proc.stdout + proc.stderr

@@ -23,6 +23,8 @@ FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
     "exited": "read the log's lines before torchrun's summary; " + RESUME,
     "node_fail": "not the run's fault: " + RESUME + "; --exclude {node} keeps it off that node",
     "preflight": "keep the run off that node with --exclude {node} (and tell the cluster's admins), then launch again",
+    "container": "give --container_image an image that holds it, or a --python on a host path the nodes see (the "
+    "launcher mounts its installation); docs/containers.md says what an image must hold",
     "hung": "read the stacks in {stacks}: the rank not waiting where the others wait is the culprit (a collective it "
     "never reached, data loading, I/O); " + RESUME,
     "preempted": RESUME + "; --max_requeues N requeues it by itself; a --partition or --qos that is not "
@@ -42,7 +44,7 @@ FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
 }
 CAUSES = (
     "exception", "cuda_oom", "nccl", "node_fail", "time_limit", "preempted", "bad_input", "dependency", "hung",
-    "preflight", "cancelled", "host_oom", "crash", "stopped", "pre_launch", "not_trained", "unknown",
+    "preflight", "container", "cancelled", "host_oom", "crash", "stopped", "pre_launch", "not_trained", "unknown",
 )  # fmt: skip
 
 

@@ -125,11 +125,28 @@ def resume_problems(spec: RunSpec) -> list[Problem]:
     ]
 
 
+def container_problems(spec: RunSpec) -> list[Problem]:
+    """With --container_image: srun here must have pyxis (its --container-image), as the nodes' srun then has."""
+    if not spec.args.container.container_image or client.srun_lists("--container-image"):
+        return []
+    return [
+        Problem(
+            "container_image",
+            "this cluster's srun has no --container-image (`srun --help` does not list it: pyxis is not loaded)",
+            "ask the cluster's admins for pyxis + enroot, or launch without --container_image",
+        )
+    ]
+
+
 def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Problem]:
     """Every problem of the preflight phase; `earlier`: the pure phase's, which some of these defer to."""
     found = storage_problems(spec, earlier) + resume_problems(spec)
     if ask_slurm:
         found += follow.env_problems()  # the follower's rate, before the job is submitted to be followed
+        try:
+            found += container_problems(spec)
+        except SlurmUnavailable:
+            pass  # said by the look-ups below or by Slurm's verdict on the script
         found += dependency_problems(spec, earlier + found)
         if not any(p.flag == "run_name" for p in earlier):
             try:

@@ -235,6 +235,8 @@ def _preflight(e: Ending) -> Verdict | None:
     if not (found := e.last(PREFLIGHT)):
         return None
     message = f"the node check failed on {found['node']} before training: {found['what']}"
+    if found["what"].startswith(P.CONTAINER_START):  # what the container lacks: the image's fault, not the node's
+        return Verdict("container", message, FIXES["container"], None, found["node"])
     return Verdict("preflight", message, FIXES["preflight"].format(node=found["node"]), None, found["node"])
 
 

@@ -76,10 +76,15 @@ def path_problems(writable: list[str], readable: list[str]) -> list[str]:
     return out
 
 
-def module_problems(modules: list[str]) -> list[str]:
-    """Modules the engine imports that this node's Python lacks (found without importing them)."""
+def module_problems(modules: list[str], container: str | None = None) -> list[str]:
+    """Modules the engine imports that this node's Python lacks (found without importing them); in a container,
+    said of the container (its image, or the host paths it mounts, must bring them)."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    return [f"{sys.executable} lacks {', '.join(missing)}"] if missing else []
+    if not missing:
+        return []
+    if container:
+        return [protocol.CONTAINER_LACKS.format(image=container, python=sys.executable, modules=", ".join(missing))]
+    return [f"{sys.executable} lacks {', '.join(missing)}"]
 
 
 def head_limit_problems(nodes: int, gpus: int) -> tuple[list[str], list[str]]:
@@ -294,17 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writable", action="append", default=[], help="a directory the run writes")
     parser.add_argument("--readable", action="append", default=[], help="a path the run reads")
     parser.add_argument("--modules", default="", help="modules the engine imports, comma-separated")
+    parser.add_argument("--container", help="the image this check runs in (srun --container-image), if any")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other nodes")
     parser.add_argument("--report", help="where the first node writes the problems, one 'NODE: WHAT' a line")
     args = parser.parse_args(argv)
     nodes = args.nodes.split(",")
     mine = gpu_problems(args.gpus) + path_problems(args.writable, args.readable)
-    mine += module_problems([m for m in args.modules.split(",") if m])
+    mine += module_problems([m for m in args.modules.split(",") if m], args.container)
     if args.node == nodes[0]:  # the head: the rendezvous store lives here
         limits, warnings = head_limit_problems(len(nodes), args.gpus)
         mine += limits
         for warning in warnings:
-            print(f"[launcher {time.strftime('%H:%M:%S')}] warning on {args.node}: {warning}", flush=True)
+            print(protocol.line("node_warning", node=args.node, what=warning), flush=True)
     try:
         found = gather(args.head, args.port, nodes, args.node, mine, args.timeout)
     except OSError as e:

@@ -1,0 +1,159 @@
+"""The node step in a container, for real: NVIDIA pyxis + enroot (built from ../shared/vendor) on a local Slurm
+cluster of their own (`ClusterSpec(containers=True)`), and an image made without a registry (mmdebstrap).
+
+Training learns and checkpoints in the image; a real preemption inside it checkpoints, requeues and resumes; a
+container without the job's Python fails with a verdict that says so; a missing image (and a cluster without pyxis)
+is refused before the queue; `--interactive` opens a shell in the container through a real terminal (tmux), where
+the node step is started by hand, and Ctrl-D releases the allocation. Where ../shared/vendor is absent (a user's
+clone) the tests that need pyxis skip, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from launcher_helpers import LAUNCHER
+from test_e2e_training import bundles, finish, latest_step, launch, manifest, wait_for
+from test_preemption import assert_saved_by_the_notice, preempt_and_follow
+
+from launcher.config import container
+from launcher.localcluster import ClusterSpec, containers, down, up
+from launcher.report.plots import read_metrics
+from launcher.slurm.parse import parse_scontrol
+
+IN_CI = os.environ.get("CI") == "true"
+MISSING = containers.missing_sources()
+needs_vendor = pytest.mark.skipif(
+    bool(MISSING), reason=f"the vendored pyxis and enroot sources are absent ({', '.join(MISSING)})"
+)
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path, ClusterSpec]]:
+    """A 2-node cluster whose srun has pyxis, and its image: (environment, image, spec)."""
+    if shutil.which("slurmctld") is None and not IN_CI:
+        pytest.skip("Slurm is not installed (run scripts/install_slurm.sh or make test)")
+    spec = ClusterSpec(tmp_path_factory.mktemp("containers"), nodes=2, gpus_per_node=2, containers=True)
+    env = {**os.environ, **up(spec)}
+    yield env, containers.image(), spec
+    down(spec)
+
+
+def in_container(spec: ClusterSpec, job_id: str) -> list[str]:
+    """The nodes whose slurmd started a pyxis container for the job's steps."""
+    return [n for n in spec.node_names
+            if f"[{job_id}.0] pyxis: starting container" in (spec.dir / f"log/slurmd.{n}.log").read_text()]  # fmt: skip
+
+
+@needs_vendor
+def test_training_in_a_container_learns_and_checkpoints(tmp_path: Path, boxed, demo_data):
+    env, image, spec = boxed
+    proc = launch(tmp_path, env, demo_data, "boxed", "--train_steps", "20", "--container_image", str(image))
+    code, out = finish(proc, timeout=400)
+    assert code == 0 and "ended COMPLETED" in out, out
+    assert f"container    {image} (sha256 " in out  # the summary names the image
+    (bundle_dir,) = bundles(tmp_path, "boxed")
+    record = manifest(bundle_dir)
+    assert record["derived"]["container"] == container.record(str(image))  # path and sha256 of the file
+    assert in_container(spec, record["slurm"]["job_id"]) == ["node1", "node2"]
+    losses = [r["loss"] for r in read_metrics(bundle_dir / "metrics.jsonl")]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 0.3, losses
+    assert latest_step(tmp_path / "checkpoints/boxed") == 20
+
+
+@needs_vendor
+def test_preemption_inside_a_container_resumes(tmp_path: Path, boxed, demo_data):
+    env, image, spec = boxed
+    job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "boxed-pre", "--container_image", str(image))
+    assert "preemption notice: Slurm preempted this job at" in log
+    (bundle_dir,) = bundles(tmp_path, "boxed-pre")
+    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log)
+    assert in_container(spec, job_id) == ["node1", "node2"]
+
+
+@needs_vendor
+def test_a_container_without_the_python_fails_with_the_cause(tmp_path: Path, boxed, demo_data):
+    env, image, _ = boxed  # /usr/bin/python3 is the host's; the image has none (and the system's is not mounted)
+    proc = launch(tmp_path, env, demo_data, "nopython", "--container_image", str(image), "--python", "/usr/bin/python3")
+    code, out = finish(proc, timeout=300)
+    assert code != 0, out
+    verdict = manifest(bundles(tmp_path, "nopython")[0])["verdict"]
+    assert verdict["cause"] == "container", verdict
+    assert f"the container {image} has no Python at /usr/bin/python3" in verdict["message"]
+    assert f"the container {image} has no Python at /usr/bin/python3" in out and "an image that holds it" in out
+
+
+def test_a_missing_image_is_refused_before_the_queue(tmp_path: Path, slurm_env: dict, demo_data):
+    """On a cluster without pyxis: both problems at once, nothing written or submitted."""
+    proc = launch(tmp_path, slurm_env, demo_data, "noimage", "--container_image", str(tmp_path / "gone.sqsh"))
+    code, out = finish(proc, timeout=120)
+    assert code == 2, out
+    assert f"--container_image: {tmp_path / 'gone.sqsh'} does not exist" in out
+    assert "--container_image: this cluster's srun has no --container-image" in out
+    assert not (tmp_path / "logs/configs/noimage").exists() and "Submitted" not in out
+
+
+class Terminal:
+    """A real terminal: a tmux session on a server of its own, everything it shows copied to a file."""
+
+    def __init__(self, tmp_path: Path, command: str) -> None:
+        self.socket, self.file = f"launcher-test-{os.getpid()}", tmp_path / "terminal.txt"
+        self.tmux("new-session", "-d", "-s", "t", "-x", "200", "-y", "50", command)
+        self.tmux("pipe-pane", "-t", "t", "-o", f"cat >> {shlex.quote(str(self.file))}")
+
+    def tmux(self, *argv: str) -> None:
+        subprocess.run(["tmux", "-L", self.socket, *argv], check=True, timeout=30)
+
+    def send(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def shown(self) -> str:
+        return self.file.read_text(errors="replace") if self.file.exists() else ""
+
+    def wait(self, text: str, timeout: float) -> None:
+        try:
+            wait_for(lambda: text in self.shown(), timeout=timeout, every=0.5)
+        except AssertionError:
+            raise AssertionError(f"{text!r} not shown in {timeout} s:\n{self.shown()[-3000:]}") from None
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+@needs_vendor
+def test_interactive_shell_in_the_container_through_a_terminal(tmp_path: Path, boxed, demo_data):
+    env, image, spec = boxed
+    flags = ["--run_name", "inter", "--nodes", "1", "--gpus_per_node", "2", "--model_size", "tiny", "--dataset",
+             str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--train_steps", "8", "--warmup_steps",
+             "2", "--wandb_disabled", "true", "--time_limit", "5:00", "--container_image", str(image),
+             "--interactive"]  # fmt: skip
+    keep = {k: env[k] for k in ("SLURM_CONF", "PYTHONPATH", "HF_HUB_OFFLINE", "PATH") if k in env}
+    command = f"cd {shlex.quote(str(tmp_path))} && env {shlex.join(f'{k}={v}' for k, v in keep.items())} "
+    command += f"{shlex.join([sys.executable, str(LAUNCHER), *flags])}; echo LAUNCHER-EXIT=$?; sleep 600"
+    terminal = Terminal(tmp_path, command)
+    try:
+        terminal.wait("Ctrl-D releases the allocation", timeout=120)
+        terminal.wait("[inter interactive]", timeout=30)
+        job_id = terminal.shown().split("Job ", 1)[1].split()[0]
+        terminal.send("echo system-python-$(test -e /usr/bin/python3 && echo yes || echo no) tmp-$TMPDIR", "Enter")
+        terminal.wait("system-python-no tmp-/tmp", timeout=30)  # the image's /usr (no python3), the run's TMPDIR
+        terminal.send("node_step", "Enter")  # the bundle's node step, by hand, on this node
+        terminal.wait("training finished at step 8", timeout=240)
+        prompts = terminal.shown().count("[inter interactive]")
+        wait_for(lambda: terminal.shown().count("[inter interactive]") > prompts, timeout=60)  # node_step returned
+        terminal.send("C-d")
+        terminal.wait("LAUNCHER-EXIT=0", timeout=60)
+    finally:
+        terminal.close()
+    assert in_container(spec, job_id) == ["node1"]
+    state = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True)
+    assert parse_scontrol(state.stdout).get("JobState") == "COMPLETED", state.stdout  # released, not cancelled
+    assert latest_step(tmp_path / "checkpoints/inter") == 8
