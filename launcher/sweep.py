@@ -26,7 +26,7 @@ from launcher.config import flags
 from launcher.config.problems import Problem
 from launcher.errors import LauncherError
 from launcher.report import plots as plotting
-from launcher.slurm import client
+from launcher.slurm import client, usage
 from launcher.slurm.follow import describe
 from launcher.slurm.parse import JobState
 from launcher.slurm.submit import how_to, judge_end
@@ -170,6 +170,9 @@ def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
         print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}))
+    points = [(e["run_name"], Path(e["bundle"])) for e in entries]
+    print("GPU-hours (python -m launcher.jobs ledger DIR: every attempt)")
+    print("\n".join(usage.several(points, record_dir / "gpu-hours.png", record_dir.parent.name)))
     return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1
 
 

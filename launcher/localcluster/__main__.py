@@ -20,13 +20,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.localcluster", description="A real Slurm cluster on this one machine."
     )
-    parser.set_defaults(nodes=ClusterSpec.nodes, gpus_per_node=ClusterSpec.gpus_per_node)
+    parser.set_defaults(nodes=ClusterSpec.nodes, gpus_per_node=ClusterSpec.gpus_per_node, accounting=False)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", type=Path, default=default_dir(), help="cluster directory (default: %(default)s)")
     commands = parser.add_subparsers(dest="command", required=True)
     up_parser = commands.add_parser("up", parents=[common], help="start (or restart) the cluster, wait until ready")
     up_parser.add_argument("--nodes", type=int, default=ClusterSpec.nodes)
     up_parser.add_argument("--gpus_per_node", type=int, default=ClusterSpec.gpus_per_node)
+    up_parser.add_argument("--accounting", action="store_true",
+                           help="slurmdbd on a MariaDB of its own: sacct works (docs/accounting.md)")  # fmt: skip
     commands.add_parser("down", parents=[common], help="stop the daemons this directory started")
     commands.add_parser("status", parents=[common], help="daemons' liveness, sinfo, squeue")
     commands.add_parser("env", parents=[common], help="print the export line for eval")
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        spec = ClusterSpec(args.dir, args.nodes, args.gpus_per_node)
+        spec = ClusterSpec(args.dir, args.nodes, args.gpus_per_node, accounting=args.accounting)
     except ValueError as e:
         parser.error(str(e))
     try:

@@ -12,6 +12,8 @@ import socket
 import zlib
 from pathlib import Path
 
+from launcher.localcluster import accounting
+
 PORT_BASE, PORT_SLOTS, PORT_STEP = 20000, 500, 20
 MUNGE_ROOT = Path("/tmp")
 
@@ -40,6 +42,7 @@ class ClusterSpec:
     send_user_signal: bool = False
     slurmd_timeout_s: int = 60  # how long slurmctld waits for a silent slurmd before the node is DOWN (NODE_FAIL)
     read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
+    accounting: bool = False  # slurmdbd on a MariaDB of the cluster's own (launcher/localcluster/accounting.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -95,12 +98,12 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={spec.munge_dir}/munge.socket.2,cred_expire=10
-# Plain processes, no cgroups, no accounting database (finished jobs stay in scontrol/squeue MinJobAge seconds).
+# Plain processes, no cgroups; finished jobs stay in scontrol/squeue MinJobAge seconds (and in sacct, with accounting).
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 MailProg=/bin/true
-AccountingStorageType=accounting_storage/none
+{accounting.slurm_conf_lines(spec) if spec.accounting else "AccountingStorageType=accounting_storage/none"}
 JobCompType=jobcomp/filetxt
 JobCompLoc={d}/log/jobcomp.log
 MinJobAge=600

@@ -4,6 +4,7 @@
   room for one checkpoint (`launcher.bundle.storage`);
 - the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.dependencies`);
 - a live job of the same run, which would write the same checkpoints (`launcher.slurm.writers`);
+- `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
@@ -103,11 +104,23 @@ def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
         ]
 
 
+def account_problems(spec: RunSpec) -> list[Problem]:
+    """--account against the user's associations, where the cluster keeps them (accounting); nothing otherwise."""
+    account = spec.args.slurm.account
+    accounts = client.user_accounts() if account else None
+    if not account or accounts is None or account in accounts:
+        return []
+    yours = ", ".join(accounts) if accounts else "none: ask the cluster's admins for an association"
+    return [Problem("account", f"{account!r} is not an account you may submit to here",
+                    f"use one of yours ({yours}), or leave --account out for your default account")]  # fmt: skip
+
+
 def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Problem]:
     """Every problem of the preflight phase; `earlier`: the pure phase's, which some of these defer to."""
     found = storage_problems(spec, earlier)
     if ask_slurm:
         found += dependency_problems(spec, earlier + found)
+        found += account_problems(spec)
         if not any(p.flag == "run_name" for p in earlier):
             try:
                 found += writers.problems(spec)

@@ -9,7 +9,7 @@ from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
 from launcher.report import pictures, plots, summary
-from launcher.slurm import client, follow, triage
+from launcher.slurm import client, follow, triage, usage
 from launcher.slurm.parse import JobState
 
 
@@ -113,6 +113,7 @@ def _outputs(paths: BundlePaths) -> dict:
     if paths.metrics.exists():
         found["loss curve"] = plots.loss_curve(paths.metrics, paths.bundle_dir / "loss.png")
     found.update(pictures.render(paths.bundle_dir))
+    found["gpu-hours"] = usage.line(paths.bundle_dir)  # the ledger (launcher.slurm.usage), kept in the manifest
     return found
 
 
