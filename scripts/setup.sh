@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Everything a fresh machine needs, idempotent: Slurm + munge + shellcheck (Debian), slurmdbd + MariaDB for the
-# accounting cluster, torch==2.13.0 first (a CPU
-# build on machines without CUDA; an unpinned torch pulled by another package would fetch GBs of CUDA), then
-# this project with its test extras. Used by `make demo`, `make test` and .ci/run.
+# Everything a fresh machine needs, idempotent: Slurm + munge + shellcheck (Debian), slurmdbd + MariaDB (the
+# accounting cluster's), torch==2.13.0 first (a CPU build on machines without CUDA; an unpinned torch pulled by
+# another package would fetch GBs of CUDA), then this project with its test extras. Used by `make demo`, `make test` and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

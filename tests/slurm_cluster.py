@@ -24,7 +24,9 @@ def _require_slurm(accounting: bool = False) -> None:
     needed = ["slurmctld"] + (["slurmdbd", "mariadbd"] if accounting else [])
     missing = [name for name in needed if shutil.which(name, path=f"{os.environ['PATH']}:/usr/sbin:/sbin") is None]
     if missing:
-        script = "scripts/install_accounting.sh" if accounting and missing != ["slurmctld"] else "scripts/install_slurm.sh"
+        script = (
+            "scripts/install_accounting.sh" if accounting and missing != ["slurmctld"] else "scripts/install_slurm.sh"
+        )
         if IN_CI:
             pytest.fail(f"{', '.join(missing)} not installed under CI=true: {script} must install it")
         pytest.skip(f"{', '.join(missing)} not installed (run {script} or make test)")

@@ -67,14 +67,16 @@ def read_log(lines: Iterable[str], job_id: str) -> dict[int, _Seen]:
             if m["job"] != job_id:
                 current = None
                 continue
-            current = seen.setdefault(int(m["n"]), _Seen(datetime.fromisoformat(m["when"]).timestamp()))
+            when = _clock(datetime.fromisoformat(m["when"]).timestamp(), m["clock"])  # to the millisecond
+            current = seen.setdefault(int(m["n"]), _Seen(when))
             continue
         if current is None:
             continue
         if m := LAUNCHER_LINE.match(line):
             current.last_seen = max(current.last_seen, _clock(current.start, m["clock"]))
             if m2 := ENDED.match(line):
-                current.end, current.code = datetime.fromisoformat(m2["when"]).timestamp(), int(m2["code"])
+                current.end = _clock(datetime.fromisoformat(m2["when"]).timestamp(), m2["clock"])
+                current.code = int(m2["code"])
             for words, cause in CAUSES:
                 if words in line and current.cause is None:
                     current.cause = cause

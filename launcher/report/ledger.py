@@ -12,8 +12,9 @@ Each attempt holds `gpus` GPUs from its start to its end (`allocated`). Its GPU 
 `useful` = trained - thrown away; `lost` = allocated - useful = start-up + wind-down + thrown away. Queue time is
 no GPU time: between attempts nothing is allocated. Each lost part is charged to a cause: an attempt's
 thrown-away steps and wind-down, and the next attempt's start-up, to why the attempt ended (preemption, time limit,
-hang, node check, node failure, failure, cancel); the first start-up and a completed run's wind-down to "start-up
-and wind-down", which every run pays once. docs/ledger.md says the same with examples.
+hang, node check, node failure, failure, cancel); an attempt that never reached a step, to why it ended; the first
+start-up and a completed run's wind-down to "start-up and wind-down",
+which every run pays once. docs/ledger.md says the same with examples.
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ def compute(attempts: list[Attempt], works: dict[int, Work], save_interval: int,
         rows.append(row)
         if a.ended not in (COMPLETED, "running"):
             causes[a.ended] += 1
-        before = OVERHEAD if i == 0 else _cause(attempts[i - 1])
+        # start-up is the cost of the previous attempt's end; an attempt that never stepped is its own end's cost
+        before = _cause(a) if not steps and _cause(a) != OVERHEAD else OVERHEAD if i == 0 else _cause(attempts[i - 1])
         lost_to[before] = lost_to.get(before, 0.0) + row.start_up
         lost_to[_cause(a)] = lost_to.get(_cause(a), 0.0) + row.wind_down + row.thrown_away
     return Ledger(source, rows, {k: v for k, v in lost_to.items() if v > 0}, dict(causes))
