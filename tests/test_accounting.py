@@ -79,7 +79,7 @@ def steps_of_attempts(bundle_dir: Path, log: str, job_id: str) -> tuple[int, int
 def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path, acct_env: dict, demo_data):
     script = tmp_path / "deaf.py"
     script.write_text(DEAF_TO_NOTICES.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
-    proc = launch(tmp_path, acct_env, demo_data, "preempted", "--train_steps", "90", "--save_interval", "7",
+    proc = launch(tmp_path, acct_env, demo_data, "preempted", "--train_steps", "40", "--save_interval", "7",
                   "--account", "research", "--run_train_script", str(script))  # fmt: skip
     (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/preempted").glob("*")), timeout=30)
     job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
@@ -119,6 +119,9 @@ def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path,
                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert shown.returncode == 0 and "from sacct:" in shown.stdout and "from job records:" in shown.stdout, shown
     assert "disagree" not in shown.stdout
+    status = subprocess.run(["python3", "-m", "launcher.jobs", "status", str(bundle_dir)], env=acct_env,
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert status.returncode == 0 and "gpu-hours " in status.stdout and "to 1 preemption" in status.stdout, status
 
 
 def test_account_is_checked_against_the_associations(tmp_path: Path, acct_env: dict, demo_data):
@@ -151,3 +154,11 @@ def test_a_sweeps_ledger_with_accounting(tmp_path: Path, acct_env: dict, demo_da
     assert shown.returncode == 0, shown
     said = shown.stdout.split("total: ")[1].split()[0]
     assert abs(float(said) - total / 3600) <= 0.01 * total / 3600 + 1e-4, shown.stdout
+
+    # the user's runs over a period: both points (the sweep's own record is no run), drawn in the configs path
+    argv = ["--since", "2000-01-01", "--configs_path", str(tmp_path / "logs/configs")]
+    period = subprocess.run(["python3", "-m", "launcher.jobs", "ledger", *argv], env=acct_env, capture_output=True,
+                            text=True, cwd=ROOT)  # fmt: skip
+    assert period.returncode == 0 and "GPU-hours of 2 run(s)" in period.stdout, period
+    assert period.stdout.split("total: ")[1].split()[0] == said
+    assert (tmp_path / "logs/configs/gpu-hours.png").stat().st_size > 10_000

@@ -80,7 +80,8 @@ def _pid(spec: ClusterSpec, name: str) -> int | None:
 
 def daemon_pids(spec: ClusterSpec) -> dict[str, int | None]:
     """Each daemon of the cluster (including slurmds of an earlier, larger cluster) -> its pid, or None if dead."""
-    names = dict.fromkeys([*_daemon_names(spec), *_running_slurmds(spec)])
+    kept = [name for name in accounting.DAEMONS if _pidfile(spec, name).exists()]  # an earlier --accounting's
+    names = dict.fromkeys([*_daemon_names(spec), *_running_slurmds(spec), *kept])
     return {name: _pid(spec, name) for name in names}
 
 
