@@ -9,21 +9,22 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from launcher import sweep
+from launcher import protocol as P
+from launcher import submission, sweep
 from launcher.bundle import files, manifest, render
 from launcher.config import figures, fit, flags, validate
 from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
 from launcher.report import plan, summary
-from launcher.slurm import preflight, submit
+from launcher.slurm import preflight
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
 
 def latest_checkpoint_step(checkpoints: Path) -> int | None:
     """The step of a run's newest checkpoint: the torch engine's `latest` pointer or nanotron's `latest.txt`."""
-    for pointer in ("latest", "latest.txt"):
+    for pointer in P.POINTERS:
         try:
             return int((checkpoints / pointer).read_text().strip())
         except (OSError, ValueError):
@@ -193,7 +194,7 @@ def launch_run(argv: list[str]) -> int:
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
-    return submit.submit_and_follow(paths, follow=spec.args.execution.show_logs)
+    return submission.submit_and_follow(paths, follow=spec.args.execution.show_logs)
 
 
 def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
@@ -224,14 +225,14 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     failed = 0
     for entry, prep in zip(record["points"], prepared, strict=True):
         try:
-            entry["job_id"] = submit.submit(prep.paths)
+            entry["job_id"] = submission.submit(prep.paths)
         except LauncherError as e:
             failed += 1
             print(f"error: {entry['run_name']}: {e}", file=sys.stderr)
         manifest.write_manifest(record_dir / sweep.RECORD, record)
     print("Submitted " + ", ".join(f"{e['run_name']} as job {e['job_id']}" for e in record["points"] if e["job_id"]))
     if not a.execution.show_logs:
-        print(submit.how_to(str(record_dir)))
+        print(submission.how_to(str(record_dir)))
         return 1 if failed else 0
     code = sweep.follow(record_dir)
     return 1 if failed else code

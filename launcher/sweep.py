@@ -21,19 +21,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import protocol as P
+from launcher import usage
 from launcher.bundle import manifest
 from launcher.config import flags
 from launcher.config.problems import Problem
 from launcher.errors import LauncherError
 from launcher.report import plots as plotting
-from launcher.slurm import client, usage
+from launcher.slurm import client
 from launcher.slurm.follow import describe
 from launcher.slurm.parse import JobState
-from launcher.slurm.submit import how_to, judge_end
+from launcher.submission import how_to, judge_end
 
 MAX_POINTS = 64
 NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
-RECORD = "sweep.json"
+RECORD = P.SWEEP_RECORD
 
 
 def values_text(values: dict[str, str]) -> str:
@@ -179,20 +181,19 @@ def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
 def judge_point(entry: dict, state: JobState) -> None:
     """Why a point's job ended so, recorded in its bundle's manifest, as for one run (`submit.judge_end`); the
     results read it from there."""
-    bundle = Path(entry["bundle"])
     try:
-        log = Path(manifest.read_manifest(bundle)["outputs"]["log"])
+        run = manifest.load(Path(entry["bundle"]))
+        log = run.log
     except (OSError, ValueError, KeyError):
         return  # a bundle moved or damaged: the table still shows Slurm's state
-    judge_end(state, log, bundle / "manifest.json")
+    judge_end(state, log, run)
 
 
 def _verdict(bundle: Path) -> dict | None:
     try:
-        verdict = manifest.read_manifest(bundle).get("verdict")
+        return manifest.load(bundle).verdict
     except (OSError, ValueError):
         return None
-    return verdict if isinstance(verdict, dict) else None
 
 
 def _final(metrics: Path) -> dict | None:

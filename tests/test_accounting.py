@@ -14,9 +14,9 @@ from launcher_helpers import ROOT
 from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
-from launcher import sweep
+from launcher import sweep, usage
 from launcher.report.plots import read_metrics
-from launcher.slurm import client, usage
+from launcher.slurm import client
 
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
 # finishes (as one that outlasts the grace time): Slurm kills the run at the end of the grace time and requeues it,

@@ -9,6 +9,7 @@ from pathlib import Path
 from launcher_helpers import spec_for
 from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
 
+from launcher import protocol as P
 from launcher.config.problems import Problem
 from launcher.slurm import client, writers
 
@@ -17,7 +18,8 @@ def test_a_live_job_of_the_run_is_named_unless_awaited(tmp_path: Path, monkeypat
     spec, _ = spec_for("--run_name", "r", "--dataset", "none", cwd=tmp_path)
     ckpt = Path(spec.args.paths.checkpoints_path) / "r"
     ckpt.mkdir(parents=True)
-    (ckpt / writers.LOCK).write_text("41\n")
+    (ckpt / P.LOCK).mkdir()  # as the batch script takes it: a directory, the holder's job id in a file inside
+    (ckpt / P.LOCK / P.LOCK_HOLDER).write_text("41\n")
     monkeypatch.setattr(client, "live_jobs", lambda name: [("41", "RUNNING", "/x/logs/slurm_scripts/r/s.sbatch")])
     (problem,) = writers.problems(spec)
     assert isinstance(problem, Problem) and problem.flag == "run_name"

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import protocol as P
+
 
 @dataclass(frozen=True)
 class BundlePaths:
@@ -45,20 +47,20 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
     bundle_dir = configs / run_name / stamp
     return BundlePaths(
         bundle_dir=bundle_dir,
-        config=bundle_dir / "config.yaml",
-        manifest=bundle_dir / "manifest.json",
-        script=scripts / run_name / f"{stamp}.sbatch",
-        node_script=bundle_dir / "node.sh",
-        log=logs / run_name / f"{stamp}.out",
-        stop_file=bundle_dir / "stop-requested",
-        outcome_file=bundle_dir / "outcome",
-        srun_status_file=bundle_dir / "srun-exit-code",
-        requeues_file=bundle_dir / "requeues",
-        progress_file=bundle_dir / "progress",
-        hung_file=bundle_dir / "hung",
-        preflight_report=bundle_dir / "preflight",
-        port_taken_file=bundle_dir / "port-taken",
-        metrics=bundle_dir / "metrics.jsonl",
+        config=bundle_dir / P.CONFIG,
+        manifest=bundle_dir / P.MANIFEST,
+        script=scripts / run_name / f"{stamp}{P.SCRIPT_SUFFIX}",
+        node_script=bundle_dir / P.NODE_SCRIPT,
+        log=logs / run_name / f"{stamp}{P.LOG_SUFFIX}",
+        stop_file=bundle_dir / P.STOP_FILE,
+        outcome_file=bundle_dir / P.OUTCOME_FILE,
+        srun_status_file=bundle_dir / P.SRUN_STATUS_FILE,
+        requeues_file=bundle_dir / P.REQUEUES_FILE,
+        progress_file=bundle_dir / P.PROGRESS_FILE,
+        hung_file=bundle_dir / P.HUNG_FILE,
+        preflight_report=bundle_dir / P.PREFLIGHT_REPORT,
+        port_taken_file=bundle_dir / P.PORT_TAKEN_FILE,
+        metrics=bundle_dir / P.METRICS,
         checkpoints=checkpoints,
     )
 

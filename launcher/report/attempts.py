@@ -12,22 +12,22 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from launcher import protocol as P
 from launcher.report.ledger import COMPLETED, Attempt, Work
 from launcher.report.plots import read_metrics
 
-STAMP = r"^\[launcher (?P<clock>\d\d:\d\d:\d\d(?:\.\d+)?)\] "
-STARTED = re.compile(STAMP + r"job (?P<job>\S+) attempt (?P<n>\d+) started (?P<when>\S+) on ")
-ENDED = re.compile(STAMP + r"job (?P<job>\S+) attempt (?P<n>\d+) ended (?P<when>\S+), exit code (?P<code>\d+)")
-LAUNCHER_LINE = re.compile(STAMP)
-RESUMED = re.compile(r"^resumed from checkpoint step (?P<step>\d+) ")
-SAVED = re.compile(r"checkpoint saved at step (?P<step>\d+)")
-CAUSES = (  # the batch script's words -> why an attempt ended (the first that matches wins)
-    ("requeueing after the preemption", "preemption"),
-    ("requeueing after the time-limit notice", "time limit"),
-    ("hung at step ", "hang"),
-    ("preflight failed on ", "node check"),
-    ("preemption notice: ", "preemption"),
+STARTED, ENDED = P.pattern("attempt_started", whole=False), P.pattern("attempt_ended")
+RESUMED = re.compile("^" + re.escape(P.RESUMED_LINE[: P.RESUMED_LINE.index("{")]) + r"(?P<step>\d+) ")
+SAVED_AT = P.LINES["requeue_preemption"][: P.LINES["requeue_preemption"].index("{")]  # in STOP_MESSAGE too
+SAVED = re.compile(re.escape(SAVED_AT) + r"(?P<step>\d+)")
+CAUSES = (  # the batch script's lines -> why an attempt ended (the first that matches wins)
+    (P.pattern("requeue_preemption", whole=False), "preemption"),
+    (P.pattern("requeue_time_limit", whole=False), "time limit"),
+    (P.pattern("hung", whole=False), "hang"),
+    (P.pattern("preflight_failed", whole=False), "node check"),
+    (P.pattern("preemption", whole=False), "preemption"),
 )
+TERMINATED = P.pattern("terminated", whole=False)
 FINAL = {  # Slurm's final state -> why the last attempt ended
     "COMPLETED": COMPLETED, "FAILED": "failure", "OUT_OF_MEMORY": "failure", "CANCELLED": "cancel",
     "TIMEOUT": "time limit", "DEADLINE": "time limit", "NODE_FAIL": "node failure", "PREEMPTED": "preemption",
@@ -58,29 +58,38 @@ def _clock(when: float, clock: str) -> float:
     return at.timestamp()
 
 
+def _stamp(line: str) -> str | None:
+    """The HH:MM:SS.mmm of a `[launcher ...]` line, else None."""
+    if not line.startswith(P.LINE_START):
+        return None
+    end = line.find("] ", len(P.LINE_START))
+    return line[len(P.LINE_START) : end] if end > 0 else None
+
+
 def read_log(lines: Iterable[str], job_id: str) -> dict[int, _Seen]:
     """The attempts of job `job_id` the log records, by number."""
     seen: dict[int, _Seen] = {}
     current: _Seen | None = None
     for line in lines:
-        if m := STARTED.match(line):
+        clock = _stamp(line)
+        if clock is not None and (m := STARTED.match(line)):
             if m["job"] != job_id:
                 current = None
                 continue
-            when = _clock(datetime.fromisoformat(m["when"]).timestamp(), m["clock"])  # to the millisecond
-            current = seen.setdefault(int(m["n"]), _Seen(when))
+            when = _clock(datetime.fromisoformat(m["when"]).timestamp(), clock)  # to the millisecond
+            current = seen.setdefault(int(m["attempt"]), _Seen(when))
             continue
         if current is None:
             continue
-        if m := LAUNCHER_LINE.match(line):
-            current.last_seen = max(current.last_seen, _clock(current.start, m["clock"]))
-            if m2 := ENDED.match(line):
-                current.end = _clock(datetime.fromisoformat(m2["when"]).timestamp(), m2["clock"])
-                current.code = int(m2["code"])
-            for words, cause in CAUSES:
-                if words in line and current.cause is None:
+        if clock is not None:
+            current.last_seen = max(current.last_seen, _clock(current.start, clock))
+            if m := ENDED.match(line):
+                current.end = _clock(datetime.fromisoformat(m["when"]).timestamp(), clock)
+                current.code = int(m["code"]) if m["code"].isdigit() else None
+            for pattern, cause in CAUSES:
+                if current.cause is None and pattern.match(line):
                     current.cause = cause
-            current.terminated |= "termination signal" in line
+            current.terminated |= TERMINATED.match(line) is not None
         if m := RESUMED.match(line):
             current.resumed_from = int(m["step"])
         if m := SAVED.search(line):

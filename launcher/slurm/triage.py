@@ -14,30 +14,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher import protocol as P
 from launcher.slurm import failures
 from launcher.slurm.dependencies import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
 
-# The batch script's own lines: `log() { printf '[launcher %s] %s\n' "$(date +%H:%M:%S.%3N)" "$*"; }` writes them.
-PREFIX = r"^\[launcher \d\d:\d\d:\d\d(?:\.\d+)?\] "
-HUNG_FORMAT = "hung at step {step}: no progress for {idle} s (limit {limit} s); stacks in {stacks}"
-PREFLIGHT_FORMAT = "preflight failed on {node}: {what}"
-PREEMPTION_FORMAT = "preemption notice: {what}"
-HUNG = re.compile(
-    PREFIX + r"hung at step (?P<step>\S+): no progress for (?P<idle>[\d.]+) s \(limit (?P<limit>[\d.]+) s\); "
-    r"stacks in (?P<stacks>.+?)\s*$"
-)
-PREFLIGHT = re.compile(PREFIX + r"preflight failed on (?P<node>[^:\s]+): (?P<what>.+?)\s*$")
-PREEMPTION = re.compile(PREFIX + r"preemption notice: ?(?P<what>.*?)\s*$")
-ATTEMPT = re.compile(PREFIX + r"job \S+ attempt (?P<attempt>\d+) started")
-NO_REQUEUE_LEFT = re.compile(PREFIX + r"stopped at the checkpoint of step (?P<step>\S+) with no requeue left")
-STOP_FILE = re.compile(PREFIX + r"stopped at the checkpoint of step (?P<step>\S+) on request")
-WARNED = re.compile(PREFIX + r"preemption or time-limit signal")
-STEP = re.compile(r"^step (?P<step>\d+)/(?P<steps>\d+) \|")  # the trainer's line for each logged step
+# The job's own lines (launcher/protocol.py's formats, which the batch script and the node check print).
+HUNG = P.pattern("hung")
+PREFLIGHT = P.pattern("preflight_failed")
+PREEMPTION = P.pattern("preemption")
+ATTEMPT = P.pattern("attempt_started", whole=False)
+NO_REQUEUE_LEFT = P.pattern("no_requeue_left")
+STOP_FILE = P.pattern("stop_file")
+WARNED = P.pattern("warned")
+STEP = P.step_pattern()
 NODE_FAILURE = re.compile(r"srun: error: Node failure on (?P<node>\S+)")
 
 TAIL_LINES, WINDOWS, WINDOW_LINES, LINE_CHARS = 1500, 4, 150, 2000  # at most ~4 MB, whatever the log's size
-FIRST_SIGNS = re.compile(r"Traceback \(most recent|^error: |Watchdog caught|NCCL error|Root Cause|\] (hung|preflight)")
+FIRST_SIGNS = re.compile(
+    "|".join(
+        [r"Traceback \(most recent|^error: |Watchdog caught|NCCL error|Root Cause", HUNG.pattern, PREFLIGHT.pattern]
+    )
+)
 RESUME = "launch the same command again: it resumes from the last checkpoint"
 FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
     "exception": "correct what its traceback ({trace}) points at, then " + RESUME,
@@ -120,7 +118,7 @@ def excerpt(lines: Iterable[str]) -> str:
             tail.clear()
         if n > open_until and windows and FIRST_SIGNS.search(line):
             windows, open_until = windows - 1, n + WINDOW_LINES - 1
-        if n <= open_until or (line.startswith("[launcher ") and len(kept) < WINDOWS * WINDOW_LINES):
+        if n <= open_until or (line.startswith(P.LINE_START) and len(kept) < WINDOWS * WINDOW_LINES):
             kept.append((n, line))
         tail.append((n, line))
     out: list[str] = []

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train import checkpoint, packcache
 from launcher.train.config import TrainConfig
@@ -207,9 +208,7 @@ class TorchTrainer:
                 continue
             restored = checkpoint.load(state, path, self.model, self.optimizer)
             self.step, self.position = restored.step, restored.data_position
-            self.reporter.print(
-                f"resumed from checkpoint step {self.step} ({path}); rng digest {checkpoint.rng_digest()}"
-            )
+            self.reporter.print(P.RESUMED_LINE.format(step=self.step, path=path, digest=checkpoint.rng_digest()))
             if restored.config_hash != checkpoint.config_hash(self.cfg):
                 self.reporter.print("warning: the checkpoint was written with a different config; continuing from it")
             if restored.world_size != self.where.world_size:
