@@ -53,7 +53,9 @@ def _settled(job_id: str, final: JobState | None, created: float) -> list[SacctR
         time.sleep(LAG_POLL_S)
 
 
-def _from_sacct(recs: list[SacctRecord], seen: dict, final: JobState | None, now: float) -> list[Attempt]:
+def _from_sacct(recs: list[SacctRecord], seen: dict, final: JobState | None, now: float, gpus: int) -> list[Attempt]:
+    """The attempts as sacct records them; `gpus` where AllocTRES names none (a site that does not account
+    gres/gpu)."""
     out = []
     for n, r in enumerate([r for r in recs if r.start is not None], start=1):
         assert r.start is not None
@@ -64,7 +66,7 @@ def _from_sacct(recs: list[SacctRecord], seen: dict, final: JobState | None, now
             end, ended = r.end.timestamp(), said or records.FINAL.get(r.state, "failure")
         if r is recs[-1] and r.state == "COMPLETED":
             ended = COMPLETED
-        out.append(Attempt(n, r.start.timestamp(), end, r.gpus, ended))
+        out.append(Attempt(n, r.start.timestamp(), end, r.gpus or gpus, ended))
     if out and final is not None and not final.terminal and out[-1].ended != "running":
         out[-1] = Attempt(out[-1].number, out[-1].start, now, out[-1].gpus, "running")
     return out
@@ -91,7 +93,7 @@ def ledgers(bundle_dir: Path, final: JobState | None = None) -> tuple[Ledger | N
     recs = _settled(job_id, final, _created(run.data))
     from_sacct = None
     if recs:
-        acct = _from_sacct(recs, seen, final, now)
+        acct = _from_sacct(recs, seen, final, now, gpus)
         spans = [(a.number, a.start, a.end) for a in acct]
         from_sacct = compute(acct, records.works(seen, metrics, spans), save_interval, "sacct") if acct else None
     return from_sacct, from_records

@@ -106,3 +106,31 @@ def test_the_jobs_own_records(tmp_path: Path):
     assert ledger.lost_to["hang"] == pytest.approx(4 * (1.0 + (chain[0].end - rows[3][0]) + 7.0))
     running = records.attempts(records.read_log(LOG.splitlines()[:3], "77"), 4, None, now=chain[0].start + 5)
     assert running[0].ended == "running" and running[0].end == chain[0].start + 5
+
+
+def test_sacct_lagging_behind_the_controller_is_waited_for_then_left(monkeypatch: pytest.MonkeyPatch):
+    """slurmdbd records a job's end after the controller knows it: the ledger waits (bounded) for sacct to agree,
+    and where it does not, it is not used (the job's records are). sacct's answers are recorded ones, replayed."""
+    from launcher import usage
+    from launcher.slurm import client
+    from launcher.slurm.parse import JobState, parse_sacct_records
+
+    running = parse_sacct_records(
+        "7|RUNNING|0:0|None|node1|2026-11-24T07:10:16|2026-11-24T07:10:16|Unknown|3|gres/gpu=2"
+    )
+    ended = parse_sacct_records("7|COMPLETED|0:0|None|node1|2026-11-24T07:10:16|2026-11-24T07:10:16|"
+                                "2026-11-24T07:10:30|14|gres/gpu=2")  # fmt: skip
+    final = JobState("7", "COMPLETED", "None", 0, 0, 0, "node1")
+    answers = [running, running, ended]
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: answers.pop(0) if len(answers) > 1 else answers[0])
+    monkeypatch.setattr(usage, "LAG_POLL_S", 0.01)
+    assert usage._settled("7", final, 0.0) == ended  # waited two answers for the end
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: running)
+    monkeypatch.setattr(usage, "LAG_S", 0.05)
+    assert usage._settled("7", final, 0.0) is None  # still running in sacct: not used, never read as running
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: [])
+    assert usage._settled("7", final, 0.0) is None  # sacct does not know it yet
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: None)
+    assert usage._settled("7", final, 0.0) is None  # no accounting
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: ended)
+    assert usage._settled("7", final, ended[0].submit.timestamp() + 3600) is None  # an older job of the same id

@@ -139,7 +139,10 @@ def accounting_records(job_id: str) -> list[SacctRecord] | None:
     sacct = shutil.which("sacct")
     if sacct is None:
         return None
-    out = _run([sacct, "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", SACCT_FIELDS])
+    try:
+        out = _run([sacct, "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", SACCT_FIELDS])
+    except SlurmUnavailable:  # slurmdbd not answering: as without accounting
+        return None
     if out.returncode != 0:
         return None  # accounting disabled ("Slurm accounting storage is disabled"), or slurmdbd down
     return [r for r in parse_sacct_records(out.stdout) if r.job_id == job_id]
