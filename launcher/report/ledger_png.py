@@ -40,10 +40,10 @@ def draw(runs: list[tuple[str, Ledger]], png: Path, title: str) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlabel("GPU-hours")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="lower right", frameon=False, fontsize=9, ncol=len(PARTS))
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=9, ncol=len(PARTS))
     total = sum(ledger.allocated for _, ledger in runs) / HOUR
     lost = sum(ledger.lost for _, ledger in runs) / HOUR
-    ax.set_title(f"{title}: {total:.3g} GPU-hours, {lost:.3g} lost", fontsize=11)
+    ax.set_title(f"{title}: {total:.3g} GPU-hours, {lost:.3g} lost", fontsize=11, pad=24)
     fig.tight_layout()
     fig.savefig(png)
     plt.close(fig)
