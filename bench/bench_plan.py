@@ -22,13 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from launcher.config import gpus  # noqa: E402
-from launcher.config.memory import Layout, Model  # noqa: E402
+from launcher.config.memory import Layout  # noqa: E402
 from launcher.config.planner import search  # noqa: E402
+from launcher.config.shape import ModelShape  # noqa: E402
 
 MODELS = {
-    "70b": Model(8192, 28672, 80, 64, 8, 128256, 4096),
-    "8b": Model(4096, 14336, 32, 32, 8, 128256, 4096),
-    "1b": Model(2048, 8192, 16, 32, 8, 128256, 4096, tied=True),
+    "70b": ModelShape(8192, 28672, 80, 64, 8, 128256, 4096),
+    "8b": ModelShape(4096, 14336, 32, 32, 8, 128256, 4096),
+    "1b": ModelShape(2048, 8192, 16, 32, 8, 128256, 4096, tie_word_embeddings=True),
 }
 CHECK_NO_TORCH = (
     "import runpy, sys\n"

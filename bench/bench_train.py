@@ -28,7 +28,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
-from launcher.train.config import LRSchedule, ModelShape, TrainConfig  # noqa: E402
+from launcher.config.shape import ModelShape  # noqa: E402
+from launcher.train.config import LRSchedule, TrainConfig  # noqa: E402
 from launcher.train.model import count_parameters, flops_per_token, peak_flops  # noqa: E402
 from launcher.train.torch_engine import Rank, TorchTrainer, init_distributed  # noqa: E402
 
@@ -41,11 +42,11 @@ def preset_shape(name: str) -> ModelShape:
     return ModelShape(
         hidden_size=m["hidden_size"],
         intermediate_size=m["intermediate_size"],
-        num_hidden_layers=m["num_layers"],
-        num_attention_heads=m["num_heads"],
-        num_key_value_heads=m["num_kv_heads"],
+        num_layers=m["num_layers"],
+        num_heads=m["num_heads"],
+        num_kv_heads=m["num_kv_heads"],
         vocab_size=m["vocab_size"],
-        max_position_embeddings=m["max_seq_len"],
+        max_seq_len=m["max_seq_len"],
         rms_norm_eps=1e-5,
         tie_word_embeddings=m["tie_word_embeddings"],
         hidden_act="silu",
@@ -118,9 +119,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for name in args.presets:
                 shape = preset_shape(name)
-                shape = dataclasses.replace(
-                    shape, max_position_embeddings=max(shape.max_position_embeddings, args.seq_len)
-                )
+                shape = dataclasses.replace(shape, max_seq_len=max(shape.max_seq_len, args.seq_len))
                 cfg = bench_config(shape, args.seq_len, args.micro_batch_size, tmp, dtype)
                 r = measure(cfg, args.steps or STEPS.get(name, 3), where)
                 mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"

@@ -5,18 +5,16 @@ them together, for one run or for every point of a sweep (all or none)."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from launcher import protocol as P
-from launcher import submission, sweep
 from launcher.bundle import files, manifest, render
 from launcher.config import figures, fit, flags, validate
 from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
-from launcher.report import plan, summary
+from launcher.report import summary
 from launcher.slurm import preflight
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
@@ -39,13 +37,14 @@ class Prepared(NamedTuple):
     forecast: str | None  # Slurm's answer to `sbatch --test-only` (None for a dry run)
 
 
-def check(argv: list[str]) -> tuple[RunSpec, list[Problem]]:
+def check(argv: list[str], parsed: flags.Parsed | None = None) -> tuple[RunSpec, list[Problem]]:
     """One run's flags resolved and validated: what "every problem at once" means, in one place. The pure phase
     (resolution and `config.validate`: the spec and local files, the memory fit), then the preflight phase (the
     output directories and disk, and, unless a dry run, the jobs a --dependency names). Before them, unless a dry
     run, the cluster's GPU type (for the memory check), and `--layout auto`'s choice. Slurm's verdict on the
-    script comes once there is a script: in `prepare_all`, when these found nothing."""
-    args, explicit = flags.parse(argv)
+    script comes once there is a script: in `prepare_all`, when these found nothing. `parsed`: argv's flags,
+    where the caller has parsed them already."""
+    args, explicit = parsed or flags.parse(argv)
     spec, problems = _resolved(args, explicit)
     if spec.args.parallelism.layout == "auto" and fit.checkable(spec, problems):
         spec, chosen = fit.auto_layout(spec, explicit)
@@ -66,9 +65,11 @@ def _resolved(args: flags.LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list
     return spec, problems
 
 
-def plan_run(argv: list[str]) -> int:
+def plan_run(parsed: flags.Parsed) -> int:
     """`--plan`: the layouts that fit, best first; nothing written or submitted."""
-    args, explicit = flags.parse(argv)
+    from launcher.report import plan  # imported here only for speed: a dry run never needs it
+
+    args, explicit = parsed
     spec, problems = _resolved(args, explicit)
     if not fit.checkable(spec, problems):
         raise ConfigError(report(problems))
@@ -153,11 +154,13 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
     return Prepared(draft.spec, paths, derived, forecast)
 
 
-def prepare_all(points: list[list[str]], labels: list[str] | None = None) -> list[Prepared]:
+def prepare_all(
+    points: list[list[str]], labels: list[str] | None = None, parsed: list[flags.Parsed | None] | None = None
+) -> list[Prepared]:
     """Several runs' bundles (a sweep's points), all or none: every point is checked, then every point's script
     is put to Slurm (unless a dry run), and only then is anything written. Raises ConfigError listing every
-    problem of every point, or Slurm's refusal of any."""
-    checked = [check(argv) for argv in points]
+    problem of every point, or Slurm's refusal of any. `parsed`: the points' flags, where parsed already."""
+    checked = [check(argv, p) for argv, p in zip(points, parsed or [None] * len(points), strict=True)]
     problems = labelled([p for _, p in checked], labels or [f"point {i + 1}" for i in range(len(points))])
     if problems:
         raise ConfigError(report(problems))
@@ -175,15 +178,15 @@ def prepare_all(points: list[list[str]], labels: list[str] | None = None) -> lis
     return [_write(draft, forecast) for draft, forecast in zip(drafts, forecasts, strict=True)]
 
 
-def prepare(argv: list[str]) -> Prepared:
+def prepare(argv: list[str], parsed: flags.Parsed | None = None) -> Prepared:
     """Resolve, validate, render and write one run's bundle. Raises ConfigError listing every problem; when the
     run is to be submitted, that includes Slurm's refusal of the rendered script."""
-    return prepare_all([argv])[0]
+    return prepare_all([argv], parsed=[parsed])[0]
 
 
-def launch_run(argv: list[str]) -> int:
+def launch_run(argv: list[str], parsed: flags.Parsed) -> int:
     """One run: its bundle written, summarised, submitted and (--show_logs) followed; returns the exit code."""
-    spec, paths, derived, forecast = prepare(argv)
+    spec, paths, derived, forecast = prepare(argv, parsed)
     print(f"Run {spec.args.run_name}: bundle written")
     print(summary.render(spec, paths, derived))
     if forecast:
@@ -194,27 +197,24 @@ def launch_run(argv: list[str]) -> int:
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
+    from launcher import submission  # imported here only for speed: a dry run never submits (~40 ms)
+
     return submission.submit_and_follow(paths, follow=spec.args.execution.show_logs)
 
 
 def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     """A sweep: every point's bundle (all or none), the sweep's record, every point submitted and followed."""
+    from launcher import submission, sweep  # imported here only for speed: a single run's dry run needs neither
+
     axes, problems = sweep.parse(sweep_text)
     if problems:
         raise ConfigError(report(problems))
     grid = sweep.points(argv, run_name, axes)
     prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
     a = prepared[0].spec.args
-    record_dir = sweep.claim_record(a.paths.configs_path, run_name)
-    record: dict[str, Any] = {
-        "sweep": sweep_text,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "points": [
-            {"run_name": p.run_name, "values": p.values, "bundle": str(prep.paths.bundle_dir), "job_id": None}
-            for p, prep in zip(grid, prepared, strict=True)
-        ],
-    }
-    manifest.write_manifest(record_dir / sweep.RECORD, record, new=True)
+    record_dir = sweep.write_record(
+        a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared]
+    )
     print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
     for p, prep in zip(grid, prepared, strict=True):
         print(f"  {p.label}")
@@ -222,15 +222,17 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     if a.execution.dry_run:
         print("Dry run: nothing submitted. Submit each script with sbatch, or launch again without --dry_run.")
         return 0
-    failed = 0
-    for entry, prep in zip(record["points"], prepared, strict=True):
+    failed, submitted = 0, []
+    for p, prep in zip(grid, prepared, strict=True):
         try:
-            entry["job_id"] = submission.submit(prep.paths)
+            job_id = submission.submit(prep.paths)
         except LauncherError as e:
             failed += 1
-            print(f"error: {entry['run_name']}: {e}", file=sys.stderr)
-        manifest.write_manifest(record_dir / sweep.RECORD, record)
-    print("Submitted " + ", ".join(f"{e['run_name']} as job {e['job_id']}" for e in record["points"] if e["job_id"]))
+            print(f"error: {p.run_name}: {e}", file=sys.stderr)
+            continue
+        sweep.record_job(record_dir, p, job_id)
+        submitted.append(f"{p.run_name} as job {job_id}")
+    print("Submitted " + ", ".join(submitted))
     if not a.execution.show_logs:
         print(submission.how_to(str(record_dir)))
         return 1 if failed else 0
@@ -241,9 +243,10 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The whole command (`slurm_launcher.py`); returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    args, _ = flags.parse(argv)
+    parsed = flags.parse(argv)  # once: each command takes it (a sweep's points are command lines of their own)
+    args = parsed.args
     if args.execution.plan:
-        return plan_run(argv)
+        return plan_run(parsed)
     if args.execution.sweep is not None:
         return launch_sweep(argv, args.execution.sweep, args.run_name)
-    return launch_run(argv)
+    return launch_run(argv, parsed)

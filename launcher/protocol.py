@@ -35,6 +35,8 @@ TORCH_POINTER = "latest"  # the torch engine's pointer to its newest checkpoint 
 NANOTRON_POINTER = "latest.txt"  # nanotron's
 POINTERS = {TORCH_POINTER: "torch", NANOTRON_POINTER: "nanotron"}  # pointer -> the engine that writes it
 DATA_CACHE = ".data-cache"  # the torch engine's packed windows
+DIALECT_RECORD = "nanotron-dialect"  # the config dialect ("0.4" | "main") the run's checkpoints were written from
+NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
 
 # What the job reads from its environment (set by the node script).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
@@ -83,6 +85,8 @@ LINES = {
     "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
     "to resume",
     "late_notice": "the {notice} notice came as training ended: nothing to resume",
+    "pre_launch_ended": "the pre-launch commands ended this attempt at: {command} (exit code {code})",
+    "outcome": "training's last word: {word}",
 }
 # What a field matches where a pattern needs more than "anything" (the default).
 FIELD_PATTERNS = {
@@ -95,6 +99,11 @@ STEP_LINE = "step {step}/{steps} | "
 STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
 RESUMED_LINE = "resumed from checkpoint step {step} ({path}); rng digest {digest}"  # the torch engine's; the ledger's
 SHELL_UNSAFE = re.compile(r'["$`\\]')
+
+
+def printf_format(fmt: str) -> str:
+    """A format with its fields as printf's `%s`, ending in a newline (for the batch script's records)."""
+    return re.sub(r"\{[^}]*\}", "%s", fmt) + "\\n"
 
 
 def fields(name: str) -> list[str]:

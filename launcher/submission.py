@@ -105,11 +105,11 @@ def follow_to_end(job_id: str, log: Path, target: str, run: manifest.Manifest | 
     except KeyboardInterrupt:
         print(f"\nStopped following; job {job_id} keeps running.\n{how_to(target)}", file=sys.stderr)
         return 130
-    report_end(final, log, run)
+    verdict = report_end(final, log, run)
     if run is not None:
         for name, value in outputs(run, final).items():
             print(f"  {name:<12} {summary.shown(value)}")
-    return 0 if final.state == "COMPLETED" else 1
+    return 0 if final.state == "COMPLETED" and verdict is None else 1
 
 
 def submit_and_follow(paths: BundlePaths, follow: bool) -> int:

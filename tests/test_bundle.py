@@ -97,8 +97,11 @@ def test_manifest_describes_the_launch(workdir: Path):
     assert data["files"]["script"]["sha256"] == hashlib.sha256(paths.script.read_bytes()).hexdigest()
     assert data["command"].endswith(" ".join(argv[-2:]))
     assert data["resolved"]["parallelism"] == {
-        "dp": 2, "tp": 1, "pp": 1, "zero_stage": 0, "pp_engine": "1f1b", "tp_mode": "REDUCE_SCATTER", "layout": "manual"
+        "dp": 2, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 0, "pp_engine": "1f1b", "tp_mode": "REDUCE_SCATTER",
+        "layout": "manual",
     }  # fmt: skip
+    assert data["derived"]["nanotron_dialect"]["dialect"] == data["resolved"]["slurm"]["nanotron_dialect"] == "0.4"
+    assert "0.4's schema" in data["derived"]["nanotron_dialect"]["why"]  # this Python's nanotron is PyPI's
     assert data["derived"]["parameters"] == figures["parameters"] > 0
     assert data["derived"]["memory"]["fits"] and data["derived"]["memory"]["gpu"] == "H100 80GB SXM"
     assert data["versions"]["pyyaml"] and "commit" in data["project"] and "dirty" in data["project"]

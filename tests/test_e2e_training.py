@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from launcher_helpers import ROOT
+from nanotron_main import judge, python_with_main
 
 from launcher.report.plots import read_metrics
 from launcher.slurm import client as slurm
@@ -186,11 +187,18 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     second = bundles(tmp_path, "demo")[1]
     assert [r["step"] for r in read_metrics(second / "metrics.jsonl")] == list(range(31, 41))
 
-    code, out = finish(
-        launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "5", "--resume", "false"), timeout=300
-    )
-    assert code == 0 and "resumed from" not in out
+    # the job's Python now has nanotron main: resuming 0.4's checkpoints is refused before the queue; started
+    # afresh, the run is written in main's dialect (which main's parser accepts) and trains on the cluster
+    main_python = str(python_with_main(tmp_path))
+    code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--python", main_python), timeout=120)
+    assert code == 2 and "--nanotron_dialect: run demo's checkpoints were written from a nanotron 0.4" in out, out
+    flags = ("--train_steps", "5", "--resume", "false", "--python", main_python)
+    code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", *flags), timeout=300)
+    assert code == 0 and "resumed from" not in out and "config in nanotron main's dialect" in out, out
     third = bundles(tmp_path, "demo")[2]
+    assert "data_stages" in (third / "config.yaml").read_text()
+    (verdict,) = judge(third / "config.yaml")
+    assert "error" not in verdict and [r["step"] for r in read_metrics(third / "metrics.jsonl")] == list(range(1, 6))
     assert manifest(third)["outputs"]["checkpoints"] != str(tmp_path / "checkpoints/demo")
     assert latest_step(tmp_path / "checkpoints/demo") == 40  # the earlier run's checkpoints are untouched
 

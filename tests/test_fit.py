@@ -32,7 +32,7 @@ def memory_problem(*flags: str):
 def test_what_cannot_fit_is_refused_naming_the_estimate(flags: tuple, flag: str):
     spec, (problem,) = memory_problem(*flags)
     assert problem.flag == flag
-    total = estimate(fit.model_of(spec), fit.layout_of(spec)).total
+    total = estimate(spec.shape, fit.layout_of(spec)).total
     assert f"needs an estimated {total / GIB:.1f} GiB" in problem.message
     assert "79.6 GiB of the H100 80GB SXM" in problem.message
     for part in ("weights", "gradients", "optimizer", "activations", "logits", "headroom"):

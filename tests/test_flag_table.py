@@ -10,7 +10,7 @@ import pytest
 import yaml
 from launcher_helpers import config_of, spec_for
 
-from launcher.config import schema
+from launcher.config import dialect, schema
 from launcher.config.flags import LaunchArgs, flag_names
 
 # A value for every mapped flag that differs from the flag's (and the tiny preset's) default.
@@ -45,7 +45,10 @@ NON_DEFAULT = {
     "lr_decay_style": "linear",
     "dataset": "org/data",
     "text_column": "content",
+    "rope_theta": 500000.0,  # nanotron main's (0.4 has no field)
+    "cp": 2,  # nanotron main's
 }
+MAIN_ONLY = {"rope_theta", "cp"}
 NOT_FLAGS = {"tie_word_embeddings"}  # in the table (read from --config), derived from the preset, not a flag
 # dp is derived from the job's size on every launch, whatever job a --config YAML was written for
 DERIVED_ON_LAUNCH = {"dp"}
@@ -67,15 +70,16 @@ def _default(flag: str) -> object:
 @pytest.mark.parametrize("flag", sorted(NON_DEFAULT))
 def test_a_flag_reaches_its_path_and_comes_back(flag: str, tmp_path: Path):
     value = NON_DEFAULT[flag]
-    spec, _ = spec_for("--dataset", "org/base-data", f"--{flag}", str(value))
+    dialect_flags = ("--nanotron_dialect", "main") if flag in MAIN_ONLY else ()
+    spec, _ = spec_for("--dataset", "org/base-data", f"--{flag}", str(value), *dialect_flags)
     assert getattr(spec.args, next(g for g in vars(spec.args) if hasattr(getattr(spec.args, g), flag))) is not None
     assert value != _default(flag) and spec.flag_values()[flag] == value
     config = config_of(spec, str(tmp_path / "ckpt"))
-    assert schema.get_path(config, schema.FLAG_PATHS[flag]) == value
+    assert schema.get_path(dialect.to_canonical(config), schema.FLAG_PATHS[flag]) == value
     written = tmp_path / "config.yaml"
     written.write_text(schema.dump(config))
-    again, _ = spec_for("--config", str(written))
-    expected = spec.world_size if flag in DERIVED_ON_LAUNCH else value  # tp = pp = 1: dp fills the job
+    again, _ = spec_for("--config", str(written), *dialect_flags)
+    expected = spec.world_size if flag in DERIVED_ON_LAUNCH else value  # tp = pp = cp = 1: dp fills the job
     assert again.flag_values()[flag] == expected
 
 

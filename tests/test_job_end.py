@@ -15,7 +15,7 @@ from launcher import submission as submit
 from launcher.bundle import manifest
 from launcher.config.flags import parse
 from launcher.slurm import client, follow
-from launcher.slurm.dependencies import NEVER_SATISFIED
+from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
 
 

@@ -8,13 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from launcher.train.config import ModelShape
+from launcher.config.shape import ModelShape
 from launcher.train.model import build_model, init_like_nanotron, llama_config
 
-SHAPE = ModelShape(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
-                   num_key_value_heads=2, vocab_size=97, max_position_embeddings=64, rms_norm_eps=1e-5,
-                   tie_word_embeddings=False, hidden_act="silu", rope_theta=10000.0, bos_token_id=1,
-                   eos_token_id=2)  # fmt: skip
+SHAPE = ModelShape(hidden_size=64, intermediate_size=160, num_layers=2, num_heads=8, num_kv_heads=2, vocab_size=97,
+                   max_seq_len=64, tie_word_embeddings=False, rms_norm_eps=1e-5, hidden_act="silu",
+                   rope_theta=10000.0, bos_token_id=1, eos_token_id=2)  # fmt: skip
 
 
 def reference(shape: ModelShape, seed: int):
@@ -22,7 +21,7 @@ def reference(shape: ModelShape, seed: int):
 
     model = LlamaForCausalLM(llama_config(shape))
     torch.manual_seed(seed)
-    init_like_nanotron(model, 0.02, shape.num_hidden_layers)
+    init_like_nanotron(model, 0.02, shape.num_layers)
     return model
 
 
@@ -56,7 +55,7 @@ def test_the_engine_does_not_import_transformers_to_train():
     code = (
         "import sys\n"
         "from launcher.train.model import build_model\n"
-        "from launcher.train.config import ModelShape\n"
+        "from launcher.config.shape import ModelShape\n"
         f"build_model(ModelShape(**{dataclasses.asdict(SHAPE)!r}), 0.02, 0)\n"
         "print('transformers' in sys.modules)\n"
     )

@@ -3,6 +3,7 @@ docs/planning.md, whose accuracy table these tests hold to the code."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,6 @@ from launcher.config.memory import (
     GIB,
     HEADROOM_FRAGMENTATION,
     Layout,
-    Model,
     estimate,
     in_flight,
     layer_activations,
@@ -20,14 +20,15 @@ from launcher.config.memory import (
     stage_params,
     stages,
 )
+from launcher.config.shape import ModelShape
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "planning.md"
 V = 131072
 # nanotron's benchmark shapes (scripts/scaling_benchmarks.py: MHA, tied below 10k intermediate), seq 4096, 1F1B
-B1 = Model(2048, 8192, 16, 32, 32, V, 4096, tied=True)  # 1.34B
-B3 = Model(3072, 8192, 28, 32, 32, V, 4096, tied=True)  # 3.57B
-B8 = Model(4096, 14336, 32, 32, 32, V, 4096)  # 8.86B
-B80 = Model(8192, 28672, 80, 64, 64, V, 4096)  # 80B
+B1 = ModelShape(2048, 8192, 16, 32, 32, V, 4096, tie_word_embeddings=True)  # 1.34B
+B3 = ModelShape(3072, 8192, 28, 32, 32, V, 4096, tie_word_embeddings=True)  # 3.57B
+B8 = ModelShape(4096, 14336, 32, 32, 32, V, 4096)  # 8.86B
+B80 = ModelShape(8192, 28672, 80, 64, 64, V, 4096)  # 80B
 # (label, model, layout, published GiB): nanotron's docs/benchmark_summary.svg (PLANNER.md)
 PUBLISHED = [
     ("1.34B dp4 tp1 pp2, mbs 4, ZeRO-1", B1, Layout(4, 1, 2, 4, 16, 1), 41.76),
@@ -36,7 +37,9 @@ PUBLISHED = [
     ("8.86B dp16 tp1 pp2, mbs 1, ZeRO-1", B8, Layout(16, 1, 2, 1, 16, 1), 61.10),
     ("80B dp1 tp4 pp32, mbs 1, ZeRO-0", B80, Layout(1, 4, 32, 1, 256, 0), 61.18),
 ]
-TINY = Model(hidden=64, intermediate=256, layers=2, heads=4, kv_heads=2, vocab=1000, seq=128)
+TINY = ModelShape(
+    hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=1000, max_seq_len=128
+)
 
 
 def test_stages_split_by_nanotrons_cost_rule():
@@ -51,7 +54,7 @@ def test_stage_parameters_by_hand():
     # TINY, tp 1: a layer = q, k, v, o (64 x 16 x (2x4 + 2x2) = 12288) + MLP (3 x 64 x 256 = 49152) + norms 128
     (stage,) = stages(TINY, 1, 1)
     assert stage_params(TINY, stage, 1) == 2 * (12288 + 49152 + 128) + 2 * 1000 * 64 + 64
-    tied = Model(**{**TINY.__dict__, "tied": True})
+    tied = replace(TINY, tie_word_embeddings=True)
     assert stage_params(tied, stage, 1) == 2 * (12288 + 49152 + 128) + 1000 * 64 + 64  # one table on one stage
     first, last = stages(tied, 1, 2)
     assert stage_params(tied, first, 1) == (12288 + 49152 + 128) * first.layers + 1000 * 64  # both end stages
@@ -82,7 +85,7 @@ def test_layer_activations_by_hand():
     ar = Layout(1, 2, 1, 2, 1, tp_mode="ALL_REDUCE", tp_async=False)
     assert layer_activations(TINY, rs) == 757760 // 2
     assert layer_activations(TINY, ar) == 757760 // 2 + (norms + linears) // 2
-    mha = Model(**{**TINY.__dict__, "kv_heads": 4})  # the fused qkv copy stays alive: 5 x s·b·h
+    mha = replace(TINY, num_kv_heads=4)  # the fused qkv copy stays alive: 5 x s·b·h
     assert layer_activations(mha, lay) - layer_activations(TINY, lay) == 2 * 256 * 64 * 5 - (2 * 256 * 64 * 2)
 
 
@@ -102,19 +105,19 @@ def test_the_last_stage_holds_the_logits():
 
 def test_playbook_model_states_of_llama_3_8b():
     # Ultra-Scale Playbook: Llama-3.1-8B weights 14.957 GiB (bf16), Adam's moments 59.83 GiB (8 B a parameter)
-    llama = Model(4096, 14336, 32, 32, 8, 128256, 4096)
+    llama = ModelShape(4096, 14336, 32, 32, 8, 128256, 4096)
     (stage,) = stages(llama, 1, 1)
     states = model_states(stage_params(llama, stage, 1), Layout(1, 1, 1, 1, 1))
     assert states["weights"] / GIB == pytest.approx(14.957, abs=0.01)
     assert states["optimizer"] * 8 / 12 / GIB == pytest.approx(59.83, abs=0.05)  # ours adds the fp32 master (4 B)
 
 
-def _reserved(model: Model, lay: Layout) -> float:
+def _reserved(model: ModelShape, lay: Layout) -> float:
     return estimate(model, lay).peak * (1 + HEADROOM_FRAGMENTATION) / GIB
 
 
 @pytest.mark.parametrize("label,model,lay,published", PUBLISHED, ids=[p[0] for p in PUBLISHED])
-def test_published_memory_within_the_documented_error(label: str, model: Model, lay: Layout, published: float):
+def test_published_memory_within_the_documented_error(label: str, model: ModelShape, lay: Layout, published: float):
     est = estimate(model, lay)
     reserved = _reserved(model, lay)
     error = reserved / published - 1
@@ -130,8 +133,8 @@ def test_most_published_points_within_ten_percent():
 
 def test_the_issues_examples_do_not_fit_an_h100():
     h100 = 79.6 * GIB
-    llama3_8b = Model(4096, 14336, 32, 32, 8, 128256, 4096)
+    llama3_8b = ModelShape(4096, 14336, 32, 32, 8, 128256, 4096)
     assert estimate(llama3_8b, Layout(8, 1, 1, 2, 8)).total > h100  # --model_size 8b --nodes 1 --tp 1
-    llama32_1b = Model(2048, 8192, 16, 32, 8, 128256, 4096, tied=True)
+    llama32_1b = ModelShape(2048, 8192, 16, 32, 8, 128256, 4096, tie_word_embeddings=True)
     assert estimate(llama32_1b, Layout(16, 1, 1, 64, 8)).total > h100  # --micro_batch_size 64 --max_seq_len 4096
     assert estimate(llama32_1b, Layout(16, 1, 1, 2, 8)).total < h100  # the preset as it is fits

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.layout import check_layout
+from launcher.config.shape import ModelShape
 from launcher.train import flash_attn_compat, nanotron_compat
-from launcher.train.config import ModelShape
 from launcher.train.model import llama_config
 
-SHAPE = ModelShape(32, 64, 2, 4, 2, 96, 32, 1e-5, False, "silu", 10000.0, 1, 2)
+SHAPE = ModelShape(32, 64, 2, 4, 2, 96, 32, rms_norm_eps=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +76,9 @@ def nanotron_llama(nanotron: SimpleNamespace, context: Any, dtype: torch.dtype, 
     monkeypatch.setattr(llama, "P2P", lambda pg, device: P2P(pg, torch.device("cpu")))
     config = nanotron.config.LlamaConfig(
         hidden_size=SHAPE.hidden_size, intermediate_size=SHAPE.intermediate_size,
-        num_hidden_layers=SHAPE.num_hidden_layers, num_attention_heads=SHAPE.num_attention_heads,
-        num_key_value_heads=SHAPE.num_key_value_heads, vocab_size=SHAPE.vocab_size,
-        max_position_embeddings=SHAPE.max_position_embeddings, rms_norm_eps=SHAPE.rms_norm_eps,
+        num_hidden_layers=SHAPE.num_layers, num_attention_heads=SHAPE.num_heads,
+        num_key_value_heads=SHAPE.num_kv_heads, vocab_size=SHAPE.vocab_size,
+        max_position_embeddings=SHAPE.max_seq_len, rms_norm_eps=SHAPE.rms_norm_eps,
         tie_word_embeddings=False,
     )  # fmt: skip
     model = build_model(
@@ -101,7 +101,7 @@ def as_transformers(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     transformers' pairs (i, i + d/2), so q and k rows are reordered (q.k is unchanged by the same reordering of
     both). v and o_proj are not rotated and keep their order.
     """
-    h, heads, kv_heads, inter = SHAPE.hidden_size, SHAPE.num_attention_heads, SHAPE.num_key_value_heads, 64
+    h, heads, kv_heads, inter = SHAPE.hidden_size, SHAPE.num_heads, SHAPE.num_kv_heads, 64
     d = h // heads
 
     def unpair(rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -201,6 +201,6 @@ def test_nanotrons_parallel_context_accepts_exactly_the_layouts_the_launcher_acc
             theirs = True
         except (AssertionError, ValueError):
             theirs = False
-        problems = check_layout(world=world, dp=dp, tp=tp, pp=pp, hidden=96, intermediate=96, layers=12, heads=12,
-                                kv_heads=12, vocab=96, grad_accum=4)  # fmt: skip  # shapes every tp divides
+        shape = ModelShape(96, 96, 12, 12, 12, 96, 32)  # sizes every tp divides
+        problems = check_layout(shape, world=world, dp=dp, tp=tp, pp=pp, grad_accum_steps=4)
         assert theirs == (problems == []), (world, tp, pp, dp, problems)

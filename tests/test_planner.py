@@ -16,12 +16,13 @@ from test_memory import B1, B3, B8, B80, DOC, V
 from launcher import launch
 from launcher.config import gpus
 from launcher.config.layout import check_layout
-from launcher.config.memory import Layout, Model
+from launcher.config.memory import Layout
 from launcher.config.planner import evaluate, search
+from launcher.config.shape import ModelShape
 
 GOLDEN = Path(__file__).parent / "golden"
 H100 = gpus.table()["h100"]
-LLAMA_70B = Model(8192, 28672, 80, 64, 8, 128256, 4096)
+LLAMA_70B = ModelShape(8192, 28672, 80, 64, 8, 128256, 4096)
 # (label, model, layout, published MFU %): nanotron's docs/benchmark_summary.svg (PLANNER.md)
 PUBLISHED_MFU = [
     ("1.34B dp4 tp1 pp2, mbs 4", B1, Layout(4, 1, 2, 4, 16, 1), 44.32),
@@ -36,14 +37,14 @@ PLAYBOOK_TP = [(2, 3, 14167), (4, 9, 13460), (8, 18, 10889), (16, 40, 6159), (32
 
 
 def test_every_offered_layout_is_one_nanotron_accepts():
-    model = Model(1024, 4096, 24, 16, 4, 32000, 2048, tied=True)
+    model = ModelShape(1024, 4096, 24, 16, 4, 32000, 2048, tie_word_embeddings=True)
     plans = search(model, 32, 8, 256, H100, {}, Layout(1, 1, 1, 1, 1))
     assert plans
     for plan in plans:
         lay = plan.layout
         assert lay.dp * lay.tp * lay.pp == 32 and lay.dp * lay.micro_batch * lay.grad_accum == 256
-        shape = dict(hidden=1024, intermediate=4096, layers=24, heads=16, kv_heads=4, vocab=32000)
-        assert check_layout(world=32, dp=lay.dp, tp=lay.tp, pp=lay.pp, grad_accum=lay.grad_accum, **shape) == []
+        found = check_layout(model, world=32, dp=lay.dp, tp=lay.tp, pp=lay.pp, grad_accum_steps=lay.grad_accum)
+        assert found == []
         assert plan.fits == (plan.memory.total <= H100.memory_bytes)
     fitting = [p for p in plans if p.fits]
     assert plans[: len(fitting)] == fitting  # those that fit come first
@@ -64,7 +65,7 @@ def test_the_full_search_of_1024_nodes_is_quick():
 
 
 @pytest.mark.parametrize("label,model,lay,published", PUBLISHED_MFU, ids=[p[0] for p in PUBLISHED_MFU])
-def test_published_mfu_within_the_documented_error(label: str, model: Model, lay: Layout, published: float):
+def test_published_mfu_within_the_documented_error(label: str, model: ModelShape, lay: Layout, published: float):
     mfu = evaluate(model, lay, H100, 8).mfu * 100
     error = mfu / published - 1
     assert abs(error) <= 0.15
@@ -74,7 +75,7 @@ def test_published_mfu_within_the_documented_error(label: str, model: Model, lay
 
 @pytest.mark.parametrize("tp,micro,published", PLAYBOOK_TP)
 def test_playbook_tp_scaling_within_the_documented_error(tp: int, micro: int, published: int):
-    model = Model(3072, 8192, 28, 32, 32, V, 4096, tied=True)
+    model = ModelShape(3072, 8192, 28, 32, 32, V, 4096, tie_word_embeddings=True)
     plan = evaluate(model, Layout(1, tp, 1, micro, 1), H100, 8)
     tokens = micro * 4096 / plan.step_s / tp
     error = tokens / published - 1

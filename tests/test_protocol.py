@@ -25,7 +25,8 @@ BASH_STATE = (
     "stacks=/logs/stacks-48-2 suspects=node2 holder=41 holder_state=RUNNING lock=/ck/.launcher-lock "
     "LAUNCHER_CHECKPOINTS=/ck head_node=node1 port=20048 rdzv=127.0.0.1:20048 rdzv_port=20048 "
     "LAUNCHER_PYTHON=/usr/bin/python3 preempt_time=2026-11-24T08:00:00 saved=520 time_limits=0 "
-    "LAUNCHER_MAX_REQUEUES=3 notice=warned; set -- preemption node2"
+    "LAUNCHER_MAX_REQUEUES=3 notice=warned pre_launch_command='source /no/venv/bin/activate' outcome='stopped 520' "
+    "; set -- preemption node2"
 )
 
 
@@ -121,3 +122,13 @@ def test_the_templates_speak_the_contracts_words():
 def _spec_and_paths():
     spec, _ = spec_for("--run_name", "p", "--dataset", "none")
     return spec, fixed_paths("p")
+
+
+def test_the_requeue_record_the_script_writes_reads_back_by_its_format(tmp_path: Path):
+    (printf,) = [line.strip() for line in _script().splitlines() if '>> "$LAUNCHER_REQUEUES"' in line]
+    record = tmp_path / "requeues"
+    body = f"{BASH_STATE}; LAUNCHER_REQUEUES={record}; {printf}"
+    subprocess.run(["bash", "-c", body], check=True)
+    fields = re.fullmatch(P._regex(P.REQUEUE_FORMAT), record.read_text().rstrip("\n"))
+    assert fields is not None and fields.groupdict() == {"why": "preemption", "attempt": "2", "step": "520",
+                                                         "nodes": "node2"}  # fmt: skip

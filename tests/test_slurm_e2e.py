@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from launcher_helpers import ROOT
 
+from launcher.slurm import awaited_jobs, parse
 from launcher.slurm import client as slurm
-from launcher.slurm import parse
 
 ALLREDUCE = """
 import argparse, os, torch, torch.distributed as dist
@@ -136,15 +136,14 @@ def test_slurm_refuses_before_anything_is_written(tmp_path: Path, slurm_env: dic
 
 def test_refusal_at_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict, monkeypatch: pytest.MonkeyPatch):
     """A bundle written by a dry run and submitted later, when Slurm refuses it then: kept, failure recorded."""
-    from launcher import launch
+    from launcher import launch, submission
     from launcher.errors import LauncherError
-    from launcher.slurm import submit
 
     monkeypatch.chdir(tmp_path)
     prepared = launch.prepare(["--run_name", "later", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none",
                             "--partition", "nosuch", "--dry_run", "true"])  # fmt: skip
     with pytest.raises(LauncherError) as refused:
-        submit.submit(prepared.paths)
+        submission.submit(prepared.paths)
     assert "invalid partition" in str(refused.value).lower() and "fix --partition" in str(refused.value)
     assert f"The bundle is kept: {prepared.paths.bundle_dir}" in str(refused.value)
     manifest = json.loads(prepared.paths.manifest.read_text())
@@ -365,13 +364,12 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
 def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_env: dict, monkeypatch):
     """The launcher's verdict on each dependency is the one Slurm reaches when a job waits on it for real."""
     from launcher import launch
-    from launcher.slurm import dependencies
 
     def sbatch(*flags: str) -> str:
         argv = ["sbatch", "--parsable", "--nodes", "1", "--output", str(tmp_path / "%j.out"), *flags]
         return subprocess.run(argv, env=slurm_env, capture_output=True, text=True, check=True).stdout.strip()
 
-    never_met = dependencies.NEVER_SATISFIED
+    never_met = awaited_jobs.NEVER_SATISFIED
     array = sbatch("--array=0-2", "--wrap", "exit $((SLURM_ARRAY_TASK_ID == 1))")  # task 1 fails
     wait_for(lambda: len(states := slurm.job_states(array)) == 3 and all(s.terminal for s in states))
     monkeypatch.chdir(tmp_path)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
 from conftest import ROOT, tiny_config, write_config
 
 from launcher.errors import TrainError
@@ -113,7 +114,14 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
     assert "data: the dataset is exhausted; epoch 2 begins at step" in out  # the run loops over the data
 
     leg("first", "b", **{"tokens.train_steps": 10})  # same schedule (explicit decay steps): stops at 10
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [".data-cache", "10", "5", "engine", "latest"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        ".data-cache",
+        "10",
+        "5",
+        "engine",
+        "latest",
+        "nanotron-dialect",
+    ]
     stop_file, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
     stop_file.touch()
     monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))
@@ -593,10 +601,10 @@ def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, 
 def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from launcher.train.config import ModelShape
+    from launcher.config.shape import ModelShape
     from launcher.train.model import WithLoss, build_model, compile_for_gpu
 
-    shape = ModelShape(32, 64, 2, 4, 2, 128, 64, 1e-5, True, "silu", 10000.0, 1, 2)
+    shape = ModelShape(32, 64, 2, 4, 2, 128, 64, tie_word_embeddings=True, rms_norm_eps=1e-5)
     model = build_model(shape, init_std=0.02, seed=0)
     tokens = torch.randint(0, 128, (3, 17), generator=torch.Generator().manual_seed(0))
     # the loss of the model's own logits (lm_head included) predicting each next token
@@ -656,3 +664,22 @@ def test_a_full_disk_is_found_behind_torch_saves_runtime_error() -> None:
         wrapped = e
     assert checkpoint._io_error(wrapped) is full and checkpoint._io_error(full) is full
     assert checkpoint._io_error(RuntimeError("a bug, not the disk")) is None  # raised as it is, not explained away
+
+
+@pytest.mark.parametrize("key", ["h100", "h100_pcie", "h100_nvl", "h200", "a100"])
+def test_the_gpu_peak_the_mfu_uses_is_the_one_of_the_gpus_whole_name(monkeypatch: pytest.MonkeyPatch, key: str):
+    """configs/gpus.yaml's peak for the name torch reports: the PCIe H100 is not taken for the SXM one."""
+    from launcher.config import gpus
+    from launcher.train.model import peak_flops
+
+    listed = yaml.safe_load(gpus.GPUS_FILE.read_text())
+    names = [n for entry in listed.values() for n in entry.get("device_names", [])]
+    assert len(names) == len(set(names))  # one GPU per name
+    cuda = torch.device("cuda", 0)
+    for name in listed[key]["device_names"]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert peak_flops(cuda) == listed[key]["tflops"] * 1e12
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: f"{name} (unlisted)")
+        assert peak_flops(cuda) is None  # a name is matched whole, never by a part of it
+    assert peak_flops(torch.device("cpu")) is None
+    assert listed["h100_pcie"]["tflops"] != listed["h100"]["tflops"]

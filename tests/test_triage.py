@@ -14,8 +14,8 @@ import pytest
 from launcher_helpers import END, SRUN_KILL, START, TRIAGE_FIXTURES, job_log
 
 from launcher import protocol as P
-from launcher.slurm import failures, triage
-from launcher.slurm.dependencies import NEVER_SATISFIED
+from launcher.slurm import failures, fixes, triage
+from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
 from launcher.submission import read_log
 
@@ -23,7 +23,7 @@ from launcher.submission import read_log
 def judge(text: str, state: str = "FAILED", **slurm: object) -> triage.Verdict:
     found = triage.verdict(state, text, **slurm)  # type: ignore[arg-type]
     assert found is not None
-    assert found.cause in triage.CAUSES
+    assert found.cause in fixes.CAUSES
     assert 2 <= len(found.lines()) <= 3 and found.fix  # one or two lines of why, one of what to do
     return found
 

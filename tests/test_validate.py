@@ -12,6 +12,7 @@ from launcher_helpers import spec_for
 from launcher.config.flags import flag_names
 from launcher.config.layout import check_layout
 from launcher.config.problems import report
+from launcher.config.shape import ModelShape
 from launcher.config.slurm_values import time_limit_seconds
 from launcher.config.validate import validate
 
@@ -180,7 +181,6 @@ def test_accepted_layouts_satisfy_nanotron(x: dict):
         and x["heads"] % x["kv"] == 0
         and x["layers"] >= pp
         and x["inter"] % tp == 0
-        and x["vocab"] % tp == 0
         and (pp == 1 or x["accum"] >= pp - 1)
     )
     assert (problems == []) == nanotron_ok, problems
@@ -189,24 +189,17 @@ def test_accepted_layouts_satisfy_nanotron(x: dict):
     p, m = spec.args.parallelism, spec.args.model
     assert p.dp * p.tp * p.pp == x["nodes"] * x["gpus"]
     assert m.num_heads % p.tp == 0 and m.num_kv_heads % p.tp == 0 and m.num_heads % m.num_kv_heads == 0
-    assert m.num_layers >= p.pp and m.intermediate_size % p.tp == 0 and m.vocab_size % p.tp == 0
+    assert m.num_layers >= p.pp and m.intermediate_size % p.tp == 0  # a vocabulary is padded to a multiple of tp
+    assert spec.padded_vocab % p.tp == 0 and spec.padded_vocab - m.vocab_size < p.tp
     assert p.pp == 1 or spec.args.training.grad_accum_steps >= p.pp - 1
 
 
 def test_check_layout_is_shared_with_the_trainer():
+    shape = ModelShape(
+        hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=256, max_seq_len=64
+    )
     problems = check_layout(
-        world=4,
-        dp=1,
-        tp=1,
-        pp=1,
-        hidden=64,
-        intermediate=256,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        vocab=256,
-        grad_accum=1,
-        world_flags="processes started by torchrun",
+        shape, world=4, dp=1, tp=1, pp=1, grad_accum_steps=1, world_flags="processes started by torchrun"
     )
     assert flags_of(problems) == ["dp"] and "torchrun" in problems[0].message
 

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,23 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
     )
 
 
+def claim_dir(parent: Path, now: float | None = None, free: Callable[[str], bool] = lambda stamp: True) -> Path:
+    """Create a new, empty directory `parent/<stamp>` named by the time (`-2`, `-3`, ... when launches share a
+    second) with an exclusive mkdir, so that no two launches ever get the same one; `free(stamp)` may veto a name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        if not free(candidate.name):
+            continue
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise RuntimeError(f"no free directory name under {parent}")  # 10k launches in one second
+
+
 def claim(
     run_name: str, configs: str, scripts: str, logs: str, checkpoints: str, fresh: bool, now: float | None = None
 ) -> BundlePaths:
@@ -72,26 +90,17 @@ def claim(
 
     `fresh` starts a run afresh beside existing checkpoints: it gets its own checkpoint directory.
     """
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     ckpt = Path(checkpoints) / run_name
-    for n in range(1, 10_000):
-        candidate = stamp if n == 1 else f"{stamp}-{n}"
-        paths = paths_for(
-            run_name,
-            candidate,
-            Path(configs),
-            Path(scripts),
-            Path(logs),
-            ckpt.with_name(f"{run_name}-{candidate}") if fresh else ckpt,
-        )
-        if paths.script.exists() or paths.log.exists():
-            continue
-        try:
-            paths.bundle_dir.mkdir(parents=True)
-        except FileExistsError:
-            continue
-        return paths
-    raise RuntimeError(f"no free bundle name under {configs}/{run_name}")  # 10k launches in one second
+
+    def paths_of(stamp: str) -> BundlePaths:
+        fresh_ckpt = ckpt.with_name(f"{run_name}-{stamp}") if fresh else ckpt
+        return paths_for(run_name, stamp, Path(configs), Path(scripts), Path(logs), fresh_ckpt)
+
+    def free(stamp: str) -> bool:  # the script and log of another launch of that stamp
+        paths = paths_of(stamp)
+        return not (paths.script.exists() or paths.log.exists())
+
+    return paths_of(claim_dir(Path(configs) / run_name, now, free).name)
 
 
 def release(paths: BundlePaths) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from launcher import protocol
+from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
 from launcher.config import schema
 from launcher.config.datasource import is_local_path
@@ -30,15 +32,17 @@ def _comment(value: object) -> str:
     return str(value).replace("\r", "\\r").replace("\n", "\\n")
 
 
+OPTIONS: dict[str, Any] = {  # the Environment's, besides its loader and cache
+    "undefined": StrictUndefined,
+    "trim_blocks": True,
+    "lstrip_blocks": True,
+    "keep_trailing_newline": True,
+    "autoescape": False,
+}
+
+
 def _environment() -> Environment:
-    env = Environment(
-        loader=FileSystemLoader(TEMPLATES),
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    env = Environment(loader=FileSystemLoader(TEMPLATES), bytecode_cache=template_cache.cache_for(OPTIONS), **OPTIONS)
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["comment"] = _comment
     env.globals["P"] = protocol  # the contract's names: files, variables, words

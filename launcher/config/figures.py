@@ -6,41 +6,32 @@ Checkpoint sizes: nanotron 0.4 writes bf16 weights, their fp32 master copies and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from launcher.config import datasize, fit
 from launcher.config.memory import estimate
 from launcher.config.resolve import RunSpec
 from launcher.config.schema import train_split
+from launcher.config.shape import ModelShape
 
 BYTES_PER_PARAMETER = 14  # nanotron's checkpoint: what the summary plans with
 MIN_BYTES_PER_PARAMETER = 12  # what either engine writes at least: what a refusal is based on
 
 
-def parameter_count(
-    *, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int, tied: bool
-) -> int:
+def parameter_count(shape: ModelShape) -> int:
     """Parameters of a Llama with grouped-query attention (RMSNorm weights included, no biases)."""
-    head_dim = hidden // heads
-    attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim  # q, o; k, v
-    mlp = 3 * hidden * intermediate  # gate, up, down
+    hidden, heads = shape.hidden_size, shape.num_heads
+    attention = 2 * hidden * hidden + 2 * hidden * shape.num_kv_heads * (hidden // heads)  # q, o; k, v
+    mlp = 3 * hidden * shape.intermediate_size  # gate, up, down
     per_layer = attention + mlp + 2 * hidden  # two RMSNorms
-    embeddings = vocab * hidden * (1 if tied else 2)
-    return layers * per_layer + embeddings + hidden  # final norm
+    embeddings = shape.vocab_size * hidden * (1 if shape.tie_word_embeddings else 2)
+    return shape.num_layers * per_layer + embeddings + hidden  # final norm
 
 
 def parameters(spec: RunSpec) -> int:
     """The run's model's parameter count."""
-    s = spec.shape
-    return parameter_count(
-        hidden=s.hidden,
-        intermediate=s.intermediate,
-        layers=s.layers,
-        heads=s.heads,
-        kv_heads=s.kv_heads,
-        vocab=s.vocab,
-        tied=spec.tie_word_embeddings,
-    )
+    return parameter_count(dataclasses.replace(spec.shape, vocab_size=spec.padded_vocab))  # what nanotron builds
 
 
 def checkpoint_count(train_steps: int, save_interval: int, save_initial_state: bool) -> int:
@@ -60,20 +51,22 @@ def derived(spec: RunSpec) -> dict:
     return {
         "parameters": params,
         "world_size": spec.world_size,
-        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
+        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp},
+        "nanotron_dialect": {"dialect": spec.dialect.dialect, "why": spec.dialect.why},
+        "padded_vocab": spec.padded_vocab,
         "global_batch_sequences": sequences,
-        "global_batch_tokens": sequences * s.seq,
-        "total_training_tokens": sequences * s.seq * t.train_steps,
+        "global_batch_tokens": sequences * s.max_seq_len,
+        "total_training_tokens": sequences * s.max_seq_len * t.train_steps,
         "checkpoint_bytes": params * BYTES_PER_PARAMETER,  # estimated: nanotron's 14 bytes a parameter
         "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
         "memory": memory(spec),
-        **data_volume(spec, sequences * s.seq * t.train_steps),
+        **data_volume(spec, sequences * s.max_seq_len * t.train_steps),
     }
 
 
 def memory(spec: RunSpec) -> dict:
     """The memory estimate per GPU (bytes) against the GPU's memory, as the summary and the manifest say it."""
-    est = estimate(fit.model_of(spec), fit.layout_of(spec))
+    est = estimate(spec.shape, fit.layout_of(spec))
     gpu = spec.gpu.gpu
     return {
         "gpu": gpu.name,

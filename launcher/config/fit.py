@@ -10,17 +10,13 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.config import planner
-from launcher.config.memory import GIB, Estimate, Layout, Model, estimate
+from launcher.config.memory import GIB, Estimate, Layout, estimate
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.config.schema import get_path
+from launcher.config.shape import ModelShape
 
 MAX_MORE_NODES = 64  # "more nodes" looks this many times the job's size at most
-
-
-def model_of(spec: RunSpec) -> Model:
-    s = spec.shape
-    return Model(s.hidden, s.intermediate, s.layers, s.heads, s.kv_heads, s.vocab, s.seq, spec.tie_word_embeddings)
 
 
 def layout_of(spec: RunSpec) -> Layout:
@@ -32,6 +28,7 @@ def layout_of(spec: RunSpec) -> Layout:
         dp=p.dp or 1,
         tp=p.tp or 1,
         pp=p.pp or 1,
+        cp=max(p.cp, 1),
         micro_batch=t.micro_batch_size,
         grad_accum=t.grad_accum_steps,
         zero_stage=p.zero_stage,
@@ -49,7 +46,7 @@ def checkable(spec: RunSpec, problems: list[Problem]) -> bool:
     layout_flags = {"tp", "pp", "dp", "grad_accum_steps", "micro_batch_size", "max_seq_len", "zero_stage"}
     layout_flags |= {"hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"}
     layout_flags |= {"pp_engine", "tp_mode", "nodes", "gpus_per_node", "model_size", "layout"}
-    return spec.world_size > 0 and all(v > 0 for v in spec.shape) and not any(p.flag in layout_flags for p in problems)
+    return spec.world_size > 0 and spec.shape.resolved and not any(p.flag in layout_flags for p in problems)
 
 
 def gib(n: float) -> str:
@@ -67,7 +64,7 @@ def memory_problems(spec: RunSpec) -> list[Problem]:
     --skip_memory_check)."""
     if spec.args.execution.skip_memory_check:
         return []
-    m, lay, gpu = model_of(spec), layout_of(spec), spec.gpu.gpu
+    m, lay, gpu = spec.shape, layout_of(spec), spec.gpu.gpu
     est = estimate(m, lay)
     if est.total <= gpu.memory_bytes:
         return []
@@ -94,7 +91,7 @@ def _flags_text(values: dict[str, object]) -> str:
     return " ".join(f"--{k} {v}" for k, v in values.items())
 
 
-def fixes_that_fit(spec: RunSpec, m: Model, lay: Layout) -> list[tuple[str, Estimate]]:
+def fixes_that_fit(spec: RunSpec, m: ModelShape, lay: Layout) -> list[tuple[str, Estimate]]:
     """The cheapest change of each kind that fits: a larger --tp, a larger --pp, ZeRO-1, a smaller micro batch
     with more accumulation (the same batch), more nodes (with ZeRO-1). Each is estimated before it is named."""
     gpu, per_node, nodes = spec.gpu.gpu, spec.args.slurm.gpus_per_node, spec.args.slurm.nodes
@@ -136,8 +133,8 @@ def fixes_that_fit(spec: RunSpec, m: Model, lay: Layout) -> list[tuple[str, Esti
     return out
 
 
-def _refused(m: Model, lay: Layout, world: int) -> bool:
-    return planner.refused(m, world, lay.dp, lay.tp, lay.pp, lay.grad_accum)
+def _refused(m: ModelShape, lay: Layout, world: int) -> bool:
+    return planner.refused(m, world, lay.dp, lay.tp, lay.pp, grad_accum_steps=lay.grad_accum)
 
 
 def global_batch(spec: RunSpec) -> int:
@@ -149,7 +146,7 @@ def global_batch(spec: RunSpec) -> int:
 def plans(spec: RunSpec, fixed: dict[str, object]) -> list[planner.Plan]:
     """The planner's table for the spec's model, job, batch and GPU; `fixed`: layout values to keep."""
     return planner.search(
-        model_of(spec),
+        spec.shape,
         spec.world_size,
         spec.args.slurm.gpus_per_node,
         global_batch(spec),

@@ -7,20 +7,20 @@ user typed, so that flags override --config, which overrides the preset.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import copy
 import dataclasses
+import functools
 import sys
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NoReturn
-
-from simple_parsing import ArgumentParser
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from launcher.config.secrets_guard import redact
 
-RUN_DEFAULT = "the cluster's default"
+if TYPE_CHECKING:
+    from simple_parsing import ArgumentParser
 
 
 @dataclass
@@ -46,6 +46,7 @@ class SlurmArgs:
     pre_launch_commands: str | None = None  # Shell commands run on the batch node before launch.
     extra_env: str | None = None  # Extra environment: KEY=VALUE pairs, separated by spaces or newlines.
     python: str | None = None  # Python that runs torchrun on the nodes (default: the launcher's own).
+    nanotron_dialect: str = "auto"  # Config dialect: auto (the --python's nanotron, by its schema), 0.4 or main.
     max_requeues: int = 3  # Times a preempted or timed-out job is requeued to resume; 0 disables.
     signal_grace: int = 120  # Seconds before the time limit at which the job checkpoints and requeues.
     gpu_type: str | None = None  # GPU to plan for, e.g. h100, a100_80gb (default: the cluster's GRES type or h100).
@@ -64,6 +65,7 @@ class ModelArgs:
     num_kv_heads: int | None = None  # Key/value heads, GQA when < num_heads (default: from the preset).
     vocab_size: int | None = None  # Vocabulary size (default: the local tokenizer's, else the preset's).
     max_seq_len: int | None = None  # Sequence length and max positions (default: from the preset).
+    rope_theta: float | None = None  # RoPE base (default: the preset's; nanotron 0.4 has only 10000).
 
 
 @dataclass
@@ -84,11 +86,12 @@ class TrainingArgs:
 
 @dataclass
 class ParallelismArgs:
-    """Parallelism: dp x tp x pp must equal nodes x gpus_per_node."""
+    """Parallelism: dp x tp x pp x cp must equal nodes x gpus_per_node."""
 
     dp: int | None = None  # Data parallel degree (default: fills the job: nodes*gpus/(tp*pp)).
     tp: int | None = None  # Tensor parallel degree (default: from the preset).
     pp: int | None = None  # Pipeline parallel degree (default: from the preset).
+    cp: int = 1  # Context parallel degree: each sequence split over cp GPUs (nanotron main only).
     zero_stage: int = 0  # ZeRO stage: 1 shards the fp32 weights and Adam's states over dp (nanotron 0.4 has 0 and 1).
     pp_engine: str = "1f1b"  # Pipeline schedule: 1f1b (a stage holds at most pp micro-batches) or afab (all of them).
     tp_mode: str = "REDUCE_SCATTER"  # Tensor parallel mode: REDUCE_SCATTER (sequence parallel) or ALL_REDUCE.
@@ -179,14 +182,18 @@ GROUPS = {
 }
 
 
-class _Parser(ArgumentParser):
-    """argparse's own errors (`invalid int value: '...'`) repeat what was typed: redact secrets there too."""
-
-    def error(self, message: str) -> NoReturn:
-        super().error(redact(message))
-
-
 def build_parser() -> ArgumentParser:
+    """simple-parsing's parser of LaunchArgs: the --help text (from the fields' comments) and the error messages.
+    simple-parsing is imported here, not at the top, only for speed: its import costs a dry run ~30 ms, and a
+    command line that parses cleanly never needs it (`parse` takes `_quick_parser` first)."""
+    from simple_parsing import ArgumentParser
+
+    class _Parser(ArgumentParser):
+        """argparse's own errors (`invalid int value: '...'`) repeat what was typed: redact secrets there too."""
+
+        def error(self, message: str) -> NoReturn:
+            super().error(redact(message))
+
     parser = _Parser(
         prog="slurm_launcher.py",
         description="Turn a few flags into a validated nanotron training run on Slurm: config, sbatch script, "
@@ -226,8 +233,8 @@ def explicit_flags(argv: list[str]) -> set[str]:
 @contextlib.contextmanager
 def _without_help_text() -> Iterator[None]:
     """simple-parsing reads every field's comment from the source (inspect.getsource) as it builds the parser:
-    ~75 ms of a dry run, spent on text only --help shows. Skip it while parsing without --help; if a future
-    simple-parsing moves that function, nothing breaks, the dry run is only slower."""
+    ~75 ms, spent on text only --help shows. Skip it while parsing without --help (an error's message); if a
+    future simple-parsing moves that function, nothing breaks, the message only comes slower."""
     module = sys.modules.get("simple_parsing.docstring")
     original = getattr(module, "get_attribute_docstring", None)
     if module is None or original is None:
@@ -240,21 +247,84 @@ def _without_help_text() -> Iterator[None]:
         module.get_attribute_docstring = original  # type: ignore[attr-defined]
 
 
-_PARSED: dict[tuple[str, ...], tuple[LaunchArgs, set[str]]] = {}
+class _Unsure(Exception):
+    """The quick parser leaves this command line to simple-parsing (an error, or a form it does not take)."""
 
 
-def parse(argv: list[str]) -> tuple[LaunchArgs, set[str]]:
-    """Parse argv into LaunchArgs and the set of flags given explicitly. A launch parses its command line twice
-    (`launch.main` to choose the command, `launch.check` to resolve it): the second is the first's, copied
-    (simple-parsing takes ~35 ms a parse)."""
-    key = tuple(argv)
-    if key in _PARSED:
-        args, explicit = _PARSED[key]
-        return copy.deepcopy(args), set(explicit)
+class _QuickParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Unsure(message)
+
+
+TRUE_WORDS = ("yes", "true", "t", "y", "1")  # simple-parsing's str2bool words (simple_parsing.utils)
+FALSE_WORDS = ("no", "false", "f", "n", "0")
+
+
+class _Boolean(argparse.Action):
+    """`--x`, `--x VALUE` (a str2bool word) and `--nox`, as simple-parsing's BooleanOptionalAction takes them."""
+
+    def __call__(self, parser: object, namespace: object, values: object, option_string: str | None = None) -> None:
+        negated = option_string == "--no" + self.dest.rsplit(".", 1)[-1]
+        word = values.strip().lower() if isinstance(values, str) else None
+        if values is None:
+            setattr(namespace, self.dest, not negated)
+        elif not negated and word in TRUE_WORDS + FALSE_WORDS:
+            setattr(namespace, self.dest, word in TRUE_WORDS)
+        else:
+            raise _Unsure(f"{option_string} {values}")
+
+
+@functools.cache
+def _quick_parser() -> _QuickParser:
+    """Plain argparse over the same fields, with simple-parsing's flags: option strings, nargs, types, defaults
+    (a field that may be None takes an optional value, and alone means None). No help text: `parse` leaves
+    --help, and every command line this parser refuses, to simple-parsing (tests/test_flags_quick.py)."""
+    parser = _QuickParser(
+        prog="slurm_launcher.py", add_help=False, allow_abbrev=False, argument_default=argparse.SUPPRESS
+    )
+    parser.add_argument("--run_name", dest="run_name", type=str, required=True)
+    for group_name, group in GROUPS.items():
+        hints = typing.get_type_hints(group)
+        for f in dataclasses.fields(group):
+            dest = f"{group_name}.{f.name}"
+            kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
+            if kind is bool:
+                parser.add_argument(f"--{f.name}", f"--no{f.name}", dest=dest, nargs="?", action=_Boolean)
+            elif kind is not hints[f.name]:  # Optional: `--x` alone means None
+                parser.add_argument(f"--{f.name}", dest=dest, type=kind, nargs="?", const=None)
+            else:
+                parser.add_argument(f"--{f.name}", dest=dest, type=kind)
+    return parser
+
+
+def _parse_quickly(argv: list[str]) -> LaunchArgs:
+    """LaunchArgs from a clean command line, without simple-parsing; raises _Unsure for anything else."""
+    given = vars(_quick_parser().parse_args(argv))  # only the flags typed: every default is SUPPRESS
+    groups: dict[str, dict[str, object]] = {name: {} for name in GROUPS}
+    for dest, value in given.items():
+        if dest != "run_name":
+            group_name, name = dest.split(".")
+            groups[group_name][name] = value
+    return LaunchArgs(given["run_name"], **{name: GROUPS[name](**fields) for name, fields in groups.items()})
+
+
+class Parsed(NamedTuple):
+    """A command line, parsed: its flags by group, and the names of those the user typed."""
+
+    args: LaunchArgs
+    explicit: set[str]
+
+
+def parse(argv: list[str]) -> Parsed:
+    """Parse argv into LaunchArgs and the set of flags given explicitly. A clean command line is parsed by plain
+    argparse (`_quick_parser`, ~2 ms); --help and any other line by simple-parsing (its import and parse cost
+    ~60 ms), which prints the help or the error and exits as it always did."""
     wants_help = any(tok in ("-h", "--help") or tok.startswith("--help=") for tok in argv)
+    if not wants_help:
+        try:
+            return Parsed(_parse_quickly(argv), explicit_flags(argv))
+        except _Unsure:
+            pass
     with contextlib.nullcontext() if wants_help else _without_help_text():
         namespace = build_parser().parse_args(argv)
-    explicit = explicit_flags(argv)
-    _PARSED.clear()  # one command line at a time (a sweep's points each parse once)
-    _PARSED[key] = (copy.deepcopy(namespace.args), explicit)
-    return namespace.args, set(explicit)
+    return Parsed(namespace.args, explicit_flags(argv))

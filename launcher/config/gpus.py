@@ -49,10 +49,11 @@ DEFAULT_ORIGIN = "the default, as nanotron's launcher assumes: --gpu_type or --g
 
 
 @functools.lru_cache(maxsize=1)
-def _load() -> tuple[dict[str, Gpu], dict[str, str]]:
+def _load() -> tuple[dict[str, Gpu], dict[str, str], dict[str, str]]:
+    """The GPUs by key; keys by normalised alias; keys by the device name torch reports."""
     with open(GPUS_FILE, encoding="utf-8") as f:
         data = yaml.load(f, Loader=YAML_LOADER)
-    gpus, aliases = {}, {}
+    gpus, aliases, devices = {}, {}, {}
     for key, v in data.items():
         gpus[key] = Gpu(
             key,
@@ -64,7 +65,8 @@ def _load() -> tuple[dict[str, Gpu], dict[str, str]]:
             str(v.get("note", "")),
         )
         aliases.update({normalise(str(alias)): key for alias in [key, *v.get("gres", [])]})
-    return gpus, aliases
+        devices.update({str(name): key for name in v.get("device_names", [])})
+    return gpus, aliases, devices
 
 
 def table() -> dict[str, Gpu]:
@@ -83,6 +85,13 @@ def normalise(name: str) -> str:
 def lookup(name: str) -> Gpu | None:
     """The GPU a --gpu_type or a GRES type names, or None when configs/gpus.yaml does not know it."""
     key = _load()[1].get(normalise(name))
+    return table()[key] if key else None
+
+
+def from_device_name(name: str) -> Gpu | None:
+    """The GPU whose whole name torch.cuda.get_device_name reports ("NVIDIA H100 PCIe"), or None when
+    configs/gpus.yaml does not list it: a name is never matched by a part of it (the PCIe card is not the SXM)."""
+    key = _load()[2].get(name.strip())
     return table()[key] if key else None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from launcher.config.problems import Problem
+from launcher.config.shape import ModelShape
 
 
 def divisors(n: int) -> list[int]:
@@ -26,53 +27,47 @@ def _nodes_for(replica: int, world: int, nodes: int) -> int:
 
 
 def check_layout(
+    shape: ModelShape,
     *,
     world: int,
     dp: int,
     tp: int,
     pp: int,
-    hidden: int,
-    intermediate: int,
-    layers: int,
-    heads: int,
-    kv_heads: int,
-    vocab: int,
-    grad_accum: int,
+    grad_accum_steps: int,
+    cp: int = 1,
     world_flags: str = "--nodes x --gpus_per_node",
     nodes_hint: int = 1,
     gpus_per_node: int | None = None,
 ) -> list[Problem]:
-    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue)."""
+    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue), for a
+    job of `world` GPUs (processes) running dp x tp x pp (x cp) with `grad_accum_steps` micro-batches a step.
+
+    A vocabulary tp does not divide is fine: nanotron pads it to a multiple of tp x make_vocab_size_divisible_by
+    (`memory.padded_vocab`). cp (nanotron main's context parallelism) is part of a model replica's GPUs."""
     out: list[Problem] = []
-    sizes = {
-        "hidden_size": hidden,
-        "intermediate_size": intermediate,
-        "num_layers": layers,
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "vocab_size": vocab,
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-    }
+    hidden, intermediate, layers = shape.hidden_size, shape.intermediate_size, shape.num_layers
+    heads, kv_heads, grad_accum = shape.num_heads, shape.num_kv_heads, grad_accum_steps
+    sizes = {**shape.sizes(), "dp": dp, "tp": tp, "pp": pp}
+    del sizes["max_seq_len"]  # validation says it (training's check); nanotron's layout rules do not read it
     for flag, value in sizes.items():
         if value <= 0:
             out.append(Problem(flag, f"must be a positive integer, got {value}", f"give --{flag} >= 1"))
     if out:
         return out
-    if dp * tp * pp != world:
-        if world % (tp * pp):
+    cp_text = f" x --cp {cp}" if cp > 1 else ""
+    if dp * tp * pp * cp != world:
+        if world % (tp * pp * cp):
             out.append(
                 Problem(
                     "tp",
-                    f"--tp {tp} x --pp {pp} = {tp * pp} GPUs per model replica does not divide the job's "
+                    f"--tp {tp} x --pp {pp}{cp_text} = {tp * pp * cp} GPUs per model replica does not divide the job's "
                     f"{world} GPUs ({world_flags})",
-                    f"make the job a multiple of {tp * pp} GPUs "
-                    f"(e.g. --nodes {_nodes_for(tp * pp, world, nodes_hint)}) or lower --tp/--pp",
+                    f"make the job a multiple of {tp * pp * cp} GPUs "
+                    f"(e.g. --nodes {_nodes_for(tp * pp * cp, world, nodes_hint)}) or lower --tp/--pp",
                 )
             )
         else:
-            used = dp * tp * pp
+            used = dp * tp * pp * cp
             nodes = (  # the job that runs exactly the GPUs the layout uses, where whole nodes make it
                 f", or --nodes {used // gpus_per_node} to run {used} GPUs"
                 if gpus_per_node and used % gpus_per_node == 0
@@ -81,16 +76,14 @@ def check_layout(
             out.append(
                 Problem(
                     "dp",
-                    f"--dp {dp} x --tp {tp} x --pp {pp} = {used}, but the job has {world} GPUs "
+                    f"--dp {dp} x --tp {tp} x --pp {pp}{cp_text} = {used}, but the job has {world} GPUs "
                     f"({world_flags}); nanotron requires them equal",
-                    f"use --dp {world // (tp * pp)} or leave --dp out to derive it{nodes}",
+                    f"use --dp {world // (tp * pp * cp)} or leave --dp out to derive it{nodes}",
                 )
             )
-    # a --tp to suggest divides both head counts, the MLP and the vocabulary, and fits the job (tp x pp | GPUs)
+    # a --tp to suggest divides both head counts and the MLP, and fits the job (tp x pp x cp | GPUs)
     tp_ok = [
-        d
-        for d in divisors(math.gcd(heads, kv_heads))
-        if world % (d * pp) == 0 and intermediate % d == 0 and vocab % d == 0
+        d for d in divisors(math.gcd(heads, kv_heads)) if world % (d * pp * cp) == 0 and intermediate % d == 0
     ] or [1]
     undivided = [
         f"--{what} {count}" for what, count in (("num_heads", heads), ("num_kv_heads", kv_heads)) if count % tp
@@ -121,14 +114,6 @@ def check_layout(
                 "intermediate_size",
                 f"--intermediate_size {intermediate} is not divisible by --tp {tp}",
                 f"use a multiple of {tp}, e.g. {-(-intermediate // tp) * tp}",
-            )
-        )
-    if vocab % tp:
-        out.append(
-            Problem(
-                "vocab_size",
-                f"--vocab_size {vocab} is not divisible by --tp {tp}",
-                f"use a multiple of {tp}, e.g. {-(-vocab // tp) * tp}",
             )
         )
     if pp > 1 and grad_accum < pp - 1:

@@ -22,27 +22,16 @@ The headroom beside the allocator's peak (CUDA context, NCCL buffers, fragmentat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+
+from launcher.config.shape import ModelShape
 
 GIB = 1024**3
 HEADROOM_CONTEXT = 1.0 * GIB  # CUDA context, cuBLAS workspaces, kernels
 HEADROOM_NCCL = 0.5 * GIB  # NCCL's buffers, per process group in use (tp, dp, pp, and the world's)
 HEADROOM_FRAGMENTATION = 0.08  # the caching allocator's reserved-but-unused memory, as a share of the peak
-
-
-@dataclass(frozen=True)
-class Model:
-    """A Llama shape, as nanotron's LlamaConfig has it."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    seq: int
-    tied: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +50,7 @@ class Layout:
     fp32_grad_accum: bool = True  # optimizer.accumulate_grad_in_fp32
     dtype_bytes: int = 2  # model.dtype: bfloat16
     vocab_multiple: int = 1  # model.make_vocab_size_divisible_by
+    cp: int = 1  # nanotron main's context parallelism: each GPU holds 1/cp of every sequence's activations
 
 
 @dataclass(frozen=True)
@@ -94,21 +84,15 @@ def padded_vocab(vocab: int, tp: int, multiple: int = 1) -> int:
     return -(-vocab // step) * step
 
 
-def layer_params(m: Model) -> int:
-    """One decoder layer's parameters (unsharded): q, k, v, o, gate, up, down and two RMSNorms."""
-    d = m.hidden // m.heads
-    return m.hidden * d * (2 * m.heads + 2 * m.kv_heads) + 3 * m.hidden * m.intermediate + 2 * m.hidden
-
-
-def stages(m: Model, tp: int, pp: int, vocab_multiple: int = 1) -> list[Stage]:
+def stages(m: ModelShape, tp: int, pp: int, vocab_multiple: int = 1) -> list[Stage]:
     """The pipeline stages as nanotron 0.4 builds them (models/base.py `build_model`): the blocks in forward order
     (embedding, layers, final norm, LM head, fp32 cast, loss), each costing 4·heads·head_dim·hidden + 3·F·hidden
     (a layer), V·hidden (the head) or nothing, go to the current rank, which moves on once the running cost passes
     its share, total · (rank + 1) / pp."""
-    d = m.hidden // m.heads
-    layer_cost = 4 * m.heads * d * m.hidden + 3 * m.intermediate * m.hidden
-    head_cost = padded_vocab(m.vocab, tp, vocab_multiple) * m.hidden
-    costs = [0] + [layer_cost] * m.layers + [0, head_cost, 0, 0]
+    d = m.hidden_size // m.num_heads
+    layer_cost = 4 * m.num_heads * d * m.hidden_size + 3 * m.intermediate_size * m.hidden_size
+    head_cost = padded_vocab(m.vocab_size, tp, vocab_multiple) * m.hidden_size
+    costs = [0] + [layer_cost] * m.num_layers + [0, head_cost, 0, 0]
     total = sum(costs)
     thresholds = [total * ((rank + 1) / pp) for rank in range(pp)]
     ranks, rank, running = [], 0, 0
@@ -117,42 +101,44 @@ def stages(m: Model, tp: int, pp: int, vocab_multiple: int = 1) -> list[Stage]:
         running += cost
         if running > thresholds[rank]:
             rank += 1
-    layers = ranks[1 : m.layers + 1]
-    head_rank = ranks[m.layers + 2]
+    layers = ranks[1 : m.num_layers + 1]
+    head_rank = ranks[m.num_layers + 2]
     return [Stage(layers.count(r), r == ranks[0], r == head_rank) for r in range(pp)]
 
 
-def stage_params(m: Model, stage: Stage, tp: int, vocab_multiple: int = 1) -> int:
+def stage_params(m: ModelShape, stage: Stage, tp: int, vocab_multiple: int = 1) -> int:
     """Parameters one GPU of the stage holds (matrices / tp, norms whole; a tied embedding once per stage)."""
-    d = m.hidden // m.heads
-    per_layer = (m.hidden * d * (2 * m.heads + 2 * m.kv_heads) + 3 * m.hidden * m.intermediate) // tp + 2 * m.hidden
-    table = padded_vocab(m.vocab, tp, vocab_multiple) * m.hidden // tp
+    d = m.hidden_size // m.num_heads
+    per_layer = (
+        m.hidden_size * d * (2 * m.num_heads + 2 * m.num_kv_heads) + 3 * m.hidden_size * m.intermediate_size
+    ) // tp + 2 * m.hidden_size
+    table = padded_vocab(m.vocab_size, tp, vocab_multiple) * m.hidden_size // tp
     tables = int(stage.embedding) + int(stage.head)
-    if m.tied and stage.embedding and stage.head:
+    if m.tie_word_embeddings and stage.embedding and stage.head:
         tables = 1
-    return stage.layers * per_layer + tables * table + (m.hidden if stage.head else 0)
+    return stage.layers * per_layer + tables * table + (m.hidden_size if stage.head else 0)
 
 
-def layer_activations(m: Model, lay: Layout) -> int:
+def layer_activations(m: ModelShape, lay: Layout) -> int:
     """Bytes one layer saves for backward, per micro-batch (bf16, flash-attention; nanotron 0.4 recomputes
     nothing)."""
-    t, sb, h = lay.tp, lay.micro_batch * m.seq, m.hidden
+    t, sb, h = lay.tp, lay.micro_batch * m.max_seq_len, m.hidden_size
     sharded = lay.tp_mode == "REDUCE_SCATTER"
     norm_inputs = 2 * (2 * sb * h // (t if sharded else 1))  # the two RMSNorms' inputs
     linear_inputs = 2 * (2 * sb * h // (t if sharded and lay.tp_async else 1))  # qkv's and gate_up's inputs
-    if m.kv_heads == m.heads:  # MHA: the fused [3, b, s, heads, d] copy, and the k/v pair rotary builds
+    if m.num_kv_heads == m.num_heads:  # MHA: the fused [3, b, s, heads, d] copy, and the k/v pair rotary builds
         attention = 2 * sb * h * 5 // t
     else:  # GQA: q, and the k/v pair
-        attention = 2 * sb * h // t + 2 * 2 * sb * h * m.kv_heads // m.heads // t
-    attention += 2 * sb * h // t + 4 * sb * m.heads // t  # flash-attention's output, and its fp32 logsumexp
-    mlp = 8 * sb * m.intermediate // t  # gate_up's output (kept by SiLU and the product), SiLU's, down's input
+        attention = 2 * sb * h // t + 2 * 2 * sb * h * m.num_kv_heads // m.num_heads // t
+    attention += 2 * sb * h // t + 4 * sb * m.num_heads // t  # flash-attention's output, and its fp32 logsumexp
+    mlp = 8 * sb * m.intermediate_size // t  # gate_up's output (kept by SiLU and the product), SiLU's, down's input
     return norm_inputs + linear_inputs + attention + mlp
 
 
-def _workspace(m: Model, lay: Layout) -> int:
+def _workspace(m: ModelShape, lay: Layout) -> int:
     """The largest transient of one layer's backward: the MLP's gradients and a gathered [s, b, h]."""
-    sb = lay.micro_batch * m.seq
-    return 12 * sb * m.intermediate // lay.tp + 2 * sb * m.hidden
+    sb = lay.micro_batch * m.max_seq_len
+    return 12 * sb * m.intermediate_size // lay.tp + 2 * sb * m.hidden_size
 
 
 def in_flight(lay: Layout, rank: int) -> int:
@@ -182,18 +168,20 @@ def headroom(peak: int, lay: Layout) -> int:
     return int(HEADROOM_CONTEXT + groups * HEADROOM_NCCL + HEADROOM_FRAGMENTATION * peak)
 
 
-def estimate(m: Model, lay: Layout) -> Estimate:
+def estimate(m: ModelShape, lay: Layout) -> Estimate:
     """The peak of the stage that peaks highest (ties: the first)."""
+    if lay.cp > 1:  # a cp rank computes its own slice of every sequence: the activations of seq / cp tokens
+        m = dataclasses.replace(m, max_seq_len=max(m.max_seq_len // lay.cp, 1))
     per_layer = layer_activations(m, lay)
     workspace = _workspace(m, lay)
-    vocab = padded_vocab(m.vocab, lay.tp, lay.vocab_multiple)
-    sb = lay.micro_batch * m.seq
+    vocab = padded_vocab(m.vocab_size, lay.tp, lay.vocab_multiple)
+    sb = lay.micro_batch * m.max_seq_len
     best: Estimate | None = None
     for rank, stage in enumerate(stages(m, lay.tp, lay.pp, lay.vocab_multiple)):
         params = stage_params(m, stage, lay.tp, lay.vocab_multiple)
         parts = model_states(params, lay)
         k = in_flight(lay, rank)
-        acts = stage.layers * per_layer + (2 * sb * m.hidden // lay.tp) * (1 + int(stage.head))  # + head's inputs
+        acts = stage.layers * per_layer + (2 * sb * m.hidden_size // lay.tp) * (1 + int(stage.head))  # + head's inputs
         kept_logits = 4 * sb * vocab // lay.tp if stage.head else 0
         loss_copy = 4 * sb * vocab // lay.tp if stage.head else 0
         forward_end = k * (acts + kept_logits) + loss_copy

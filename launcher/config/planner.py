@@ -9,8 +9,8 @@ published runs):
   head included) at EFFICIENCY of the GPU's peak;
 - pipeline: (micro-batches + pp - 1) x the slowest stage's time per micro-batch: 1F1B and AFAB idle alike;
 - tensor parallel, per layer and micro-batch: under REDUCE_SCATTER 4 all-gathers/reduce-scatters forward and 6
-  backward (the async column linears gather their input again), half hidden behind the matmuls; under
-  ALL_REDUCE 4 all-reduces, none hidden;
+  backward (the async column linears gather their input again), TP_HIDDEN of them (a fifth) hidden behind the
+  matmuls; under ALL_REDUCE 4 all-reduces, none hidden;
 - data parallel: the fp32 gradients all-reduced (DDP overlaps it with the last backward; ZeRO-1 runs it after the
   backward, then all-gathers the bf16 weights);
 - pipeline sends: a micro-batch's hidden states each way across each boundary;
@@ -27,14 +27,14 @@ from dataclasses import dataclass, replace
 
 from launcher.config.gpus import Gpu
 from launcher.config.layout import check_layout, divisors
-from launcher.config.memory import Estimate, Layout, Model, estimate, padded_vocab, stage_params, stages
+from launcher.config.memory import Estimate, Layout, estimate, padded_vocab, stage_params, stages
+from launcher.config.shape import ModelShape
 
 EFFICIENCY = 0.5  # achieved share of peak FLOP/s in nanotron's matmul-bound work (calibrated: docs/planning.md)
 HBM_EFFICIENCY = 0.8
 NIC_GBPS = 30.0  # what a collective gets from one GPU's 400 Gb/s NIC (50 GB/s) between nodes, in effect
 TP_HIDDEN = 0.2  # share of REDUCE_SCATTER's collectives hidden behind matmuls (async communication)
 STEP_OVERHEAD_S = 0.04  # per step: loss and grad-norm reductions, clipping, logging, the data loader
-LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "grad_accum_steps", "zero_stage", "pp_engine", "tp_mode")
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,14 @@ def flag_values(lay: Layout) -> dict[str, object]:
     }
 
 
-def model_flops(m: Model, tokens: int, vocab: int) -> float:
+def model_flops(m: ModelShape, tokens: int, vocab: int) -> float:
     """nanotron's FLOP count for `tokens` tokens (forward + backward = 3 x forward)."""
-    d = m.hidden // m.heads
-    matmuls = m.hidden * d * (2 * m.heads + 2 * m.kv_heads) + 3 * m.hidden * m.intermediate
-    forward = 2 * tokens * (m.layers * matmuls + m.hidden * vocab) + 4 * tokens * m.seq * m.hidden * m.layers
+    d = m.hidden_size // m.num_heads
+    matmuls = m.hidden_size * d * (2 * m.num_heads + 2 * m.num_kv_heads) + 3 * m.hidden_size * m.intermediate_size
+    forward = (
+        2 * tokens * (m.num_layers * matmuls + m.hidden_size * vocab)
+        + 4 * tokens * m.max_seq_len * m.hidden_size * m.num_layers
+    )
     return 3.0 * forward
 
 
@@ -80,21 +83,21 @@ def _bandwidth(span: int, members_per_node: int, gpus_per_node: int, gpu: Gpu) -
     return min(gpu.nvlink_gbps, NIC_GBPS * max(1, min(members_per_node, gpus_per_node))) * 1e9
 
 
-def step_time(m: Model, lay: Layout, gpu: Gpu, gpus_per_node: int) -> tuple[float, dict[str, float]]:
+def step_time(m: ModelShape, lay: Layout, gpu: Gpu, gpus_per_node: int) -> tuple[float, dict[str, float]]:
     """Seconds per optimizer step, and its parts."""
     t, p, n, b, k = lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.grad_accum
-    vocab = padded_vocab(m.vocab, t, lay.vocab_multiple)
+    vocab = padded_vocab(m.vocab_size, t, lay.vocab_multiple)
     flops_per_s = gpu.tflops * 1e12 * EFFICIENCY
-    sbh2 = 2.0 * b * m.seq * m.hidden  # bytes of one micro-batch's bf16 hidden states
+    sbh2 = 2.0 * b * m.max_seq_len * m.hidden_size  # bytes of one micro-batch's bf16 hidden states
     tp_bw = _bandwidth(t, t, gpus_per_node, gpu)
     ring = (t - 1) / t
     if lay.tp_mode == "REDUCE_SCATTER":
-        tp_layer = (10 + (1 + m.intermediate / m.hidden) / t) * sbh2 * ring / tp_bw * (1 - TP_HIDDEN)
+        tp_layer = (10 + (1 + m.intermediate_size / m.hidden_size) / t) * sbh2 * ring / tp_bw * (1 - TP_HIDDEN)
     else:
         tp_layer = 4 * 2 * sbh2 * ring / tp_bw
-    tokens = b * m.seq
-    layer_flops = model_flops(replace(m, layers=1), tokens, 0) / t
-    head_flops = 3.0 * 2 * tokens * m.hidden * vocab / t
+    tokens = b * m.max_seq_len
+    layer_flops = model_flops(replace(m, num_layers=1), tokens, 0) / t
+    head_flops = 3.0 * 2 * tokens * m.hidden_size * vocab / t
     per_stage = []
     params = []
     for stage in stages(m, t, p, lay.vocab_multiple):
@@ -132,23 +135,26 @@ def step_time(m: Model, lay: Layout, gpu: Gpu, gpus_per_node: int) -> tuple[floa
     return sum(times.values()), times
 
 
-def evaluate(m: Model, lay: Layout, gpu: Gpu, gpus_per_node: int) -> Plan:
+def evaluate(m: ModelShape, lay: Layout, gpu: Gpu, gpus_per_node: int) -> Plan:
     """One layout's memory and step time."""
     mem = estimate(m, lay)
     step, times = step_time(m, lay, gpu, gpus_per_node)
-    tokens = lay.dp * lay.grad_accum * lay.micro_batch * m.seq
+    tokens = lay.dp * lay.grad_accum * lay.micro_batch * m.max_seq_len
     world = lay.dp * lay.tp * lay.pp
-    mfu = model_flops(m, tokens, padded_vocab(m.vocab, lay.tp, lay.vocab_multiple)) / (step * world * gpu.tflops * 1e12)
+    mfu = model_flops(m, tokens, padded_vocab(m.vocab_size, lay.tp, lay.vocab_multiple)) / (
+        step * world * gpu.tflops * 1e12
+    )
     return Plan(lay, mem, step, mfu, times, mem.total <= gpu.memory_bytes)
 
 
-def layouts(m: Model, world: int, global_batch: int, fixed: dict[str, object], base: Layout) -> Iterator[Layout]:
+def layouts(m: ModelShape, world: int, global_batch: int, fixed: dict[str, object], base: Layout) -> Iterator[Layout]:
     """Every layout nanotron accepts for the model on `world` GPUs with `global_batch` sequences a step, keeping
     the values in `fixed` (flags the user typed, by flag name); `base` carries the config's other settings."""
     for tp in divisors(world):
-        for pp in (d for d in divisors(world // tp) if d <= m.layers):
+        for pp in (d for d in divisors(world // tp) if d <= m.num_layers):
             dp = world // (tp * pp)
-            if global_batch % dp or refused(m, world, dp, tp, pp, pp):
+            # the shape and the degrees alone: the accumulation, chosen below, is given one 1F1B accepts
+            if global_batch % dp or refused(m, world, dp, tp, pp, grad_accum_steps=pp):
                 continue
             for b in divisors(global_batch // dp):
                 k = global_batch // dp // b
@@ -166,26 +172,13 @@ def layouts(m: Model, world: int, global_batch: int, fixed: dict[str, object], b
                                 yield lay
 
 
-def refused(m: Model, world: int, dp: int, tp: int, pp: int, grad_accum: int) -> bool:
+def refused(m: ModelShape, world: int, dp: int, tp: int, pp: int, *, grad_accum_steps: int) -> bool:
     """Whether nanotron refuses the layout (`launcher.config.layout`, as validation applies it)."""
-    found = check_layout(
-        world=world,
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        hidden=m.hidden,
-        intermediate=m.intermediate,
-        layers=m.layers,
-        heads=m.heads,
-        kv_heads=m.kv_heads,
-        vocab=m.vocab,
-        grad_accum=grad_accum,
-    )
-    return bool(found)
+    return bool(check_layout(m, world=world, dp=dp, tp=tp, pp=pp, grad_accum_steps=grad_accum_steps))
 
 
 def search(
-    m: Model, world: int, gpus_per_node: int, global_batch: int, gpu: Gpu, fixed: dict[str, object], base: Layout
+    m: ModelShape, world: int, gpus_per_node: int, global_batch: int, gpu: Gpu, fixed: dict[str, object], base: Layout
 ) -> list[Plan]:
     """Every accepted layout, evaluated: those that fit first, fastest first (then the least memory)."""
     plans = [evaluate(m, lay, gpu, gpus_per_node) for lay in layouts(m, world, global_batch, fixed, base)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.config.secrets_guard import redact
 
@@ -12,6 +12,9 @@ class Problem:
     flag: str  # the flag's name without dashes, e.g. "tp"
     message: str  # what is wrong, with the values involved
     fix: str  # what to do instead
+    # what the problem is about, where the flag does not say it alone: the --config YAML's key path
+    # ("tokens.sequence_length"), so that two checks of one value report it once (not part of equality)
+    key: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"--{self.flag}: {self.message}; {self.fix}"

@@ -14,16 +14,19 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from launcher.config import schema
+from launcher.config import dialect, schema
+from launcher.config import dialect_rules as rules
 from launcher.config.datasource import is_local_path
-from launcher.config.flags import GROUPS, LaunchArgs, TrainingArgs, flag_types
+from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
 from launcher.config.gpus import GpuChoice, from_flags
 from launcher.config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
 from launcher.config.problems import Problem
+from launcher.config.schema import get_path
+from launcher.config.shape import ModelShape, from_model_config
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -32,18 +35,6 @@ PATH_FIELDS = ("configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scr
 
 
 G = TypeVar("G", bound="DataclassInstance")
-
-
-class Shape(NamedTuple):
-    """The resolved model shape as plain integers."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    seq: int
 
 
 @dataclass(frozen=True)
@@ -58,26 +49,27 @@ class RunSpec:
     base_config_path: str
     gpu: GpuChoice  # what the memory check and the planner assume (the flags'; preflight may put the cluster's)
     adapted: dict[str, str] = field(default_factory=dict)  # defaults changed to suit the run: flag -> what it became
+    dialect: dialect.Choice = dialect.Choice("0.4", "")  # the nanotron config dialect written, and why
+
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
+        step = (self.args.parallelism.tp or 1) * int(schema.get_path(self.base_config, schema.VOCAB_MULTIPLE) or 1)
+        return -(-(self.args.model.vocab_size or 0) // step) * step
 
     @property
     def world_size(self) -> int:
         return self.args.slurm.nodes * self.args.slurm.gpus_per_node
 
     @property
-    def shape(self) -> Shape:
-        """The model shape; every field is resolved (a preset defines them all)."""
+    def shape(self) -> ModelShape:
+        """The model shape: the resolved flags (a preset defines them all), the base or --config YAML's other
+        model settings."""
         m = self.args.model
-        values = (
-            m.hidden_size,
-            m.intermediate_size,
-            m.num_layers,
-            m.num_heads,
-            m.num_kv_heads,
-            m.vocab_size,
-            m.max_seq_len,
-        )
-        assert all(v is not None for v in values), f"unresolved model shape {m}"
-        return Shape(*values)  # type: ignore[arg-type]
+        sizes = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "model_size"}
+        assert all(v is not None for v in sizes.values()), f"unresolved model shape {m}"
+        model_config = get_path(self.base_config, ("model", "model_config")) or {}
+        return from_model_config(model_config, **sizes, tie_word_embeddings=self.tie_word_embeddings)
 
     def flag_values(self) -> dict[str, Any]:
         """Every flag's resolved value by flag name, and the values derived beside the flags that the nanotron
@@ -162,12 +154,14 @@ def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, l
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems
+    user = dialect.to_canonical(user)
+    problems = rules.model_problems(user, target)
     replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
     for keys, what in schema.shape_problems(user, base):
         if keys not in replaced:
             flag = next((f for f, p in schema.FLAG_PATHS.items() if p == keys), None)
             fix = f"fix it in {target}" + (f" or give --{flag}" if flag else "")
-            problems.append(Problem("config", f"{'.'.join(keys)} {what}", fix))
+            problems.append(Problem("config", f"{'.'.join(keys)} {what}", fix, key=".".join(keys)))
     return _merge(base, user), user, str(target.resolve()), problems
 
 
@@ -192,7 +186,7 @@ def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
         mixture = " (the launcher trains one dataset, not a mixture)" if flag == "dataset" else ""
         where = ".".join(schema.FLAG_PATHS[flag])
         name = getattr(kind, "__name__", str(kind))
-        problems.append(Problem("config", f"{where} is {value!r}, not a {name}", f"give --{flag}{mixture}"))
+        problems.append(Problem("config", f"{where} is {value!r}, not a {name}", f"give --{flag}{mixture}", key=where))
     return kept, problems
 
 
@@ -210,57 +204,105 @@ def _absolute(path: str, cwd: Path) -> str:
 def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tuple[RunSpec, list[Problem]]:
     """Resolve flags into a RunSpec, collecting the problems resolution itself finds."""
     cwd = cwd or Path.cwd()
-    problems: list[Problem] = []
-    base, user_config, base_path, base_problems = _load_base(args.execution.config, explicit)
-    problems += base_problems
-    from_config = schema.flags_from_config(user_config)
-    from_config, type_problems = _typed(from_config, explicit)
-    said = {p.message.split(" ")[0] for p in problems}  # the key paths the shape check already reported
-    problems += [p for p in type_problems if p.message.split(" ")[0] not in said]
-    from_config.pop("dp", None)  # dp is derived from this job's size, whatever job the YAML was made for
-
-    size = args.model.model_size
-    if size not in preset_names():
-        problems.append(Problem("model_size", f"unknown preset {size!r}", f"use one of {', '.join(preset_names())}"))
-        size = "tiny"
-    preset = load_preset(size)
-    preset_values = {**preset["model"], **preset["parallelism"]}
+    base, base_path, from_config, problems = _config_values(args.execution.config, explicit)
+    preset, preset_problems = _preset(args.model.model_size)
     if "model_size" in explicit:  # a preset you typed is a choice: its shape wins over the --config YAML's
         from_config = {k: v for k, v in from_config.items() if k not in preset["model"]}
-
+    chosen = explicit | set(from_config)
     groups = {}
     for name in GROUPS:
-        group = getattr(args, name)
-        group = _override(group, preset_values, explicit | set(from_config))
-        group = _override(group, from_config, explicit)
-        groups[name] = group
-    model, par, data, paths = groups["model"], groups["parallelism"], groups["data"], groups["paths"]
+        group = _override(getattr(args, name), {**preset["model"], **preset["parallelism"]}, chosen)
+        groups[name] = _override(group, from_config, explicit)
+    par = groups["parallelism"]
     par = dataclasses.replace(par, tp_mode=par.tp_mode.upper(), pp_engine=par.pp_engine.lower())
-    training, adapted = _adapt_warmup(groups["training"], explicit | set(from_config))
+    training, adapted = _adapt_warmup(groups["training"], chosen)
+    data = _local_data(groups["data"], cwd)
+    tokenizer_vocab = tokenizer_vocab_size(data.tokenizer) if is_local_path(data.tokenizer) else None
+    model = groups["model"]
+    if tokenizer_vocab and "vocab_size" not in chosen:
+        step = math.lcm(64, par.tp or 1)
+        model = dataclasses.replace(model, vocab_size=-(-tokenizer_vocab // step) * step)
+    if par.dp is None and par.tp and par.pp and par.cp > 0:  # dp fills the job
+        world = args.slurm.nodes * args.slurm.gpus_per_node
+        par = dataclasses.replace(par, dp=max(world // (par.tp * par.pp * par.cp), 1))
+    choice, dialect_problems = _dialect(groups["slurm"].nanotron_dialect, groups["slurm"].python)
+    size = args.model.model_size if args.model.model_size in preset_names() else "tiny"
+    model, adapted_theta = rules.rope_theta(model, choice.dialect, size, chosen)
+    adapted.update(adapted_theta)
+    extra_env, env_problems = _extra_env(groups["slurm"].extra_env)
+    groups.update(
+        slurm=dataclasses.replace(groups["slurm"], nanotron_dialect=choice.dialect),
+        model=model,
+        training=training,
+        parallelism=par,
+        data=data,
+        paths=_absolute_paths(groups["paths"], explicit, cwd),
+        logging=_absolute_profile(groups["logging"], cwd),
+    )
+    resolved = dataclasses.replace(args, **groups)  # (the job's flags are not in a YAML: --config sets none)
+    tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
+    gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
+    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice)
+    return spec, problems + preset_problems + dialect_problems + env_problems + gpu_problems
 
-    # A local --dataset or --tokenizer (~/data included) is written to the config as an absolute path, as the
-    # other path flags are, and read from there: the job runs elsewhere, without the launcher's cwd or shell.
+
+def _dialect(asked: str, python: str | None) -> tuple[dialect.Choice, list[Problem]]:
+    """The nanotron config dialect to write (`--nanotron_dialect`, auto: the job's Python's nanotron)."""
+    problems = []
+    if asked not in ("auto", *dialect.DIALECTS):
+        problems.append(
+            Problem("nanotron_dialect", f"{asked!r} is not a dialect", "use --nanotron_dialect auto, 0.4 or main")
+        )
+    return dialect.choose(asked, python), problems
+
+
+def _config_values(path: str | None, explicit: set[str]) -> tuple[dict, str, dict, list[Problem]]:
+    """The YAML the run starts from, its path, the flag values --config sets (of the right type), and the
+    problems with it: each key path once, though both the shape check and the type check may find it."""
+    base, user_config, base_path, problems = _load_base(path, explicit)
+    from_config, type_problems = _typed(schema.flags_from_config(user_config), explicit)
+    said = {p.key for p in problems}
+    problems += [p for p in type_problems if p.key not in said]
+    from_config.pop("dp", None)  # dp is derived from this job's size, whatever job the YAML was made for
+    return base, base_path, from_config, problems
+
+
+def _preset(size: str) -> tuple[dict, list[Problem]]:
+    """The --model_size preset (tiny's, with a problem, for an unknown name)."""
+    if size in preset_names():
+        return load_preset(size), []
+    fix = f"use one of {', '.join(preset_names())}"
+    return load_preset("tiny"), [Problem("model_size", f"unknown preset {size!r}", fix)]
+
+
+def _local_data(data: DataArgs, cwd: Path) -> DataArgs:
+    """A local --dataset or --tokenizer (~/data included) is written to the config as an absolute path, as the
+    other path flags are, and read from there: the job runs elsewhere, without the launcher's cwd or shell."""
     if data.dataset and data.dataset.lower() == "none":
         data = dataclasses.replace(data, dataset=None)
     if data.dataset and is_local_path(data.dataset):
         data = dataclasses.replace(data, dataset=_absolute(data.dataset, cwd))
     if is_local_path(data.tokenizer):
         data = dataclasses.replace(data, tokenizer=_absolute(data.tokenizer, cwd))
-    tokenizer_vocab = tokenizer_vocab_size(data.tokenizer) if is_local_path(data.tokenizer) else None
-    if tokenizer_vocab and "vocab_size" not in explicit and "vocab_size" not in from_config:
-        step = math.lcm(64, par.tp or 1)
-        model = dataclasses.replace(model, vocab_size=-(-tokenizer_vocab // step) * step)
-    if par.dp is None and par.tp and par.pp:
-        world = args.slurm.nodes * args.slurm.gpus_per_node
-        par = dataclasses.replace(par, dp=max(world // (par.tp * par.pp), 1))
+    return data
+
+
+def _absolute_paths(paths: PathArgs, explicit: set[str], cwd: Path) -> PathArgs:
     if "run_train_script" not in explicit:
         paths = dataclasses.replace(paths, run_train_script=str(PROJECT_ROOT / "run_train.py"))
-    paths = dataclasses.replace(paths, **{f: _absolute(getattr(paths, f), cwd) for f in PATH_FIELDS})
-    logging = groups["logging"]
-    if logging.profiler_export_path:
-        logging = dataclasses.replace(logging, profiler_export_path=_absolute(logging.profiler_export_path, cwd))
+    absolute: dict[str, Any] = {f: _absolute(getattr(paths, f), cwd) for f in PATH_FIELDS}
+    return dataclasses.replace(paths, **absolute)
 
-    extra_env, bad_env = parse_extra_env(groups["slurm"].extra_env)
+
+def _absolute_profile(logging: LoggingArgs, cwd: Path) -> LoggingArgs:
+    if not logging.profiler_export_path:
+        return logging
+    return dataclasses.replace(logging, profiler_export_path=_absolute(logging.profiler_export_path, cwd))
+
+
+def _extra_env(text: str | None) -> tuple[dict[str, str], list[Problem]]:
+    extra_env, bad_env = parse_extra_env(text)
+    problems = []
     for item in bad_env:
         if item == UNCLOSED_QUOTE:
             problems.append(Problem("extra_env", "it has an unclosed quote", "close it, e.g. NAME='a value'"))
@@ -268,22 +310,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
             problems.append(
                 Problem("extra_env", f"{item!r} is not KEY=VALUE", "write NAME=value, e.g. NCCL_DEBUG=WARN")
             )
-
-    resolved = dataclasses.replace(
-        args,
-        slurm=groups["slurm"],
-        model=model,
-        training=training,
-        parallelism=par,
-        data=data,
-        paths=paths,
-        logging=logging,
-        execution=groups["execution"],
-    )
-    tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
-    gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
-    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted)
-    return spec, problems + gpu_problems
+    return extra_env, problems
 
 
 def _adapt_warmup(training: TrainingArgs, chosen: set[str]) -> tuple[TrainingArgs, dict[str, str]]:

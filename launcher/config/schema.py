@@ -1,15 +1,16 @@
-"""nanotron 0.4's config schema, as the launcher sees it: one table from flags to YAML paths, read both ways.
+"""nanotron's config as the launcher sees it: one table from flags to YAML paths, read both ways, for both dialects.
 
-- `FLAG_PATHS`: launcher flag -> its key path in the YAML. Every flag is either here or in `NOT_IN_CONFIG`
-  (a test holds the two to the flag set), so a flag cannot quietly stop reaching the config.
+- `FLAG_PATHS`: launcher flag -> its key path in the YAML, in nanotron 0.4's paths (`launcher.config.dialect`
+  moves them to main's: `data` -> `data_stages[0].data`, Adam's settings -> `optimizer.optimizer_factory`). Every
+  flag is either here or in `NOT_IN_CONFIG` (a test holds the two to the flag set), so a flag cannot quietly stop
+  reaching the config.
 - `build_config(values, base, checkpoints_dir)`: the config written to config.yaml, from the flags' resolved
-  values laid onto a base YAML (configs/nanotron-0.4-base.yaml or the user's --config).
-- `flags_from_config(config)`: a nanotron YAML's values under the launcher's flag names (for --config).
-- `shape_problems(config, reference)`: where a YAML cannot be what nanotron 0.4 loads.
+  values laid onto a base YAML (configs/nanotron-0.4-base.yaml or the user's --config), in the run's dialect.
+- `flags_from_config(config)`: a nanotron YAML's values (either dialect) under the launcher's flag names.
+- `shape_problems(config, reference)`: where a YAML cannot be what nanotron loads.
 
 The training job reads a config through `launcher.train.config`, which uses `get_path` and `train_split` from
-here. nanotron's main branch has another schema (data_stages, context and expert parallelism): it would be a
-second module with these functions.
+here, on `dialect.to_canonical` of the file.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
+
+from launcher.config import dialect
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
 
@@ -39,6 +42,8 @@ FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "num_kv_heads": ("model", "model_config", "num_key_value_heads"),
     "vocab_size": ("model", "model_config", "vocab_size"),
     "max_seq_len": ("tokens", "sequence_length"),
+    "rope_theta": ("model", "model_config", "rope_theta"),  # main's (0.4: 10000, no field)
+    "cp": ("parallelism", "context_parallel_size"),  # main's (0.4: none)
     "tie_word_embeddings": ("model", "model_config", "tie_word_embeddings"),
     "tokenizer": ("tokenizer", "tokenizer_name_or_path"),
     "save_interval": ("checkpoints", "checkpoint_interval"),
@@ -56,6 +61,7 @@ FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "dataset": ("data", "dataset", "hf_dataset_or_datasets"),
     "text_column": ("data", "dataset", "text_column_name"),
 }
+VOCAB_MULTIPLE = ("model", "make_vocab_size_divisible_by")
 # Flags written into the config in a way of their own (build_config), not by the table.
 WRITTEN_OTHERWISE = {
     "run_name": "general.run",
@@ -68,7 +74,16 @@ WRITTEN_OTHERWISE = {
 NOT_IN_CONFIG = frozenset(
     {"nodes", "gpus_per_node", "cpus_per_node", "partition", "qos", "account", "constraint", "reservation"}
     | {"nodelist", "exclude", "exclusive", "mem", "time_limit", "dependency", "email", "tmp_dir"}
-    | {"pre_launch_commands", "extra_env", "python", "max_requeues", "signal_grace", "gpu_type", "gpu_memory_gb"}
+    | {
+        "pre_launch_commands",
+        "extra_env",
+        "python",
+        "nanotron_dialect",
+        "max_requeues",
+        "signal_grace",
+        "gpu_type",
+        "gpu_memory_gb",
+    }
     | {"model_size", "layout"}
     | {"configs_path", "slurm_logs_path", "slurm_scripts_dir", "run_train_script", "resume", "wandb_disabled"}
     | {"dry_run", "show_logs", "config", "sweep", "plan", "skip_memory_check"}
@@ -94,7 +109,8 @@ def set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
 
 def flags_from_config(config: dict) -> dict[str, Any]:
     """The launcher flags a nanotron YAML sets (values that are present and not null; `dataset: null`, nanotron's
-    random tokens, reads as --dataset none)."""
+    random tokens, reads as --dataset none). Either dialect."""
+    config = dialect.to_canonical(config)
     values = {flag: get_path(config, path) for flag, path in FLAG_PATHS.items()}
     optimizer = config.get("optimizer")
     if isinstance(optimizer, dict) and "clip_grad" in optimizer and optimizer["clip_grad"] is None:
@@ -110,6 +126,7 @@ LOOSE = {("data", "dataset", "hf_dataset_splits"), ("data", "dataset", "hf_datas
 SECTIONS = frozenset(
     ("general", "parallelism", "model", "tokenizer", "checkpoints", "logging", "tokens", "optimizer", "data")
     + ("profiler", "lighteval")
+    + ("data_stages", "metrics_logging", "s3_upload")  # nanotron main's
 )
 
 
@@ -139,7 +156,7 @@ def shape_problems(config: dict, reference: dict, path: tuple[str, ...] = ()) ->
     (text where a number belongs, ...). Returns (key path, what is wrong) pairs."""
     out: list[tuple[tuple[str, ...], str]] = []
     if not path:
-        unknown = "is not a section of nanotron 0.4's config (the one PyPI release, which this launcher writes)"
+        unknown = "is a section of neither nanotron 0.4's config nor nanotron main's"
         out += [((key,), unknown) for key in config if key not in SECTIONS]
     for key, value in config.items():
         ref = reference.get(key)
@@ -172,9 +189,20 @@ DATASET_FLAGS = ("dataset", "text_column")
 
 
 def build_config(values: dict[str, Any], base: dict, checkpoints_dir: str) -> dict:
-    """The nanotron config of a run: `base` (the project's base YAML, or --config laid onto it) with every flag of
-    FLAG_PATHS set from `values` (each flag's resolved value by name: `RunSpec.flag_values()`), and the values
-    that follow from them."""
+    """The nanotron config of a run: `base` (the project's base YAML, or --config laid onto it, in 0.4's paths)
+    with every flag of FLAG_PATHS set from `values` (each flag's resolved value by name: `RunSpec.flag_values()`),
+    and the values that follow from them, in the dialect `values["nanotron_dialect"]` names (0.4 or main)."""
+    config = _build(values, base, checkpoints_dir)
+    if values.get("nanotron_dialect") == "main-canonical":  # main's keys kept in 0.4's paths: for the checks
+        return config
+    if values.get("nanotron_dialect") == "main":
+        # RoPE stated, not left to a default: rotate-half (GPT-NeoX / transformers' Llama), the torch engine's model
+        config["model"]["model_config"].setdefault("rope_interleaved", False)
+        return dialect.to_main(config)
+    return dialect.to_04(config)[0]
+
+
+def _build(values: dict[str, Any], base: dict, checkpoints_dir: str) -> dict:
     config = copy.deepcopy(base)
     no_dataset = values["dataset"] is None
     for flag, path in FLAG_PATHS.items():

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import datacheck, dependency, fit
+from launcher.config import datacheck, dependency_syntax, dialect_rules, fit
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -76,37 +76,48 @@ def _check_training(spec: RunSpec) -> list[Problem]:
         out.append(Problem("grad_clip", f"must be >= 0, got {t.grad_clip}", "use 0 to disable clipping"))
     if t.lr_decay_style not in ("cosine", "linear"):
         out.append(Problem("lr_decay_style", f"unknown style {t.lr_decay_style!r}", "use cosine or linear"))
-    if spec.shape.seq <= 0:
-        out.append(Problem("max_seq_len", f"must be positive, got {spec.shape.seq}", "e.g. 2048"))
+    if spec.shape.max_seq_len <= 0:
+        out.append(Problem("max_seq_len", f"must be positive, got {spec.shape.max_seq_len}", "e.g. 2048"))
     return out
 
 
 def _check_slurm(spec: RunSpec) -> list[Problem]:
+    s = spec.args.slurm
+    out = _check_allocation(spec) + _check_time(spec) + dependency_syntax.syntax_problems(s.dependency)
+    out += _check_names(spec) + _check_requeue(spec) + _check_extra_env(spec) + _check_pre_launch(spec)
+    if not os.path.isabs(s.tmp_dir):
+        out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
+    if s.python and os.sep in s.python and not os.access(s.python, os.X_OK):
+        out.append(Problem("python", f"{s.python} is not an executable", "give the path of a python"))
+    return out
+
+
+def _check_allocation(spec: RunSpec) -> list[Problem]:
     s, out = spec.args.slurm, []
     for flag in ("nodes", "gpus_per_node"):
         if getattr(s, flag) <= 0:
             out.append(Problem(flag, f"must be positive, got {getattr(s, flag)}", f"give --{flag} >= 1"))
     if s.cpus_per_node is not None and s.cpus_per_node <= 0:
         out.append(Problem("cpus_per_node", f"must be positive, got {s.cpus_per_node}", "leave it out for the default"))
+    return out
+
+
+def _check_time(spec: RunSpec) -> list[Problem]:
+    s = spec.args.slurm
     if s.time_limit.upper() in NO_TIME_LIMIT:
-        pass  # no limit: the warning signal still comes before a preemption
-    elif not TIME_LIMIT.fullmatch(s.time_limit):
-        out.append(
-            Problem(
-                "time_limit",
-                f"{s.time_limit!r} is not a Slurm time",
-                "use HH:MM:SS, e.g. 24:00:00 (or D-HH:MM:SS, minutes, UNLIMITED)",
-            )
-        )
-    elif s.max_requeues and time_limit_seconds(s.time_limit) <= s.signal_grace:
-        out.append(
-            Problem(
-                "signal_grace",
-                f"{s.signal_grace} s is not shorter than --time_limit {s.time_limit}",
-                "use a longer --time_limit or a shorter --signal_grace",
-            )
-        )
-    out += dependency.syntax_problems(s.dependency)
+        return []  # no limit: the warning signal still comes before a preemption
+    if not TIME_LIMIT.fullmatch(s.time_limit):
+        fix = "use HH:MM:SS, e.g. 24:00:00 (or D-HH:MM:SS, minutes, UNLIMITED)"
+        return [Problem("time_limit", f"{s.time_limit!r} is not a Slurm time", fix)]
+    if s.max_requeues and time_limit_seconds(s.time_limit) <= s.signal_grace:
+        message = f"{s.signal_grace} s is not shorter than --time_limit {s.time_limit}"
+        return [Problem("signal_grace", message, "use a longer --time_limit or a shorter --signal_grace")]
+    return []
+
+
+def _check_names(spec: RunSpec) -> list[Problem]:
+    """The e-mail, placement and account values that reach #SBATCH lines."""
+    s, out = spec.args.slurm, []
     if s.email is not None and not EMAIL.fullmatch(s.email):
         out.append(Problem("email", f"{s.email!r} is not an e-mail address", "use name@example.org"))
     for name, (pattern, what, example) in PLACEMENT.items():
@@ -116,14 +127,25 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
     for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
             out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))
-    if s.max_requeues < 0 or s.signal_grace < 10:
-        out.append(
-            Problem(
-                "max_requeues" if s.max_requeues < 0 else "signal_grace",
-                f"got --max_requeues {s.max_requeues}, --signal_grace {s.signal_grace}",
-                "use --max_requeues >= 0 and --signal_grace >= 10",
-            )
+    return out
+
+
+def _check_requeue(spec: RunSpec) -> list[Problem]:
+    s = spec.args.slurm
+    if s.max_requeues >= 0 and s.signal_grace >= 10:
+        return []
+    return [
+        Problem(
+            "max_requeues" if s.max_requeues < 0 else "signal_grace",
+            f"got --max_requeues {s.max_requeues}, --signal_grace {s.signal_grace}",
+            "use --max_requeues >= 0 and --signal_grace >= 10",
         )
+    ]
+
+
+def _check_extra_env(spec: RunSpec) -> list[Problem]:
+    """--extra_env's names, values that would not expand, and secrets (which would be written to the bundle)."""
+    out = []
     odd = [k for k in spec.extra_env if not ENV_NAME.fullmatch(k)]
     if odd:
         out.append(
@@ -149,7 +171,13 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 "export it in your shell instead: the job inherits your environment without a file",
             )
         )
-    assigned = secret_assignments(s.pre_launch_commands or "")
+    return out
+
+
+def _check_pre_launch(spec: RunSpec) -> list[Problem]:
+    """--pre_launch_commands: no literal secret, and shell that parses."""
+    commands, out = spec.args.slurm.pre_launch_commands, []
+    assigned = secret_assignments(commands or "")
     if assigned:
         out.append(
             Problem(
@@ -158,12 +186,8 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 "export the secret in your shell before launching instead (a $reference is fine)",
             )
         )
-    if s.pre_launch_commands:
-        out += _check_shell(s.pre_launch_commands)
-    if not os.path.isabs(s.tmp_dir):
-        out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
-    if s.python and os.sep in s.python and not os.access(s.python, os.X_OK):
-        out.append(Problem("python", f"{s.python} is not an executable", "give the path of a python"))
+    if commands:
+        out += _check_shell(commands)
     return out
 
 
@@ -200,7 +224,7 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
         elif not is_local_path(value) and not HUB_NAME.fullmatch(value):
             out.append(Problem(flag, f"{value!r} is neither an existing path nor a hub name", "check the spelling"))
     vocab = spec.tokenizer_vocab
-    if vocab and vocab > spec.shape.vocab:
+    if vocab and vocab > spec.shape.vocab_size:
         out.append(
             Problem(
                 "vocab_size",
@@ -228,14 +252,20 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
         if steps <= 0:
             out.append(Problem(flag, f"must be positive, got {steps}", "give a number of steps >= 1"))
     profiling = a.logging.profiler_export_path or spec.base_config.get("profiler")  # the flag, or --config's
-    if profiling and a.training.train_steps >= 10:
-        out.append(
-            Problem(
-                "profiler_export_path" if a.logging.profiler_export_path else "config",
-                "nanotron only profiles runs of fewer than 10 steps (it asserts so at start-up)",
-                "use --train_steps 9 or less with the profiler",
-            )
-        )
+    flag = "profiler_export_path" if a.logging.profiler_export_path else "config"
+    if profiling and spec.dialect.dialect == "0.4" and a.training.train_steps >= 10:
+        why = "nanotron 0.4 only profiles runs of fewer than 10 steps (it asserts so at start-up)"
+        out.append(Problem(flag, why, "use --train_steps 9 or less with the profiler"))
+    if profiling and spec.dialect.dialect == "main":
+        section = spec.base_config.get("profiler") or {}
+        p = {
+            k: section.get(k, d)
+            for k, d in (("skip_first", 3), ("repeat", 1), ("wait", 1), ("warmup", 1), ("active", 1))
+        }
+        needed = p["skip_first"] + p["repeat"] * (p["wait"] + p["warmup"] + p["active"])
+        if a.training.train_steps < needed:
+            why = f"nanotron main profiles {needed} steps (skip_first + repeat x (wait + warmup + active))"
+            out.append(Problem(flag, why, f"use --train_steps {needed} or more with the profiler"))
     return out
 
 
@@ -271,27 +301,23 @@ def _check_secrets(spec: RunSpec) -> list[Problem]:
 
 def validate(spec: RunSpec) -> list[Problem]:
     """Every problem with a resolved spec, in flag order."""
-    s, p, t = spec.shape, spec.args.parallelism, spec.args.training
+    p = spec.args.parallelism
     layout = (
         check_layout(
+            spec.shape,
             world=spec.world_size,
             dp=p.dp if p.dp is not None else 1,  # None: not derivable, as tp or pp is not positive (said there)
             tp=p.tp or 0,
             pp=p.pp or 0,
-            hidden=s.hidden,
-            intermediate=s.intermediate,
-            layers=s.layers,
-            heads=s.heads,
-            kv_heads=s.kv_heads,
-            vocab=s.vocab,
-            grad_accum=t.grad_accum_steps,
+            grad_accum_steps=spec.args.training.grad_accum_steps,
+            cp=p.cp if p.cp > 0 else 1,
             nodes_hint=spec.args.slurm.nodes,
             gpus_per_node=spec.args.slurm.gpus_per_node,
         )
         if spec.world_size > 0
         else []
     )
-    layout += _check_modes(spec)
+    layout += _check_modes(spec) + dialect_rules.written_problems(spec.flag_values(), spec.base_config)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
     if fit.checkable(spec, checks):
         checks += fit.memory_problems(spec)

@@ -19,14 +19,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-# name in dmon's header -> (what it is, unit) for the columns the pictures use
-SHOWN = {
-    "sm": ("GPU utilisation (SM busy)", "%"),
-    "fb": ("memory used", "MiB"),
-    "pwr": ("power", "W"),
-    "gtemp": ("temperature", "°C"),
-}
-
 
 @dataclass(frozen=True)
 class Sample:

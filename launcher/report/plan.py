@@ -47,7 +47,7 @@ def render(spec: RunSpec, plans: list[planner.Plan], fixed: dict[str, object]) -
     lines = [
         f"Layouts for {a.model.model_size} ({human_count(parameters(spec))} parameters, seq {a.model.max_seq_len}) "
         f"on {a.slurm.nodes} node{'s' if a.slurm.nodes != 1 else ''} x {a.slurm.gpus_per_node} GPUs, {batch} sequences "
-        f"({human_count(batch * spec.shape.seq)} tokens) a step",
+        f"({human_count(batch * spec.shape.max_seq_len)} tokens) a step",
         f"GPU: {gpu.gpu.name}, {fit.gib(gpu.gpu.memory_bytes)} ({gpu.origin})"
         + (f"; {gpu.gpu.note}" if gpu.gpu.note else ""),
     ]

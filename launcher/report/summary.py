@@ -68,6 +68,17 @@ def _cpu_note(spec: RunSpec) -> str:
     return f"{cpus} per node: {per_process} per process (OMP_NUM_THREADS={per_process}); {origin}"
 
 
+def _vocab(spec: RunSpec) -> str:
+    vocab, padded = spec.args.model.vocab_size, spec.padded_vocab
+    return (
+        f"{vocab}" if padded == vocab else f"{vocab}, padded by nanotron to {padded} for tp {spec.args.parallelism.tp}"
+    )
+
+
+def _theta(spec: RunSpec) -> str:
+    return f"; rope_theta: {spec.adapted['rope_theta']}" if "rope_theta" in spec.adapted else ""
+
+
 def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
     """The text printed after the bundle is written."""
     a = spec.args
@@ -80,8 +91,9 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             "model",
             f"{origin}: {human_count(figures['parameters'])} parameters "
             f"(hidden {a.model.hidden_size}, {a.model.num_layers} layers, {a.model.num_heads} heads / "
-            f"{a.model.num_kv_heads} kv, vocab {a.model.vocab_size}, seq {a.model.max_seq_len})",
+            f"{a.model.num_kv_heads} kv, vocab {_vocab(spec)}, seq {a.model.max_seq_len})",
         ),
+        ("nanotron", f"config in nanotron {spec.dialect.dialect}'s dialect: {spec.dialect.why}" + _theta(spec)),
         (
             "layout",
             f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "

@@ -2,8 +2,8 @@
 
 - where the run writes: every output directory can be created and written, and the checkpoints' filesystem has
   room for one checkpoint (`launcher.bundle.storage`);
-- the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.dependencies`);
-- a live job of the same run, which would write the same checkpoints (`launcher.slurm.writers`);
+- the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.awaited_jobs`);
+- a live job of the same run, which would write the same checkpoints (`launcher.slurm.one_writer`);
 - `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
 
@@ -15,13 +15,14 @@ phase (`launcher.config.validate`) and reports the problems of both at once.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from launcher.bundle import storage
-from launcher.config import dependency, figures, gpus
+from launcher.config import dependency_syntax, dialect, figures, gpus
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
-from launcher.slurm import client, dependencies, writers
+from launcher.slurm import awaited_jobs, client, one_writer
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
 
@@ -80,7 +81,7 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     if a.logging.profiler_export_path:
         out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     said = {p.flag for p in earlier + out}
-    if all(v > 0 for v in spec.shape) and not said & {"checkpoints_path", "save_interval"}:
+    if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"}:
         out += storage.space_problems(figures.parameters(spec), a.paths.checkpoints_path)
     return out
 
@@ -89,10 +90,10 @@ def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     """The jobs --dependency names, judged by their states now. Asked whatever else is wrong, so that every mistake
     is reported at once; only a dependency that does not parse (already a problem) is not looked up."""
     text = spec.args.slurm.dependency
-    if not text or dependency.syntax_problems(text):
+    if not text or dependency_syntax.syntax_problems(text):
         return []
     try:
-        return dependencies.state_problems(text, client.job_states)
+        return awaited_jobs.state_problems(text, client.job_states)
     except SlurmUnavailable as e:
         if not earlier:
             raise
@@ -115,15 +116,35 @@ def account_problems(spec: RunSpec) -> list[Problem]:
                     f"use one of yours ({yours}), or leave --account out for your default account")]  # fmt: skip
 
 
+def resume_problems(spec: RunSpec) -> list[Problem]:
+    """A run resumed in another nanotron dialect than its checkpoints were written in: nanotron main's checkpoints
+    (format 1.5, with data-stage metadata) are not 0.4's (1.2), and the model's RoPE (theta, layout) may differ."""
+    a = spec.args
+    if not a.paths.resume:
+        return []
+    saved, how = dialect.of_checkpoints(Path(a.paths.checkpoints_path) / a.run_name)
+    if saved is None or saved == spec.dialect.dialect:
+        return []
+    return [
+        Problem(
+            "nanotron_dialect",
+            f"run {a.run_name}'s checkpoints were written from a nanotron {saved} config ({how}), but this launch "
+            f"writes {spec.dialect.dialect}'s ({spec.dialect.why}); a checkpoint does not cross dialects",
+            f"resume where the job's nanotron is {saved} (--nanotron_dialect {saved}), or start afresh: "
+            "--resume false or a new --run_name",
+        )
+    ]
+
+
 def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Problem]:
     """Every problem of the preflight phase; `earlier`: the pure phase's, which some of these defer to."""
-    found = storage_problems(spec, earlier)
+    found = storage_problems(spec, earlier) + resume_problems(spec)
     if ask_slurm:
         found += dependency_problems(spec, earlier + found)
         found += account_problems(spec)
         if not any(p.flag == "run_name" for p in earlier):
             try:
-                found += writers.problems(spec)
+                found += one_writer.problems(spec)
             except SlurmUnavailable:
                 pass  # said by the dependency look-up or by Slurm's verdict on the script, whichever asks next
     return found

@@ -1,42 +1,24 @@
 """What the training job needs to know about a run, and how it reads that from the run's nanotron YAML.
 
-`load_train_config(path)` reads a nanotron 0.4 config into a `TrainConfig`; the engines
-(`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this. A second schema (newer
-nanotron) adds a second reader, not a second engine. `check_train_config` holds the config to the launcher's own
-layout rules (`launcher.config.layout`) against the processes torchrun actually started.
+`load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.config.dialect`), into a
+`TrainConfig`; the engines (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this.
+`check_train_config` holds the config to the launcher's own layout rules (`launcher.config.layout`) against the
+processes torchrun actually started.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from launcher.config.dialect import is_main, to_canonical
 from launcher.config.layout import check_layout
 from launcher.config.problems import Problem
-from launcher.config.schema import get_path, train_split
-
-ROPE_THETA = 10000.0  # nanotron 0.4's Llama has no rope_theta field and uses this value
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A Llama model's shape, as nanotron's LlamaConfig states it."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    max_position_embeddings: int
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-    hidden_act: str
-    rope_theta: float  # nanotron 0.4's LlamaConfig has no field for it: its models use 10000
-    bos_token_id: int
-    eos_token_id: int
+from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
+from launcher.config.shape import ModelShape, from_model_config
 
 
 @dataclass(frozen=True)
@@ -88,6 +70,7 @@ class TrainConfig:
     resume_checkpoint_path: str | None
     log_interval: int  # nanotron: logging.iteration_step_info_interval
     init_path: str | None = None  # nanotron: model.init_method.path, weights of a nanotron checkpoint
+    dialect: str = "0.4"  # the nanotron config dialect the file is written in: "0.4" or "main"
 
     @property
     def global_batch_size(self) -> int:
@@ -100,8 +83,17 @@ def _require(tree: dict, path: tuple[str, ...], default: Any = None) -> Any:
     return default if value is None else value
 
 
+def padded_vocab(vocab: int, tp: int, multiple: int) -> int:
+    """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
+    step = max(tp, 1) * max(multiple, 1)
+    return -(-vocab // step) * step
+
+
 def to_train_config(config: dict) -> TrainConfig:
-    """A nanotron 0.4 config dict as the engine's TrainConfig (missing optional values get nanotron's defaults)."""
+    """A nanotron config dict, 0.4's dialect or main's, as the engine's TrainConfig (missing optional values get
+    nanotron's defaults)."""
+    written = "main" if is_main(config) else "0.4"
+    config = to_canonical(config)
     mc = config["model"]["model_config"]
     lrs = config["optimizer"]["learning_rate_scheduler"]
     tokens = config["tokens"]
@@ -111,25 +103,13 @@ def to_train_config(config: dict) -> TrainConfig:
     if decay_steps is None:  # nanotron's Config.__post_init__ fills it before its scheduler sees it: T - W
         decay_steps = tokens["train_steps"] - warmup
     dataset = get_path(config, ("data", "dataset"))
-    heads = mc["num_attention_heads"]
     return TrainConfig(
         project=config["general"]["project"],
         run_name=config["general"].get("run") or "run",
         seed=_require(config, ("general", "seed"), 42),
-        model=ModelShape(
-            hidden_size=mc["hidden_size"],
-            intermediate_size=mc["intermediate_size"],
-            num_hidden_layers=mc["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=mc.get("num_key_value_heads") or heads,
-            vocab_size=mc["vocab_size"],
-            max_position_embeddings=mc.get("max_position_embeddings", 2048),
-            rms_norm_eps=mc.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=mc.get("tie_word_embeddings", False),
-            hidden_act=mc.get("hidden_act", "silu"),
-            rope_theta=ROPE_THETA,
-            bos_token_id=mc.get("bos_token_id", 1),
-            eos_token_id=mc.get("eos_token_id", 2),
+        model=dataclasses.replace(
+            from_model_config(mc),
+            vocab_size=padded_vocab(mc["vocab_size"], config["parallelism"]["tp"], _require(config, VOCAB_MULTIPLE, 1)),
         ),
         init_std=_require(config, ("model", "init_method", "std"), 0.02),
         dtype=_require(config, ("model", "dtype"), "bfloat16"),
@@ -167,6 +147,7 @@ def to_train_config(config: dict) -> TrainConfig:
         resume_checkpoint_path=config["checkpoints"].get("resume_checkpoint_path"),
         log_interval=_require(config, ("logging", "iteration_step_info_interval"), 1),
         init_path=get_path(config, ("model", "init_method", "path")),
+        dialect=written,
     )
 
 
@@ -178,18 +159,12 @@ def load_train_config(path: str) -> TrainConfig:
 
 def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
     """The training job's start-up check: the launcher's layout rules, against the processes actually started."""
-    m = cfg.model
     return check_layout(
+        cfg.model,
         world=world_size,
         dp=cfg.dp,
         tp=cfg.tp,
         pp=cfg.pp,
-        hidden=m.hidden_size,
-        intermediate=m.intermediate_size,
-        layers=m.num_hidden_layers,
-        heads=m.num_attention_heads,
-        kv_heads=m.num_key_value_heads,
-        vocab=m.vocab_size,
-        grad_accum=cfg.grad_accum_steps,
+        grad_accum_steps=cfg.grad_accum_steps,
         world_flags="processes started by torchrun",
     )

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.train.config import ModelShape
+from launcher.config.shape import ModelShape
 
 
 class LlamaRMSNorm(nn.Module):
@@ -37,8 +37,9 @@ class LlamaRMSNorm(nn.Module):
 class LlamaRotaryEmbedding(nn.Module):
     """cos and sin of every position's rotation angles, in the dtype of what they rotate."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, interleaved: bool = False):
         super().__init__()
+        self.interleaved = interleaved
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -48,7 +49,7 @@ class LlamaRotaryEmbedding(nn.Module):
         positions = torch.arange(length, device=x.device, dtype=torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             freqs = torch.outer(positions, self.inv_freq.to(x.device).float())
-            angles = torch.cat((freqs, freqs), dim=-1)
+            angles = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
 
@@ -57,15 +58,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): interleaved RoPE's pairs (GPT-J, rope_interleaved: true)."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    return x * cos + (_rotate_pairs(x) if interleaved else _rotate_half(x)) * sin
 
 
 class LlamaAttention(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
-        h, heads, kv = shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads
+        h, heads, kv = shape.hidden_size, shape.num_heads, shape.num_kv_heads
         self.heads, self.kv_heads, self.head_dim = heads, kv, h // heads
+        self.interleaved = shape.rope_interleaved
         self.q_proj = nn.Linear(h, heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(h, kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, kv * self.head_dim, bias=False)
@@ -76,7 +83,7 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = _rotate(q, cos, sin, self.interleaved), _rotate(k, cos, sin, self.interleaved)
         groups = self.heads // self.kv_heads
         if groups > 1:  # each key/value head serves `groups` query heads
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -122,9 +129,9 @@ class LlamaModel(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(shape) for _ in range(shape.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(shape) for _ in range(shape.num_layers))
         self.norm = LlamaRMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(shape.hidden_size // shape.num_attention_heads, shape.rope_theta)
+        self.rotary_emb = LlamaRotaryEmbedding(shape.head_dim, shape.rope_theta, shape.rope_interleaved)
 
     def forward(self, input_ids: torch.Tensor) -> DecoderOutput:
         x = self.embed_tokens(input_ids)

@@ -10,6 +10,7 @@ import yaml
 
 from launcher import atomic
 from launcher import protocol as P
+from launcher.config import dialect
 from launcher.errors import ConfigError, TrainError
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
 
@@ -53,6 +54,10 @@ def choose_engine(requested: str) -> tuple[str, str]:
     return "nanotron", f"auto; {nanotron_engine.attention_note()}"
 
 
+MAIN_TRAINER = (
+    "the nanotron engine drives nanotron 0.4's trainer; nanotron main's (data stages, checkpoint format 1.5) is not "
+    "wired yet, so a config in main's dialect trains with the torch engine (docs/nanotron-dialects.md)"
+)
 ENGINE_RECORD = "engine"  # beside the checkpoints: the engine that wrote them
 POINTERS = P.POINTERS  # each engine's pointer, for runs saved before the record
 
@@ -82,16 +87,28 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
             f"0: run it where the {recorded} engine works ({where}), "
             "or start afresh with --resume false"
         )
+    saved, how = dialect.of_checkpoints(Path(cfg.checkpoints_path))
+    if saved is not None and saved != cfg.dialect:
+        raise TrainError(
+            f"this run's checkpoints ({cfg.checkpoints_path}) were written from a nanotron {saved} config ({how}), "
+            f"but this config is in {cfg.dialect}'s dialect; a checkpoint does not cross dialects: resume with "
+            f"--nanotron_dialect {saved}, or start afresh with --resume false"
+        )
     if int(os.environ.get("RANK", "0")) == 0:
         root = Path(cfg.checkpoints_path)
         root.mkdir(parents=True, exist_ok=True)
-        atomic.replace(root / ENGINE_RECORD, f"{chosen}\n")
+        for name, value in ((ENGINE_RECORD, chosen), (dialect.RECORD, cfg.dialect)):
+            atomic.replace(root / name, f"{value}\n")
 
 
 def run(config_file: str, engine: str = "auto") -> None:
     """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone)."""
     cfg = load_checked(config_file, int(os.environ.get("WORLD_SIZE", "1")))
     chosen, why = choose_engine(engine)
+    if chosen == "nanotron" and cfg.dialect == "main":
+        if engine != "auto":
+            raise TrainError(MAIN_TRAINER)
+        chosen, why = "torch", f"auto: {MAIN_TRAINER}"
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"engine: {chosen} ({why})", flush=True)
     settle_engine(cfg, chosen, why)

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.train.config import ModelShape
+from launcher.config import gpus
+from launcher.config.shape import ModelShape
 from launcher.train.llama import LlamaForCausalLM
 
 ROW_PARALLEL = ("o_proj", "down_proj")  # nanotron's TensorParallelRowLinear layers: scaled init
-PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}  # dense, per GPU
 
 
 def llama_config(shape: ModelShape):  # type: ignore[no-untyped-def]  # transformers.LlamaConfig
@@ -31,11 +31,11 @@ def llama_config(shape: ModelShape):  # type: ignore[no-untyped-def]  # transfor
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
         hidden_act=shape.hidden_act,
-        max_position_embeddings=shape.max_position_embeddings,
+        max_position_embeddings=shape.max_seq_len,
         rms_norm_eps=shape.rms_norm_eps,
         tie_word_embeddings=shape.tie_word_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
@@ -73,7 +73,7 @@ def build_model(shape: ModelShape, init_std: float, seed: int) -> nn.Module:
     seed."""
     model = LlamaForCausalLM(shape)
     torch.manual_seed(seed)  # after construction: the draws depend on the seed alone, not on how modules are built
-    init_like_nanotron(model, init_std, shape.num_hidden_layers)
+    init_like_nanotron(model, init_std, shape.num_layers)
     return model
 
 
@@ -122,12 +122,13 @@ def count_parameters(model: nn.Module) -> int:
 def flops_per_token(model: nn.Module, shape: ModelShape, sequence_length: int) -> float:
     """Training FLOPs per token: 6 x (weights used in matmuls, lm_head included) + 12 x layers x hidden x seq."""
     matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    return 6.0 * matmul_weights + 12.0 * shape.num_hidden_layers * shape.hidden_size * sequence_length
+    return 6.0 * matmul_weights + 12.0 * shape.num_layers * shape.hidden_size * sequence_length
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """The dense bf16 peak of this GPU, if it is one we know; None on CPU or an unknown GPU."""
+    """The dense bf16 peak FLOP/s of this GPU, as configs/gpus.yaml gives it for the device's name; None on CPU or
+    a GPU the file does not list."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+    gpu = gpus.from_device_name(torch.cuda.get_device_name(device))
+    return None if gpu is None else gpu.tflops * 1e12

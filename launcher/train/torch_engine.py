@@ -17,7 +17,6 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,13 +24,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train import checkpoint, packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import MicroBatches, build_micro_batches, build_windows
 from launcher.train.metrics import Reporter, StepMetrics
 from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token, peak_flops
+from launcher.train.resume import resume
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 
@@ -142,36 +141,6 @@ def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
     return loaded if loaded is not None else built[0]
 
 
-def _resume_points(cfg: TrainConfig) -> tuple[list[Path], list[str]]:
-    """Rank 0's view of the checkpoints to resume from, newest first, and its notes (or its TrainError), the same
-    on every rank. Rank 0 first removes what killed saves left behind."""
-    payload: list = [None]
-    if dist.get_rank() == 0:
-        try:
-            removed = checkpoint.clean_leftovers(Path(cfg.checkpoints_path))
-            found, notes = checkpoint.find_resume(cfg)
-            if removed:
-                notes.append(f"removed what interrupted saves left in {cfg.checkpoints_path}: {', '.join(removed)}")
-            payload[0] = (found, notes)
-        except TrainError as e:
-            payload[0] = e
-    dist.broadcast_object_list(payload, src=0)
-    if isinstance(payload[0], TrainError):
-        raise payload[0]
-    return payload[0]
-
-
-def _read_agreed(path: Path, device: torch.device) -> tuple[dict | None, str]:
-    """Every rank reads the checkpoint; it counts only if every rank could (else None and why)."""
-    try:
-        state, why = checkpoint.read_state(path), ""
-    except Exception as e:  # noqa: BLE001  a damaged file fails torch.load in any of a dozen ways; all mean "skip it"
-        state, why = None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-    failed = torch.tensor(float(state is None), device=device)
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-    return (state if not failed.item() else None), why
-
-
 class TorchTrainer:
     """One rank's model, optimizer, data stream and position in the run."""
 
@@ -190,43 +159,34 @@ class TorchTrainer:
             weight_decay=cfg.weight_decay,
             fused=where.device.type == "cuda",  # one kernel per step over all parameters: MFU 29.7% -> 32.8% (H100)
         )
-        self.step, self.position = 0, 0  # optimizer steps done; micro-batches consumed by this rank
         self.compute_dtype = torch.float32
         if where.device.type == "cuda" and cfg.dtype == "bfloat16":
             self.compute_dtype = torch.bfloat16
-        self._resume()
-
-    def _resume(self) -> None:
-        """Continue from the newest checkpoint that loads; one that cannot be read is named and skipped."""
-        found, notes = _resume_points(self.cfg)
-        for note in notes:
-            self.reporter.print(f"warning: {note}")
-        for path in found:
-            state, why = _read_agreed(path, self.where.device)
-            if state is None:
-                self.reporter.print(f"warning: checkpoint {path} cannot be read ({why or 'on another rank'}): skipped")
-                continue
-            restored = checkpoint.load(state, path, self.model, self.optimizer)
-            self.step, self.position = restored.step, restored.data_position
-            self.reporter.print(P.RESUMED_LINE.format(step=self.step, path=path, digest=checkpoint.rng_digest()))
-            if restored.config_hash != checkpoint.config_hash(self.cfg):
-                self.reporter.print("warning: the checkpoint was written with a different config; continuing from it")
-            if restored.world_size != self.where.world_size:
-                self.reporter.print(
-                    f"warning: the checkpoint was written by {restored.world_size} ranks, not "
-                    f"{self.where.world_size}: data order and RNG states do not continue exactly"
-                )
-            return
-        if found:
-            self.reporter.print("warning: no checkpoint of this run could be read: starting from step 0")
+        # optimizer steps done; micro-batches consumed by this rank (the newest readable checkpoint's, or 0)
+        self.step, self.position = resume(
+            cfg, where.world_size, where.device, self.model, self.optimizer, self.reporter
+        )
 
     def train(self) -> None:
         """Steps `step + 1 .. train_steps`, logging, checkpointing and honouring stop requests."""
-        cfg, where = self.cfg, self.where
+        cfg, rank0 = self.cfg, self.where.rank == 0
         if self.step >= cfg.train_steps:
-            report_outcome(where.rank == 0, finished=True, step=self.step)
+            report_outcome(rank0, finished=True, step=self.step)
             self.reporter.print(f"run already finished: checkpoint step {self.step}, train_steps {cfg.train_steps}")
             return
+        self._announce()
+        ddp, stop = self.wrap(), StopRequest(self.where.device)
+        self.reporter.start_wandb()
+        try:
+            if self._steps(ddp, stop):
+                report_outcome(rank0, finished=True, step=self.step)
+                self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
+        finally:
+            stop.close()
+            self.reporter.close()
+
+    def _announce(self) -> None:
+        cfg, where = self.cfg, self.where
         if where.device.type == "cpu" and cfg.dtype != "float32":
             self.reporter.print(f"note: model.dtype is {cfg.dtype}; on CPU the torch engine trains in float32")
         self.reporter.print(
@@ -234,39 +194,40 @@ class TorchTrainer:
             f"parameters {count_parameters(self.model):,} | global batch {cfg.global_batch_size} sequences "
             f"({cfg.global_batch_size * cfg.sequence_length:,} tokens) | steps {self.step + 1}..{cfg.train_steps}"
         )
-        ddp = self.wrap()
-        stop = StopRequest(where.device)
-        self.reporter.start_wandb()
-        try:
-            if self.step == 0 and cfg.save_initial_state:
-                checkpoint.save(cfg, 0, self.model, self.optimizer, self.position)
-            window_start, window_steps = time.perf_counter(), 0
-            while self.step < cfg.train_steps:
-                self.step += 1
-                loss_sum, grad_norm = self.train_step(ddp)
-                window_steps += 1
-                if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
-                    self._log(loss_sum, grad_norm, window_steps, window_start)
-                    window_start, window_steps = time.perf_counter(), 0
-                stopping = stop.agreed()
-                report_progress(where.rank == 0, self.step)
-                periodic = cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0
-                if periodic or stopping or self.step == cfg.train_steps:
-                    report_progress(where.rank == 0, self.step, "saving")
-                    checkpoint.save(cfg, self.step, self.model, self.optimizer, self.position)
-                    report_progress(where.rank == 0, self.step)
-                    window_start = time.perf_counter()  # saving is not training time
-                if stopping:
-                    stop.consume(where.rank == 0)
-                    if self.step < cfg.train_steps:
-                        report_outcome(where.rank == 0, finished=False, step=self.step)
-                        self.reporter.print(STOP_MESSAGE.format(step=self.step))
-                        return
-            report_outcome(where.rank == 0, finished=True, step=self.step)
-            self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
-        finally:
-            stop.close()
-            self.reporter.close()
+
+    def _steps(self, ddp: DistributedDataParallel, stop: StopRequest) -> bool:
+        """The steps to the last, saving where due; False when a stop request ended them before it."""
+        cfg, rank0 = self.cfg, self.where.rank == 0
+        if self.step == 0 and cfg.save_initial_state:
+            checkpoint.save(cfg, 0, self.model, self.optimizer, self.position)
+        window_start, window_steps = time.perf_counter(), 0  # the steps whose throughput the next log line gives
+        while self.step < cfg.train_steps:
+            self.step += 1
+            loss_sum, grad_norm = self.train_step(ddp)
+            window_steps += 1
+            if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
+                self._log(loss_sum, grad_norm, window_steps, window_start)
+                window_start, window_steps = time.perf_counter(), 0
+            stopping = stop.agreed()
+            report_progress(rank0, self.step)
+            periodic = cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0
+            if periodic or stopping or self.step == cfg.train_steps:
+                self._save()
+                window_start = time.perf_counter()  # saving is not training time
+            if stopping:
+                stop.consume(rank0)
+                if self.step < cfg.train_steps:
+                    report_outcome(rank0, finished=False, step=self.step)
+                    self.reporter.print(STOP_MESSAGE.format(step=self.step))
+                    return False
+        return True
+
+    def _save(self) -> None:
+        """A checkpoint of the step just done, announced to the launcher while it is written."""
+        rank0 = self.where.rank == 0
+        report_progress(rank0, self.step, "saving")
+        checkpoint.save(self.cfg, self.step, self.model, self.optimizer, self.position)
+        report_progress(rank0, self.step)
 
     def wrap(self) -> DistributedDataParallel:
         """The model with its loss under DDP; compiled on a GPU (see model.compile_for_gpu)."""

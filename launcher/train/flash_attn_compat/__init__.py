@@ -12,8 +12,11 @@ calls three of its functions, implemented here with the same semantics:
 - `flash_attn.ops.triton.layer_norm.layer_norm_fn` with `is_rms_norm=True` (`layer_norm.py`): RMSNorm in float32,
   returned in the input's dtype.
 
-Everything else nanotron imports (`bert_padding`, `flash_attn_with_kvcache`: inference only) exists so the import
-succeeds, and raises NotImplementedError when called, as do the options training never passes.
+Everything else nanotron imports (`bert_padding`, `flash_attn_with_kvcache`: inference only; nanotron main's
+ring attention `_flash_attn_varlen_forward/_backward`) exists so the import succeeds, and raises
+NotImplementedError when called, as do the options training never passes. nanotron main also imports the
+functional `apply_rotary_emb` (implemented) and reads `flash_attn.__version__` (this says 0.0.0, so main never
+imports `flash_attn_func`, its `flash_attention_2` batch path, which is not here).
 
 `install()` registers these modules as `flash_attn` and its submodules in `sys.modules`, only where the real
 flash_attn cannot be imported; the nanotron engine calls it before importing nanotron's trainer.
@@ -36,7 +39,8 @@ LEAVES: dict[str, ModuleType] = {
     "flash_attn.layers.rotary": rotary,
     "flash_attn.ops.triton.layer_norm": layer_norm,
 }
-MARK = "__launcher_stand_in__"  # set on the registered `flash_attn` package
+MARK = "__launcher_stand_in__"
+VERSION = "0.0.0+launcher.stand.in"  # set on the registered `flash_attn` package
 
 
 def is_installed() -> bool:
@@ -69,6 +73,8 @@ def install(is_main: bool) -> bool:
     modules: dict[str, ModuleType] = {name: _package(name) for name in PACKAGES}
     modules.update(LEAVES)
     setattr(modules["flash_attn"], MARK, True)
+    # nanotron main reads it (nn/attention.py): below 2.1.0 it never imports flash_attn_func, which is not here
+    modules["flash_attn"].__version__ = VERSION  # type: ignore[attr-defined]
     for name, module in modules.items():
         sys.modules[name] = module
         parent, _, child = name.rpartition(".")

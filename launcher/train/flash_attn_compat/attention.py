@@ -142,3 +142,13 @@ def _check_offsets(starts: list[int], total: int, name: str, max_seqlen: int) ->
 def flash_attn_with_kvcache(*args: object, **kwargs: object) -> None:
     """Refused: used by nanotron only for inference (generation with a key/value cache)."""
     refuse("flash_attn_with_kvcache (inference only)")
+
+
+def _flash_attn_varlen_forward(*args: object, **kwargs: object) -> None:
+    """Refused: nanotron main's ring attention (context parallelism) calls it; its Llama never does."""
+    refuse("_flash_attn_varlen_forward (nanotron main's ring attention)")
+
+
+def _flash_attn_varlen_backward(*args: object, **kwargs: object) -> None:
+    """Refused: nanotron main's ring attention (context parallelism) calls it; its Llama never does."""
+    refuse("_flash_attn_varlen_backward (nanotron main's ring attention)")

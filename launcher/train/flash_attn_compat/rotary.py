@@ -92,3 +92,16 @@ class RotaryEmbedding(nn.Module):
 
 def _fits(table: torch.Tensor, seqlen: int, like: torch.Tensor) -> bool:
     return table.shape[0] >= seqlen and table.device == like.device and table.dtype == like.dtype
+
+
+def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
+                     inplace: bool = False, seqlen_offsets: int = 0, **kwargs: object) -> torch.Tensor:  # fmt: skip
+    """flash-attn's functional rotary (nanotron main's `nn/rotary.py`): x (batch, seqlen, heads, head_dim) by
+    (seqlen, rotary_dim / 2) tables; a new tensor (flash-attn's `inplace` writes back into x as well)."""
+    if seqlen_offsets or kwargs.get("cu_seqlens") is not None:
+        refuse("apply_rotary_emb with seqlen_offsets or cu_seqlens")
+    out = apply_rotary(x, cos[: x.shape[1]], sin[: x.shape[1]], interleaved)
+    if inplace:
+        x.copy_(out)
+        return x
+    return out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.bundle import manifest
-from launcher.config import dependency
+from launcher.config import dependency_syntax
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.slurm import client
@@ -39,7 +39,7 @@ def problems(spec: RunSpec) -> list[Problem]:
         holder = (checkpoints / P.LOCK / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
     except OSError:
         holder = ""
-    parsed = dependency.parse(a.slurm.dependency) if a.slurm.dependency else None
+    parsed = dependency_syntax.parse(a.slurm.dependency) if a.slurm.dependency else None
     awaited = {job_id.split("_")[0] for item in (parsed[0] if parsed else []) for job_id in item.job_ids}
     out = []
     for job_id, state, script in client.live_jobs(a.run_name):
