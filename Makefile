@@ -4,6 +4,8 @@
 PYTHON ?= python3
 DEMO_DIR := .demo
 SLURM_DIR := .slurm
+# e.g. `make demo CLUSTER_FLAGS=--accounting`: slurmdbd on a MariaDB of the cluster's own (docs/accounting.md)
+CLUSTER_FLAGS ?=
 
 .PHONY: setup cluster demo test down
 
@@ -11,7 +13,7 @@ setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 
 cluster: setup
-	$(PYTHON) -m launcher.localcluster up --nodes 2 --gpus_per_node 2 --dir $(SLURM_DIR)
+	$(PYTHON) -m launcher.localcluster up --nodes 2 --gpus_per_node 2 --dir $(SLURM_DIR) $(CLUSTER_FLAGS)
 
 demo: cluster
 	$(PYTHON) -m launcher.localcluster.demo_data $(DEMO_DIR)

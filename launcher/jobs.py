@@ -1,6 +1,8 @@
-"""Submitted runs, later: re-attach to a run or a sweep, show its status, or cancel it.
+"""Submitted runs, later: re-attach to a run or a sweep, show its status, cancel it, or say where its GPU-hours
+went.
 
 python -m launcher.jobs status|attach|cancel BUNDLE_DIR_OR_JOB_ID
+python -m launcher.jobs ledger [BUNDLE_OR_SWEEP_DIR] [--since 2026-11-01] [--configs_path logs/configs]
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from launcher import protocol as P
 from launcher import sweep
 from launcher.bundle import manifest
 from launcher.errors import LauncherError, SubmissionError, as_command
+from launcher.gpu_hours import ledger_command, ledger_line
 from launcher.slurm import client, follow
 from launcher.submission import follow_to_end, report_end
 
@@ -55,6 +58,7 @@ def _sweep_action(action: str, directory: Path) -> int:
         if (state := states.get(entry["job_id"])) is not None and state.terminal:
             sweep.judge_point(entry, state)  # as `status` of one run does
     print(sweep.results(directory, {k: v.state for k, v in states.items()}, plot=False))
+    print(ledger_line(directory))
     return 0
 
 
@@ -68,14 +72,23 @@ def _status(job_id: str, log: Path, run: manifest.Manifest | None) -> int:
     else:
         print(follow.describe(state))
     print(f"  log: {log}")
+    if run is not None:
+        print(ledger_line(run.bundle_dir, state))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.jobs", description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=("status", "attach", "cancel"))
-    parser.add_argument("target", help="a bundle or sweep directory (logs/configs/RUN/STAMP) or a Slurm job id")
+    parser.add_argument("action", choices=("status", "attach", "cancel", "ledger"))
+    parser.add_argument("target", nargs="?", help="a bundle or sweep directory (logs/configs/RUN/STAMP) or a Slurm "
+                        "job id; ledger without one: every run under --configs_path since --since")  # fmt: skip
+    parser.add_argument("--since", help="ledger: runs launched since this date (YYYY-MM-DD[THH:MM]; default: 7 days)")
+    parser.add_argument("--configs_path", default="logs/configs", help="ledger: where the runs' bundles are")
     args = parser.parse_args(argv)
+    if args.action == "ledger":
+        return as_command(lambda: ledger_command(args.target, args.since, Path(args.configs_path)))
+    if args.target is None:
+        parser.error(f"{args.action} needs a target: a bundle or sweep directory, or a job id")
     return as_command(lambda: _act(args.action, args.target))
 
 

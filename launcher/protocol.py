@@ -105,6 +105,7 @@ STAMP_PATTERN = r"\d\d:\d\d:\d\d(?:\.\d+)?"
 # training's line for each logged step, and its last words
 STEP_LINE = "step {step}/{steps} | "
 STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
+RESUMED_LINE = "resumed from checkpoint step {step} ({path}); rng digest {digest}"  # the torch engine's; the ledger's
 SHELL_UNSAFE = re.compile(r'["$`\\]')
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from launcher import usage
 from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
@@ -82,7 +83,7 @@ def report_end(final: JobState, log: Path, run: manifest.Manifest | None = None)
     return verdict
 
 
-def outputs(run: manifest.Manifest) -> dict[str, object]:
+def outputs(run: manifest.Manifest, final: JobState | None = None) -> dict[str, object]:
     """What a run left, to show at its end: bundle, log, checkpoints, and its pictures (drawn now)."""
     named = run.data.get("outputs", {})
     found: dict[str, object] = {"bundle": run.bundle_dir}
@@ -90,6 +91,7 @@ def outputs(run: manifest.Manifest) -> dict[str, object]:
     if run.metrics.exists():
         found["loss curve"] = plots.loss_curve(run.metrics, run.bundle_dir / "loss.png")
     found.update(pictures.render(run.bundle_dir))
+    found["gpu-hours"] = usage.line(run.bundle_dir, final)  # the ledger (launcher.usage), kept in the manifest
     return found
 
 
@@ -104,7 +106,7 @@ def follow_to_end(job_id: str, log: Path, target: str, run: manifest.Manifest | 
         return 130
     verdict = report_end(final, log, run)
     if run is not None:
-        for name, value in outputs(run).items():
+        for name, value in outputs(run, final).items():
             print(f"  {name:<12} {summary.shown(value)}")
     return 0 if final.state == "COMPLETED" and verdict is None else 1
 

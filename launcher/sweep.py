@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import atomic
+from launcher import atomic, usage
 from launcher import protocol as P
 from launcher.bundle import files, manifest
 from launcher.config import flags
@@ -179,6 +179,9 @@ def follow(record_dir: Path, cadence: Cadence | None = None) -> int:
         print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}))
+    points = [(e["run_name"], Path(e["bundle"])) for e in entries]
+    print("GPU-hours (python -m launcher.jobs ledger DIR: every attempt)")
+    print("\n".join(usage.several(points, record_dir / "gpu-hours.png", record_dir.parent.name)))
     return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Everything a fresh machine needs, idempotent: Slurm + munge + shellcheck (Debian), torch==2.13.0 first (a CPU
-# build on machines without CUDA; an unpinned torch pulled by another package would fetch GBs of CUDA), then
-# this project with its test extras. Used by `make demo`, `make test` and .ci/run.
+# Everything a fresh machine needs, idempotent: Slurm + munge + shellcheck (Debian), slurmdbd + MariaDB (the
+# accounting cluster's), torch==2.13.0 first (a CPU build on machines without CUDA; an unpinned torch pulled by
+# another package would fetch GBs of CUDA), then this project with its test extras. Used by `make demo`, `make test` and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install_slurm.sh
+bash scripts/install_accounting.sh
 
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then

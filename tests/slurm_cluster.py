@@ -1,5 +1,6 @@
-"""The session's Slurm cluster: a real local cluster (2 nodes x 2 fake GPUs), started once for all tests (once per
-worker where pytest-xdist runs several).
+"""The session's Slurm clusters: a real local cluster (2 nodes x 2 fake GPUs), started once for all tests (once per
+worker where pytest-xdist runs several), and one with accounting (slurmdbd on a MariaDB of its own), started only
+for the tests that ask for it (`slurm_accounting`), so that both paths, with sacct and without, stay tested.
 
 Imported by conftest.py. Outside CI, tests that need it skip (with the reason) when Slurm is not installed; under
 CI=true they never skip. A cluster that was already up (e.g. after `make demo`) is reused and left up.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,18 +20,46 @@ from launcher import localcluster
 IN_CI = os.environ.get("CI") == "true"
 
 
+def _require_slurm(accounting: bool = False) -> None:
+    needed = ["slurmctld"] + (["slurmdbd", "mariadbd"] if accounting else [])
+    missing = [name for name in needed if shutil.which(name, path=f"{os.environ['PATH']}:/usr/sbin:/sbin") is None]
+    if missing:
+        script = (
+            "scripts/install_accounting.sh" if accounting and missing != ["slurmctld"] else "scripts/install_slurm.sh"
+        )
+        if IN_CI:
+            pytest.fail(f"{', '.join(missing)} not installed under CI=true: {script} must install it")
+        pytest.skip(f"{', '.join(missing)} not installed (run {script} or make test)")
+
+
+def _directory(name: str) -> Path:
+    """`<project>/<name>`, one per pytest-xdist worker: `make test` runs two, each with its own daemons and ports."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return localcluster.default_dir().with_name(name if worker is None else f"{name}-{worker}")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """Environment variables (SLURM_CONF) that point Slurm's commands at the running local cluster."""
-    if shutil.which("slurmctld") is None and shutil.which("slurmctld", path="/usr/sbin:/sbin") is None:
-        if IN_CI:
-            pytest.fail("Slurm is not installed under CI=true: scripts/install_slurm.sh must install it")
-        pytest.skip("Slurm is not installed (run scripts/install_slurm.sh or make test)")
-    # one cluster per pytest-xdist worker: `make test` runs two, each with its own daemons and ports
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    default = localcluster.default_dir()
-    directory = default if worker is None else default.with_name(f".slurm-{worker}")
-    spec = localcluster.ClusterSpec(directory, nodes=2, gpus_per_node=2)
+    _require_slurm()
+    spec = localcluster.ClusterSpec(_directory(".slurm"), nodes=2, gpus_per_node=2)
+    was_up = localcluster.is_up(spec)
+    env = localcluster.up(spec)
+    yield env
+    if not was_up:
+        localcluster.down(spec)
+
+
+ACCOUNTING_GRACE_S = 10  # short, so that a preemption a run does not heed ends within a test's patience
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting() -> Iterator[dict[str, str]]:
+    """SLURM_CONF of a local cluster with accounting: slurmdbd on its own MariaDB, the cluster, account `research`
+    and root registered, AccountingStorageTRES=gres/gpu; preemption's grace time ACCOUNTING_GRACE_S."""
+    _require_slurm(accounting=True)
+    spec = localcluster.ClusterSpec(_directory(".slurm-acct"), nodes=2, gpus_per_node=2, accounting=True,
+                                    preempt_grace_s=ACCOUNTING_GRACE_S)  # fmt: skip
     was_up = localcluster.is_up(spec)
     env = localcluster.up(spec)
     yield env

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from launcher_helpers import ROOT
@@ -146,6 +147,21 @@ def with_fake_nvidia_smi(tmp_path: Path, env: dict) -> dict:
     return {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
 
 
+def assert_ledger_from_the_jobs_records(bundle_dir: Path, out: str) -> None:
+    """Without accounting (sacct says so), the ledger comes from the job's own records: its one attempt held the
+    job's 4 GPUs from the batch script's start line to its end line."""
+    assert slurm.accounting_records(manifest(bundle_dir)["slurm"]["job_id"]) is None
+    ledger = manifest(bundle_dir)["ledger"]
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    start, end = (log.split(f" {word} ")[1].split()[0].rstrip(",") for word in ("started", "ended"))
+    held = 4 * (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds() / 3600
+    hours = ledger["gpu_hours"]
+    assert ledger["source"] == "job records" and abs(hours["allocated"] - held) <= 4 * 1.0 / 3600  # stamps: to 1 s
+    assert hours["trained"] > 0 and hours["start_up"] > 0 and ledger["causes"] == {}
+    assert abs(hours["allocated"] - hours["useful"] - hours["lost"]) < 1e-5
+    assert f"gpu-hours    {hours['allocated']:.3g} GPU-hours" in out  # the end summary's line
+
+
 def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_data):
     started = time.monotonic()
     job_env = with_fake_nvidia_smi(tmp_path, slurm_env)
@@ -162,6 +178,7 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     assert "# gpu sample" in next((tmp_path / "logs/slurm_logs/demo").glob(f"gpu-{job_id}-*.log")).read_text()
     wait_for(lambda: leftover_processes(job_id) == [], timeout=15)  # nothing of the job runs on after it ended
     print(f"demo flow: {time.monotonic() - started:.1f} s from launch to the follower's exit")
+    assert_ledger_from_the_jobs_records(first, out)
 
     code, out = finish(launch(tmp_path, slurm_env, demo_data, "demo", "--train_steps", "40"), timeout=300)
     assert code == 0, out

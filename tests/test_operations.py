@@ -90,6 +90,9 @@ def test_a_hang_is_caught_dumped_and_the_run_goes_on_without_the_node(tmp_path: 
     assert f"job {job_id} attempt 2 started" in log and "resumed from checkpoint step 3 " in log
     assert fields(job_id, slurm_env)["ExcNodeList"] == first and "ended COMPLETED" in out
     assert time.monotonic() - started < 240  # caught well before the 5-minute limit
+    ledger = manifest(bundle_dir)["ledger"]  # the hang's cost: step 4 done again, the hang until the watchdog fired
+    assert ledger["causes"] == {"hang": 1} and ledger["steps_thrown_away"] == 1
+    assert ledger["attempts"][0]["wind_down"] >= 2 * 20  # 2 GPUs, at least the 20 s the watchdog waited
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,10 @@ def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     names = [f"gpu-{job_id}-{node}.log{attempt}" for node in ("node1", "node2") for attempt in ("", ".2")]
     assert sorted(monitors) == names  # one GPU monitor log per attempt and node: the requeue overwrote none
     assert all("# gpu sample" in text for text in monitors.values()), monitors
+    ledger = manifest(bundle_dir)["ledger"]  # without accounting: from the job's records
+    assert ledger["source"] == "job records" and ledger["causes"] == {"preemption": 1}
+    assert ledger["steps_thrown_away"] == 0  # the notice's checkpoint was the step the preemption found
+    assert ledger["lost_to_gpu_hours"]["preemption"] > 0 and "to 1 preemption" in out
 
 
 @pytest.fixture(scope="module")

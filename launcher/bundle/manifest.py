@@ -195,3 +195,11 @@ def record_end(manifest_path: Path, ended: dict, verdict: dict | None) -> None:
     data["ended"] = ended
     data["verdict"] = verdict
     write_manifest(manifest_path, data)
+
+
+def record_ledger(manifest_path: Path, ledger: dict) -> None:
+    """Where the run's GPU time went (launcher.report.ledger's record: GPU-hours allocated, trained, lost and to
+    what, every attempt), once it has ended."""
+    data = read_manifest(manifest_path.parent)
+    data["ledger"] = ledger
+    write_manifest(manifest_path, data)

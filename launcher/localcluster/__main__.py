@@ -21,7 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.localcluster", description="A real Slurm cluster on this one machine."
     )
-    parser.set_defaults(nodes=ClusterSpec.nodes, gpus_per_node=ClusterSpec.gpus_per_node, containers=False)
+    parser.set_defaults(
+        nodes=ClusterSpec.nodes, gpus_per_node=ClusterSpec.gpus_per_node, containers=False, accounting=False
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", type=Path, default=default_dir(), help="cluster directory (default: %(default)s)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -29,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     up_parser.add_argument("--nodes", type=int, default=ClusterSpec.nodes)
     up_parser.add_argument("--gpus_per_node", type=int, default=ClusterSpec.gpus_per_node)
     up_parser.add_argument("--containers", action="store_true", help="pyxis + enroot on the nodes, and an image")
+    up_parser.add_argument("--accounting", action="store_true",
+                           help="slurmdbd on a MariaDB of its own: sacct works (docs/accounting.md)")  # fmt: skip
     commands.add_parser("down", parents=[common], help="stop the daemons this directory started")
     commands.add_parser("status", parents=[common], help="daemons' liveness, sinfo, squeue")
     commands.add_parser("env", parents=[common], help="print the export line for eval")
@@ -39,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        spec = ClusterSpec(args.dir, args.nodes, args.gpus_per_node, containers=args.containers)
+        spec = ClusterSpec(
+            args.dir, args.nodes, args.gpus_per_node, containers=args.containers, accounting=args.accounting
+        )
     except ValueError as e:
         parser.error(str(e))
     try:

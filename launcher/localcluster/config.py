@@ -12,7 +12,7 @@ import socket
 import zlib
 from pathlib import Path
 
-from launcher.localcluster import containers
+from launcher.localcluster import accounting, containers
 
 PORT_BASE, PORT_SLOTS, PORT_STEP = 20000, 500, 20
 MUNGE_ROOT = Path("/tmp")
@@ -43,6 +43,7 @@ class ClusterSpec:
     slurmd_timeout_s: int = 60  # how long slurmctld waits for a silent slurmd before the node is DOWN (NODE_FAIL)
     read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
     containers: bool = False  # pyxis + enroot on every node (srun --container-image): launcher.localcluster.containers
+    accounting: bool = False  # slurmdbd on a MariaDB of the cluster's own (launcher/localcluster/accounting.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -98,12 +99,12 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={spec.munge_dir}/munge.socket.2,cred_expire=10
-# Plain processes, no cgroups, no accounting database (finished jobs stay in scontrol/squeue MinJobAge seconds).
+# Plain processes, no cgroups; finished jobs stay in scontrol/squeue MinJobAge seconds (and in sacct, with accounting).
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 MailProg=/bin/true
-AccountingStorageType=accounting_storage/none
+{accounting.slurm_conf_lines(spec) if spec.accounting else "AccountingStorageType=accounting_storage/none"}
 JobCompType=jobcomp/filetxt
 JobCompLoc={d}/log/jobcomp.log
 MinJobAge=600

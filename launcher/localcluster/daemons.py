@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.localcluster import containers
+from launcher.localcluster import accounting, containers
 from launcher.localcluster.config import ClusterSpec, config_files
 
 READY_TIMEOUT_S, STOP_TIMEOUT_S, PIDFILE_TIMEOUT_S = 30.0, 10.0, 10.0
@@ -50,7 +50,8 @@ def _logfile(spec: ClusterSpec, name: str) -> Path:
 
 
 def _daemon_names(spec: ClusterSpec) -> list[str]:
-    return ["munged", "slurmctld", *(f"slurmd.{node}" for node in spec.node_names)]
+    db = accounting.DAEMONS[::-1] if spec.accounting else ()
+    return ["munged", *db, "slurmctld", *(f"slurmd.{node}" for node in spec.node_names)]
 
 
 def _running_slurmds(spec: ClusterSpec) -> list[str]:
@@ -58,9 +59,11 @@ def _running_slurmds(spec: ClusterSpec) -> list[str]:
 
 
 def _ours(spec: ClusterSpec, pid: int) -> bool:
-    """Whether `pid` is a live process whose command line names this cluster's (or its munge) directory."""
+    """Whether `pid` is a live process whose command line (or, for slurmdbd, which takes no config path, whose
+    SLURM_CONF) names this cluster's (or its munge) directory."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline += Path(f"/proc/{pid}/environ").read_bytes() if cmdline.startswith(b"slurmdbd") else b""
     except OSError:
         return False
     return any(f"{d}/".encode() in cmdline for d in (spec.dir, spec.munge_dir))
@@ -77,7 +80,8 @@ def _pid(spec: ClusterSpec, name: str) -> int | None:
 
 def daemon_pids(spec: ClusterSpec) -> dict[str, int | None]:
     """Each daemon of the cluster (including slurmds of an earlier, larger cluster) -> its pid, or None if dead."""
-    names = dict.fromkeys([*_daemon_names(spec), *_running_slurmds(spec)])
+    kept = [name for name in accounting.DAEMONS if _pidfile(spec, name).exists()]  # an earlier --accounting's
+    names = dict.fromkeys([*_daemon_names(spec), *_running_slurmds(spec), *kept])
     return {name: _pid(spec, name) for name in names}
 
 
@@ -129,6 +133,15 @@ def _prepare(spec: ClusterSpec) -> None:
         key.write_bytes(os.urandom(1024))
     for path in (spec.munge_dir, *spec.munge_dir.iterdir()):
         shutil.chown(path, "munge", "munge")
+    if spec.accounting:
+        _accounting(accounting.prepare, spec)
+
+
+def _accounting(step: Callable[..., None], *args: object) -> None:
+    try:
+        step(*args)
+    except accounting.AccountingError as e:
+        raise ClusterError(str(e)) from None
 
 
 def _spawn(spec: ClusterSpec, name: str, argv: list[str]) -> None:
@@ -145,6 +158,10 @@ def _start(spec: ClusterSpec) -> None:
     munged = ["--key-file", m / "munge.key", "--socket", m / "munge.socket.2", "--pid-file", m / "munged.pid"]
     munged += ["--log-file", m / "munged.log", "--seed-file", m / "munged.seed"]
     _spawn(spec, "munged", ["runuser", "-u", "munge", "--", str(shutil.which("munged")), *map(str, munged)])
+    if spec.accounting:  # slurmdbd before slurmctld, which registers with it
+        _accounting(accounting.start_database, spec)
+        _spawn(spec, "slurmdbd", ["slurmdbd"])
+        _accounting(accounting.register, spec, "local")
     _spawn(spec, "slurmctld", ["slurmctld", "-f", conf])
     for node in spec.node_names:
         _spawn(spec, f"slurmd.{node}", _slurmd_argv(spec, node))
@@ -245,7 +262,7 @@ def _cancel_jobs(spec: ClusterSpec) -> None:
 def down(spec: ClusterSpec) -> None:
     """Cancel all jobs, then stop this directory's daemons (every slurmd with a pid file, slurmctld, munged)."""
     _cancel_jobs(spec)
-    for name in [*_running_slurmds(spec), "slurmctld", "munged"]:
+    for name in [*_running_slurmds(spec), "slurmctld", *accounting.DAEMONS, "munged"]:
         _stop(spec, name)
 
 

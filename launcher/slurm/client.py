@@ -1,12 +1,14 @@
 """The Slurm client: submit a script, read a job's state, cancel it. Argument lists only, never a shell.
 
-State comes from `scontrol show job` (works without accounting, as on the local cluster, for MinJobAge seconds
-after the end), then from `sacct` where accounting exists.
+State comes from `scontrol show job` (works without accounting, for MinJobAge seconds after the end), then from
+`sacct` where accounting exists; a job's attempts, their times and GPUs from `sacct --duplicates`
+(`accounting_records`), the user's accounts from `sacctmgr` (`user_accounts`).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -18,13 +20,15 @@ from launcher.slurm.parse import (
     SQUEUE_JOBS,
     SQUEUE_STATES,
     JobState,
+    SacctRecord,
     parse_gres_types,
     parse_job_records,
     parse_node_shapes,
-    parse_sacct,
+    parse_sacct_records,
     parse_scontrol,
     parse_squeue_jobs,
     parse_squeue_states,
+    state_from_sacct,
 )
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$", re.ASCII)
@@ -141,18 +145,30 @@ def submit(script: Path) -> str:
     return job_id
 
 
-def _from_sacct(job_id: str) -> list[JobState]:
+def accounting_records(job_id: str) -> list[SacctRecord] | None:
+    """Every attempt of a job as slurmdbd keeps it (`sacct --duplicates`: a requeue keeps the id, each attempt
+    its record), oldest first; [] when sacct does not know the job (not yet, or no longer); None where the cluster
+    keeps no accounting (or sacct is missing, or slurmdbd does not answer)."""
     sacct = shutil.which("sacct")
     if sacct is None:
-        return []
-    out = _run([sacct, "-j", job_id, "-X", "-n", "-P", "-o", SACCT_FIELDS])
-    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
-    return [parse_sacct(job_id, line) for line in lines if line]
+        return None
+    try:
+        out = _run([sacct, "-j", job_id, "--duplicates", "-X", "-n", "-P", "-o", SACCT_FIELDS])
+    except SlurmUnavailable:  # slurmdbd not answering: as without accounting
+        return None
+    if out.returncode != 0:
+        return None  # accounting disabled ("Slurm accounting storage is disabled"), or slurmdbd down
+    return [r for r in parse_sacct_records(out.stdout) if r.job_id == job_id]
+
+
+def _from_sacct(job_id: str) -> list[JobState]:
+    state = state_from_sacct(job_id, accounting_records(job_id) or [])
+    return [state] if state else []
 
 
 def job_states(job_id: str) -> list[JobState]:
-    """Every record Slurm has under a job id (see parse_job_records; sacct's where scontrol no longer knows it),
-    or [] when Slurm does not know it."""
+    """Every record Slurm has under a job id (see parse_job_records; sacct's where scontrol no longer knows it, a
+    terminal one only: see parse.state_from_sacct), or [] when Slurm does not know it."""
     out = _query("scontrol", "show", "job", "-o", job_id)
     if out is not None and "JobState=" in out:
         return parse_job_records(job_id, out)
@@ -224,3 +240,16 @@ def srun_lists(option: str) -> bool:
     --container-image). Asks no controller."""
     proc = _run([_command("srun"), "--help"])
     return option in proc.stdout + proc.stderr
+
+
+def user_accounts() -> list[str] | None:
+    """The accounts the user may submit to (their associations on this cluster, `sacctmgr show assoc`); None where
+    the cluster keeps no associations (no accounting) or sacctmgr does not answer."""
+    sacctmgr = shutil.which("sacctmgr")
+    if sacctmgr is None:
+        return None
+    user = pwd.getpwuid(os.getuid()).pw_name  # the user Slurm sees: the uid's, whatever $USER says
+    out = _run([sacctmgr, "-n", "-P", "show", "assoc", f"user={user}", "format=account"], timeout=20)
+    if out.returncode != 0:
+        return None
+    return sorted({line.strip() for line in out.stdout.splitlines() if line.strip()})

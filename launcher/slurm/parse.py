@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 TERMINAL = frozenset(
     {
@@ -54,16 +55,78 @@ def _exit(code: str) -> tuple[int | None, int | None]:
     return (int(status) if status.isdigit() else None), (int(sig) if sig.isdigit() else None)
 
 
-SACCT_FIELDS = "State,ExitCode,Reason,NodeList,Restarts"
+# sacct -X -n -P --duplicates -o SACCT_FIELDS: one line per attempt of a job (a requeue keeps the id), oldest first
+SACCT_FIELDS = "JobID,State,ExitCode,Reason,NodeList,Submit,Start,End,ElapsedRaw,AllocTRES"
 
 
-def parse_sacct(job_id: str, line: str) -> JobState:
-    """One line of `sacct -X -n -P -o State,ExitCode,Reason,NodeList,Restarts` ("CANCELLED by 0" -> CANCELLED)."""
-    state, code, reason, nodes, restarts = (line.split("|") + [""] * 5)[:5]
-    status, sig = _exit(code)
-    return JobState(
-        job_id, state.split()[0], reason or "None", status, sig, int(restarts) if restarts.isdigit() else 0, nodes
-    )
+@dataclass(frozen=True)
+class SacctRecord:
+    """One attempt of a job as slurmdbd keeps it."""
+
+    job_id: str
+    state: str  # "CANCELLED by 0" -> CANCELLED; a requeued attempt reads REQUEUED (or PREEMPTED, NODE_FAIL, ...)
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    nodes: str
+    submit: datetime | None
+    start: datetime | None  # None: not started (yet)
+    end: datetime | None  # None: not ended (yet)
+    elapsed_s: int
+    gpus: int  # AllocTRES's gres/gpu (0 when it names none)
+
+
+def _time(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text).astimezone()  # sacct prints the local time, without its zone
+    except ValueError:
+        return None  # "Unknown", "None"
+
+
+def alloc_gpus(tres: str) -> int:
+    """GPUs in an AllocTRES/ReqTRES string ("billing=2,cpu=2,gres/gpu=4,node=2" -> 4; typed ones are part of
+    the total: "gres/gpu=8,gres/gpu:h100=8" -> 8)."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu" and value.isdigit():
+            return int(value)
+    return 0
+
+
+def parse_sacct_records(text: str) -> list[SacctRecord]:
+    """`sacct -X -n -P -o SACCT_FIELDS` lines as records."""
+    records = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, state, code, reason, nodes, submit, start, end, elapsed, tres = (line.split("|") + [""] * 10)[:10]
+        status, sig = _exit(code)
+        records.append(
+            SacctRecord(
+                job_id,
+                state.split()[0] if state else "UNKNOWN",
+                status,
+                sig,
+                reason or "None",
+                nodes,
+                _time(submit),
+                _time(start),
+                _time(end),
+                int(elapsed) if elapsed.isdigit() else 0,
+                alloc_gpus(tres),
+            )  # fmt: skip
+        )
+    return records
+
+
+def state_from_sacct(job_id: str, records: list[SacctRecord]) -> JobState | None:
+    """The job's state from its attempts' records (the last is the current one; the others its requeues), or None
+    when sacct has none. A record that is not terminal is never read as running: it may be slurmdbd's lag behind
+    an end the controller knows, or an end it never heard of; None then, as for a job it does not know."""
+    if not records or records[-1].state not in TERMINAL:
+        return None
+    last = records[-1]
+    return JobState(job_id, last.state, last.reason, last.exit_code, last.signal, len(records) - 1, last.nodes)
 
 
 def parse_job_records(job_id: str, text: str) -> list[JobState]:

@@ -5,6 +5,7 @@
 - the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.awaited_jobs`);
 - a live job of the same run, which would write the same checkpoints (`launcher.slurm.one_writer`);
 - the follower's rate (LAUNCHER_POLL_SECONDS, `launcher.slurm.follow`), where set;
+- `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
@@ -105,6 +106,17 @@ def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
         ]
 
 
+def account_problems(spec: RunSpec) -> list[Problem]:
+    """--account against the user's associations, where the cluster keeps them (accounting); nothing otherwise."""
+    account = spec.args.slurm.account
+    accounts = client.user_accounts() if account else None
+    if not account or accounts is None or account in accounts:
+        return []
+    yours = ", ".join(accounts) if accounts else "none: ask the cluster's admins for an association"
+    return [Problem("account", f"{account!r} is not an account you may submit to here",
+                    f"use one of yours ({yours}), or leave --account out for your default account")]  # fmt: skip
+
+
 def resume_problems(spec: RunSpec) -> list[Problem]:
     """A run resumed in another nanotron dialect than its checkpoints were written in: nanotron main's checkpoints
     (format 1.5, with data-stage metadata) are not 0.4's (1.2), and the model's RoPE (theta, layout) may differ."""
@@ -148,6 +160,7 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
         except SlurmUnavailable:
             pass  # said by the look-ups below or by Slurm's verdict on the script
         found += dependency_problems(spec, earlier + found)
+        found += account_problems(spec)
         if not any(p.flag == "run_name" for p in earlier):
             try:
                 found += one_writer.problems(spec)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train import checkpoint
 from launcher.train.config import TrainConfig
@@ -33,7 +34,7 @@ def resume(
             reporter.print(f"warning: checkpoint {path} cannot be read ({why or 'on another rank'}): skipped")
             continue
         restored = checkpoint.load(state, path, model, optimizer)
-        reporter.print(f"resumed from checkpoint step {restored.step} ({path}); rng digest {checkpoint.rng_digest()}")
+        reporter.print(P.RESUMED_LINE.format(step=restored.step, path=path, digest=checkpoint.rng_digest()))
         if restored.config_hash != checkpoint.config_hash(cfg):
             reporter.print("warning: the checkpoint was written with a different config; continuing from it")
         if restored.world_size != world_size:

@@ -1,0 +1,205 @@
+"""The GPU-hour ledger of a run: where the GPU time of every attempt of its requeue chain went (pure).
+
+Each attempt holds `gpus` GPUs from its start to its end (`allocated`). Its GPU time falls into four parts:
+
+    start-up     the start to the first logged step (node checks, imports, data, the first step itself)
+    trained      the first logged step to the last one
+    wind-down    the last step to the end (the last checkpoint, the processes ending; for a hung attempt: the hang
+                 until the watchdog fired, and the stacks dumped)
+    thrown away  the part of `trained` after the checkpoint the next attempt resumed from (for a last attempt that
+                 did not complete: after its last checkpoint): steps that were, or must be, done again
+
+`useful` = trained - thrown away; `lost` = allocated - useful = start-up + wind-down + thrown away. Queue time is
+no GPU time: between attempts nothing is allocated. Each lost part is charged to a cause: an attempt's
+thrown-away steps and wind-down, and the next attempt's start-up, to why the attempt ended (preemption, time limit,
+hang, node check, node failure, failure, cancel); an attempt that never reached a step, to why it ended; the first
+start-up and a completed run's wind-down to "start-up and wind-down",
+which every run pays once. docs/ledger.md says the same with examples.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+HOUR = 3600.0
+OVERHEAD = "start-up and wind-down"
+COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt: when it held its GPUs, how many, and why it ended ("completed", "preemption", "time limit",
+    "hang", "node check", "node failure", "failure", "cancel", "requeue", "running")."""
+
+    number: int
+    start: float  # unix time
+    end: float  # unix time (now, for a running attempt)
+    gpus: int
+    ended: str
+
+
+@dataclass(frozen=True)
+class Work:
+    """What training did in one attempt, from the job's own records."""
+
+    steps: tuple[tuple[float, int], ...] = ()  # (unix time, step) of each logged step, in order
+    resumed_from: int | None = None  # the checkpoint step it resumed from (None: started afresh)
+    saved: int | None = None  # the last checkpoint it wrote, where known
+
+
+@dataclass(frozen=True)
+class AttemptLedger:
+    number: int
+    gpus: int
+    ended: str
+    allocated: float  # GPU-seconds, as every figure here
+    start_up: float
+    trained: float
+    wind_down: float
+    thrown_away: float
+    first_step: int | None
+    last_step: int | None
+    resumed_from: int | None
+    steps_thrown_away: int
+
+
+@dataclass
+class Ledger:
+    source: str  # "sacct" or "job records"
+    attempts: list[AttemptLedger]
+    lost_to: dict[str, float] = field(default_factory=dict)  # cause -> GPU-seconds
+    causes: dict[str, int] = field(default_factory=dict)  # cause -> attempts it ended (not "completed")
+
+    def total(self, part: str) -> float:
+        return sum(getattr(a, part) for a in self.attempts)
+
+    @property
+    def allocated(self) -> float:
+        return self.total("allocated")
+
+    @property
+    def useful(self) -> float:
+        return self.total("trained") - self.total("thrown_away")
+
+    @property
+    def lost(self) -> float:
+        return self.allocated - self.useful
+
+    @property
+    def steps_thrown_away(self) -> int:
+        return sum(a.steps_thrown_away for a in self.attempts)
+
+    def record(self) -> dict:
+        """As the manifest keeps it (GPU-hours)."""
+        hours = {part: round(self.total(part) / HOUR, 6) for part in
+                 ("allocated", "start_up", "trained", "wind_down", "thrown_away")}  # fmt: skip
+        return {
+            "source": self.source,
+            "gpu_hours": {**hours, "useful": round(self.useful / HOUR, 6), "lost": round(self.lost / HOUR, 6)},
+            "lost_to_gpu_hours": {k: round(v / HOUR, 6) for k, v in self.lost_to.items()},
+            "causes": self.causes,
+            "steps_thrown_away": self.steps_thrown_away,
+            "attempts": [asdict(a) for a in self.attempts],
+        }
+
+
+def _time_at(steps: tuple[tuple[float, int], ...], step: int) -> float:
+    """When `step` was done in an attempt (linear between logged steps; its first logged step if before it)."""
+    numbers = [s for _, s in steps]
+    i = bisect.bisect_left(numbers, step)
+    if i == 0:
+        return steps[0][0]
+    if i == len(steps):
+        return steps[-1][0]
+    (t0, s0), (t1, s1) = steps[i - 1], steps[i]
+    return t0 if s1 == s0 else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+
+
+def _kept_until(work: Work, next_work: Work | None, ended: str, save_interval: int) -> int | None:
+    """The last step of this attempt that no attempt must do again; None: all of it is kept."""
+    if next_work is not None:
+        return next_work.resumed_from or 0
+    if ended in (COMPLETED, "running"):
+        return None
+    last = work.steps[-1][1]
+    periodic = last - last % save_interval if save_interval > 0 else 0
+    return max(periodic, work.resumed_from or 0, work.saved or 0)
+
+
+def compute(attempts: list[Attempt], works: dict[int, Work], save_interval: int, source: str) -> Ledger:
+    """The ledger of a requeue chain: `attempts` in order, `works[number]` what training did in each."""
+    rows: list[AttemptLedger] = []
+    lost_to: dict[str, float] = {}
+    causes = Counter[str]()
+    for i, a in enumerate(attempts):
+        work = works.get(a.number, Work())
+        nxt = works.get(attempts[i + 1].number, Work()) if i + 1 < len(attempts) else None
+        allocated = max(a.end - a.start, 0.0) * a.gpus
+        steps = tuple((min(max(t, a.start), a.end), s) for t, s in work.steps)
+        if steps:
+            first_t, last_t = steps[0][0], steps[-1][0]
+            kept = _kept_until(Work(steps, work.resumed_from, work.saved), nxt, a.ended, save_interval)
+            thrown_s = 0.0 if kept is None or kept >= steps[-1][1] else (last_t - _time_at(steps, kept)) * a.gpus
+            thrown_steps = 0 if kept is None else max(steps[-1][1] - max(kept, work.resumed_from or 0), 0)
+            row = AttemptLedger(a.number, a.gpus, a.ended, allocated, (first_t - a.start) * a.gpus,
+                                (last_t - first_t) * a.gpus, (a.end - last_t) * a.gpus, thrown_s, steps[0][1],
+                                steps[-1][1], work.resumed_from, thrown_steps)  # fmt: skip
+        else:  # no step at all: all of it start-up
+            row = AttemptLedger(a.number, a.gpus, a.ended, allocated, allocated, 0.0, 0.0, 0.0, None, None,
+                                work.resumed_from, 0)  # fmt: skip
+        rows.append(row)
+        if a.ended not in (COMPLETED, "running"):
+            causes[a.ended] += 1
+        # start-up is the cost of the previous attempt's end; an attempt that never stepped is its own end's cost
+        before = _cause(a) if not steps and _cause(a) != OVERHEAD else OVERHEAD if i == 0 else _cause(attempts[i - 1])
+        lost_to[before] = lost_to.get(before, 0.0) + row.start_up
+        lost_to[_cause(a)] = lost_to.get(_cause(a), 0.0) + row.wind_down + row.thrown_away
+    return Ledger(source, rows, {k: v for k, v in lost_to.items() if v > 0}, dict(causes))
+
+
+def _cause(attempt: Attempt) -> str:
+    return attempt.ended if attempt.ended not in (COMPLETED, "running") else OVERHEAD
+
+
+def hours(gpu_seconds: float) -> str:
+    """GPU-seconds as GPU-hours, three significant figures ("12.3", "0.0112")."""
+    h = gpu_seconds / HOUR
+    return "0" if h == 0 else f"{h:.3g}" if h >= 0.001 else f"{h:.2e}"
+
+
+def plural(count: int, cause: str) -> str:
+    words = {"preemption": "preemptions", "time limit": "time limits", "hang": "hangs", "failure": "failures",
+             "cancel": "cancels", "requeue": "requeues", "node check": "node checks",
+             "node failure": "node failures"}  # fmt: skip
+    return f"{count} {cause if count == 1 else words.get(cause, cause)}"
+
+
+def summary(ledger: Ledger) -> str:
+    """One line: "12.3 GPU-hours, 11.6 trained; 0.7 lost: 0.4 to 1 preemption, 0.3 to start-up and wind-down"."""
+    lost = ", ".join(
+        f"{hours(v)} to {plural(ledger.causes[k], k) if k in ledger.causes else k}"
+        for k, v in sorted(ledger.lost_to.items(), key=lambda kv: -kv[1])
+    )
+    steps = f" ({ledger.steps_thrown_away} steps done again)" if ledger.steps_thrown_away else ""
+    return (
+        f"{hours(ledger.allocated)} GPU-hours, {hours(ledger.useful)} trained; {hours(ledger.lost)} lost"
+        + (f": {lost}" if lost else "")
+        + steps
+    )
+
+
+def table(ledger: Ledger) -> str:
+    """Every attempt, a line each (GPU-hours), then the totals."""
+    head = (f"  {'attempt':>7} {'gpus':>4}  {'ended':<12} {'steps':>11}  {'allocated':>9} {'start-up':>9} "
+            f"{'trained':>9} {'wind-down':>9} {'thrown':>9}")  # fmt: skip
+    lines = [head]
+    for a in ledger.attempts:
+        steps = "-" if a.first_step is None else f"{a.first_step}..{a.last_step}"
+        lines.append(
+            f"  {a.number:>7} {a.gpus:>4}  {a.ended:<12} {steps:>11}  {hours(a.allocated):>9} {hours(a.start_up):>9} "
+            f"{hours(a.trained):>9} {hours(a.wind_down):>9} {hours(a.thrown_away):>9}"
+        )
+    lines.append(f"  from {ledger.source}: {summary(ledger)}")
+    return "\n".join(lines)

@@ -1,0 +1,178 @@
+"""The GPU-hour ledger of runs (launcher.report.ledger), from what Slurm and the job recorded.
+
+Where the cluster keeps accounting, each attempt's start, end and GPUs come from `sacct --duplicates` (a requeue
+keeps the job id, each attempt its record; AllocTRES's gres/gpu); elsewhere from the job's own records: the batch
+script's start and end lines in the job's log and the GPUs the manifest asked for (`launcher.report.attempts`).
+Either way the steps come from the job (metrics.jsonl; the checkpoint each attempt resumed from in its log): Slurm
+knows no steps. The two sources agree within TOLERANCE (tests/test_accounting.py holds them to it).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+from launcher import protocol as P
+from launcher.bundle import manifest
+from launcher.errors import LauncherError
+from launcher.report import attempts as records
+from launcher.report import ledger_png
+from launcher.report.ledger import COMPLETED, Attempt, Ledger, compute, hours, summary
+from launcher.slurm import client
+from launcher.slurm.parse import TERMINAL, JobState, SacctRecord
+
+LAG_S, LAG_POLL_S = 15.0, 1.0  # how long to wait for slurmdbd to record an end the controller already knows
+SUBMIT_SLACK_S = 120  # sacct records of a job id submitted before its bundle was made are another job's
+# The job's records stamp whole seconds, start after Slurm's allocation and end before it is released:
+# per attempt, allocated GPU-seconds agree within this many seconds times its GPUs (or 2%, the larger).
+TOLERANCE_S, TOLERANCE_FRACTION = 3.0, 0.02
+
+
+def _created(data: dict) -> float:
+    try:
+        return datetime.strptime(data["created"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except (KeyError, ValueError):
+        return 0.0
+
+
+def _settled(job_id: str, final: JobState | None, created: float) -> list[SacctRecord] | None:
+    """sacct's records of the job (this bundle's: not an older job of the same id), once they agree with the
+    controller that it ended; None without accounting or when slurmdbd still lags after LAG_S."""
+    deadline = time.monotonic() + LAG_S
+    while True:
+        found = client.accounting_records(job_id)
+        if found is None:
+            return None
+        recs = [r for r in found if r.submit is None or r.submit.timestamp() >= created - SUBMIT_SLACK_S]
+        lagging = final is not None and final.terminal and (not recs or recs[-1].state not in TERMINAL)
+        if not lagging:
+            return recs
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(LAG_POLL_S)
+
+
+def _from_sacct(recs: list[SacctRecord], seen: dict, final: JobState | None, now: float, gpus: int) -> list[Attempt]:
+    """The attempts as sacct records them; `gpus` where AllocTRES names none (a site that does not account
+    gres/gpu)."""
+    out = []
+    for n, r in enumerate([r for r in recs if r.start is not None], start=1):
+        assert r.start is not None
+        said = seen[n].cause if n in seen else None  # the batch script's own words win over Slurm's REQUEUED
+        if r.end is None:
+            end, ended = now, "running"
+        else:
+            end, ended = r.end.timestamp(), said or records.FINAL.get(r.state, "failure")
+        if r is recs[-1] and r.state == "COMPLETED":
+            ended = COMPLETED
+        out.append(Attempt(n, r.start.timestamp(), end, r.gpus or gpus, ended))
+    if out and final is not None and not final.terminal and out[-1].ended != "running":
+        out[-1] = Attempt(out[-1].number, out[-1].start, now, out[-1].gpus, "running")
+    return out
+
+
+def ledgers(bundle_dir: Path, final: JobState | None = None) -> tuple[Ledger | None, Ledger | None]:
+    """(from sacct, from the job's records) for a submitted bundle; either None where it cannot be had (no
+    accounting; a bundle never submitted). `final`: the job's state if the caller has it (else asked)."""
+    run = manifest.load(bundle_dir)
+    job_id = run.job_id
+    if not job_id:
+        return None, None
+    if final is None:
+        final = client.job_state(job_id)
+    flags, now = run.flags, time.time()
+    seen = records.read_log(records.read_lines(run.log), job_id)
+    metrics = run.metrics
+    save_interval = int(flags.get("save_interval") or 0)
+    gpus = int(flags.get("nodes") or 1) * int(flags.get("gpus_per_node") or 0)
+    ended_state = final.state if final is not None and final.terminal else None
+    own = records.attempts(seen, gpus, ended_state, now)
+    spans = [(a.number, a.start, a.end) for a in own]
+    from_records = compute(own, records.works(seen, metrics, spans), save_interval, "job records") if own else None
+    recs = _settled(job_id, final, _created(run.data))
+    from_sacct = None
+    if recs:
+        acct = _from_sacct(recs, seen, final, now, gpus)
+        spans = [(a.number, a.start, a.end) for a in acct]
+        from_sacct = compute(acct, records.works(seen, metrics, spans), save_interval, "sacct") if acct else None
+    return from_sacct, from_records
+
+
+def ledger(bundle_dir: Path, final: JobState | None = None, keep: bool = True) -> Ledger | None:
+    """The run's ledger, from sacct where the cluster keeps accounting, else from the job's records; recorded in
+    the manifest (`keep`) once the job has ended."""
+    from_sacct, from_records = ledgers(bundle_dir, final)
+    chosen = from_sacct or from_records
+    if keep and chosen is not None:
+        kept(bundle_dir, chosen)
+    return chosen
+
+
+def kept(bundle_dir: Path, found: Ledger) -> None:
+    """Record a ledger in the run's manifest once its job has ended (a read-only bundle keeps its manifest)."""
+    if all(a.ended != "running" for a in found.attempts):
+        try:
+            manifest.record_ledger(manifest.load(bundle_dir).path, found.record())
+        except OSError:
+            pass
+
+
+def agree(a: Ledger, b: Ledger) -> list[str]:
+    """Where two ledgers of one run disagree beyond TOLERANCE (per attempt: allocated GPU-seconds; and the same
+    attempts, GPUs and steps thrown away); [] when they agree."""
+    problems = []
+    if [x.number for x in a.attempts] != [y.number for y in b.attempts]:
+        return [f"attempts differ: {len(a.attempts)} vs {len(b.attempts)}"]
+    for x, y in zip(a.attempts, b.attempts, strict=True):
+        allowed = max(TOLERANCE_S * max(x.gpus, y.gpus), TOLERANCE_FRACTION * max(x.allocated, y.allocated))
+        if abs(x.allocated - y.allocated) > allowed:
+            problems.append(f"attempt {x.number}: {x.allocated:.0f} vs {y.allocated:.0f} GPU-s (allowed {allowed:.0f})")
+        if (x.gpus, x.steps_thrown_away) != (y.gpus, y.steps_thrown_away):
+            problems.append(f"attempt {x.number}: gpus/steps thrown {x.gpus}/{x.steps_thrown_away} vs "
+                            f"{y.gpus}/{y.steps_thrown_away}")  # fmt: skip
+    return problems
+
+
+def bundles_since(configs_path: Path, since: float) -> list[Path]:
+    """The submitted bundles under a configs path (`<configs_path>/<run>/<stamp>/manifest.json`) made since."""
+    found = []
+    for path in sorted(configs_path.glob(f"*/*/{P.MANIFEST}")):
+        try:
+            run = manifest.load(path)
+        except (OSError, ValueError):
+            continue
+        if run.job_id and _created(run.data) >= since:
+            found.append(run.bundle_dir)
+    return found
+
+
+def line(bundle_dir: Path, final: JobState | None = None) -> str:
+    """The run's ledger in one line, for the end summary and `jobs status` (recorded in the manifest once ended)."""
+    try:
+        found = ledger(bundle_dir, final)
+    except (OSError, ValueError, KeyError, LauncherError) as e:  # a damaged bundle, Slurm not answering
+        return f"no ledger: {e}"
+    return summary(found) if found else "no ledger yet: the job has not started"
+
+
+def several(bundles: list[tuple[str, Path]], png: Path | None, title: str) -> list[str]:
+    """The ledgers of several runs (label, bundle): a line each, the total, and (`png`) their picture."""
+    lines, drawn = [], []
+    for label, bundle in bundles:
+        try:
+            found = ledger(bundle)
+        except (OSError, ValueError, KeyError, LauncherError) as e:
+            lines.append(f"  {label}: no ledger ({e})")
+            continue
+        if found is None:
+            lines.append(f"  {label}: not started")
+            continue
+        drawn.append((label, found))
+        lines.append(f"  {label}: {summary(found)}")
+    total = sum(x.allocated for _, x in drawn)
+    lost = sum(x.lost for _, x in drawn)
+    lines.append(f"  total: {hours(total)} GPU-hours over {len(drawn)} run(s), {hours(lost)} lost")
+    if png is not None and drawn and (picture := ledger_png.draw(drawn, png, title)):
+        lines.append(f"  gpu-hours picture  {picture}")
+    return lines

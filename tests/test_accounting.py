@@ -1,0 +1,164 @@
+"""Accounting for real, on the local cluster with slurmdbd on its own MariaDB (the `slurm_accounting` fixture): the
+launcher reads sacct (attempts of a requeue chain, their times, AllocTRES's GPUs), checks --account against the
+associations, and keeps a GPU-hour ledger that agrees with the job's own records. The ledger without accounting
+is tested in tests/test_e2e_training.py (the demo flow) and tests/test_ledger.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from launcher_helpers import ROOT
+from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
+from test_preemption import last_logged_step
+
+from launcher import sweep, usage
+from launcher.report.plots import read_metrics
+from launcher.slurm import client
+
+# run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
+# finishes (as one that outlasts the grace time): Slurm kills the run at the end of the grace time and requeues it,
+# and the next attempt resumes from the last periodic checkpoint before the notice; the steps after it are thrown
+# away (at least one: the notice's step, whose save hung). Steps are paced to 0.25 s. Each training process dies
+# with its torchrun (PR_SET_PDEATHSIG), as a cgroup would end them all: proctrack/linuxproc, the local cluster's,
+# loses track of processes whose parent it killed first.
+DEAF_TO_NOTICES = """
+import ctypes, os, runpy, signal, sys, time
+sys.path.insert(0, {root!r})
+from launcher.train import stop, torch_engine
+
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+first = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+agreed, save, stopping = stop.StopRequest.agreed, torch_engine.checkpoint.save, []
+step = torch_engine.TorchTrainer.train_step
+
+def noted(self):
+    said = agreed(self)
+    stopping.append(said)
+    return said
+
+def slow_save(*args, **kwargs):
+    if first and stopping and stopping[-1]:
+        time.sleep(3600)
+    return save(*args, **kwargs)
+
+def paced(self, ddp):
+    started = time.perf_counter()
+    done = step(self, ddp)
+    time.sleep(max(0.0, 0.25 - (time.perf_counter() - started)))
+    return done
+
+stop.StopRequest.agreed, torch_engine.checkpoint.save, torch_engine.TorchTrainer.train_step = noted, slow_save, paced
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.fixture
+def acct_env(slurm_accounting: dict[str, str], slurm_env: dict, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process and the launcher's pointed at the cluster with accounting."""
+    for key, value in slurm_accounting.items():
+        monkeypatch.setenv(key, value)
+    return {**slurm_env, **slurm_accounting}
+
+
+def steps_of_attempts(bundle_dir: Path, log: str, job_id: str) -> tuple[int, int]:
+    """(the last step the first attempt logged, the checkpoint step the second resumed from), read from the job's
+    metrics and log directly."""
+    second = log.split(f"job {job_id} attempt 2 started ")[1].split()[0]
+    from datetime import datetime
+
+    boundary = datetime.fromisoformat(second).timestamp()
+    first_steps = [r["step"] for r in read_metrics(bundle_dir / "metrics.jsonl") if r["time"] < boundary]
+    resumed = int(log.split("resumed from checkpoint step ")[1].split()[0]) if "resumed from" in log else 0
+    return max(first_steps), resumed
+
+
+def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path, acct_env: dict, demo_data):
+    script = tmp_path / "deaf.py"
+    script.write_text(DEAF_TO_NOTICES.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
+    proc = launch(tmp_path, acct_env, demo_data, "preempted", "--train_steps", "40", "--save_interval", "7",
+                  "--account", "research", "--run_train_script", str(script))  # fmt: skip
+    (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/preempted").glob("*")), timeout=30)
+    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
+    wait_for(lambda: last_logged_step(bundle_dir) >= 9, timeout=180)
+    urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "2",
+              "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 2"]  # fmt: skip
+    subprocess.run(urgent, env=acct_env, capture_output=True, text=True, check=True)
+    code, out = finish(proc, timeout=400)
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    assert code == 0, out + log[-3000:]
+    assert "ended COMPLETED" in out and "requeued 1x" in out
+
+    # sacct: both attempts of the requeue chain, the first ended by the preemption, each with the job's 4 GPUs
+    records = client.accounting_records(job_id)
+    assert records is not None and [r.state for r in records] == ["PREEMPTED", "COMPLETED"], records
+    assert [r.gpus for r in records] == [4, 4] and all(r.elapsed_s > 0 for r in records)
+
+    # the ledger: the steps thrown away are those after the checkpoint the second attempt resumed from
+    last_first, resumed = steps_of_attempts(bundle_dir, log, job_id)
+    from_sacct, from_records = usage.ledgers(bundle_dir)
+    assert from_sacct is not None and from_records is not None
+    for found in (from_sacct, from_records):
+        assert [a.ended for a in found.attempts] == ["preemption", "completed"]
+        assert found.steps_thrown_away == last_first - resumed > 0 and resumed % 7 == 0
+        assert found.attempts[1].resumed_from == resumed and found.attempts[0].last_step == last_first
+        assert abs(found.allocated - (found.useful + found.lost)) < 1e-6
+        assert found.causes == {"preemption": 1} and found.lost_to["preemption"] > 0
+    assert usage.agree(from_sacct, from_records) == []  # within usage.TOLERANCE_S per GPU and attempt
+    elapsed = sum(r.elapsed_s * r.gpus for r in records)
+    assert abs(from_sacct.allocated - elapsed) <= 2 * 4  # sacct's Start/End and Elapsed, to the second
+    recorded = manifest(bundle_dir)["ledger"]
+    assert recorded["source"] == "sacct" and recorded["causes"] == {"preemption": 1}
+    assert recorded["steps_thrown_away"] == last_first - resumed
+    assert "lost" in out and "to 1 preemption" in out.split("gpu-hours")[-1]  # the end summary's line
+
+    shown = subprocess.run(["python3", "-m", "launcher.jobs", "ledger", str(bundle_dir)], env=acct_env,
+                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert shown.returncode == 0 and "from sacct:" in shown.stdout and "from job records:" in shown.stdout, shown
+    assert "disagree" not in shown.stdout
+    status = subprocess.run(["python3", "-m", "launcher.jobs", "status", str(bundle_dir)], env=acct_env,
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert status.returncode == 0 and "gpu-hours " in status.stdout and "to 1 preemption" in status.stdout, status
+
+
+def test_account_is_checked_against_the_associations(tmp_path: Path, acct_env: dict, demo_data):
+    assert client.user_accounts() == ["research", "root"]
+    proc = launch(tmp_path, acct_env, demo_data, "noaccount", "--train_steps", "5", "--account", "nosuch")
+    code, out = finish(proc, timeout=120)
+    assert code == 2, out
+    assert "--account" in out and "'nosuch' is not an account you may submit to here" in out
+    assert "research, root" in out and "Traceback" not in out
+
+
+def test_a_sweeps_ledger_with_accounting(tmp_path: Path, acct_env: dict, demo_data):
+    proc = launch(tmp_path, acct_env, demo_data, "sw", "--train_steps", "6", "--sweep", "learning_rate=1e-3,3e-3",
+                  nodes="1")  # fmt: skip
+    code, out = finish(proc, timeout=400)
+    assert code == 0, out
+    (record_dir,) = [d for d in bundles(tmp_path, "sw") if (d / sweep.RECORD).exists()]
+    points = json.loads((record_dir / sweep.RECORD).read_text())["points"]
+    assert "GPU-hours" in out and (record_dir / "gpu-hours.png").stat().st_size > 10_000
+    total = 0.0
+    for entry in points:
+        from_sacct, from_records = usage.ledgers(Path(entry["bundle"]))
+        assert from_sacct is not None and from_records is not None
+        assert usage.agree(from_sacct, from_records) == []
+        assert [a.gpus for a in from_sacct.attempts] == [2]  # 1 node x 2 GPUs, from AllocTRES
+        total += from_sacct.allocated
+        assert manifest(Path(entry["bundle"]))["ledger"]["source"] == "sacct"
+    shown = subprocess.run(["python3", "-m", "launcher.jobs", "ledger", str(record_dir)], env=acct_env,
+                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert shown.returncode == 0, shown
+    said = shown.stdout.split("total: ")[1].split()[0]
+    assert abs(float(said) - total / 3600) <= 0.01 * total / 3600 + 1e-4, shown.stdout
+
+    # the user's runs over a period: both points (the sweep's own record is no run), drawn in the configs path
+    argv = ["--since", "2000-01-01", "--configs_path", str(tmp_path / "logs/configs")]
+    period = subprocess.run(["python3", "-m", "launcher.jobs", "ledger", *argv], env=acct_env, capture_output=True,
+                            text=True, cwd=ROOT)  # fmt: skip
+    assert period.returncode == 0 and "GPU-hours of 2 run(s)" in period.stdout, period
+    assert period.stdout.split("total: ")[1].split()[0] == said
+    assert (tmp_path / "logs/configs/gpu-hours.png").stat().st_size > 10_000

@@ -1,0 +1,136 @@
+"""The GPU-hour ledger's figures (pure: launcher.report.ledger) and the job's own records it reads
+(launcher.report.attempts). On the real cluster: tests/test_accounting.py (with sacct) and
+tests/test_e2e_training.py (without)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher.report import attempts as records
+from launcher.report.ledger import OVERHEAD, Attempt, Work, compute, summary
+
+
+def steps(start: float, first: int, last: int, every: float = 1.0) -> tuple[tuple[float, int], ...]:
+    return tuple((start + every * (s - first), s) for s in range(first, last + 1))
+
+
+def test_a_completed_attempt():
+    ledger = compute([Attempt(1, 0.0, 100.0, 4, "completed")], {1: Work(steps(20.0, 1, 71))}, 10, "test")
+    (a,) = ledger.attempts
+    assert (a.allocated, a.start_up, a.trained, a.wind_down, a.thrown_away) == (400.0, 80.0, 280.0, 40.0, 0.0)
+    assert ledger.useful == 280.0 and ledger.lost == 120.0 and ledger.lost_to == {OVERHEAD: 120.0}
+    assert ledger.causes == {} and "lost: " in summary(ledger)
+
+
+def test_a_preemption_throws_away_the_steps_after_the_checkpoint_resumed_from():
+    chain = [Attempt(1, 0.0, 50.0, 2, "preemption"), Attempt(2, 80.0, 140.0, 2, "completed")]
+    works = {1: Work(steps(10.0, 1, 31)), 2: Work(steps(100.0, 21, 50), resumed_from=20)}
+    ledger = compute(chain, works, 10, "test")
+    first, second = ledger.attempts
+    assert first.steps_thrown_away == 11 and first.thrown_away == 2 * (40.0 - 29.0)  # steps 21..31
+    assert second.steps_thrown_away == 0 and second.start_up == 2 * 20.0
+    lost_to_preemption = first.thrown_away + first.wind_down + second.start_up  # the requeue's whole cost
+    assert ledger.lost_to == {OVERHEAD: 2 * 10.0 + second.wind_down, "preemption": lost_to_preemption}
+    assert ledger.causes == {"preemption": 1} and "to 1 preemption" in summary(ledger)
+    assert ledger.allocated == 2 * 50 + 2 * 60  # the 30 s in the queue between attempts are no GPU time
+
+
+def test_a_failed_last_attempt_loses_the_steps_after_its_last_checkpoint():
+    ledger = compute([Attempt(1, 0.0, 40.0, 1, "failure")], {1: Work(steps(5.0, 1, 23))}, 10, "test")
+    (a,) = ledger.attempts
+    assert a.steps_thrown_away == 3 and a.thrown_away == 3.0  # steps 21, 22, 23 after checkpoint 20
+    assert ledger.lost_to["failure"] == a.thrown_away + a.wind_down and ledger.causes == {"failure": 1}
+
+
+def test_an_attempt_without_a_step_is_all_lost():
+    chain = [Attempt(1, 0.0, 30.0, 8, "node check"), Attempt(2, 40.0, 60.0, 8, "completed")]
+    ledger = compute(chain, {2: Work(steps(45.0, 1, 10))}, 10, "test")
+    assert ledger.attempts[0].start_up == 240.0 and ledger.attempts[0].first_step is None
+    assert ledger.lost_to["node check"] == 240.0 + ledger.attempts[1].start_up  # its own and the next start-up
+
+
+attempt = st.builds(
+    lambda n, start, length, gpus, ended, first, count, pace: (
+        Attempt(n, start, start + length, gpus, ended),
+        Work(steps(start + length * first, 1, count, pace * length / max(count, 1) * (1 - first))),
+    ),
+    st.just(0), st.floats(0, 1e6), st.floats(0.1, 1e4), st.integers(1, 64),
+    st.sampled_from(["preemption", "time limit", "hang", "failure", "completed"]), st.floats(0, 0.9),
+    st.integers(0, 50), st.floats(0, 1),
+)  # fmt: skip
+
+
+@given(st.lists(attempt, min_size=1, max_size=5), st.integers(0, 20))
+def test_the_parts_add_up(chain: list, save_interval: int):
+    attempts, works, start = [], {}, 0.0
+    for n, (a, w) in enumerate(chain, start=1):
+        shift = start - a.start
+        attempts.append(Attempt(n, a.start + shift, a.end + shift, a.gpus, a.ended))
+        works[n] = Work(tuple((t + shift, s) for t, s in w.steps))
+        start = a.end + shift + 10
+    ledger = compute(attempts, works, save_interval, "test")
+    assert ledger.allocated == pytest.approx(ledger.useful + ledger.lost, abs=1e-6)
+    assert sum(ledger.lost_to.values()) == pytest.approx(ledger.lost, abs=1e-6)
+    assert all(a.thrown_away <= a.trained + 1e-9 and min(a.start_up, a.trained, a.wind_down) >= -1e-9
+               for a in ledger.attempts)  # fmt: skip
+
+
+LOG = """\
+[launcher 10:00:01.250] job 77 attempt 1 started 2026-11-24T10:00:01+00:00 on node[1-2]
+resumed from checkpoint step 0 (x)
+[launcher 10:00:09.000] hung at step 4: no progress for 30 s (limit 20 s); stacks in /s
+[launcher 10:00:20.500] requeueing once without node1; the next attempt resumes from the latest checkpoint
+[launcher 10:00:20.750] job 77 attempt 1 ended 2026-11-24T10:00:20+00:00, exit code 0
+[launcher 10:00:40.000] job 77 attempt 2 started 2026-11-24T10:00:40+00:00 on node2
+resumed from checkpoint step 3 (/c/3); rng digest 1
+[launcher 10:00:50.000] job 77 attempt 2 ended 2026-11-24T10:00:50+00:00, exit code 0
+"""
+
+
+def test_the_jobs_own_records(tmp_path: Path):
+    seen = records.read_log(LOG.splitlines(keepends=True), "77")
+    chain = records.attempts(seen, 4, "COMPLETED")
+    assert [(a.number, a.ended, a.gpus) for a in chain] == [(1, "hang", 4), (2, "completed", 4)]
+    assert chain[0].end - chain[0].start == pytest.approx(19.5)  # to the millisecond of the batch script's stamps
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [(chain[0].start + 2 + s, s) for s in range(1, 5)] + [(chain[1].start + 3 + s, s) for s in range(4, 8)]
+    metrics.write_text("".join(json.dumps({"step": s, "time": t}) + "\n" for t, s in rows))
+    works = records.works(seen, metrics, [(a.number, a.start, a.end) for a in chain])
+    ledger = compute(chain, works, 1000, "job records")
+    assert ledger.steps_thrown_away == 1 and ledger.causes == {"hang": 1}  # step 4, after checkpoint 3
+    assert ledger.lost_to["hang"] == pytest.approx(4 * (1.0 + (chain[0].end - rows[3][0]) + 7.0))
+    running = records.attempts(records.read_log(LOG.splitlines()[:3], "77"), 4, None, now=chain[0].start + 5)
+    assert running[0].ended == "running" and running[0].end == chain[0].start + 5
+
+
+def test_sacct_lagging_behind_the_controller_is_waited_for_then_left(monkeypatch: pytest.MonkeyPatch):
+    """slurmdbd records a job's end after the controller knows it: the ledger waits (bounded) for sacct to agree,
+    and where it does not, it is not used (the job's records are). sacct's answers are recorded ones, replayed."""
+    from launcher import usage
+    from launcher.slurm import client
+    from launcher.slurm.parse import JobState, parse_sacct_records
+
+    running = parse_sacct_records(
+        "7|RUNNING|0:0|None|node1|2026-11-24T07:10:16|2026-11-24T07:10:16|Unknown|3|gres/gpu=2"
+    )
+    ended = parse_sacct_records("7|COMPLETED|0:0|None|node1|2026-11-24T07:10:16|2026-11-24T07:10:16|"
+                                "2026-11-24T07:10:30|14|gres/gpu=2")  # fmt: skip
+    final = JobState("7", "COMPLETED", "None", 0, 0, 0, "node1")
+    answers = [running, running, ended]
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: answers.pop(0) if len(answers) > 1 else answers[0])
+    monkeypatch.setattr(usage, "LAG_POLL_S", 0.01)
+    assert usage._settled("7", final, 0.0) == ended  # waited two answers for the end
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: running)
+    monkeypatch.setattr(usage, "LAG_S", 0.05)
+    assert usage._settled("7", final, 0.0) is None  # still running in sacct: not used, never read as running
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: [])
+    assert usage._settled("7", final, 0.0) is None  # sacct does not know it yet
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: None)
+    assert usage._settled("7", final, 0.0) is None  # no accounting
+    monkeypatch.setattr(client, "accounting_records", lambda job_id: ended)
+    assert usage._settled("7", final, ended[0].submit.timestamp() + 3600) is None  # an older job of the same id
