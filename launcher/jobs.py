@@ -9,25 +9,28 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher import protocol as P
 from launcher import sweep
 from launcher.bundle import manifest
 from launcher.errors import LauncherError, SubmissionError, as_command
-from launcher.report import pictures
 from launcher.slurm import client, follow
-from launcher.slurm.submit import follow_to_end, report_end
+from launcher.submission import follow_to_end, report_end
 
 
-def _resolve_target(target: str) -> tuple[str, Path, str, Path | None]:
+def _resolve_target(target: str) -> tuple[str, Path, str, manifest.Manifest | None]:
     """A bundle directory (or its manifest) or a job id -> (job id, log path, target to show, manifest or None)."""
     path = Path(target)
-    if path.name == "manifest.json":
+    if path.name == P.MANIFEST:
         path = path.parent
-    if (path / "manifest.json").is_file():
-        data = manifest.read_manifest(path)
-        job_id = data["slurm"].get("job_id")
+    if (path / P.MANIFEST).is_file():
+        try:
+            run = manifest.load(path)
+            job_id, log_path = run.job_id, run.log
+        except (OSError, ValueError, KeyError) as e:
+            raise LauncherError(f"cannot read the manifest of {path}: {e}") from None
         if not job_id:
-            raise LauncherError(f"{path} was never submitted ({data['slurm'].get('error', 'dry run')})")
-        return job_id, Path(data["outputs"]["log"]), str(path), path / "manifest.json"
+            raise LauncherError(f"{path} was never submitted ({run.not_submitted})")
+        return job_id, log_path, str(path), run
     if client.JOB_ID.match(target):
         log = client.job_log_path(target)
         if log is None:
@@ -55,13 +58,13 @@ def _sweep_action(action: str, directory: Path) -> int:
     return 0
 
 
-def _status(job_id: str, log: Path, manifest_path: Path | None) -> int:
+def _status(job_id: str, log: Path, run: manifest.Manifest | None) -> int:
     """The job's state; once it has ended, the verdict on why (recorded in the manifest) too."""
     state = client.job_state(job_id)
     if state is None:
         raise SubmissionError(f"Slurm no longer knows job {job_id}")
     if state.terminal:
-        report_end(state, log, manifest_path)
+        report_end(state, log, run)
     else:
         print(follow.describe(state))
     print(f"  log: {log}")
@@ -80,18 +83,14 @@ def _act(action: str, target_text: str) -> int:
     sweep_dir = Path(target_text).parent if target_text.endswith(sweep.RECORD) else Path(target_text)
     if (sweep_dir / sweep.RECORD).is_file():
         return _sweep_action(action, sweep_dir)
-    job_id, log, target, manifest_path = _resolve_target(target_text)
+    job_id, log, target, run = _resolve_target(target_text)
     if action == "attach":
-        code = follow_to_end(job_id, log, target, manifest_path)
-        if code != 130 and manifest_path is not None:
-            for name, png in pictures.render(manifest_path.parent).items():
-                print(f"  {name:<12} {png}")
-        return code
+        return follow_to_end(job_id, log, target, run)
     if action == "cancel":
         client.cancel(job_id)
         print(f"Cancelled job {job_id}.")
         return 0
-    return _status(job_id, log, manifest_path)
+    return _status(job_id, log, run)
 
 
 if __name__ == "__main__":

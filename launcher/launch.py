@@ -5,25 +5,25 @@ them together, for one run or for every point of a sweep (all or none)."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from launcher import sweep
+from launcher import protocol as P
+from launcher import submission, sweep
 from launcher.bundle import files, manifest, render
 from launcher.config import figures, fit, flags, validate
 from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
 from launcher.report import plan, summary
-from launcher.slurm import preflight, submit
+from launcher.slurm import preflight
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
 
 def latest_checkpoint_step(checkpoints: Path) -> int | None:
     """The step of a run's newest checkpoint: the torch engine's `latest` pointer or nanotron's `latest.txt`."""
-    for pointer in ("latest", "latest.txt"):
+    for pointer in P.POINTERS:
         try:
             return int((checkpoints / pointer).read_text().strip())
         except (OSError, ValueError):
@@ -193,7 +193,7 @@ def launch_run(argv: list[str]) -> int:
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
-    return submit.submit_and_follow(paths, follow=spec.args.execution.show_logs)
+    return submission.submit_and_follow(paths, follow=spec.args.execution.show_logs)
 
 
 def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
@@ -204,16 +204,9 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     grid = sweep.points(argv, run_name, axes)
     prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
     a = prepared[0].spec.args
-    record_dir = sweep.claim_record(a.paths.configs_path, run_name)
-    record: dict[str, Any] = {
-        "sweep": sweep_text,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "points": [
-            {"run_name": p.run_name, "values": p.values, "bundle": str(prep.paths.bundle_dir), "job_id": None}
-            for p, prep in zip(grid, prepared, strict=True)
-        ],
-    }
-    manifest.write_manifest(record_dir / sweep.RECORD, record, new=True)
+    record_dir = sweep.write_record(
+        a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared]
+    )
     print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
     for p, prep in zip(grid, prepared, strict=True):
         print(f"  {p.label}")
@@ -221,17 +214,19 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     if a.execution.dry_run:
         print("Dry run: nothing submitted. Submit each script with sbatch, or launch again without --dry_run.")
         return 0
-    failed = 0
-    for entry, prep in zip(record["points"], prepared, strict=True):
+    failed, submitted = 0, []
+    for p, prep in zip(grid, prepared, strict=True):
         try:
-            entry["job_id"] = submit.submit(prep.paths)
+            job_id = submission.submit(prep.paths)
         except LauncherError as e:
             failed += 1
-            print(f"error: {entry['run_name']}: {e}", file=sys.stderr)
-        manifest.write_manifest(record_dir / sweep.RECORD, record)
-    print("Submitted " + ", ".join(f"{e['run_name']} as job {e['job_id']}" for e in record["points"] if e["job_id"]))
+            print(f"error: {p.run_name}: {e}", file=sys.stderr)
+            continue
+        sweep.record_job(record_dir, p, job_id)
+        submitted.append(f"{p.run_name} as job {job_id}")
+    print("Submitted " + ", ".join(submitted))
     if not a.execution.show_logs:
-        print(submit.how_to(str(record_dir)))
+        print(submission.how_to(str(record_dir)))
         return 1 if failed else 0
     code = sweep.follow(record_dir)
     return 1 if failed else code

@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.bundle import manifest
+from launcher import atomic
+from launcher import protocol as P
+from launcher.bundle import files, manifest
 from launcher.config import flags
 from launcher.config.problems import Problem
 from launcher.errors import LauncherError
@@ -29,11 +31,11 @@ from launcher.report import plots as plotting
 from launcher.slurm import client
 from launcher.slurm.follow import describe
 from launcher.slurm.parse import JobState
-from launcher.slurm.submit import how_to, judge_end
+from launcher.submission import how_to, judge_end
 
 MAX_POINTS = 64
 NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
-RECORD = "sweep.json"
+RECORD = P.SWEEP_RECORD
 
 
 def values_text(values: dict[str, str]) -> str:
@@ -122,17 +124,27 @@ def points(argv: list[str], run_name: str, axes: list[tuple[str, list[str]]]) ->
     return out
 
 
-def claim_record(configs_path: str, run_name: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1, 10_000):
-        directory = Path(configs_path) / run_name / (stamp if n == 1 else f"{stamp}-{n}")
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            directory.mkdir()
-            return directory
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"no free sweep directory under {configs_path}/{run_name}")
+def write_record(configs_path: str, run_name: str, sweep_text: str, grid: list[Point], bundles: list[Path]) -> Path:
+    """The sweep's record, in a directory of its own beside its points' bundles: the points, their values and
+    bundles; their job ids are added as they are submitted (`record_job`). Returns the directory."""
+    directory = files.claim_dir(Path(configs_path) / run_name)
+    record = {
+        "sweep": sweep_text,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "points": [
+            {"run_name": p.run_name, "values": p.values, "bundle": str(bundle), "job_id": None}
+            for p, bundle in zip(grid, bundles, strict=True)
+        ],
+    }
+    files.write_new(directory / RECORD, json.dumps(record, indent=2) + "\n")
+    return directory
+
+
+def record_job(directory: Path, point: Point, job_id: str) -> None:
+    """Note a point's job id in the sweep's record."""
+    record = read_record(directory)
+    record["points"][point.index - 1]["job_id"] = job_id
+    atomic.replace(directory / RECORD, json.dumps(record, indent=2) + "\n")
 
 
 def read_record(directory: Path) -> dict:
@@ -176,20 +188,19 @@ def follow(record_dir: Path, poll: float = 2.0, max_poll: float = 10.0) -> int:
 def judge_point(entry: dict, state: JobState) -> None:
     """Why a point's job ended so, recorded in its bundle's manifest, as for one run (`submit.judge_end`); the
     results read it from there."""
-    bundle = Path(entry["bundle"])
     try:
-        log = Path(manifest.read_manifest(bundle)["outputs"]["log"])
+        run = manifest.load(Path(entry["bundle"]))
+        log = run.log
     except (OSError, ValueError, KeyError):
         return  # a bundle moved or damaged: the table still shows Slurm's state
-    judge_end(state, log, bundle / "manifest.json")
+    judge_end(state, log, run)
 
 
 def _verdict(bundle: Path) -> dict | None:
     try:
-        verdict = manifest.read_manifest(bundle).get("verdict")
+        return manifest.load(bundle).verdict
     except (OSError, ValueError):
         return None
-    return verdict if isinstance(verdict, dict) else None
 
 
 def _final(metrics: Path) -> dict | None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, paths_for
 from launcher.config.flags import parse
 from launcher.config.problems import Problem
@@ -70,14 +71,17 @@ def run_launcher(
 
 
 TRIAGE_FIXTURES = ROOT / "tests" / "fixtures" / "triage"  # real torchrun logs (see its README)
-START = "[launcher 14:41:47.512] job 48 attempt 1 started 2026-11-23T14:41:47+00:00 on node[1-2]\n"
+START = (
+    P.line("attempt_started", "14:41:47.512", job=48, attempt=1, when="2026-11-23T14:41:47+00:00", nodes="node[1-2]")
+    + "\n"
+)
 SRUN_KILL = (  # srun --kill-on-bad-exit=1 after one node's torchrun exits 1: it stops the other task
     "srun: error: node2: task 1: Exited with exit code 1\n"
     "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
     "slurmstepd: error: *** STEP 48.0 ON node1 CANCELLED AT 2026-11-23T14:43:02 ***\n"
     "srun: error: node1: task 0: Exited with exit code 143\n"
 )
-END = "[launcher 14:43:03.101] job 48 attempt 1 ended 2026-11-23T14:43:03+00:00, exit code 143\n"
+END = P.line("attempt_ended", "14:43:03.101", job=48, attempt=1, when="2026-11-23T14:43:03+00:00", code=143) + "\n"
 
 
 def job_log(fixture: str, slurm: str = SRUN_KILL) -> str:

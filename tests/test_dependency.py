@@ -6,16 +6,16 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from launcher_helpers import fixed_paths, spec_for
 
 from launcher import launch
 from launcher.bundle import render
-from launcher.config import dependency
+from launcher.config import dependency_syntax
 from launcher.config.validate import validate
 from launcher.errors import SlurmUnavailable
-from launcher.slurm import client, dependencies
+from launcher.slurm import awaited_jobs, client
 from launcher.slurm.parse import JobState
 
 STATES = {"1": "RUNNING", "2": "COMPLETED", "3": "FAILED", "4": "PENDING", "5": "CANCELLED", "6": "SPECIAL_EXIT"}
@@ -58,14 +58,14 @@ STRICTER = ["afterok:1,afterany:2?after:3", "afterok:1_[1-2]", "afterok:+5", "af
 
 @pytest.mark.parametrize("text", ACCEPTED)
 def test_slurm_syntax_is_accepted(text: str) -> None:
-    assert dependency.parse(text) is not None
+    assert dependency_syntax.parse(text) is not None
     spec, problems = spec_for("--dependency", text, "--dataset", "none")
     assert problems + validate(spec) == []
 
 
 @pytest.mark.parametrize("text", REFUSED + STRICTER)
 def test_anything_else_is_a_problem_naming_the_flag(text: str) -> None:
-    (problem,) = dependency.syntax_problems(text)
+    (problem,) = dependency_syntax.syntax_problems(text)
     assert problem.flag == "dependency" and "afterok:12345" in problem.fix
     spec, problems = spec_for("--dependency", text, "--dataset", "none")
     assert problems + validate(spec) == [problem]
@@ -79,34 +79,38 @@ def test_anything_else_is_a_problem_naming_the_flag(text: str) -> None:
     ],
 )
 def test_near_misses_say_what_to_change(text: str, words: str) -> None:
-    (problem,) = dependency.syntax_problems(text)
+    (problem,) = dependency_syntax.syntax_problems(text)
     assert words in problem.message
 
 
-@settings(max_examples=50)  # generating from a regex this size is slow: ~50 ms an example
-@given(st.from_regex(dependency.SYNTAX, fullmatch=True))
+@settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])  # ~50 ms an example from this regex
+@given(st.from_regex(dependency_syntax.SYNTAX, fullmatch=True))
 def test_whatever_is_accepted_is_ascii_and_parses_to_kinds_and_job_ids(text: str) -> None:
     assert re.fullmatch(r"[A-Za-z0-9:_*+?,]+", text)  # nothing a shell or an #SBATCH line would read otherwise
-    parsed = dependency.parse(text)
+    parsed = dependency_syntax.parse(text)
     assert parsed is not None
     items, any_of = parsed
     assert any_of == ("?" in text) and not ("?" in text and "," in text)
     for item in items:
-        assert item.kind in (*dependency.KINDS, "singleton") and (item.kind == "singleton") == (not item.job_ids)
+        assert item.kind in (*dependency_syntax.KINDS, "singleton") and (item.kind == "singleton") == (not item.job_ids)
         assert all(re.fullmatch(r"0*[1-9][0-9]*(_([0-9]+|\*))?", job_id) for job_id in item.job_ids)
 
 
 def test_parse_keeps_kinds_and_ids() -> None:
-    assert dependency.parse("afterok:1:2_3,after:4+5") == (
-        [dependency.Item("afterok", ("1", "2_3")), dependency.Item("after", ("4",))],
+    assert dependency_syntax.parse("afterok:1:2_3,after:4+5") == (
+        [dependency_syntax.Item("afterok", ("1", "2_3")), dependency_syntax.Item("after", ("4",))],
         False,
     )
-    assert dependency.parse("singleton?afterany:9") == (
-        [dependency.Item("singleton", ()), dependency.Item("afterany", ("9",))],
+    assert dependency_syntax.parse("singleton?afterany:9") == (
+        [dependency_syntax.Item("singleton", ()), dependency_syntax.Item("afterany", ("9",))],
         True,
     )
-    assert dependency.parse("AfterOK:1_*,7,SINGLETON") == (  # kinds as Slurm names them; a bare id is afterany
-        [dependency.Item("afterok", ("1_*",)), dependency.Item("afterany", ("7",)), dependency.Item("singleton", ())],
+    assert dependency_syntax.parse("AfterOK:1_*,7,SINGLETON") == (  # kinds as Slurm names them; a bare id is afterany
+        [
+            dependency_syntax.Item("afterok", ("1_*",)),
+            dependency_syntax.Item("afterany", ("7",)),
+            dependency_syntax.Item("singleton", ()),
+        ],
         False,
     )
 
@@ -159,7 +163,7 @@ def test_parse_keeps_kinds_and_ids() -> None:
     ],
 )
 def test_job_states(text: str, expected: list[str]) -> None:
-    problems = dependencies.state_problems(text, lookup)
+    problems = awaited_jobs.state_problems(text, lookup)
     assert len(problems) == len(expected)
     for problem, words in zip(problems, expected, strict=True):
         assert problem.flag == "dependency" and words in problem.message

@@ -1,5 +1,5 @@
 """The end of a followed job, without Slurm: "Job N ended STATE", then the verdict's lines, and both recorded in
-the manifest (launcher/slurm/submit.py `report_end`, used by --show_logs, `jobs attach` and `jobs status`)."""
+the manifest (launcher/submission.py `report_end`, used by --show_logs, `jobs attach` and `jobs status`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from launcher_helpers import job_log
 
 from launcher import jobs
+from launcher import submission as submit
 from launcher.bundle import manifest
 from launcher.config.flags import parse
-from launcher.slurm import client, submit
-from launcher.slurm.dependencies import NEVER_SATISFIED
+from launcher.slurm import client, follow
+from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
 
 
@@ -40,7 +41,7 @@ def failed(code: int = 143, state: str = "FAILED", **more: object) -> JobState:
 def test_a_failed_job_ends_with_its_verdict_printed_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     path, log = written_bundle(tmp_path)
     log.write_text(job_log("exception-2nodes.log"))
-    verdict = submit.report_end(failed(), log, path)
+    verdict = submit.report_end(failed(), log, manifest.load(path))
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "Job 48 ended FAILED, exit code 143"
     assert out[1].startswith("  why: rank 3 on node2 raised ValueError: shard 7 of /data/tokenized has 0 samples")
@@ -56,7 +57,7 @@ def test_a_failed_job_ends_with_its_verdict_printed_and_recorded(tmp_path: Path,
 def test_the_oom_fix_names_the_runs_own_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     path, log = written_bundle(tmp_path, "--micro_batch_size", "4", "--grad_accum_steps", "8", "--tp", "2")
     log.write_text(job_log("cuda-oom.log"))
-    submit.report_end(failed(1), log, path)
+    submit.report_end(failed(1), log, manifest.load(path))
     out = capsys.readouterr().out
     assert "  fix: use --micro_batch_size 2 --grad_accum_steps 16 (the same batch)" in out and "--tp 4" in out
 
@@ -64,7 +65,10 @@ def test_the_oom_fix_names_the_runs_own_flags(tmp_path: Path, capsys: pytest.Cap
 def test_a_completed_job_has_no_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     path, log = written_bundle(tmp_path)
     log.write_text("step 30/30 | loss 1.0\n")
-    assert submit.report_end(dataclasses.replace(failed(0), state="COMPLETED", restarts=1), log, path) is None
+    assert (
+        submit.report_end(dataclasses.replace(failed(0), state="COMPLETED", restarts=1), log, manifest.load(path))
+        is None
+    )
     assert capsys.readouterr().out == "Job 48 ended COMPLETED, exit code 0 (requeued 1x)\n"
     data = json.loads(path.read_text())
     assert data["verdict"] is None and data["ended"]["state"] == "COMPLETED"
@@ -81,8 +85,8 @@ def test_without_a_bundle_or_a_log_the_verdict_is_still_said(tmp_path: Path, cap
 def test_follow_to_end_reports_the_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch):
     path, log = written_bundle(tmp_path)
     log.write_text(job_log("nccl-timeout.log"))
-    monkeypatch.setattr(submit.follow, "follow", lambda job_id, log: failed(134))  # the job has ended
-    assert submit.follow_to_end("48", log, "target", path) == 1
+    monkeypatch.setattr(follow, "follow", lambda job_id, log: failed(134))  # the job has ended
+    assert submit.follow_to_end("48", log, "target", manifest.load(path)) == 1
     assert "why: rank 1 on node1: NCCL collective ALLREDUCE (SeqNum 1207) timed out" in capsys.readouterr().out
     assert json.loads(path.read_text())["verdict"]["cause"] == "nccl"
 

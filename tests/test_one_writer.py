@@ -9,25 +9,27 @@ from pathlib import Path
 from launcher_helpers import spec_for
 from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
 
+from launcher import protocol as P
 from launcher.config.problems import Problem
-from launcher.slurm import client, writers
+from launcher.slurm import client, one_writer
 
 
 def test_a_live_job_of_the_run_is_named_unless_awaited(tmp_path: Path, monkeypatch):
     spec, _ = spec_for("--run_name", "r", "--dataset", "none", cwd=tmp_path)
     ckpt = Path(spec.args.paths.checkpoints_path) / "r"
     ckpt.mkdir(parents=True)
-    (ckpt / writers.LOCK).write_text("41\n")
+    (ckpt / P.LOCK).mkdir()  # as the batch script takes it: a directory, the holder's job id in a file inside
+    (ckpt / P.LOCK / P.LOCK_HOLDER).write_text("41\n")
     monkeypatch.setattr(client, "live_jobs", lambda name: [("41", "RUNNING", "/x/logs/slurm_scripts/r/s.sbatch")])
-    (problem,) = writers.problems(spec)
+    (problem,) = one_writer.problems(spec)
     assert isinstance(problem, Problem) and problem.flag == "run_name"
     assert "job 41 of run r is RUNNING" in problem.message and "--dependency afterany:41" in problem.fix
     waiting, _ = spec_for("--run_name", "r", "--dataset", "none", "--dependency", "afterok:41", cwd=tmp_path)
-    assert writers.problems(waiting) == []
+    assert one_writer.problems(waiting) == []
     fresh, _ = spec_for("--run_name", "r", "--dataset", "none", "--resume", "false", cwd=tmp_path)
-    assert writers.problems(fresh) == []
+    assert one_writer.problems(fresh) == []
     monkeypatch.setattr(client, "live_jobs", lambda name: [("52", "PENDING", "/elsewhere/job.sbatch")])
-    assert writers.problems(spec) == []  # a job of that name that is not this run's
+    assert one_writer.problems(spec) == []  # a job of that name that is not this run's
 
 
 def test_a_second_launch_of_a_live_run_is_refused(tmp_path: Path, slurm_env: dict, demo_data):

@@ -131,7 +131,7 @@ def test_render_draws_nothing_it_has_no_data_for(tmp_path: Path):
 
 
 def test_matplotlib_is_imported_only_to_draw():
-    code = "import sys, launcher.report.pictures, launcher.slurm.submit; print('matplotlib' in sys.modules)"
+    code = "import sys, launcher.report.pictures, launcher.submission; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

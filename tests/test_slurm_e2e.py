@@ -13,8 +13,8 @@ import pytest
 from launcher_helpers import ROOT
 from slurm_cluster import slurm_release
 
+from launcher.slurm import awaited_jobs, parse
 from launcher.slurm import client as slurm
-from launcher.slurm import parse
 
 ALLREDUCE = """
 import argparse, os, torch, torch.distributed as dist
@@ -392,13 +392,12 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
 def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_env: dict, monkeypatch):
     """The launcher's verdict on each dependency is the one Slurm reaches when a job waits on it for real."""
     from launcher import launch
-    from launcher.slurm import dependencies
 
     def sbatch(*flags: str) -> str:
         argv = ["sbatch", "--parsable", "--nodes", "1", "--output", str(tmp_path / "%j.out"), *flags]
         return subprocess.run(argv, env=slurm_env, capture_output=True, text=True, check=True).stdout.strip()
 
-    never_met = dependencies.NEVER_SATISFIED
+    never_met = awaited_jobs.NEVER_SATISFIED
     array = sbatch("--array=0-2", "--wrap", "exit $((SLURM_ARRAY_TASK_ID == 1))")  # task 1 fails
     wait_for(lambda: len(states := slurm.job_states(array)) == 3 and all(s.terminal for s in states))
     monkeypatch.chdir(tmp_path)

@@ -8,22 +8,22 @@ formats they use.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 from launcher_helpers import END, SRUN_KILL, START, TRIAGE_FIXTURES, job_log
 
-from launcher.slurm import failures, triage
-from launcher.slurm.dependencies import NEVER_SATISFIED
+from launcher import protocol as P
+from launcher.slurm import failures, fixes, triage
+from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
-from launcher.slurm.submit import read_log
+from launcher.submission import read_log
 
 
 def judge(text: str, state: str = "FAILED", **slurm: object) -> triage.Verdict:
     found = triage.verdict(state, text, **slurm)  # type: ignore[arg-type]
     assert found is not None
-    assert found.cause in triage.CAUSES
+    assert found.cause in fixes.CAUSES
     assert 2 <= len(found.lines()) <= 3 and found.fix  # one or two lines of why, one of what to do
     return found
 
@@ -120,30 +120,15 @@ def test_the_jobs_error_line_keeps_a_config_errors_problems():
     assert v.cause == "bad_input" and "cannot train with 4 process(es): - tp 3 does not divide 4 heads" in v.message
 
 
-@pytest.mark.parametrize(
-    ("fmt", "values", "pattern"),
-    [
-        (triage.HUNG_FORMAT, {"step": 812, "idle": 600, "limit": 600, "stacks": "/logs/run/stacks-48"}, triage.HUNG),
-        (triage.PREFLIGHT_FORMAT, {"node": "gpu-a07", "what": "2 of 8 GPUs visible"}, triage.PREFLIGHT),
-        (triage.PREEMPTION_FORMAT, {"what": "SIGTERM from Slurm, grace 60 s"}, triage.PREEMPTION),
-    ],
-)
-def test_the_jobs_own_lines_formats_and_patterns_agree(fmt: str, values: dict, pattern: re.Pattern[str]):
-    line = f"[launcher 14:52:10.004] {fmt.format(**values)}"
-    m = pattern.search(line)
-    assert m is not None and {k: m[k] for k in m.groupdict()} == {k: str(v) for k, v in values.items()}
-    assert pattern.search(f"[rank0]: {fmt.format(**values)}") is None  # only the batch script's own lines
-
-
 def test_a_hang_points_at_the_stacks():
-    hang = "[launcher 15:02:10.004] " + triage.HUNG_FORMAT.format(step=812, idle=615, limit=600, stacks="/l/stacks")
+    hang = P.line("hung", stamp="15:02:10.004", step=812, idle=615, limit=600, stacks="/l/stacks")
     v = judge(START + "step 812/1000 | loss 2.1\n" + hang + "\n" + SRUN_KILL, exit_code=143)
     assert v.cause == "hung" and "training hung at step 812: no progress for 615 s (limit 600 s)" in v.message
     assert "/l/stacks" in v.fix
 
 
 def test_a_failed_node_check_names_the_node_to_exclude():
-    line = "[launcher 14:41:48.002] " + triage.PREFLIGHT_FORMAT.format(node="node2", what="0 of 2 GPUs visible")
+    line = P.line("preflight_failed", node="node2", what="0 of 2 GPUs visible")
     v = judge(START + line + "\n", exit_code=1)
     assert (v.cause, v.node) == ("preflight", "node2") and "0 of 2 GPUs visible" in v.message
     assert "--exclude node2" in v.fix
@@ -152,17 +137,13 @@ def test_a_failed_node_check_names_the_node_to_exclude():
 def test_preemption_by_state_and_by_the_jobs_notice():
     v = judge(START + "step 30/100 | loss 3.0\n", "PREEMPTED")
     assert v.cause == "preempted" and "at step 30 of 100" in v.message and "--max_requeues" in v.fix
-    notice = "[launcher 14:50:00.000] " + triage.PREEMPTION_FORMAT.format(what="SIGTERM from Slurm, grace 60 s")
+    notice = P.line("preemption", what="SIGTERM from Slurm, grace 60 s")
     v = judge(START + notice + "\n" + job_log("exception-1node.log"), "FAILED", exit_code=143)
     assert v.cause == "preempted" and "SIGTERM from Slurm, grace 60 s" in v.message  # not the exception after it
 
 
 def test_time_limit_with_no_requeue_left_and_without_the_warning_handled():
-    spent = (
-        "[launcher 15:40:00.000] preemption or time-limit signal: the run checkpoints at its next step and stops\n"
-        "[launcher 15:40:09.000] stopped at the checkpoint of step 520 with no requeue left (--max_requeues): "
-        "launch the same command again to resume\n"
-    )
+    spent = P.line("warned") + "\n" + P.line("no_requeue_left", step=520, most=3) + "\n"
     v = judge(START + spent, "FAILED", exit_code=3)  # the script exits 3 before Slurm's limit
     assert v.cause == "time_limit" and "no requeue left" in v.message and "step 520" in v.message
     assert "resume from step 520" in v.fix and "--max_requeues" in v.fix
@@ -210,7 +191,7 @@ def test_a_signal_without_traceback_is_a_crash():
 
 
 def test_a_stop_on_request_and_a_log_that_says_nothing():
-    stop = "[launcher 14:45:00.000] stopped at the checkpoint of step 40 on request (the stop file): launch again\n"
+    stop = P.line("stop_file", step=40) + "\n"
     assert judge(START + stop, exit_code=3).cause == "stopped"
     v = judge(START + "something odd\n", exit_code=1)
     assert v.cause == "unknown" and "its last line: something odd" in v.message
@@ -231,7 +212,7 @@ def test_the_excerpt_is_bounded_and_keeps_the_first_failure_and_the_tail(tmp_pat
         f.write(job_log("exception-2nodes.log"))
         for n in range(200_000):
             f.write(f"[rank0]: noise line {n} after the failure, from a rank that kept logging\n")
-        f.write("[launcher 15:00:00.000] job 48 attempt 1 ended, exit code 143\n")
+        f.write(P.line("attempt_ended", job=48, attempt=1, when="2026-11-23T15:00:00+00:00", code=143) + "\n")
     text = read_log(log)
     assert len(text) < 4_000_000 and log.stat().st_size > 15_000_000
     assert "[rank3]: ValueError" in text and "noise line 199999" in text and "attempt 1 ended" in text

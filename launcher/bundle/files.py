@@ -11,8 +11,11 @@ import contextlib
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from launcher import protocol as P
 
 
 @dataclass(frozen=True)
@@ -45,22 +48,39 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
     bundle_dir = configs / run_name / stamp
     return BundlePaths(
         bundle_dir=bundle_dir,
-        config=bundle_dir / "config.yaml",
-        manifest=bundle_dir / "manifest.json",
-        script=scripts / run_name / f"{stamp}.sbatch",
-        node_script=bundle_dir / "node.sh",
-        log=logs / run_name / f"{stamp}.out",
-        stop_file=bundle_dir / "stop-requested",
-        outcome_file=bundle_dir / "outcome",
-        srun_status_file=bundle_dir / "srun-exit-code",
-        requeues_file=bundle_dir / "requeues",
-        progress_file=bundle_dir / "progress",
-        hung_file=bundle_dir / "hung",
-        preflight_report=bundle_dir / "preflight",
-        port_taken_file=bundle_dir / "port-taken",
-        metrics=bundle_dir / "metrics.jsonl",
+        config=bundle_dir / P.CONFIG,
+        manifest=bundle_dir / P.MANIFEST,
+        script=scripts / run_name / f"{stamp}{P.SCRIPT_SUFFIX}",
+        node_script=bundle_dir / P.NODE_SCRIPT,
+        log=logs / run_name / f"{stamp}{P.LOG_SUFFIX}",
+        stop_file=bundle_dir / P.STOP_FILE,
+        outcome_file=bundle_dir / P.OUTCOME_FILE,
+        srun_status_file=bundle_dir / P.SRUN_STATUS_FILE,
+        requeues_file=bundle_dir / P.REQUEUES_FILE,
+        progress_file=bundle_dir / P.PROGRESS_FILE,
+        hung_file=bundle_dir / P.HUNG_FILE,
+        preflight_report=bundle_dir / P.PREFLIGHT_REPORT,
+        port_taken_file=bundle_dir / P.PORT_TAKEN_FILE,
+        metrics=bundle_dir / P.METRICS,
         checkpoints=checkpoints,
     )
+
+
+def claim_dir(parent: Path, now: float | None = None, free: Callable[[str], bool] = lambda stamp: True) -> Path:
+    """Create a new, empty directory `parent/<stamp>` named by the time (`-2`, `-3`, ... when launches share a
+    second) with an exclusive mkdir, so that no two launches ever get the same one; `free(stamp)` may veto a name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        if not free(candidate.name):
+            continue
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise RuntimeError(f"no free directory name under {parent}")  # 10k launches in one second
 
 
 def claim(
@@ -70,26 +90,17 @@ def claim(
 
     `fresh` starts a run afresh beside existing checkpoints: it gets its own checkpoint directory.
     """
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     ckpt = Path(checkpoints) / run_name
-    for n in range(1, 10_000):
-        candidate = stamp if n == 1 else f"{stamp}-{n}"
-        paths = paths_for(
-            run_name,
-            candidate,
-            Path(configs),
-            Path(scripts),
-            Path(logs),
-            ckpt.with_name(f"{run_name}-{candidate}") if fresh else ckpt,
-        )
-        if paths.script.exists() or paths.log.exists():
-            continue
-        try:
-            paths.bundle_dir.mkdir(parents=True)
-        except FileExistsError:
-            continue
-        return paths
-    raise RuntimeError(f"no free bundle name under {configs}/{run_name}")  # 10k launches in one second
+
+    def paths_of(stamp: str) -> BundlePaths:
+        fresh_ckpt = ckpt.with_name(f"{run_name}-{stamp}") if fresh else ckpt
+        return paths_for(run_name, stamp, Path(configs), Path(scripts), Path(logs), fresh_ckpt)
+
+    def free(stamp: str) -> bool:  # the script and log of another launch of that stamp
+        paths = paths_of(stamp)
+        return not (paths.script.exists() or paths.log.exists())
+
+    return paths_of(claim_dir(Path(configs) / run_name, now, free).name)
 
 
 def release(paths: BundlePaths) -> None:

@@ -12,8 +12,12 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from launcher import atomic
+from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, write_new
 
 LAUNCHER_SCRIPT = Path(__file__).resolve().parents[2] / "slurm_launcher.py"
@@ -103,13 +107,78 @@ def write_manifest(path: Path, data: dict, new: bool = False) -> None:
     if new:
         write_new(path, text)
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.replace(path, text)
 
 
 def read_manifest(bundle_dir: Path) -> dict:
-    return json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
+    return json.loads((bundle_dir / P.MANIFEST).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A written manifest, read back: what the rest of the launcher asks of it, by name (`load`)."""
+
+    path: Path  # the manifest.json
+    data: dict
+
+    @property
+    def bundle_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def job_id(self) -> str | None:
+        return self.data.get("slurm", {}).get("job_id") or None
+
+    @property
+    def not_submitted(self) -> str:
+        """Why it has no job: Slurm's refusal, or a dry run."""
+        return str(self.data.get("slurm", {}).get("error") or "dry run")
+
+    def output(self, name: str) -> Path:
+        """An output's path: "log", "checkpoints" or "metrics"."""
+        default = {"metrics": self.bundle_dir / P.METRICS}.get(name)
+        value = self.data.get("outputs", {}).get(name)
+        if value is None and default is None:
+            raise KeyError(f"{self.path} names no {name}")
+        return Path(value) if value is not None else default  # type: ignore[return-value]
+
+    @property
+    def log(self) -> Path:
+        return self.output("log")
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.output("checkpoints")
+
+    @property
+    def metrics(self) -> Path:
+        return self.output("metrics")
+
+    @property
+    def flags(self) -> dict[str, Any]:
+        """The run's resolved flags, one flat dict (micro_batch_size, tp, ...)."""
+        resolved = self.data.get("resolved") or {}
+        return {k: v for group in resolved.values() if isinstance(group, dict) for k, v in group.items()}
+
+    @property
+    def memory(self) -> dict | None:
+        """The memory model's estimate recorded at launch (estimate_bytes, gpu_bytes, gpu), if any."""
+        memory = (self.data.get("derived") or {}).get("memory")
+        return memory if isinstance(memory, dict) else None
+
+    @property
+    def verdict(self) -> dict | None:
+        verdict = self.data.get("verdict")
+        return verdict if isinstance(verdict, dict) else None
+
+
+def load(target: Path) -> Manifest:
+    """The manifest of a bundle directory (or the manifest file itself). Raises OSError or ValueError."""
+    path = target if target.name == P.MANIFEST else target / P.MANIFEST
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a launcher manifest")
+    return Manifest(path, data)
 
 
 def record(manifest_path: Path, **slurm_fields: object) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from launcher import protocol
 from launcher.bundle.files import BundlePaths
 from launcher.config import schema
 from launcher.config.datasource import is_local_path
@@ -40,6 +41,8 @@ def _environment() -> Environment:
     )
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["comment"] = _comment
+    env.globals["P"] = protocol  # the contract's names: files, variables, words
+    env.globals["say"] = protocol.bash_line  # `log {{ say("name", field="bash expression") }}`
     return env
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import datacheck, dependency, fit, hostlist
+from launcher.config import datacheck, dependency_syntax, fit, hostlist
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -106,7 +106,7 @@ def _check_slurm(spec: RunSpec) -> list[Problem]:
                 "use a longer --time_limit or a shorter --signal_grace",
             )
         )
-    out += dependency.syntax_problems(s.dependency)
+    out += dependency_syntax.syntax_problems(s.dependency)
     if s.email is not None and not EMAIL.fullmatch(s.email):
         out.append(Problem("email", f"{s.email!r} is not an e-mail address", "use name@example.org"))
     for name, (pattern, what, example) in PLACEMENT.items():

@@ -12,23 +12,24 @@ import json
 import sys
 from pathlib import Path
 
+from launcher import protocol as P
 from launcher.errors import LauncherError, as_command
 from launcher.report import pictures
 
-SWEEP_RECORD = "sweep.json"  # launcher.sweep.RECORD (a layer above this one: tests hold the two equal)
+SWEEP_RECORD = P.SWEEP_RECORD
 
 
 def bundles(target: Path) -> list[Path]:
     """The bundles a path names: itself, a run's newest, or a sweep's points."""
-    if target.name in ("manifest.json", SWEEP_RECORD):
+    if target.name in (P.MANIFEST, SWEEP_RECORD):
         target = target.parent
-    if (target / "manifest.json").is_file():
+    if (target / P.MANIFEST).is_file():
         return [target]
     if (target / SWEEP_RECORD).is_file():
         points = json.loads((target / SWEEP_RECORD).read_text(encoding="utf-8"))["points"]
-        return [Path(p["bundle"]) for p in points if (Path(p["bundle"]) / "manifest.json").is_file()]
+        return [Path(p["bundle"]) for p in points if (Path(p["bundle"]) / P.MANIFEST).is_file()]
     if target.is_dir():  # a run's directory: bundles are named by launch time, so the newest sorts last
-        stamps = sorted((d for d in target.iterdir() if (d / "manifest.json").is_file()), key=_stamp_order)
+        stamps = sorted((d for d in target.iterdir() if (d / P.MANIFEST).is_file()), key=_stamp_order)
         if stamps:
             return [stamps[-1]]
     raise LauncherError(f"{target} is neither a bundle (logs/configs/RUN/STAMP), a run's directory nor a sweep's")

@@ -5,12 +5,12 @@ colour a node, from the `nvidia-smi dmon` logs the job writes beside its log). m
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from launcher.bundle import manifest
 from launcher.report import dmon
 from launcher.report.plots import read_metrics
 
@@ -178,13 +178,16 @@ def dmon_logs(log_dir: Path, job_id: str) -> list[dmon.DmonLog]:
 
 def render(bundle_dir: Path) -> dict[str, Path]:
     """Draw a bundle's pictures (those it has data for) into it; returns {"training": PNG, "gpus": PNG}."""
-    data = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
-    title = f"{data.get('run_name', bundle_dir.parent.name)} ({bundle_dir.name})"
+    run = manifest.load(bundle_dir)
+    title = f"{run.data.get('run_name', bundle_dir.parent.name)} ({bundle_dir.name})"
     drawn: dict[str, Path] = {}
-    metrics = Path(data.get("outputs", {}).get("metrics") or bundle_dir / "metrics.jsonl")
-    if metrics.is_file() and (png := training_png(metrics, bundle_dir / "training.png", title)):
+    if run.metrics.is_file() and (png := training_png(run.metrics, bundle_dir / "training.png", title)):
         drawn["training"] = png
-    job_id, log = data.get("slurm", {}).get("job_id"), data.get("outputs", {}).get("log")
-    if job_id and log and (png := gpus_png(dmon_logs(Path(log).parent, job_id), bundle_dir / "gpus.png", title)):
+    log = run.data.get("outputs", {}).get("log")
+    if (
+        run.job_id
+        and log
+        and (png := gpus_png(dmon_logs(Path(log).parent, run.job_id), bundle_dir / "gpus.png", title))
+    ):
         drawn["gpus"] = png
     return drawn

@@ -84,6 +84,17 @@ def _unreachable(stderr: str) -> bool:
     )
 
 
+def _query(name: str, *args: str) -> str | None:
+    """A Slurm command's answer (stdout), or None when it refused (an unknown job, a bad option). Raises
+    SlurmUnavailable when the controller does not answer."""
+    out = _run([_command(name), *args])
+    if out.returncode == 0:
+        return out.stdout
+    if _unreachable(out.stderr):
+        raise SlurmUnavailable(f"{name} cannot reach the Slurm controller: {out.stderr.strip()}")
+    return None
+
+
 def rejection(stderr: str) -> str:
     """sbatch's refusal, indented, with the flags to change; raises SlurmUnavailable if Slurm did not answer."""
     stderr = stderr.strip()
@@ -140,11 +151,9 @@ def _from_sacct(job_id: str) -> list[JobState]:
 def job_states(job_id: str) -> list[JobState]:
     """Every record Slurm has under a job id (see parse_job_records; sacct's where scontrol no longer knows it),
     or [] when Slurm does not know it."""
-    out = _run([_command("scontrol"), "show", "job", "-o", job_id])
-    if out.returncode == 0 and "JobState=" in out.stdout:
-        return parse_job_records(job_id, out.stdout)
-    if out.returncode != 0 and _unreachable(out.stderr):
-        raise SlurmUnavailable(f"scontrol cannot reach the Slurm controller: {out.stderr.strip()}")
+    out = _query("scontrol", "show", "job", "-o", job_id)
+    if out is not None and "JobState=" in out:
+        return parse_job_records(job_id, out)
     return _from_sacct(job_id)
 
 
@@ -156,8 +165,8 @@ def job_state(job_id: str) -> JobState | None:
 
 def job_log_path(job_id: str) -> Path | None:
     """The file Slurm writes the job's output to (StdOut), while the controller knows the job."""
-    out = _run([_command("scontrol"), "show", "job", "-o", job_id])
-    path = parse_scontrol(out.stdout).get("StdOut") if out.returncode == 0 else None
+    out = _query("scontrol", "show", "job", "-o", job_id)
+    path = parse_scontrol(out).get("StdOut") if out is not None else None
     return Path(path) if path else None
 
 
@@ -170,31 +179,19 @@ def cancel(job_id: str) -> None:
 def gpu_types(partition: str | None) -> list[str | None]:
     """The GRES types of the GPUs on a partition's nodes (the default partition's when None), as sinfo says them.
     Raises SlurmUnavailable when Slurm does not answer."""
-    out = _run([_command("sinfo"), "-h", "-o", "%P %G"])
-    if out.returncode != 0:
-        if _unreachable(out.stderr):
-            raise SlurmUnavailable(f"sinfo cannot reach the Slurm controller: {out.stderr.strip()}")
-        return []
-    return parse_gres_types(out.stdout, partition)
+    out = _query("sinfo", "-h", "-o", "%P %G")
+    return parse_gres_types(out, partition) if out is not None else []
 
 
 def node_shapes(partition: str | None) -> list[tuple[int, int]]:
     """(CPUs, GPUs) of each kind of node in a partition (the default one when None). SlurmUnavailable when Slurm
     does not answer."""
-    out = _run([_command("sinfo"), "-h", "-o", "%P|%c|%G"])
-    if out.returncode != 0:
-        if _unreachable(out.stderr):
-            raise SlurmUnavailable(f"sinfo cannot reach the Slurm controller: {out.stderr.strip()}")
-        return []
-    return parse_node_shapes(out.stdout, partition)
+    out = _query("sinfo", "-h", "-o", "%P|%c|%G")
+    return parse_node_shapes(out, partition) if out is not None else []
 
 
 def live_jobs(name: str) -> list[tuple[str, str, str]]:
     """This user's jobs named `name` that Slurm still holds (pending, running, requeued, ...): (job id, state,
     batch script path)."""
-    out = _run([_command("squeue"), "-h", "--me", "--name", name, "-o", SQUEUE_JOBS])
-    if out.returncode != 0:
-        if _unreachable(out.stderr):
-            raise SlurmUnavailable(f"squeue cannot reach the Slurm controller: {out.stderr.strip()}")
-        return []
-    return parse_squeue_jobs(out.stdout)
+    out = _query("squeue", "-h", "--me", "--name", name, "-o", SQUEUE_JOBS)
+    return parse_squeue_jobs(out) if out is not None else []

@@ -41,6 +41,8 @@ RANK_IN_TEXT = re.compile(r"\bRank (\d+)\]")
 USER_ERROR = re.compile(r"^error: (?P<message>.+)$")  # run_train.py's one line for bad data or config (exit 2)
 SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P<what>.+)$")
 HOST_OOM = re.compile(r"oom_kill event|: Out Of Memory$|oom-kill")
+# GPU memory exhausted, as printed without a Python traceback (a C++ abort, a logged line, CUDA's own error)
+GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation")
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,8 @@ def _first(lines: list[str], failures: list[ChildFailure]) -> Failure | None:
     if candidates:
         return min(candidates, key=lambda c: (c[0], c[1]))[2]
     crashed = sorted(failed, key=lambda f: (not f.root, f.time, f.line))
+    if oom := _gpu_oom(lines, crashed[0] if crashed else None):
+        return oom
     if crashed:
         f = crashed[0]
         if f.exception:
@@ -263,6 +267,18 @@ def _first(lines: list[str], failures: list[ChildFailure]) -> Failure | None:
         return Failure("exception", f"{r.type}: {r.message}", r.rank, node(r.rank), "it lost its peers")
     if srun:
         return Failure("exited", f"exited (srun: {srun[0].group('what')})", None, srun[0].group("node"))
+    return None
+
+
+def _gpu_oom(lines: list[str], crashed: ChildFailure | None) -> Failure | None:
+    """GPU memory exhausted with no traceback to say so: the first line that says it, and the rank it names (its
+    "[rankN]:" prefix), else the rank torchrun saw fail first."""
+    for line in lines:
+        if GPU_OOM.search(line):
+            m = RANK_PREFIX.match(line)
+            rank = int(m.group(1)) if m else (crashed.rank if crashed else None)
+            host = crashed.host if crashed and crashed.rank == rank else None
+            return Failure("cuda_oom", line[m.end() :] if m else line.strip(), rank, host, "with no traceback")
     return None
 
 

@@ -2,8 +2,8 @@
 
 - where the run writes: every output directory can be created and written, and the checkpoints' filesystem has
   room for one checkpoint (`launcher.bundle.storage`);
-- the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.dependencies`);
-- a live job of the same run, which would write the same checkpoints (`launcher.slurm.writers`);
+- the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.awaited_jobs`);
+- a live job of the same run, which would write the same checkpoints (`launcher.slurm.one_writer`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.bundle import storage
-from launcher.config import dependency, figures, gpus
+from launcher.config import dependency_syntax, figures, gpus
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
-from launcher.slurm import client, dependencies, writers
+from launcher.slurm import awaited_jobs, client, one_writer
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
 
@@ -88,10 +88,10 @@ def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     """The jobs --dependency names, judged by their states now. Asked whatever else is wrong, so that every mistake
     is reported at once; only a dependency that does not parse (already a problem) is not looked up."""
     text = spec.args.slurm.dependency
-    if not text or dependency.syntax_problems(text):
+    if not text or dependency_syntax.syntax_problems(text):
         return []
     try:
-        return dependencies.state_problems(text, client.job_states)
+        return awaited_jobs.state_problems(text, client.job_states)
     except SlurmUnavailable as e:
         if not earlier:
             raise
@@ -110,7 +110,7 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
         found += dependency_problems(spec, earlier + found)
         if not any(p.flag == "run_name" for p in earlier):
             try:
-                found += writers.problems(spec)
+                found += one_writer.problems(spec)
             except SlurmUnavailable:
                 pass  # said by the dependency look-up or by Slurm's verdict on the script, whichever asks next
     return found

@@ -8,71 +8,38 @@ the log's size. What the log itself says (tracebacks, torchrun's summaries, NCCL
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher import protocol as P
 from launcher.slurm import failures
-from launcher.slurm.dependencies import NEVER_SATISFIED
+from launcher.slurm.awaited_jobs import NEVER_SATISFIED
+from launcher.slurm.fixes import FIXES, RESUME, oom_fix
 from launcher.slurm.parse import JobState
 
-# The batch script's own lines: `log() { printf '[launcher %s] %s\n' "$(date +%H:%M:%S.%3N)" "$*"; }` writes them.
-PREFIX = r"^\[launcher \d\d:\d\d:\d\d(?:\.\d+)?\] "
-HUNG_FORMAT = "hung at step {step}: no progress for {idle} s (limit {limit} s); stacks in {stacks}"
-PREFLIGHT_FORMAT = "preflight failed on {node}: {what}"
-PREEMPTION_FORMAT = "preemption notice: {what}"
-HUNG = re.compile(
-    PREFIX + r"hung at step (?P<step>\S+): no progress for (?P<idle>[\d.]+) s \(limit (?P<limit>[\d.]+) s\); "
-    r"stacks in (?P<stacks>.+?)\s*$"
-)
-PREFLIGHT = re.compile(PREFIX + r"preflight failed on (?P<node>[^:\s]+): (?P<what>.+?)\s*$")
-PREEMPTION = re.compile(PREFIX + r"preemption notice: ?(?P<what>.*?)\s*$")
-ATTEMPT = re.compile(PREFIX + r"job \S+ attempt (?P<attempt>\d+) started")
-NO_REQUEUE_LEFT = re.compile(PREFIX + r"stopped at the checkpoint of step (?P<step>\S+) with no requeue left")
-STOP_FILE = re.compile(PREFIX + r"stopped at the checkpoint of step (?P<step>\S+) on request")
-WARNED = re.compile(PREFIX + r"preemption or time-limit signal")
-STEP = re.compile(r"^step (?P<step>\d+)/(?P<steps>\d+) \|")  # the trainer's line for each logged step
+# The job's own lines (launcher/protocol.py's formats, which the batch script and the node check print).
+HUNG = P.pattern("hung")
+PREFLIGHT = P.pattern("preflight_failed")
+PREEMPTION = P.pattern("preemption")
+ATTEMPT = P.pattern("attempt_started", whole=False)
+NO_REQUEUE_LEFT = P.pattern("no_requeue_left")
+STOP_FILE = P.pattern("stop_file")
+WARNED = P.pattern("warned")
+PRE_LAUNCH = P.pattern("pre_launch_ended")
+OUTCOME = P.pattern("outcome")
+STEP = P.step_pattern()
 NODE_FAILURE = re.compile(r"srun: error: Node failure on (?P<node>\S+)")
 
 TAIL_LINES, WINDOWS, WINDOW_LINES, LINE_CHARS = 1500, 4, 150, 2000  # at most ~4 MB, whatever the log's size
-FIRST_SIGNS = re.compile(r"Traceback \(most recent|^error: |Watchdog caught|NCCL error|Root Cause|\] (hung|preflight)")
-RESUME = "launch the same command again: it resumes from the last checkpoint"
-FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
-    "exception": "correct what its traceback ({trace}) points at, then " + RESUME,
-    "nccl": "most often a network or node fault, not the run: " + RESUME + "; if it fails again on that node, "
-    "--exclude it; --extra_env NCCL_DEBUG=INFO logs NCCL's details",
-    "nccl_timeout": "one rank never reached that collective: look for a rank that failed, hung or lagged first (data "
-    "loading, I/O, another code path); if none did, suspect the network (--extra_env NCCL_DEBUG=INFO); " + RESUME,
-    "bad_input": "correct the data or config it names (--dataset, --text_column, --tokenizer, --config), then launch "
-    "again",
-    "host_oom": "ask for more host memory per node: --mem 0 takes all of it (or a larger --mem); a smaller "
-    "--micro_batch_size needs less",
-    "crash": "a crash in native code (CUDA, NCCL, an extension): the log shows its Python stack (faulthandler) "
-    "above torchrun's summary; " + RESUME,
-    "killed": "SIGKILL with no traceback is most often the host's out-of-memory killer: try a larger --mem",
-    "exited": "read the log's lines before torchrun's summary; " + RESUME,
-    "node_fail": "not the run's fault: " + RESUME + "; --exclude {node} keeps it off that node",
-    "preflight": "keep the run off that node with --exclude {node} (and tell the cluster's admins), then launch again",
-    "hung": "read the stacks in {stacks}: the rank not waiting where the others wait is the culprit (a collective it "
-    "never reached, data loading, I/O); " + RESUME,
-    "preempted": RESUME + "; --max_requeues N requeues it by itself; a --partition or --qos that is not "
-    "preemptible avoids it",
-    "time_limit_spent": "launch the same command again to resume from step {step}; a larger --max_requeues or "
-    "--time_limit goes further per launch",
-    "time_limit": RESUME + " (saved every --save_interval steps); with --max_requeues N it checkpoints and requeues "
-    "itself at the limit",
-    "time_limit_late": "; the warning came but the checkpoint did not finish in time: raise --signal_grace",
-    "cancelled": "nothing failed: " + RESUME,
-    "dependency": "launch it again once the job it waits for has succeeded, or with --dependency afterany:ID",
-    "stopped": RESUME,
-    "unknown": "read the end of the job's log",
-}
-CAUSES = (
-    "exception", "cuda_oom", "nccl", "node_fail", "time_limit", "preempted", "bad_input", "dependency", "hung",
-    "preflight", "cancelled", "host_oom", "crash", "stopped", "unknown",
-)  # fmt: skip
+FIRST_SIGNS = re.compile(
+    "|".join(
+        [r"Traceback \(most recent|^error: |Watchdog caught|NCCL error|Root Cause", HUNG.pattern, PREFLIGHT.pattern]
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -120,7 +87,7 @@ def excerpt(lines: Iterable[str]) -> str:
             tail.clear()
         if n > open_until and windows and FIRST_SIGNS.search(line):
             windows, open_until = windows - 1, n + WINDOW_LINES - 1
-        if n <= open_until or (line.startswith("[launcher ") and len(kept) < WINDOWS * WINDOW_LINES):
+        if n <= open_until or (line.startswith(P.LINE_START) and len(kept) < WINDOWS * WINDOW_LINES):
             kept.append((n, line))
         tail.append((n, line))
     out: list[str] = []
@@ -131,25 +98,6 @@ def excerpt(lines: Iterable[str]) -> str:
         out.append(line)
         previous = n
     return "\n".join(out)
-
-
-def oom_fix(flags: Mapping[str, Any] | None = None, memory_note: str | None = None) -> str:
-    """The fix for CUDA out of memory, from the run's flags where known (micro_batch_size, grad_accum_steps, tp, pp).
-
-    `memory_note`: the memory model's estimate for these flags (launcher/config/memory.py, once it exists), e.g.
-    "the memory model puts this run at 86 GiB per GPU of 80": it goes first."""
-    flags = flags or {}
-    mbs, accum, tp, pp = (flags.get(k) for k in ("micro_batch_size", "grad_accum_steps", "tp", "pp"))
-    if isinstance(mbs, int) and isinstance(accum, int) and mbs > 1:
-        batch = f"use --micro_batch_size {mbs // 2} --grad_accum_steps {accum * 2} (the same batch)"
-    elif mbs == 1:
-        batch = "--micro_batch_size is 1 already"
-    else:
-        batch = "halve --micro_batch_size and double --grad_accum_steps (the same batch)"
-    tp_text = f"--tp {tp * 2}" if isinstance(tp, int) else "a larger --tp"
-    split = f"{tp_text} or {f'--pp {pp * 2}' if isinstance(pp, int) else 'a larger --pp'}"
-    fix = f"{batch}, or shard the model over more GPUs: {split}"
-    return f"{memory_note}; {fix}" if memory_note else fix
 
 
 def _progress(lines: list[str]) -> str:
@@ -203,76 +151,158 @@ def _from_failure(
     return Verdict(cause, message + second, fix, f.rank, f.node)
 
 
-def verdict(
-    state: str,
-    log_text: str,
-    *,
-    reason: str = "",
-    nodes: str = "",
-    exit_code: int | None = None,
-    dependency: str = "",
-    flags: Mapping[str, Any] | None = None,
-    memory_note: str | None = None,
-) -> Verdict | None:
-    """Why a job in final `state` ended, from Slurm's view and its log (`excerpt`); None for COMPLETED.
+@dataclass(frozen=True)
+class Ending:
+    """What the rules read: Slurm's view of the job, the run's flags where known, and its log's lines."""
 
-    `flags`: the run's resolved flags where known (the OOM fix names values for micro_batch_size,
-    grad_accum_steps, tp, pp); `memory_note`: see `oom_fix`."""
-    if state == "COMPLETED":
+    state: str
+    lines: list[str]
+    reason: str = ""
+    nodes: str = ""
+    exit_code: int | None = None
+    dependency: str = ""
+    flags: Mapping[str, Any] | None = None
+    memory_note: str | None = None
+
+    def last(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
+        """The last line of the log that `pattern` matches."""
+        return next((m for m in map(pattern.search, reversed(self.lines)) if m), None)
+
+    @property
+    def progress(self) -> str:
+        return _progress(self.lines)
+
+    @functools.cached_property
+    def failure(self) -> failures.Failure | None:
+        """The first failure the log shows; for Slurm's OUT_OF_MEMORY, the host's out-of-memory killer."""
+        found = failures.first_failure("\n".join(self.lines))
+        if self.state == "OUT_OF_MEMORY":
+            node = found.node if found and found.kind == "host_oom" else None
+            found = failures.Failure("host_oom", "the kernel's out-of-memory killer stopped a process", None, node)
+        return found
+
+
+def _pre_launch(e: Ending) -> Verdict | None:
+    """The pre-launch commands ended the attempt (a failing command under `set -e`, or an `exit`), with what the
+    shell said about it: the last line before, if it is not one of the job's own."""
+    if not (ended := e.last(PRE_LAUNCH)):
         return None
-    lines = log_text.splitlines()
+    at = next(n for n in range(len(e.lines) - 1, -1, -1) if PRE_LAUNCH.search(e.lines[n]))
+    said = next((line for line in reversed(e.lines[:at]) if line.strip()), "")
+    said = "" if said.startswith(P.LINE_START) else f"\n{said.strip()[:300]}"
+    message = (
+        f"the pre-launch commands ended the job before training, at: {ended['command']} (exit code {ended['code']})"
+    )
+    return Verdict("pre_launch", message + said, FIXES["pre_launch"])
 
-    def last(pattern: re.Pattern[str]) -> re.Match[str] | None:
-        return next((m for m in map(pattern.search, reversed(lines)) if m), None)
 
-    if state == "CANCELLED" and reason == NEVER_SATISFIED:
-        waits = dependency or "see scontrol show job"
-        message = f"it never started: its dependency can no longer be met ({waits}), so Slurm cancelled it"
-        return Verdict("dependency", message, FIXES["dependency"])
-    if state in ("NODE_FAIL", "BOOT_FAIL"):
-        named = last(NODE_FAILURE)
-        node = named["node"] if named else nodes or None
-        what = ("failed to boot" if state == "BOOT_FAIL" else "failed (NODE_FAIL)") + _progress(lines)
-        one = named or not any(c in nodes for c in ",[")
-        message = f"node {node} {what}" if one else f"one of the job's nodes ({nodes}) {what}"
-        message += ": the run's processes there died with it" if state == "NODE_FAIL" else ""
-        return Verdict("node_fail", message, FIXES["node_fail"].format(node=node or "NODE"), None, node)
-    preflight, hung = last(PREFLIGHT), last(HUNG)
-    if preflight:
-        message = f"the node check failed on {preflight['node']} before training: {preflight['what']}"
-        return Verdict("preflight", message, FIXES["preflight"].format(node=preflight["node"]), None, preflight["node"])
-    if hung:
-        message = f"training hung at step {hung['step']}: no progress for {hung['idle']} s (limit {hung['limit']} s)"
-        return Verdict("hung", message, FIXES["hung"].format(stacks=hung["stacks"]))
-    notice, spent = last(PREEMPTION), last(NO_REQUEUE_LEFT)
-    if state == "PREEMPTED" or notice:
-        stopped = f", stopped at the checkpoint of step {spent['step']} with no requeue left" if spent else ""
-        message = f"Slurm preempted the job{stopped or _progress(lines)}: a higher-priority job took its nodes"
-        message += f" ({notice['what']})" if notice and notice["what"] else ""
-        return Verdict("preempted", message, FIXES["preempted"])
-    if spent:
+def _not_trained(e: Ending) -> Verdict | None:
+    """COMPLETED, but training's last word was not "finished" (or it never said one)."""
+    word = e.last(OUTCOME)
+    if not word or word["word"].split(" ")[0] == P.FINISHED:
+        return None
+    said = "it never said how it ended" if word["word"] == "none" else f"its last word was '{word['word']}'"
+    message = f"Slurm says COMPLETED, but training did not reach its last step{e.progress}: {said}"
+    return Verdict("not_trained", message, FIXES["not_trained"])
+
+
+def _dependency(e: Ending) -> Verdict | None:
+    if e.state != "CANCELLED" or e.reason != NEVER_SATISFIED:
+        return None
+    waits = e.dependency or "see scontrol show job"
+    message = f"it never started: its dependency can no longer be met ({waits}), so Slurm cancelled it"
+    return Verdict("dependency", message, FIXES["dependency"])
+
+
+def _node_failure(e: Ending) -> Verdict | None:
+    if e.state not in ("NODE_FAIL", "BOOT_FAIL"):
+        return None
+    named = e.last(NODE_FAILURE)
+    node = named["node"] if named else e.nodes or None
+    what = ("failed to boot" if e.state == "BOOT_FAIL" else "failed (NODE_FAIL)") + e.progress
+    one = named or not any(c in e.nodes for c in ",[")
+    message = f"node {node} {what}" if one else f"one of the job's nodes ({e.nodes}) {what}"
+    message += ": the run's processes there died with it" if e.state == "NODE_FAIL" else ""
+    return Verdict("node_fail", message, FIXES["node_fail"].format(node=node or "NODE"), None, node)
+
+
+def _preflight(e: Ending) -> Verdict | None:
+    if not (found := e.last(PREFLIGHT)):
+        return None
+    message = f"the node check failed on {found['node']} before training: {found['what']}"
+    return Verdict("preflight", message, FIXES["preflight"].format(node=found["node"]), None, found["node"])
+
+
+def _hung(e: Ending) -> Verdict | None:
+    if not (hung := e.last(HUNG)):
+        return None
+    message = f"training hung at step {hung['step']}: no progress for {hung['idle']} s (limit {hung['limit']} s)"
+    return Verdict("hung", message, FIXES["hung"].format(stacks=hung["stacks"]))
+
+
+def _preempted(e: Ending) -> Verdict | None:
+    notice, spent = e.last(PREEMPTION), e.last(NO_REQUEUE_LEFT)
+    if e.state != "PREEMPTED" and not notice:
+        return None
+    stopped = f", stopped at the checkpoint of step {spent['step']} with no requeue left" if spent else ""
+    message = f"Slurm preempted the job{stopped or e.progress}: a higher-priority job took its nodes"
+    message += f" ({notice['what']})" if notice and notice["what"] else ""
+    return Verdict("preempted", message, FIXES["preempted"])
+
+
+def _time_limit(e: Ending) -> Verdict | None:
+    if spent := e.last(NO_REQUEUE_LEFT):
         message = "it reached its time limit with no requeue left (--max_requeues): stopped at the checkpoint of step "
         return Verdict("time_limit", message + spent["step"], FIXES["time_limit_spent"].format(step=spent["step"]))
-    if state in ("TIMEOUT", "DEADLINE"):
-        fix = FIXES["time_limit"] + (FIXES["time_limit_late"] if last(WARNED) else "")
-        return Verdict("time_limit", f"it reached its time limit (--time_limit){_progress(lines)}", fix)
-    if state == "CANCELLED":
-        when = _progress(lines) if last(ATTEMPT) else " before it started"
-        return Verdict("cancelled", f"it was cancelled (scancel, by you or an administrator){when}", FIXES["cancelled"])
-    found = failures.first_failure(log_text)
-    if state == "OUT_OF_MEMORY":
-        node = found.node if found and found.kind == "host_oom" else None
-        found = failures.Failure("host_oom", "the kernel's out-of-memory killer stopped a process", None, node)
-    stop = last(STOP_FILE)
-    if stop and not found:
-        return Verdict(
-            "stopped", f"stopped on request (the stop file) at the checkpoint of step {stop['step']}", RESUME
-        )
-    if found:
-        return _from_failure(found, exit_code, flags, memory_note)
-    said = next((line.strip() for line in reversed(lines) if line.strip()), "")
-    message = f"no cause found in the log (exit code {exit_code})" + (f"; its last line: {said[:200]}" if said else "")
+    if e.state not in ("TIMEOUT", "DEADLINE"):
+        return None
+    fix = FIXES["time_limit"] + (FIXES["time_limit_late"] if e.last(WARNED) else "")
+    return Verdict("time_limit", f"it reached its time limit (--time_limit){e.progress}", fix)
+
+
+def _cancelled(e: Ending) -> Verdict | None:
+    if e.state != "CANCELLED":
+        return None
+    when = e.progress if e.last(ATTEMPT) else " before it started"
+    return Verdict("cancelled", f"it was cancelled (scancel, by you or an administrator){when}", FIXES["cancelled"])
+
+
+def _stopped(e: Ending) -> Verdict | None:
+    stop = e.last(STOP_FILE)
+    if not stop or e.failure:
+        return None
+    return Verdict("stopped", f"stopped on request (the stop file) at the checkpoint of step {stop['step']}", RESUME)
+
+
+def _failed(e: Ending) -> Verdict | None:
+    return _from_failure(e.failure, e.exit_code, e.flags, e.memory_note) if e.failure else None
+
+
+def _unknown(e: Ending) -> Verdict:
+    said = next((line.strip() for line in reversed(e.lines) if line.strip()), "")
+    message = f"no cause found in the log (exit code {e.exit_code})" + (
+        f"; its last line: {said[:200]}" if said else ""
+    )
     return Verdict("unknown", message, FIXES["unknown"])
+
+
+# The rules, in order: the first that has something to say gives the verdict.
+RULES: tuple[Callable[[Ending], Verdict | None], ...] = (
+    _pre_launch, _dependency, _node_failure, _preflight, _hung, _preempted, _time_limit, _cancelled, _stopped,
+    _failed, _unknown,
+)  # fmt: skip
+
+
+def verdict(state: str, log_text: str, **known: Any) -> Verdict | None:
+    """Why a job in final `state` ended, from Slurm's view and its log (`excerpt`); None for a COMPLETED job whose
+    training finished.
+
+    `known`: reason, nodes, exit_code, dependency (Slurm's record); flags, the run's resolved flags where known (the
+    OOM fix names values for micro_batch_size, grad_accum_steps, tp, pp); memory_note, see `oom_fix`."""
+    ending = Ending(state, log_text.splitlines(), **known)
+    if state == "COMPLETED":  # a success only if training said it finished
+        return _pre_launch(ending) or _not_trained(ending)
+    return next(v for rule in RULES if (v := rule(ending)) is not None)
 
 
 def for_job(job: JobState, log_text: str, **known: Any) -> Verdict | None:

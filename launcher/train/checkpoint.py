@@ -33,11 +33,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher import atomic
+from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 
 STATE_FILE = "state.pt"
-POINTER = "latest"
+POINTER = P.TORCH_POINTER
 # Fields that may change between the legs of one run without changing what is trained.
 HASH_EXCLUDED = {
     "train_steps",
@@ -121,24 +123,9 @@ def _fsynced_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename inside `directory` durable (the directory entry itself reaches the disk)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_pointer(root: Path, step: int) -> None:
     """Point `root/latest` at `step`: complete or not at all, and durable (file, then directory, fsynced)."""
-    tmp = root / f".tmp-{POINTER}-{secrets.token_hex(4)}"
-    try:
-        _fsynced_write(tmp, lambda f: f.write(f"{step}\n".encode()))
-        os.replace(tmp, root / POINTER)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(root)
+    atomic.replace(root / POINTER, f"{step}\n", durable=True)
 
 
 def clean_leftovers(root: Path) -> list[str]:
@@ -171,7 +158,7 @@ def _write(root: Path, step: int, state: dict, meta: dict) -> Path:
             replaced = root / f".tmp-replaced-{step}-{secrets.token_hex(4)}"
             os.rename(final, replaced)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        atomic.fsync_dir(root)
         write_pointer(root, step)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

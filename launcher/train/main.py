@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from launcher import atomic
+from launcher import protocol as P
 from launcher.errors import ConfigError, TrainError
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
 
@@ -52,7 +54,7 @@ def choose_engine(requested: str) -> tuple[str, str]:
 
 
 ENGINE_RECORD = "engine"  # beside the checkpoints: the engine that wrote them
-POINTERS = {"latest": "torch", "latest.txt": "nanotron"}  # each engine's pointer, for runs saved before the record
+POINTERS = P.POINTERS  # each engine's pointer, for runs saved before the record
 
 
 def recorded_engine(checkpoints_path: str) -> str | None:
@@ -83,9 +85,7 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         root = Path(cfg.checkpoints_path)
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{ENGINE_RECORD}-{os.getpid()}"
-        tmp.write_text(f"{chosen}\n", encoding="utf-8")
-        os.replace(tmp, root / ENGINE_RECORD)
+        atomic.replace(root / ENGINE_RECORD, f"{chosen}\n")
 
 
 def run(config_file: str, engine: str = "auto") -> None:

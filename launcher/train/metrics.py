@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 
@@ -56,7 +57,7 @@ class Reporter:
 
     def __init__(self, cfg: TrainConfig, is_main: bool):
         self.cfg, self.is_main = cfg, is_main
-        self.metrics_file = os.environ.get("LAUNCHER_METRICS_FILE") or None
+        self.metrics_file = os.environ.get(P.ENV_METRICS_FILE) or None
         self.wandb_run: Any = None
 
     def start_wandb(self) -> None:

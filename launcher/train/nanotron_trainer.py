@@ -25,7 +25,6 @@ import builtins
 import contextlib
 import io
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher import atomic
+from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics
@@ -42,24 +43,13 @@ from launcher.train.model import peak_flops
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 
-POINTER = "latest.txt"  # nanotron's pointer to the newest checkpoint, in checkpoints_path
+POINTER = P.NANOTRON_POINTER  # nanotron's pointer to the newest checkpoint, in checkpoints_path
 
 
 def write_pointer(checkpoints_path: Path, step: int) -> None:
     """Make `<checkpoints_path>/latest.txt` say `step`, atomically and durably: readers see the old pointer or the
     new one, never a partial one, and a crash after this returns cannot lose it."""
-    directory = Path(checkpoints_path)
-    tmp = directory / f".{POINTER}.{socket.gethostname()}.{os.getpid()}.tmp"  # writers on other nodes: other names
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(str(step))  # nanotron's own format: the step, no newline
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / POINTER)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself
-    finally:
-        os.close(fd)
+    atomic.replace(Path(checkpoints_path) / POINTER, str(step), durable=True)  # nanotron's format: no newline
 
 
 @contextlib.contextmanager
@@ -98,7 +88,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
             self.stop_request = StopRequest(device)
             self.peak_flops = peak_flops(device)
-            self.metrics_file = os.environ.get("LAUNCHER_METRICS_FILE") or None
+            self.metrics_file = os.environ.get(P.ENV_METRICS_FILE) or None
             self.last_saved_step = self.start_iteration_step if self.init_checkpoint_path is not None else None
             self.stop_at_end = False
 

@@ -26,6 +26,11 @@ import sys
 import tempfile
 import time
 
+if __package__ in (None, ""):  # run by path with the job's Python: the launcher package is two levels up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from launcher import protocol  # noqa: E402  (standard library only, like this file)
+
 FAILED, PORT_TAKEN = 5, 6
 
 
@@ -156,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return PORT_TAKEN
     failed = [(node, what) for node in nodes for what in found.get(node, [])]
     if args.node == nodes[0] or nodes[0] not in found:  # the first node says it all; a node cut off, its own
-        stamp = time.strftime("%H:%M:%S")
         for node, what in failed:
-            print(f"[launcher {stamp}] preflight failed on {node}: {what}", flush=True)
+            print(protocol.line("preflight_failed", node=node, what=what), flush=True)
         if args.report and failed:
             with open(args.report, "w", encoding="utf-8") as f:
                 f.writelines(f"{node}: {what}\n" for node, what in failed)

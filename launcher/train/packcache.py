@@ -16,14 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from pathlib import Path
 
 import numpy as np
 
+from launcher import atomic
+from launcher import protocol as P
 from launcher.train.config import TrainConfig
 
-CACHE_DIR = ".data-cache"  # under checkpoints_path; the nanotron engine's packed datasets go there too
+CACHE_DIR = P.DATA_CACHE  # under checkpoints_path; the nanotron engine's packed datasets go there too
 VERSION = 1  # of the packing (data.pack): a change to it must change the key
 
 
@@ -77,15 +78,8 @@ def save(path: Path, windows: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     for leftover in path.parent.glob(".tmp-*-windows-*.npy"):  # of a save a kill interrupted (one writer: rank 0)
         leftover.unlink(missing_ok=True)
-    tmp = path.with_name(f".tmp-{secrets.token_hex(4)}-{path.name}")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, windows.astype(np.int32) if windows.size == 0 or windows.max() < 2**31 else windows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    narrow = windows.size == 0 or windows.max() < 2**31
+    atomic.replace(path, lambda f: np.save(f, windows.astype(np.int32) if narrow else windows), durable=True)
 
 
 def load(path: Path) -> np.ndarray | None:

@@ -19,11 +19,15 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
+from launcher import atomic
+from launcher import protocol as P
+
+STOP_MESSAGE = P.STOP_MESSAGE
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -32,7 +36,7 @@ class StopRequest:
 
     def __init__(self, device: torch.device):
         self.device, self.signalled = device, False
-        self.path = os.environ.get("LAUNCHER_STOP_FILE") or None
+        self.path = os.environ.get(P.ENV_STOP_FILE) or None
         self.previous_handlers: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
@@ -65,18 +69,15 @@ def _tell(variable: str, is_main: bool, text: str) -> None:
     path = os.environ.get(variable)
     if not is_main or not path:
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic.replace(Path(path), text)
 
 
 def report_outcome(is_main: bool, finished: bool, step: int) -> None:
     """Tell the batch script how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
-    _tell("LAUNCHER_OUTCOME_FILE", is_main, f"{'finished' if finished else 'stopped'} {step}\n")
+    _tell(P.ENV_OUTCOME_FILE, is_main, P.OUTCOME_FORMAT.format(word=P.FINISHED if finished else P.STOPPED, step=step))
 
 
 def report_progress(is_main: bool, step: int, phase: str = "step") -> None:
     """Tell the hang watchdog where training stands (rank 0 only): "STEP UNIXTIME PHASE", replaced whole.
     `phase` is "step" after a step, "saving" while a checkpoint is written."""
-    _tell("LAUNCHER_PROGRESS_FILE", is_main, f"{step} {time.time():.3f} {phase}\n")
+    _tell(P.ENV_PROGRESS_FILE, is_main, P.PROGRESS_FORMAT.format(step=step, time=time.time(), phase=phase))

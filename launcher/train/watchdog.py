@@ -28,6 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+if __package__ in (None, ""):  # run by path with the job's Python: the launcher package is two levels up
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from launcher import protocol as P  # noqa: E402  (standard library only, like this file)
+
 STEP_FLOOR_S = 60.0
 # What a rank waiting for its peers shows in its stack (torch.distributed's Python API and NCCL/gloo waits).
 COLLECTIVE = ("all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
@@ -67,7 +72,12 @@ def watch(progress: Path, hung_file: Path, notify: int, factor: float, floor: fl
         phase = last[1] if last else "starting"
         allowed = limit(step_times, phase, factor, floor)
         if now - changed > allowed:
-            hung_file.write_text(f"{last[0] if last else 0} {now - changed:.0f} {allowed:.0f}\n", encoding="utf-8")
+            hung_file.write_text(
+                P.HUNG_FILE_FORMAT.format(
+                    step=last[0] if last else 0, idle=f"{now - changed:.0f}", limit=f"{allowed:.0f}"
+                ),
+                encoding="utf-8",
+            )
             os.kill(notify, signal.SIGUSR2)
             return 0
         time.sleep(poll)

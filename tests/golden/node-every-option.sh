@@ -47,7 +47,7 @@ training_pids() {
   for entry in /proc/[0-9]*; do
     pid=${entry#/proc/}
     environ=$(tr '\0' '\n' < "$entry/environ" 2>/dev/null) || continue
-    grep -qxF "LAUNCHER_NODE_TAG=${LAUNCHER_NODE_TAG}" <<< "$environ" && grep -q '^LOCAL_RANK=' <<< "$environ" \
+    grep -qxF LAUNCHER_NODE_TAG"=${SLURM_JOB_ID}:${node}" <<< "$environ" && grep -q '^LOCAL_RANK=' <<< "$environ" \
       && echo "$pid"
   done
 }
@@ -110,7 +110,7 @@ fi
 
 # torchrun starts with SIGTERM blocked (a blocked signal stays blocked through exec and into the processes it
 # starts, whatever handler torchrun installs), so that it does not stop the training processes the moment Slurm
-# sends its notice; run_train.py unblocks SIGTERM once it can save on it.
+# sends its notice; training unblocks SIGTERM once it can save on it (launcher/train/stop.py, StopRequest).
 {
   trap '' TERM  # this subshell outlives the notice too, to write torchrun's exit status
   "$LAUNCHER_PYTHON" -c 'import os, signal, sys

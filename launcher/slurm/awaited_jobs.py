@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from launcher.config.dependency import parse
+from launcher.config.dependency_syntax import parse
 from launcher.config.problems import Problem
 from launcher.slurm.parse import JobState
 

@@ -10,23 +10,21 @@ way to queue one behind the other; `--resume false` gets a checkpoint directory 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from launcher.config import dependency
+from launcher import protocol as P
+from launcher.bundle import manifest
+from launcher.config import dependency_syntax
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.slurm import client
-
-LOCK = ".launcher-lock"
 
 
 def _bundle_checkpoints(configs_path: str, run_name: str, script: str) -> str | None:
     """The checkpoints path a run's batch script trains into, from its bundle's manifest (the script is named by
     the bundle's stamp)."""
-    manifest = Path(configs_path) / run_name / Path(script).stem / "manifest.json"
     try:
-        return json.loads(manifest.read_text(encoding="utf-8"))["outputs"]["checkpoints"]
+        return str(manifest.load(Path(configs_path) / run_name / Path(script).stem).checkpoints)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -38,10 +36,10 @@ def problems(spec: RunSpec) -> list[Problem]:
         return []  # a fresh start gets a checkpoint directory of its own
     checkpoints = Path(a.paths.checkpoints_path) / a.run_name
     try:
-        holder = (checkpoints / LOCK).read_text(encoding="utf-8").strip()
+        holder = (checkpoints / P.LOCK / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
     except OSError:
         holder = ""
-    parsed = dependency.parse(a.slurm.dependency) if a.slurm.dependency else None
+    parsed = dependency_syntax.parse(a.slurm.dependency) if a.slurm.dependency else None
     awaited = {job_id.split("_")[0] for item in (parsed[0] if parsed else []) for job_id in item.job_ids}
     out = []
     for job_id, state, script in client.live_jobs(a.run_name):

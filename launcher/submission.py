@@ -1,4 +1,5 @@
-"""Submit a written bundle and follow the job to its end; say how to re-attach, see the status, or cancel."""
+"""Submit a written bundle, follow the job to its end, and say how it ended: Slurm's final word, the verdict on why
+(recorded in the manifest) and the run's pictures. `--show_logs`, `jobs attach` and `jobs status` end here."""
 
 from __future__ import annotations
 
@@ -42,54 +43,39 @@ def read_log(log: Path) -> str:
         return ""
 
 
-def memory_note(manifest_path: Path | None) -> str | None:
+def memory_note(run: manifest.Manifest | None) -> str | None:
     """The memory model's estimate recorded at launch (the manifest's derived figures), for an OOM's fix."""
-    if manifest_path is None:
-        return None
+    memory = (run.memory if run else None) or {}
     try:
-        memory = manifest.read_manifest(manifest_path.parent)["derived"]["memory"]
-        gib = 1024**3
-        return (
-            f"the launcher estimated ~{memory['estimate_bytes'] / gib:.1f} GiB per GPU of the "
-            f"{memory['gpu_bytes'] / gib:.1f} GiB of a {memory['gpu']} (docs/planning.md; --plan shows what fits)"
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def run_flags(manifest_path: Path | None) -> dict | None:
-    """The run's resolved flags from its manifest, one flat dict (micro_batch_size, tp, ...), or None."""
-    try:
-        resolved = manifest.read_manifest(manifest_path.parent)["resolved"] if manifest_path else None
-    except (OSError, ValueError, KeyError):
+        estimate, gpu_bytes, gpu = memory["estimate_bytes"] / 1024**3, memory["gpu_bytes"] / 1024**3, memory["gpu"]
+    except (KeyError, TypeError):
         return None
     return (
-        {k: v for group in resolved.values() if isinstance(group, dict) for k, v in group.items()} if resolved else None
+        f"the launcher estimated ~{estimate:.1f} GiB per GPU of the {gpu_bytes:.1f} GiB of a {gpu} "
+        "(docs/planning.md; --plan shows what fits)"
     )
 
 
-def judge_end(final: JobState, log: Path, manifest_path: Path | None = None) -> tuple[triage.Verdict | None, str]:
+def judge_end(final: JobState, log: Path, run: manifest.Manifest | None = None) -> tuple[triage.Verdict | None, str]:
     """Why the job ended so (None when it COMPLETED), recorded with Slurm's final word in the manifest (if any);
     the second value says why it could not be recorded, or is ""."""
-    verdict = triage.for_job(
-        final, read_log(log), flags=run_flags(manifest_path), memory_note=memory_note(manifest_path)
-    )
-    if manifest_path is not None and manifest_path.is_file():
+    verdict = triage.for_job(final, read_log(log), flags=run.flags if run else None, memory_note=memory_note(run))
+    if run is not None and run.path.is_file():
         ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts}
         try:
-            manifest.record_end(manifest_path, ended, verdict.record() if verdict else None)
+            manifest.record_end(run.path, ended, verdict.record() if verdict else None)
         except OSError as e:
-            return verdict, f"not recorded in {manifest_path}: {e.strerror or e}"
+            return verdict, f"not recorded in {run.path}: {e.strerror or e}"
     return verdict, ""
 
 
-def report_end(final: JobState, log: Path, manifest_path: Path | None = None) -> triage.Verdict | None:
+def report_end(final: JobState, log: Path, run: manifest.Manifest | None = None) -> triage.Verdict | None:
     """Say how the job ended and, unless it COMPLETED, why and what to do; record both in the manifest (if any)."""
     code = "" if final.exit_code is None else f", exit code {final.exit_code}"
     print(
         f"Job {final.job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else "")
     )
-    verdict, unrecorded = judge_end(final, log, manifest_path)
+    verdict, unrecorded = judge_end(final, log, run)
     if verdict is not None:
         print("\n".join(verdict.lines()))
     if unrecorded:
@@ -97,23 +83,31 @@ def report_end(final: JobState, log: Path, manifest_path: Path | None = None) ->
     return verdict
 
 
-def follow_to_end(job_id: str, log: Path, target: str, manifest_path: Path | None = None) -> int:
-    """Follow until the job ends; exit code 0 only for COMPLETED. Ctrl-C stops following, not the job."""
+def outputs(run: manifest.Manifest) -> dict[str, object]:
+    """What a run left, to show at its end: bundle, log, checkpoints, and its pictures (drawn now)."""
+    named = run.data.get("outputs", {})
+    found: dict[str, object] = {"bundle": run.bundle_dir}
+    found.update({name: Path(named[name]) for name in ("log", "checkpoints") if named.get(name)})
+    if run.metrics.exists():
+        found["loss curve"] = plots.loss_curve(run.metrics, run.bundle_dir / "loss.png")
+    found.update(pictures.render(run.bundle_dir))
+    return found
+
+
+def follow_to_end(job_id: str, log: Path, target: str, run: manifest.Manifest | None = None) -> int:
+    """Follow until the job ends, then say how it ended and show what it left (`outputs`, where its manifest is
+    known); exit code 0 only for COMPLETED. Ctrl-C stops following, not the job. The one end of `--show_logs` and
+    `jobs attach`."""
     try:
         final = follow.follow(job_id, log)
     except KeyboardInterrupt:
         print(f"\nStopped following; job {job_id} keeps running.\n{how_to(target)}", file=sys.stderr)
         return 130
-    report_end(final, log, manifest_path)
-    return 0 if final.state == "COMPLETED" else 1
-
-
-def _outputs(paths: BundlePaths) -> dict:
-    found: dict[str, object] = {"bundle": paths.bundle_dir, "log": paths.log, "checkpoints": paths.checkpoints}
-    if paths.metrics.exists():
-        found["loss curve"] = plots.loss_curve(paths.metrics, paths.bundle_dir / "loss.png")
-    found.update(pictures.render(paths.bundle_dir))
-    return found
+    verdict = report_end(final, log, run)
+    if run is not None:
+        for name, value in outputs(run).items():
+            print(f"  {name:<12} {summary.shown(value)}")
+    return 0 if final.state == "COMPLETED" and verdict is None else 1
 
 
 def submit_and_follow(paths: BundlePaths, follow: bool) -> int:
@@ -122,8 +116,4 @@ def submit_and_follow(paths: BundlePaths, follow: bool) -> int:
     if not follow:
         print(how_to(str(paths.bundle_dir)))
         return 0
-    code = follow_to_end(job_id, paths.log, str(paths.bundle_dir), paths.manifest)
-    if code != 130:
-        for name, value in _outputs(paths).items():
-            print(f"  {name:<12} {summary.shown(value)}")
-    return code
+    return follow_to_end(job_id, paths.log, str(paths.bundle_dir), manifest.load(paths.manifest))

@@ -1,6 +1,6 @@
 """--dependency's syntax (Slurm's `--dependency`, as slurmctld reads it), checked with the other flags.
 
-The jobs it names are judged by their states in the preflight phase (`launcher.slurm.dependencies`).
+The jobs it names are judged by their states in the preflight phase (`launcher.slurm.awaited_jobs`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,147 @@
+"""The contract between the launcher and the job, in one place: what the launcher writes and the job reads, and what
+the job (its batch script, its node script, its Python) writes and the launcher reads.
+
+Standard library only: the launcher imports it, the job imports it, and the two templates are rendered from it
+(`bash_line` turns a line's format into the text of a bash `log` call). Triage builds its patterns from the same
+formats (`pattern`), so a line's words cannot drift between the script that prints it and the code that reads it.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import time
+
+# The bundle's files (in the bundle directory), and where the batch script and the job's log go.
+CONFIG = "config.yaml"
+MANIFEST = "manifest.json"
+NODE_SCRIPT = "node.sh"
+METRICS = "metrics.jsonl"  # one JSON object per logged step (the job appends; the launcher plots)
+STOP_FILE = "stop-requested"  # the batch script's word to training: checkpoint at the next step and exit
+OUTCOME_FILE = "outcome"  # training's word to the batch script: OUTCOME_FORMAT
+SRUN_STATUS_FILE = "srun-exit-code"  # the training step's exit code, through a file (see the batch script)
+REQUEUES_FILE = "requeues"  # one REQUEUE_FORMAT line per requeue the job asked for
+PROGRESS_FILE = "progress"  # PROGRESS_FORMAT, written by training's rank 0, read by the hang watchdog
+HUNG_FILE = "hung"  # the watchdog's finding: HUNG_FILE_FORMAT
+PREFLIGHT_REPORT = "preflight"  # the node checks' problems, one "NODE: WHAT" a line
+PORT_TAKEN_FILE = "port-taken"  # left by the first node when its rendezvous port was taken
+SWEEP_RECORD = "sweep.json"  # a sweep's record, in its own directory beside the points' bundles
+SCRIPT_SUFFIX, LOG_SUFFIX = ".sbatch", ".out"  # <scripts>/<run>/<stamp>.sbatch, <logs>/<run>/<stamp>.out
+
+# Under the run's checkpoints path.
+LOCK = ".launcher-lock"  # a directory (mkdir is atomic): one writer per run
+LOCK_HOLDER = "job"  # the file in it that names the job holding the lock
+TORCH_POINTER = "latest"  # the torch engine's pointer to its newest checkpoint (a step number)
+NANOTRON_POINTER = "latest.txt"  # nanotron's
+POINTERS = {TORCH_POINTER: "torch", NANOTRON_POINTER: "nanotron"}  # pointer -> the engine that writes it
+DATA_CACHE = ".data-cache"  # the torch engine's packed windows
+
+# What the job reads from its environment (set by the node script).
+ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
+ENV_OUTCOME_FILE = "LAUNCHER_OUTCOME_FILE"
+ENV_METRICS_FILE = "LAUNCHER_METRICS_FILE"
+ENV_PROGRESS_FILE = "LAUNCHER_PROGRESS_FILE"
+ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE", marks a node's training processes (for stack dumps and stop)
+
+# Training's words as it ends (OUTCOME_FILE), read by the batch script's end-of-attempt table.
+FINISHED, STOPPED = "finished", "stopped"
+OUTCOME_FORMAT = "{word} {step}\n"
+PROGRESS_FORMAT = "{step} {time:.3f} {phase}\n"
+HUNG_FILE_FORMAT = "{step} {idle} {limit}\n"
+REQUEUE_FORMAT = "{why} attempt {attempt} step {step} nodes {nodes}"  # why: one of REQUEUE_WHY
+REQUEUE_WHY = ("preemption", "time-limit", "hang", "preflight")
+
+# The job's own lines in its log. The batch script and the node check print them behind LINE_PREFIX; each names
+# its fields in braces. Static text stays inside bash double quotes: none of  " $ ` \  (a test holds it so).
+LINE_PREFIX = "[launcher {stamp}] "
+LINE_START = LINE_PREFIX[: LINE_PREFIX.index("{")]
+LINES = {
+    "attempt_started": "job {job} attempt {attempt} started {when} on {nodes}",
+    "attempt_ended": "job {job} attempt {attempt} ended {when}, exit code {code}",
+    "debug": "--debug: the node script traces its commands; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, "
+    "CUDA_LAUNCH_BLOCKING=1",
+    "warned": "time-limit or preemption notice (USR1): the run checkpoints at its next step and is requeued",
+    "terminated": "termination signal (a cancel, the time limit, or the end of a preemption's grace time): this "
+    "attempt ends",
+    "hung": "hung at step {step}: no progress for {idle} s (limit {limit} s); stacks in {stacks}",
+    "suspected": "suspected: {nodes} (its training processes are not waiting for the others)",
+    "two_writers": "two jobs of one run: job {holder} ({state}) holds {lock} and trains into {checkpoints}; this job "
+    "does not train beside it. Cancel one of them, or chain them: --dependency afterany:{holder}",
+    "heartbeat": "heartbeat",
+    "no_free_port": "no free port for the rendezvous on {node} (tried {ports})",
+    "rendezvous": "rendezvous {endpoint}, {nodes} nodes x {gpus} processes, python {python}",
+    "port_taken": "rendezvous port {port} was taken on {node} before torchrun could listen on it: trying another",
+    "preemption": "preemption notice: {what}",
+    "preflight_failed": "preflight failed on {node}: {what}",
+    "exclude_failed": "could not exclude {nodes} from the requeued job",
+    "requeue_preemption": "checkpoint saved at step {step}; requeueing after the preemption; the next attempt resumes",
+    # Slurm 24.05+ requeues a preempted job itself (PreemptMode=REQUEUE): the job leaves it to Slurm
+    "requeue_by_slurm": "checkpoint saved at step {step}; requeueing after the preemption (by Slurm {version} "
+    "itself, PreemptMode=REQUEUE); the next attempt resumes",
+    "slurm_requeues_finished": "Slurm {version} requeues a preempted job however it ends: the next attempt finds the "
+    "run finished",
+    "requeue_time_limit": "checkpoint saved at step {step}; requeueing after the time-limit notice ({count} of "
+    "{most}); the next attempt resumes",
+    "no_requeue_left": "stopped at the checkpoint of step {step} with no requeue left (--max_requeues {most}): launch "
+    "the same command again to resume",
+    "requeue_once": "requeueing once{without}; the next attempt resumes from the latest checkpoint",
+    "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
+    "to resume",
+    "late_notice": "the {notice} notice came as training ended: nothing to resume",
+    "pre_launch_ended": "the pre-launch commands ended this attempt at: {command} (exit code {code})",
+    "outcome": "training's last word: {word}",
+}
+# What a field matches where a pattern needs more than "anything" (the default).
+FIELD_PATTERNS = {
+    "step": r"\S+", "steps": r"\d+", "attempt": r"\d+", "job": r"\S+", "node": r"[^:\s]+", "idle": r"[\d.?]+",
+    "limit": r"[\d.?]+",
+}  # fmt: skip
+STAMP_PATTERN = r"\d\d:\d\d:\d\d(?:\.\d+)?"
+# training's line for each logged step, and its last words
+STEP_LINE = "step {step}/{steps} | "
+STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
+SHELL_UNSAFE = re.compile(r'["$`\\]')
+
+
+def fields(name: str) -> list[str]:
+    """The fields a line names, in order."""
+    return [f for _, f, _, _ in string.Formatter().parse(LINES[name]) if f]
+
+
+def line(name: str, stamp: str | None = None, **values: object) -> str:
+    """A whole line as the job prints it from Python (the node check): prefix, then the line."""
+    stamp = stamp or time.strftime("%H:%M:%S.000")
+    return LINE_PREFIX.format(stamp=stamp) + LINES[name].format(**values)
+
+
+def bash_line(name: str, **expressions: str) -> str:
+    """The argument of the batch script's `log` for a line: its format with each field replaced by a bash
+    expression, in double quotes (so the expressions expand and the static text stays as it is)."""
+    assert not SHELL_UNSAFE.search(LINES[name].replace("{", "").replace("}", "")), name
+    missing = set(fields(name)) - set(expressions)
+    assert not missing, f"{name}: no bash expression for {missing}"
+    return '"' + LINES[name].format(**expressions) + '"'
+
+
+def _regex(fmt: str) -> str:
+    """A format's regular expression: its static text literally, each field a named group."""
+    out, seen = [], set()
+    for text, field, _, _ in string.Formatter().parse(fmt):
+        out.append(re.escape(text))
+        if field:
+            out.append(f"(?P={field})" if field in seen else f"(?P<{field}>{FIELD_PATTERNS.get(field, '.*?')})")
+            seen.add(field)
+    return "".join(out)
+
+
+PREFIX_PATTERN = "^" + re.escape(LINE_START) + STAMP_PATTERN + re.escape("] ")
+
+
+def pattern(name: str, whole: bool = True) -> re.Pattern[str]:
+    """A line's regular expression: the prefix, then the line (`whole`: to its end, else only its start)."""
+    return re.compile(PREFIX_PATTERN + _regex(LINES[name]) + (r"\s*$" if whole else ""))
+
+
+def step_pattern() -> re.Pattern[str]:
+    """Training's line for a logged step: `step 12/40 | loss ...`."""
+    return re.compile("^" + _regex(STEP_LINE))
