@@ -1,13 +1,14 @@
 # The two commands a newcomer runs (README):
 #   make demo   set everything up and run the main job end to end on a local 2-node Slurm cluster
-#   make test   set everything up and run the test suite (the same command CI runs)
+#   make test   set everything up and run the test suite on Slurm 22.05, then its Slurm tests on Slurm 24.11 (the
+#               same command CI runs); `make test-slurm24` runs only the second part
 PYTHON ?= python3
 DEMO_DIR := .demo
 SLURM_DIR := .slurm
 # e.g. `make demo CLUSTER_FLAGS=--accounting`: slurmdbd on a MariaDB of the cluster's own (docs/accounting.md)
 CLUSTER_FLAGS ?=
 
-.PHONY: setup cluster demo test down
+.PHONY: setup cluster demo test test-slurm24 down
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -24,6 +25,12 @@ demo: cluster
 
 test: setup
 	$(PYTHON) -m pytest -q -n 2 --dist loadfile
+	$(MAKE) --no-print-directory -o setup test-slurm24
+
+# The tests that use the local cluster (-m slurm), again on Debian 13's Slurm 24.11 (docs/slurm-versions.md):
+# scripts/slurm24.sh builds its root filesystem once (about a minute), then runs pytest inside it.
+test-slurm24: setup
+	PYTHON=$(PYTHON) bash scripts/slurm24.sh $(PYTHON) -m pytest -q -n 2 --dist loadfile -m slurm
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

@@ -81,6 +81,11 @@ LINES = {
     "node_warning": "warning on {node}: {what}",
     "exclude_failed": "could not exclude {nodes} from the requeued job",
     "requeue_preemption": "checkpoint saved at step {step}; requeueing after the preemption; the next attempt resumes",
+    # Slurm 24.05+ requeues a preempted job itself (PreemptMode=REQUEUE): the job leaves it to Slurm
+    "requeue_by_slurm": "checkpoint saved at step {step}; requeueing after the preemption (by Slurm {version} "
+    "itself, PreemptMode=REQUEUE); the next attempt resumes",
+    "slurm_requeues_finished": "Slurm {version} requeues a preempted job however it ends: the next attempt finds the "
+    "run finished",
     "requeue_time_limit": "checkpoint saved at step {step}; requeueing after the time-limit notice ({count} of "
     "{most}); the next attempt resumes",
     "no_requeue_left": "stopped at the checkpoint of step {step} with no requeue left (--max_requeues {most}): launch "

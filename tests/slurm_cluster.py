@@ -2,14 +2,17 @@
 worker where pytest-xdist runs several), and one with accounting (slurmdbd on a MariaDB of its own), started only
 for the tests that ask for it (`slurm_accounting`), so that both paths, with sacct and without, stay tested.
 
-Imported by conftest.py. Outside CI, tests that need it skip (with the reason) when Slurm is not installed; under
-CI=true they never skip. A cluster that was already up (e.g. after `make demo`) is reused and left up.
+Imported by conftest.py (with the hook that marks the tests using it `slurm`). Outside CI, tests that need it skip
+(with the reason) when Slurm is not installed; under CI=true they never skip. A cluster that was already up (e.g.
+after `make demo`) is reused and left up. Under scripts/slurm24.sh it is Slurm 24.11's, in `.slurm-24.11[-gwN]`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +21,14 @@ import pytest
 from launcher import localcluster
 
 IN_CI = os.environ.get("CI") == "true"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the session's cluster is marked `slurm` (`-m slurm`: the Slurm end-to-end tests, which
+    CI also runs on Slurm 24.11 through scripts/slurm24.sh)."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
 
 
 def _require_slurm(accounting: bool = False) -> None:
@@ -33,7 +44,9 @@ def _require_slurm(accounting: bool = False) -> None:
 
 
 def _directory(name: str) -> Path:
-    """`<project>/<name>`, one per pytest-xdist worker: `make test` runs two, each with its own daemons and ports."""
+    """`<project>/<name>` (the cluster's directory, `localcluster.default_dir()`'s name by default: `.slurm`, or
+    `.slurm-24.11` inside scripts/slurm24.sh), one per pytest-xdist worker: `make test` runs two, each with its own
+    daemons and ports."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     return localcluster.default_dir().with_name(name if worker is None else f"{name}-{worker}")
 
@@ -42,7 +55,7 @@ def _directory(name: str) -> Path:
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """Environment variables (SLURM_CONF) that point Slurm's commands at the running local cluster."""
     _require_slurm()
-    spec = localcluster.ClusterSpec(_directory(".slurm"), nodes=2, gpus_per_node=2)
+    spec = localcluster.ClusterSpec(_directory(localcluster.default_dir().name), nodes=2, gpus_per_node=2)
     was_up = localcluster.is_up(spec)
     env = localcluster.up(spec)
     yield env
@@ -73,3 +86,10 @@ def slurm_env(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) ->
     for key, value in slurm_cluster.items():
         monkeypatch.setenv(key, value)
     return {**os.environ, **slurm_cluster}
+
+
+def slurm_release(env: dict[str, str]) -> tuple[int, int]:
+    """The (year, month) release of the cluster's Slurm: (22, 5) from Debian 12, (24, 11) under scripts/slurm24.sh."""
+    out = subprocess.run(["sbatch", "--version"], env=env, capture_output=True, text=True, check=True).stdout
+    major, minor = re.search(r"(\d+)\.(\d+)", out).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)

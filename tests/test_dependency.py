@@ -151,8 +151,11 @@ def test_parse_keeps_kinds_and_ids() -> None:
         ("afterok:7_2", []),
         ("afterok:7_5", ["Slurm does not know job 7_5"]),
         ("afterok:3?afternotok:2", ["job 3 ended FAILED, so afterok can never be met; job 2 ended COMPLETED"]),
-        ("afterok:99", ["Slurm does not know job 99; it would count it as done and start this run at once"]),
-        ("99", ["Slurm does not know job 99"]),  # a bare id is looked up too
+        # what Slurm would do with an unknown job depends on the kind and the release: the launcher refuses it
+        ("afterok:99", ["Slurm does not know job 99; Slurm 23.02 and later refuse afterok on it at submission"]),
+        ("afterok:99", ["at submission; 22.05 would count it as done and start this run at once"]),
+        ("afterany:99", ["Slurm does not know job 99; it would count it as done and start this run at once"]),
+        ("99", ["Slurm does not know job 99; it would count"]),  # a bare id is looked up too (afterany)
         ("3", []),  # afterany
         ("AFTEROK:3", ["job 3 ended FAILED, so afterok can never be met"]),
         ("afterok:3_*", ["job 3_* ended FAILED, so afterok can never be met"]),  # named as written

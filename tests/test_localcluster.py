@@ -18,10 +18,13 @@ import pytest
 from launcher import localcluster
 from launcher.localcluster import ClusterSpec
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("CI") != "true" and shutil.which("slurmctld") is None,
-    reason="Slurm is not installed (run scripts/install_slurm.sh)",
-)
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        os.environ.get("CI") != "true" and shutil.which("slurmctld") is None,
+        reason="Slurm is not installed (run scripts/install_slurm.sh)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +96,26 @@ def test_down_stops_the_daemons(spec: ClusterSpec) -> None:
     localcluster.down(spec)
     assert not localcluster.is_up(spec)
     assert not any(running(pid) for pid in pids.values() if pid)
+
+
+def test_up_that_fails_partway_stops_what_it_started(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node whose slurmd cannot take its port (held here): `up` fails naming it, and the munged, slurmctld and
+    slurmd it had already started are stopped, not left running."""
+    import socket
+
+    spec = ClusterSpec(tmp_path / "partway", nodes=2, gpus_per_node=1)
+    with socket.create_server(("127.0.0.1", spec.ctld_port + 2)):  # node2's slurmd port
+        with pytest.raises(localcluster.ClusterError, match="slurmd.node2"):
+            localcluster.up(spec)
+    assert "started slurmd.node1" in capsys.readouterr().out  # it got that far
+    assert not any(localcluster.daemon_pids(spec).values())
+    ours = [p for p in Path("/proc").glob("[0-9]*") if running(int(p.name)) and names(p, spec)]
+    assert ours == []  # no process of this cluster's is left, whatever its pid file says
+
+
+def names(proc: Path, spec: ClusterSpec) -> bool:
+    try:
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(f"{d}/".encode() in cmdline for d in (spec.dir, spec.munge_dir))

@@ -1,9 +1,10 @@
 """A real preemption on the local cluster: a job in the `urgent` partition (priority tier 2) takes the GPUs of a
 training run in `debug` (tier 1, PreemptMode=REQUEUE, GraceTime=60), as sites set it up.
 
-Slurm 22.05's notice is SIGTERM to the run's training processes (or, with
-SlurmctldParameters=preempt_send_user_signal, the job's own --signal to its batch script); the run must save a
-checkpoint at its next step, requeue itself, and resume from that checkpoint. --save_interval is larger than the
+Slurm's notice is SIGTERM to the run's training processes (or, with SlurmctldParameters=preempt_send_user_signal,
+the job's own --signal to its batch script); the run must save a checkpoint at its next step, be requeued once (by
+itself on Slurm 22.05; by Slurm on 24.05 and later, where a second requeue by the job would make a third attempt),
+and resume from that checkpoint. CI runs these on both releases (scripts/slurm24.sh). --save_interval is larger than the
 run, so only the notice can have saved it.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from slurm_cluster import slurm_release
 from test_e2e_training import (
     assert_continuous,
     bundles,
@@ -54,10 +56,15 @@ def preempt_and_follow(tmp_path: Path, env: dict, demo_data, run_name: str, *fla
     return job_id, seen, out, Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
 
 
-def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: str, log: str) -> None:
+def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: str, log: str, env: dict) -> None:
     saved = int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
     assert saved >= seen  # the step the notice found, not a periodic checkpoint (there is none before 100000)
     assert "requeueing after the preemption" in log and f"job {job_id} attempt 2 started" in log
+    # Slurm 24.05+ requeues a preempted job itself, and the job must not requeue it again (a third attempt would
+    # follow); 22.05 leaves the requeue to the job
+    by_slurm = f"requeueing after the preemption (by Slurm {'.'.join(map(str, slurm_release(env)))}"
+    assert (by_slurm in log) == (slurm_release(env) >= (24, 5)), log
+    assert f"job {job_id} attempt 3" not in log
     assert f"resumed from checkpoint step {saved} " in log
     assert "ended COMPLETED" in out and "requeued 1x" in out
     assert (bundle_dir / "requeues").read_text().startswith(f"preemption attempt 1 step {saved}")
@@ -70,7 +77,7 @@ def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     assert "preemption notice: Slurm preempted this job at" in log
     assert "time-limit or preemption notice (USR1)" not in log  # Slurm's notice here is SIGTERM to training
     (bundle_dir,) = bundles(tmp_path, "preempted")
-    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log)
+    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log, env)
     logs = Path(manifest(bundle_dir)["outputs"]["log"]).parent
     monitors = {p.name: p.read_text() for p in logs.glob(f"gpu-{job_id}-*")}
     names = [f"gpu-{job_id}-{node}.log{attempt}" for node in ("node1", "node2") for attempt in ("", ".2")]
@@ -96,7 +103,7 @@ def test_preemption_with_the_jobs_own_signal(tmp_path: Path, slurm_env: dict, us
     assert "time-limit or preemption notice (USR1)" in log  # the batch script heard the job's own signal
     assert "preemption notice: Slurm preempted this job at" in log  # and knew it for a preemption
     (bundle_dir,) = bundles(tmp_path, "signalled")
-    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log)
+    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log, env)
 
 
 def test_a_cancel_is_not_requeued(tmp_path: Path, slurm_env: dict, demo_data):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from launcher_helpers import ROOT
+from slurm_cluster import slurm_release
 
 from launcher.slurm import awaited_jobs, parse
 from launcher.slurm import client as slurm
@@ -121,7 +123,6 @@ def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict)
         (("--constraint", "nosuch"), "fix --constraint"),
         (("--reservation", "nosuch"), "fix --reservation"),
         (("--nodelist", "node9"), "fix --nodelist / --exclude"),
-        (("--nodes", "1", "--nodelist", "node[1-2]"), "fix --nodelist: it names more nodes than --nodes"),
         (("--nodes", "3"), "fix --nodes, --gpus_per_node"),
     ],
 )
@@ -133,6 +134,20 @@ def test_slurm_refuses_before_anything_is_written(tmp_path: Path, slurm_env: dic
     assert "Nothing was written or submitted." in out.stderr
     left = list((tmp_path / "logs").rglob("*")) if (tmp_path / "logs").exists() else []
     assert [p for p in left if p.is_file() or "refused" in p.name] == []
+
+
+def test_a_nodelist_longer_than_nodes_is_refused_by_the_launcher(tmp_path: Path, slurm_env: dict):
+    """Slurm 22.05 refuses `--nodes 1 --nodelist node[1-2]`, 24.11 runs it on one node of the list: the launcher
+    refuses it itself, the same on both, before asking Slurm."""
+    out = launch(tmp_path, slurm_env, "listed", script(tmp_path, "ok.py", "print(1)\n"), "--nodes", "1",
+                 "--nodelist", "node[1-2]")  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "--nodelist: node[1-2] names 2 nodes, more than --nodes 1" in out.stderr, out.stderr
+    assert "use --nodes 2, or name at most 1 node in --nodelist" in out.stderr
+    assert "Slurm would reject" not in out.stderr and not (tmp_path / "logs").exists()
+    argv = ["sbatch", "--test-only", "--nodes", "1", "--nodelist", "node[1-2]", "--wrap", "true"]
+    slurm_says = subprocess.run(argv, env=slurm_env, capture_output=True, text=True, timeout=60)
+    assert (slurm_says.returncode == 0) == (slurm_release(slurm_env) >= (24, 11)), slurm_says  # why it must
 
 
 def test_refusal_at_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict, monkeypatch: pytest.MonkeyPatch):
@@ -266,19 +281,16 @@ def test_ctrl_c_stops_following_not_the_job(tmp_path: Path, slurm_env: dict):
     )
     bundle_dir = only_bundle(tmp_path, "ctrlc")
     job_id = json.loads((bundle_dir / "manifest.json").read_text())["slurm"]["job_id"]
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)],
-        cwd=ROOT,
-        env=slurm_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    said = tmp_path / "follower.err"
+    with said.open("w") as err:
+        follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)], cwd=ROOT,
+                                    env=slurm_env, stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
     wait_for(lambda: (slurm.job_state(job_id) or slurm.job_state(job_id)).state == "RUNNING")
-    time.sleep(1)
+    wait_for(lambda: f"job {job_id} RUNNING" in said.read_text())  # following (not still starting up)
     follower.send_signal(2)  # SIGINT, as Ctrl-C
-    _, stderr = follower.communicate(timeout=30)
-    assert out.returncode == 0 and follower.returncode == 130
+    follower.communicate(timeout=30)
+    stderr = said.read_text()
+    assert out.returncode == 0 and follower.returncode == 130, stderr
     assert "keeps running" in stderr and "launcher.jobs attach" in stderr and "launcher.jobs cancel" in stderr
     assert slurm.job_state(job_id).state == "RUNNING"
     slurm.cancel(job_id)
@@ -352,15 +364,30 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
     forms it is deliberately stricter about."""
     from test_dependency import ACCEPTED, REFUSED, STRICTER
 
+    # Slurm 23.02 and later refuse afterok/afternotok on a job they do not know: the job ids the lists name are
+    # made real, each a held array of tasks 0-3 (a delay after '+' and a task id after '_' are left alone)
+    held = ["sbatch", "--parsable", "--hold", "--array=0-3", "--nodes", "1", "--output", "/dev/null", "--wrap", "true"]
+    ids = {n: subprocess.run(held, env=slurm_env, capture_output=True, text=True, check=True).stdout.strip()
+           for n in ("1", "2", "7", "12", "13")}  # fmt: skip
+
+    def real(text: str) -> str:
+        return re.sub(r"(?<![_+0-9])(0*)([1-9][0-9]*)", lambda m: m.group(1) + ids.get(m.group(2), m.group(2)), text)
+
     def slurm_takes(text: str) -> bool:
-        argv = ["sbatch", "--test-only", f"--dependency={text}", "--nodes", "1", "--wrap", "true"]
+        argv = ["sbatch", "--test-only", f"--dependency={real(text)}", "--nodes", "1", "--wrap", "true"]
         out = subprocess.run(argv, env=slurm_env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 or "dependency" in out.stderr.lower(), (text, out.stderr)
         return out.returncode == 0
 
-    assert [text for text in ACCEPTED if not slurm_takes(text)] == []
-    assert [text for text in REFUSED if slurm_takes(text)] == []
-    assert [text for text in STRICTER if not slurm_takes(text)] == []
+    try:
+        assert real("afterok:01,after:1_*+5?12_3") == f"afterok:0{ids['1']},after:{ids['1']}_*+5?{ids['12']}_3"
+        assert [text for text in ACCEPTED if not slurm_takes(text)] == []
+        assert [text for text in REFUSED if slurm_takes(text)] == []
+        # on a real array, a task range is refused by Slurm too; 24.11 also refuses a dependency with no job id
+        also_refused = ["afterok:1_[1-2]", *(["afterok:+5"] if slurm_release(slurm_env) >= (24, 11) else [])]
+        assert [text for text in STRICTER if not slurm_takes(text)] == also_refused
+    finally:
+        subprocess.run(["scancel", *ids.values()], env=slurm_env, check=True)
 
 
 def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_env: dict, monkeypatch):
@@ -401,11 +428,16 @@ def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_en
         assert launcher_problems(text) == [message] and not slurm_meets(text), text
     for text in (f"afternotok:{array}", f"afterok:{array}_2", array, f"afterok:{array}_1?afterok:{array}_2"):
         assert launcher_problems(text) == [] and slurm_meets(text), text
-    # a task the array does not have: Slurm counts it as done (and starts the run at once), the launcher refuses it
-    assert launcher_problems(f"afterok:{array}_7") == [
-        f"Slurm does not know job {array}_7; it would count it as done and start this run at once"
-    ]
-    assert slurm_meets(f"afterok:{array}_7")
+    # a task the array does not have: Slurm 22.05 counts it as done (and starts the run at once), 24.11 refuses the
+    # run at submission; the launcher refuses it before the queue on both
+    (problem,) = launcher_problems(f"afterok:{array}_7")
+    assert problem.startswith(f"Slurm does not know job {array}_7; Slurm 23.02 and later refuse afterok on it")
+    if slurm_release(slurm_env) < (23, 2):
+        assert slurm_meets(f"afterok:{array}_7")
+    else:
+        with pytest.raises(subprocess.CalledProcessError) as refused:
+            sbatch("--dependency", f"afterok:{array}_7", "--wrap", "true")
+        assert "dependency" in refused.value.stderr.lower()
 
 
 def test_mem_units_agree_with_slurm(slurm_env: dict):

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit
+from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit, hostlist
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -126,6 +126,7 @@ def _check_names(spec: RunSpec) -> list[Problem]:
         value = getattr(s, name)
         if value is not None and not pattern.fullmatch(value):
             out.append(Problem(name, f"{value!r} is not {what}", f"e.g. --{name} {example}"))
+    out += hostlist.nodelist_problems(s.nodelist, s.exclude, s.nodes)
     for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
             out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))

@@ -233,7 +233,14 @@ def up(spec: ClusterSpec) -> dict[str, str]:
             print(f"restarting the cluster in {spec.dir} (its config changed or a daemon is down)")
         down(spec)
         _prepare(spec)
-        _start(spec)
+        try:
+            _start(spec)
+            _wait_ready(spec)
+        except BaseException:  # a daemon that would not start, nodes never ready, Ctrl-C: stop what this started
+            print(f"the cluster in {spec.dir} did not come up: stopping what was started")
+            down(spec)
+            raise
+        return spec.env()
     _wait_ready(spec)
     return spec.env()
 

@@ -1,7 +1,8 @@
 """The jobs a --dependency names, judged by their states before anything is submitted.
 
-Slurm itself accepts a dependency on a job it does not know and starts the run at once (a typo in a job id
-silently skips the wait), and holds a run whose dependency can no longer be met (afterok on a failed job)
+Slurm 22.05 accepts a dependency on a job it does not know and starts the run at once (a typo in a job id
+silently skips the wait; 23.02 and later do so for all kinds but afterok and afternotok, which they refuse at
+submission), and holds a run whose dependency can no longer be met (afterok on a failed job)
 PENDING forever. So when submitting, each job the dependency names is looked up: unknown jobs and dependencies
 that can never be met are problems, reported with the rest before anything is written. The script asks Slurm to
 cancel the run should its dependency fail later (`--kill-on-invalid-dep=yes`), so a followed run ends instead of
@@ -43,12 +44,14 @@ def _never(kind: str, job_id: str, states: list[JobState]) -> str | None:
     return None
 
 
-def _unknown(job_id: str) -> Problem:
-    return Problem(
-        "dependency",
-        f"Slurm does not know job {job_id}; it would count it as done and start this run at once",
-        "check the job id (squeue --me; sacct where accounting is on)",
-    )
+def _unknown(job_id: str, kind: str) -> Problem:
+    """Slurm 22.05 counts a job it does not know as done; 23.02 and later refuse afterok/afternotok on one at
+    submission and count it as done for the other kinds. The launcher refuses it before the queue on every release."""
+    at_once = "it would count it as done and start this run at once"
+    if kind in ("afterok", "afternotok"):
+        at_once = f"Slurm 23.02 and later refuse {kind} on it at submission; 22.05 would count it as done and start this run at once"  # noqa: E501
+    return Problem("dependency", f"Slurm does not know job {job_id}; {at_once}",
+                   "check the job id (squeue --me; sacct where accounting is on)")  # fmt: skip
 
 
 def state_problems(text: str, job_states: Callable[[str], list[JobState]]) -> list[Problem]:
@@ -70,7 +73,7 @@ def state_problems(text: str, job_states: Callable[[str], list[JobState]]) -> li
             else:  # a whole array (1_*) is shown under its own id, a task under 1_3
                 states = looked_up[job_id] = job_states(job_id.removesuffix("_*"))
                 if not states:
-                    problems.append(_unknown(job_id))
+                    problems.append(_unknown(job_id, item.kind))
             never.append(_never(item.kind, job_id, states) if states else None)
     failed = [why for why in never if why is not None]
     if failed and (not any_of or len(failed) == len(never)):  # ',': every one must hold; '?': one is enough
