@@ -29,6 +29,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+        if "slurm_accounting" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.accounting)
 
 
 def _require_slurm(accounting: bool = False) -> None:

@@ -33,7 +33,7 @@ MISSING = containers.missing_sources()
 needs_vendor = pytest.mark.skipif(
     bool(MISSING), reason=f"the vendored pyxis and enroot sources are absent ({', '.join(MISSING)})"
 )
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.containers]
 
 
 @pytest.fixture(scope="module")
