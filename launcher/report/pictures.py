@@ -120,6 +120,14 @@ def node_series(log: dmon.DmonLog, column: str, scale: float = 1.0) -> tuple[lis
     return times, stats
 
 
+def _panel(ax: Any, name: str, unit: str, column: str) -> None:
+    """A GPU panel's title, unit and grid; SM utilisation to 100 %."""
+    ax.set_title(name, fontsize=11)
+    ax.set_ylabel(unit)
+    ax.grid(alpha=0.3)
+    ax.set_ylim(bottom=0, top=105 if column == "sm" else None)
+
+
 def gpus_png(logs: list[dmon.DmonLog], png: Path, title: str) -> Path | None:
     """Utilisation, memory, power and temperature over time, one colour a node: the line is the mean of its GPUs,
     the band their range (a GPU apart from its node's others shows as a wide band). None without samples."""
@@ -140,10 +148,7 @@ def gpus_png(logs: list[dmon.DmonLog], png: Path, title: str) -> Path | None:
             ax.plot(times, [m for m, _, _ in stats], color=colour, linewidth=1.4, label=label)
             ax.fill_between(times, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], color=colour, alpha=band,
                             linewidth=0)  # fmt: skip
-        ax.set_title(name, fontsize=11)
-        ax.set_ylabel(unit)
-        ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0, top=105 if column == "sm" else None)
+        _panel(ax, name, unit, column)
     for ax in axes[1]:
         ax.xaxis.set_major_formatter(DateFormatter("%H:%M"))
         ax.set_xlabel(f"time on {_first_time(logs):%Y-%m-%d} (nvidia-smi dmon samples)")
@@ -240,10 +245,7 @@ def cluster_png(nodes: list[dmon.Binned], png: Path, title: str) -> Path | None:
         for n, i in enumerate(slowest):
             ax.plot(times, m[i], linewidth=1.0, color=plt.get_cmap("tab10")((n + 1) % 10),
                     label=f"{nodes[i].host} (mean SM {busy[i]:.0f}%)")  # fmt: skip
-        ax.set_title(name, fontsize=11)
-        ax.set_ylabel(unit)
-        ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0, top=105 if column == "sm" else None)
+        _panel(ax, name, unit, column)
     for ax in axes[1]:
         ax.xaxis.set_major_formatter(DateFormatter("%H:%M"))
         ax.set_xlabel(f"time on {first.start:%Y-%m-%d} ({first.width:.0f} s bins of nvidia-smi dmon samples)")
