@@ -75,7 +75,7 @@ def test_preemption_inside_a_container_resumes(tmp_path: Path, boxed, demo_data)
     job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "boxed-pre", "--container_image", str(image))
     assert "preemption notice: Slurm preempted this job at" in log
     (bundle_dir,) = bundles(tmp_path, "boxed-pre")
-    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log)
+    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log, env)
     assert in_container(spec, job_id) == ["node1", "node2"]
 
 
