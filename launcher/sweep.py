@@ -179,7 +179,7 @@ def follow(record_dir: Path, cadence: Cadence | None = None) -> int:
         print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}))
-    points = [(e["run_name"], Path(e["bundle"])) for e in entries]
+    points = [(e["run_name"], Path(e["bundle"])) for e in entries.values()]
     print("GPU-hours (python -m launcher.jobs ledger DIR: every attempt)")
     print("\n".join(usage.several(points, record_dir / "gpu-hours.png", record_dir.parent.name)))
     return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1
