@@ -45,6 +45,7 @@ ENV_OUTCOME_FILE = "LAUNCHER_OUTCOME_FILE"
 ENV_METRICS_FILE = "LAUNCHER_METRICS_FILE"
 ENV_PROGRESS_FILE = "LAUNCHER_PROGRESS_FILE"
 ENV_SIGNAL_GRACE = "LAUNCHER_SIGNAL_GRACE"  # seconds the time-limit warning comes early (where the job requeues)
+ENV_STOP_FILE_EVERY = "LAUNCHER_STOP_FILE_EVERY_S"  # seconds between rank 0's looks for the stop file (default 5)
 ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE", marks a node's training processes (for stack dumps and stop)
 
 # Training's words as it ends (OUTCOME_FILE), read by the batch script's end-of-attempt table.

@@ -47,7 +47,7 @@ if [[ -n "$git_dir" && "$git_dir/" != "$checkout/"* ]]; then
     extra+=("$git_dir")
 fi
 if [[ -d "$checkout/../shared" ]]; then
-    extra+=("$(realpath "$checkout/../shared")")  # vendored sources some tests use (read-only)
+    extra+=("$(cd "$checkout/.." && pwd)/shared")  # vendored sources some tests use (read-only; a link's target)
 fi
 
 # Run inside the new namespaces (PID 1 there: it reaps what its command leaves, and all of it ends with it).

@@ -27,6 +27,7 @@ from test_e2e_training import (
     with_fake_nvidia_smi,
 )
 
+from launcher import protocol as P
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.report.plots import read_metrics
 from launcher.slurm import client
@@ -41,7 +42,10 @@ def last_logged_step(bundle_dir: Path) -> int:
 def preempt_and_follow(tmp_path: Path, env: dict, demo_data, run_name: str, *flags: str) -> tuple[str, int, str, str]:
     """Launch a run on all GPUs, let it train past step 10, preempt it with an urgent job; return the job id, the
     step seen before the preemption, the launcher's output and the job's log. `flags`: more launcher flags."""
-    proc = launch(tmp_path, env, demo_data, run_name, "--train_steps", "150", "--save_interval", "100000", *flags)
+    # training runs ~150 steps in 5 s here: rank 0 looks for the stop file every 0.2 s, not every 5 s, so that the
+    # notice is heard before the run ends
+    proc = launch(tmp_path, env, demo_data, run_name, "--train_steps", "150", "--save_interval", "100000",
+                  "--extra_env", f"{P.ENV_STOP_FILE_EVERY}=0.2", *flags)  # fmt: skip
     (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs" / run_name).glob("*")), timeout=30)
     job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
     wait_for(lambda: last_logged_step(bundle_dir) >= 10, timeout=180)

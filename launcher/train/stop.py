@@ -33,7 +33,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # On a shared filesystem every look is a metadata request to its server: rank 0 alone looks for the stop file, at
 # most this often (the time-limit warning comes minutes ahead), and rank 0 rewrites the progress file at most this
 # often (the hang watchdog allows at least 10 s); a change of phase ("saving") is written at once.
-STOP_FILE_EVERY_S = 5.0
+STOP_FILE_EVERY_S = float(os.environ.get(P.ENV_STOP_FILE_EVERY) or 5.0)  # (--extra_env may set it: a short run)
 PROGRESS_EVERY_S = 5.0
 
 
