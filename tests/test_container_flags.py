@@ -90,6 +90,8 @@ def test_every_path_the_node_step_touches_is_mounted(tmp_path: Path):
 
 def test_mounts_nest_once():
     assert container.needed_mounts(["/a/b", "/a", "/a/b/c", "/ab", "/x/"]) == ["/a", "/ab", "/x"]
+    # the caller's order, not the names': the checkout's place must not hang on where it was cloned
+    assert container.needed_mounts(["/z/run", "/check/main", "/a"]) == ["/z/run", "/check/main", "/a"]
     assert container.python_prefixes("/usr/bin/python3") == []
 
 

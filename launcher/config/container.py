@@ -123,12 +123,17 @@ def python_prefixes(python: str) -> list[str]:
 
 
 def needed_mounts(paths: list[str]) -> list[str]:
-    """Each path once, none below another (its parent is mounted whole), in order."""
-    kept: list[str] = []
-    for path in sorted({os.path.abspath(p) for p in paths}, key=len):
-        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
-            kept.append(path)
-    return sorted(kept)
+    """Each path once, none below another (its parent is mounted whole), in the order given.
+
+    The order is the caller's, not the names': a sorted list would move the checkout among the other mounts with
+    the directory it was cloned into.
+    """
+    unique = list(dict.fromkeys(os.path.abspath(p) for p in paths))
+
+    def below(path: str, other: str) -> bool:
+        return path != other and path.startswith(other.rstrip("/") + "/")
+
+    return [p for p in unique if not any(below(p, other) for other in unique)]
 
 
 def unsafe_paths(paths: list[str]) -> list[str]:
