@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from launcher.config import dialect
+from launcher.config import dialect, mixture
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
 
@@ -113,6 +113,7 @@ def flags_from_config(config: dict) -> dict[str, Any]:
     random tokens, reads as --dataset none). Either dialect."""
     config = dialect.to_canonical(config)
     values = {flag: get_path(config, path) for flag, path in FLAG_PATHS.items()}
+    values["dataset"] = mixture.to_flag(values["dataset"])  # a {name: weight} mixture as --dataset's a:0.7,b:0.3
     optimizer = config.get("optimizer")
     if isinstance(optimizer, dict) and "clip_grad" in optimizer and optimizer["clip_grad"] is None:
         values["grad_clip"] = 0.0  # nanotron's null: no clipping (absent: the base's value)
@@ -184,6 +185,7 @@ def _numeric(text: str) -> bool:
 # How a flag's resolved value is written into the YAML, where that is not the value itself.
 TO_YAML: dict[str, Callable[[Any], Any]] = {
     "grad_clip": lambda clip: clip or None,  # 0 disables clipping: nanotron's null
+    "dataset": mixture.to_yaml,  # a:0.7,b:0.3 -> {a: 0.7, b: 0.3}, nanotron's mixture
 }
 # Flags that describe the dataset: with no dataset (random tokens) the whole `data.dataset` section is null.
 DATASET_FLAGS = ("dataset", "text_column")

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit, hostlist
+from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit, hostlist, mixture
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -215,8 +215,9 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
                 "use letters, digits, '.', '_', '-' (at most 64, starting with a letter or digit)",
             )
         )
-    for flag, value in (("dataset", a.data.dataset), ("tokenizer", a.data.tokenizer)):
-        if value is None:
+    out += mixture.parse(a.data.dataset or "")[1] if mixture.is_mixture(a.data.dataset) else []
+    for flag, value in [*(("dataset", n) for n in mixture.names(a.data.dataset)), ("tokenizer", a.data.tokenizer)]:
+        if not value or (flag == "dataset" and value.lower() == "none"):
             continue
         if is_local_path(value) and not os.path.exists(os.path.expanduser(value)):  # as datacheck and the job read it
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))

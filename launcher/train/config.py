@@ -16,6 +16,7 @@ import yaml
 
 from launcher.config.dialect import is_main, to_canonical
 from launcher.config.layout import check_layout
+from launcher.config.mixture import to_flag
 from launcher.config.problems import Problem
 from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
 from launcher.config.shape import ModelShape, from_model_config
@@ -57,7 +58,7 @@ class TrainConfig:
     adam_beta2: float
     adam_eps: float
     clip_grad: float | None
-    dataset: str | None  # a save_to_disk directory, a data file, or a hub name; None -> random tokens
+    dataset: str | None  # a save_to_disk directory, a data file, a hub name, or a mixture's a:0.7,b:0.3; None -> random
     dataset_split: str
     dataset_config_name: str | None
     text_column: str
@@ -71,6 +72,7 @@ class TrainConfig:
     log_interval: int  # nanotron: logging.iteration_step_info_interval
     init_path: str | None = None  # nanotron: model.init_method.path, weights of a nanotron checkpoint
     dialect: str = "0.4"  # the nanotron config dialect the file is written in: "0.4" or "main"
+    mixture: tuple[tuple[str, float], ...] = ()  # a mixture's (dataset, fraction of its rows kept); () for one dataset
 
     @property
     def global_batch_size(self) -> int:
@@ -134,7 +136,8 @@ def to_train_config(config: dict) -> TrainConfig:
         adam_beta2=config["optimizer"]["adam_beta2"],
         adam_eps=config["optimizer"]["adam_eps"],
         clip_grad=config["optimizer"].get("clip_grad"),
-        dataset=dataset["hf_dataset_or_datasets"] if dataset else None,
+        dataset=to_flag(dataset["hf_dataset_or_datasets"]) if dataset else None,
+        mixture=_mixture(dataset["hf_dataset_or_datasets"] if dataset else None),
         dataset_split=train_split(config),
         dataset_config_name=(dataset or {}).get("hf_dataset_config_name"),
         text_column=(dataset or {}).get("text_column_name") or "text",
@@ -149,6 +152,11 @@ def to_train_config(config: dict) -> TrainConfig:
         init_path=get_path(config, ("model", "init_method", "path")),
         dialect=written,
     )
+
+
+def _mixture(value: Any) -> tuple[tuple[str, float], ...]:
+    """nanotron's {name: fraction} mixture as pairs in the file's order; () for one dataset."""
+    return tuple((str(name), float(weight)) for name, weight in value.items()) if isinstance(value, dict) else ()
 
 
 def load_train_config(path: str) -> TrainConfig:
