@@ -88,9 +88,14 @@ def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
         out.append(Problem("config", f"general.benchmark_csv_path is {benchmark!r}: nanotron 0.4 then asserts "
                            "NANOTRON_BENCHMARK=1 at start-up", "give --extra_env NANOTRON_BENCHMARK=1, or set "
                            "benchmark_csv_path: null"))  # fmt: skip
+    if values.get("data_stages"):
+        fix = "install nanotron from git on the nodes (--nanotron_dialect main), or leave --data_stages out"
+        out.append(Problem("data_stages", f"{why} trains one dataset: it has no data stages", fix))
     for path, value in dialect.to_04(config)[1]:
         if path in (schema.FLAG_PATHS["rope_theta"], schema.FLAG_PATHS["cp"]):
             continue  # a flag's value: said above
+        if path[0] == "data_stages" and values.get("data_stages"):
+            continue  # the flag's: said above
         where = ".".join(path)
         fix = "remove it from --config, or run nanotron main (--nanotron_dialect main)"
         out.append(Problem("config", f"{where}: {value!r} is nanotron main's and {why}, which cannot hold it", fix))

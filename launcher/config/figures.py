@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from launcher.config import datasize, fit, mixture
+from launcher.config import datasize, fit, mixture, schema, stages
 from launcher.config.memory import estimate
 from launcher.config.resolve import RunSpec
 from launcher.config.schema import train_split
@@ -61,7 +61,15 @@ def derived(spec: RunSpec) -> dict:
         "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
         "memory": memory(spec),
         **data_volume(spec, sequences * s.max_seq_len * t.train_steps),
+        **data_stages(spec),
     }
+
+
+def data_stages(spec: RunSpec) -> dict:
+    """The run's data stages where it has more than one (nanotron main's): name, first step, dataset of each."""
+    config = schema.build_config({**spec.flag_values(), "nanotron_dialect": "main-canonical"}, spec.base_config, "")
+    listed = stages.listed(config, spec.args.data.dataset)
+    return {"data_stages": listed} if listed else {}
 
 
 def memory(spec: RunSpec) -> dict:

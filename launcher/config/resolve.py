@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from launcher.config import dialect, mixture, schema
+from launcher.config import dialect, mixture, schema, stages
 from launcher.config import dialect_rules as rules
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
@@ -280,9 +280,14 @@ def _local_data(data: DataArgs, cwd: Path) -> DataArgs:
     other path flags are, and read from there: the job runs elsewhere, without the launcher's cwd or shell."""
     if data.dataset and data.dataset.lower() == "none":
         data = dataclasses.replace(data, dataset=None)
+
+    def local(name: str) -> str:
+        return _absolute(name, cwd) if is_local_path(name) else name
+
+    if data.data_stages:
+        data = dataclasses.replace(data, data_stages=stages.map_datasets(data.data_stages, local))
     if data.dataset and mixture.is_mixture(data.dataset):
-        absolute = mixture.map_names(data.dataset, lambda name: _absolute(name, cwd) if is_local_path(name) else name)
-        data = dataclasses.replace(data, dataset=absolute)
+        data = dataclasses.replace(data, dataset=mixture.map_names(data.dataset, local))
     elif data.dataset and is_local_path(data.dataset):
         data = dataclasses.replace(data, dataset=_absolute(data.dataset, cwd))
     if is_local_path(data.tokenizer):

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from launcher.config import dialect, mixture
+from launcher.config import dialect, mixture, stages
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
 
@@ -67,6 +67,7 @@ WRITTEN_OTHERWISE = {
     "run_name": "general.run",
     "checkpoints_path": "checkpoints.checkpoints_path, as <checkpoints_path>/<run_name>",
     "profiler_export_path": "the profiler section, when given",
+    "data_stages": "data_stages after the first (nanotron main's), each the first stage's data with its dataset",
 }
 # Flags that are not the config's: where and how the job runs (the sbatch script), where the bundle goes, what
 # the launcher does. `model_size` reaches the config through the shape fields of its preset, `layout auto` through the
@@ -220,6 +221,9 @@ def _build(values: dict[str, Any], base: dict, checkpoints_dir: str) -> dict:
     set_path(config, ("optimizer", "learning_rate_scheduler", "lr_warmup_style"), "linear")
     if values["tp_mode"] == "ALL_REDUCE":  # nanotron's o_proj asserts async communication only under REDUCE_SCATTER
         set_path(config, ("parallelism", "tp_linear_async_communication"), False)
+    if values.get("data_stages"):  # the later stages: the flag's replace a --config's
+        first = (dialect.stages_of(config) or [{"name": dialect.STAGE_NAME, "start_training_step": 1}])[0]
+        config["data_stages"] = [first, *stages.to_yaml(stages.parse(values["data_stages"])[0], config["data"])]
     if values["profiler_export_path"]:  # else the base's (or --config's) profiler section stands
         config["profiler"] = {"profiler_export_path": values["profiler_export_path"]}
     return config

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit, hostlist, mixture
+from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit, hostlist, mixture, stages
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -216,12 +216,14 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
             )
         )
     out += mixture.parse(a.data.dataset or "")[1] if mixture.is_mixture(a.data.dataset) else []
-    for flag, value in [*(("dataset", n) for n in mixture.names(a.data.dataset)), ("tokenizer", a.data.tokenizer)]:
-        if not value or (flag == "dataset" and value.lower() == "none"):
+    out += stages.problems(a.data.data_stages, stages.first_name(spec.base_config))
+    inputs = [*(("dataset", n) for n in mixture.names(a.data.dataset)), ("tokenizer", a.data.tokenizer)]
+    for flag, value in [*inputs, *(("data_stages", n) for n in stages.dataset_names(a.data.data_stages))]:
+        if not value or (flag != "tokenizer" and value.lower() == "none"):
             continue
         if is_local_path(value) and not os.path.exists(os.path.expanduser(value)):  # as datacheck and the job read it
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))
-        elif is_local_path(value) and flag == "dataset":
+        elif is_local_path(value) and flag != "tokenizer":
             out += datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
         elif is_local_path(value):
             out += datacheck.tokenizer_problems(value)

@@ -103,6 +103,30 @@ def _kept(split, weight: float, column: str):  # type: ignore[no-untyped-def]  #
     return split.select_columns([column]).select(range(int(weight * len(split))))
 
 
+class StagedBatches:
+    """nanotron main's data stages: from a stage's first step on, its own stream read from its start (main's
+    trainer gives a new stage a dataloader from zero). A pure function of the position, as each stream is: a
+    resumed run continues the same order, across a switch too."""
+
+    def __init__(self, first: MicroBatches, later: list[tuple[str, int, MicroBatches]]):
+        self.parts = [("", 0, first), *sorted(later, key=lambda part: part[1])]  # (name, first index, stream)
+
+    def _part(self, index: int) -> tuple[str, int, MicroBatches]:
+        return [part for part in self.parts if part[1] <= index][-1]
+
+    def micro_batch(self, index: int) -> torch.Tensor:
+        _, begin, stream = self._part(index)
+        return stream.micro_batch(index - begin)
+
+    def epoch(self, index: int) -> int:
+        _, begin, stream = self._part(index)
+        return stream.epoch(index - begin)
+
+    def begins(self, index: int) -> str | None:
+        """The stage whose first micro-batch is `index`, if one is."""
+        return next((name for name, begin, _ in self.parts[1:] if begin == index), None)
+
+
 def load_split(cfg: TrainConfig):  # type: ignore[no-untyped-def]  # a datasets.Dataset
     """The configured dataset's split, its text column checked. Both engines read their data through it. A
     mixture's: what nanotron keeps of each dataset (`_kept`), concatenated in the config's order.
