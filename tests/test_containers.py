@@ -11,6 +11,7 @@ clone) the tests that need pyxis skip, saying so.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -19,8 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import LAUNCHER
-from test_e2e_training import bundles, finish, latest_step, launch, manifest, wait_for
+from launcher_helpers import LAUNCHER, ROOT
+from terminal import Terminal
+from test_e2e_training import bundles, finish, latest_step, launch, manifest, submitted_job_id, wait_for
+from test_operations import HANGS_ON
 from test_preemption import assert_saved_by_the_notice, preempt_and_follow
 
 from launcher.config import container
@@ -91,6 +94,31 @@ def test_a_container_without_the_python_fails_with_the_cause(tmp_path: Path, box
     assert f"the container {image} has no Python at /usr/bin/python3" in out and "an image that holds it" in out
 
 
+@needs_vendor
+def test_a_hang_inside_a_container_is_caught_dumped_and_requeued_without_the_node(tmp_path: Path, boxed, demo_data):
+    """The watchdog and its dumps run on the host (srun --overlap, no image); the training processes they find by
+    their tag and read with py-spy live in the container."""
+    env, image, spec = boxed
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS_ON.format(root=str(ROOT), at=5, script=str(ROOT / "run_train.py")))
+    proc = launch(tmp_path, env, demo_data, "boxed-hang", "--train_steps", "12", "--hang_timeout", "20",
+                  "--save_interval", "3", "--run_train_script", str(script), "--container_image", str(image),
+                  nodes="1")  # fmt: skip
+    code, out = finish(proc, timeout=400)
+    (bundle_dir,) = bundles(tmp_path, "boxed-hang")
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    assert code == 0 and "ended COMPLETED" in out, out + log[-3000:]
+    first = log.split(" attempt 1 started ")[1].split(" on ")[1].split()[0]
+    assert re.search(r"hung at step [34]: no progress for", log) and "(limit 20 s); stacks in" in log, log[-3000:]
+    stacks = Path(log.split("stacks in ")[1].split()[0])
+    dumps = {p.name: p.read_text() for p in stacks.glob(f"{first}-*.txt")}
+    assert len(dumps) == 2 and sum("stuck (hangs.py:11)" in text for text in dumps.values()) == 1, dumps
+    assert f"suspected: {first}" in log and f"requeueing once without {first}" in log
+    job_id = submitted_job_id(bundle_dir)
+    assert "resumed from checkpoint step 3 " in log and f"job {job_id} attempt 2 started" in log
+    assert in_container(spec, job_id) == ["node1", "node2"]  # each attempt in the image, on its own node
+
+
 def test_a_missing_image_is_refused_before_the_queue(tmp_path: Path, slurm_env: dict, demo_data):
     """On a cluster without pyxis: both problems at once, nothing written or submitted."""
     proc = launch(tmp_path, slurm_env, demo_data, "noimage", "--container_image", str(tmp_path / "gone.sqsh"))
@@ -99,33 +127,6 @@ def test_a_missing_image_is_refused_before_the_queue(tmp_path: Path, slurm_env: 
     assert f"--container_image: {tmp_path / 'gone.sqsh'} does not exist" in out
     assert "--container_image: this cluster's srun has no --container-image" in out
     assert not (tmp_path / "logs/configs/noimage").exists() and "Submitted" not in out
-
-
-class Terminal:
-    """A real terminal: a tmux session on a server of its own, everything it shows copied to a file."""
-
-    def __init__(self, tmp_path: Path, command: str) -> None:
-        self.socket, self.file = f"launcher-test-{os.getpid()}", tmp_path / "terminal.txt"
-        self.tmux("new-session", "-d", "-s", "t", "-x", "200", "-y", "50", command)
-        self.tmux("pipe-pane", "-t", "t", "-o", f"cat >> {shlex.quote(str(self.file))}")
-
-    def tmux(self, *argv: str) -> None:
-        subprocess.run(["tmux", "-L", self.socket, *argv], check=True, timeout=30)
-
-    def send(self, *keys: str) -> None:
-        self.tmux("send-keys", "-t", "t", *keys)
-
-    def shown(self) -> str:
-        return self.file.read_text(errors="replace") if self.file.exists() else ""
-
-    def wait(self, text: str, timeout: float) -> None:
-        try:
-            wait_for(lambda: text in self.shown(), timeout=timeout, every=0.5)
-        except AssertionError:
-            raise AssertionError(f"{text!r} not shown in {timeout} s:\n{self.shown()[-3000:]}") from None
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
 
 
 @needs_vendor
