@@ -22,7 +22,17 @@ from pathlib import Path
 import pytest
 from launcher_helpers import LAUNCHER, ROOT
 from terminal import Terminal
-from test_e2e_training import bundles, finish, latest_step, launch, manifest, submitted_job_id, wait_for
+from test_e2e_training import (
+    bundles,
+    finish,
+    latest_step,
+    launch,
+    leftover_processes,
+    manifest,
+    submitted_job_id,
+    wait_for,
+    with_fake_nvidia_smi,
+)
 from test_operations import HANGS_ON
 from test_preemption import assert_saved_by_the_notice, preempt_and_follow
 
@@ -57,19 +67,28 @@ def in_container(spec: ClusterSpec, job_id: str) -> list[str]:
 
 
 @needs_vendor
-def test_training_in_a_container_learns_and_checkpoints(tmp_path: Path, boxed, demo_data):
+def test_training_in_a_container_learns_checkpoints_and_monitors_the_gpus(tmp_path: Path, boxed, demo_data):
+    """nvidia-smi reaches the image as enroot's NVIDIA hook brings it on a GPU node: mounted from the host (here the
+    end-to-end tests' stand-in). The node check lists the GPUs and the GPU monitor samples, inside the container."""
     env, image, spec = boxed
-    proc = launch(tmp_path, env, demo_data, "boxed", "--train_steps", "20", "--container_image", str(image))
+    smi = with_fake_nvidia_smi(tmp_path, env)["PATH"].split(":")[0] + "/nvidia-smi"
+    proc = launch(tmp_path, env, demo_data, "boxed", "--train_steps", "20", "--container_image", str(image),
+                  "--container_mounts", f"{smi}:/usr/bin/nvidia-smi:ro")  # fmt: skip
     code, out = finish(proc, timeout=400)
     assert code == 0 and "ended COMPLETED" in out, out
     assert f"container    {image} (sha256 " in out  # the summary names the image
     (bundle_dir,) = bundles(tmp_path, "boxed")
     record = manifest(bundle_dir)
     assert record["derived"]["container"] == container.record(str(image))  # path and sha256 of the file
-    assert in_container(spec, record["slurm"]["job_id"]) == ["node1", "node2"]
+    job_id = record["slurm"]["job_id"]
+    assert in_container(spec, job_id) == ["node1", "node2"]
     losses = [r["loss"] for r in read_metrics(bundle_dir / "metrics.jsonl")]
     assert len(losses) == 20 and losses[-1] < losses[0] - 0.3, losses
     assert latest_step(tmp_path / "checkpoints/boxed") == 20
+    monitors = {p.name: p.read_text() for p in (tmp_path / "logs/slurm_logs/boxed").glob(f"gpu-{job_id}-*.log")}
+    assert sorted(monitors) == [f"gpu-{job_id}-node1.log", f"gpu-{job_id}-node2.log"], monitors
+    assert all("# gpu sample" in text for text in monitors.values()), monitors
+    wait_for(lambda: leftover_processes(job_id) == [], timeout=15)  # the monitor ended with the container
 
 
 @needs_vendor
