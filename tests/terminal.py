@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
+from launcher_helpers import LAUNCHER
 from test_e2e_training import wait_for
 
 
@@ -35,3 +37,13 @@ class Terminal:
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+def launcher_in_terminal(tmp_path: Path, env: dict, demo_data, run_name: str, *flags: str) -> Terminal:
+    """A terminal that runs `--interactive` for a tiny run from tmp_path, says the launcher's exit code and stays."""
+    argv = [sys.executable, str(LAUNCHER), "--run_name", run_name, "--gpus_per_node", "2", "--model_size", "tiny",
+            "--dataset", str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--warmup_steps", "2",
+            "--wandb_disabled", "true", "--time_limit", "5:00", *flags, "--interactive"]  # fmt: skip
+    keep = {k: env[k] for k in ("SLURM_CONF", "PYTHONPATH", "HF_HUB_OFFLINE", "PATH") if k in env}
+    command = f"cd {shlex.quote(str(tmp_path))} && env {shlex.join(f'{k}={v}' for k, v in keep.items())} "
+    return Terminal(tmp_path, command + f"{shlex.join(argv)}; echo LAUNCHER-EXIT=$?; sleep 600")

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import LAUNCHER, ROOT
-from terminal import Terminal
+from launcher_helpers import ROOT
+from terminal import launcher_in_terminal
 from test_e2e_training import (
     bundles,
     finish,
@@ -151,14 +149,8 @@ def test_a_missing_image_is_refused_before_the_queue(tmp_path: Path, slurm_env: 
 @needs_vendor
 def test_interactive_shell_in_the_container_through_a_terminal(tmp_path: Path, boxed, demo_data):
     env, image, spec = boxed
-    flags = ["--run_name", "inter", "--nodes", "1", "--gpus_per_node", "2", "--model_size", "tiny", "--dataset",
-             str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--train_steps", "8", "--warmup_steps",
-             "2", "--wandb_disabled", "true", "--time_limit", "5:00", "--container_image", str(image),
-             "--interactive"]  # fmt: skip
-    keep = {k: env[k] for k in ("SLURM_CONF", "PYTHONPATH", "HF_HUB_OFFLINE", "PATH") if k in env}
-    command = f"cd {shlex.quote(str(tmp_path))} && env {shlex.join(f'{k}={v}' for k, v in keep.items())} "
-    command += f"{shlex.join([sys.executable, str(LAUNCHER), *flags])}; echo LAUNCHER-EXIT=$?; sleep 600"
-    terminal = Terminal(tmp_path, command)
+    terminal = launcher_in_terminal(tmp_path, env, demo_data, "inter", "--nodes", "1", "--train_steps", "8",
+                                    "--container_image", str(image))  # fmt: skip
     try:
         terminal.wait("Ctrl-D releases the allocation", timeout=120)
         terminal.wait("[inter interactive]", timeout=30)

@@ -5,14 +5,11 @@ The same in a container is in test_containers.py."""
 
 from __future__ import annotations
 
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from launcher_helpers import LAUNCHER
-from terminal import Terminal
+from terminal import launcher_in_terminal
 from test_e2e_training import latest_step
 
 from launcher.slurm.parse import parse_scontrol
@@ -21,14 +18,8 @@ pytestmark = pytest.mark.slurm
 
 
 def test_interactive_shell_on_the_first_node_runs_the_node_step_on_both(tmp_path: Path, slurm_env: dict, demo_data):
-    flags = ["--run_name", "inter2", "--nodes", "2", "--gpus_per_node", "2", "--model_size", "tiny", "--dataset",
-             str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--train_steps", "6", "--warmup_steps",
-             "2", "--wandb_disabled", "true", "--time_limit", "5:00", "--extra_env", "RUN_SAYS='hello there'",
-             "--interactive"]  # fmt: skip
-    keep = {k: slurm_env[k] for k in ("SLURM_CONF", "PYTHONPATH", "HF_HUB_OFFLINE", "PATH") if k in slurm_env}
-    command = f"cd {shlex.quote(str(tmp_path))} && env {shlex.join(f'{k}={v}' for k, v in keep.items())} "
-    command += f"{shlex.join([sys.executable, str(LAUNCHER), *flags])}; echo LAUNCHER-EXIT=$?; sleep 600"
-    terminal = Terminal(tmp_path, command)
+    terminal = launcher_in_terminal(tmp_path, slurm_env, demo_data, "inter2", "--nodes", "2", "--train_steps", "6",
+                                    "--extra_env", "RUN_SAYS='hello there'")  # fmt: skip
     try:
         terminal.wait("Ctrl-D releases the allocation", timeout=120)
         terminal.wait("[inter2 interactive]", timeout=30)
