@@ -121,3 +121,14 @@ def test_a_resume_across_the_stage_switch_is_exact(demo_data, second_dataset, tm
     straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
     assert sorted(straight) == sorted(resumed) == list(range(1, 8))
     assert [straight[s]["loss"] for s in range(1, 8)] == [resumed[s]["loss"] for s in range(1, 8)]
+
+
+def test_a_configs_own_stages_are_checked_too(demo_data, tmp_path):
+    missing = tmp_path / "nowhere"
+    config = _staged_config(demo_data, missing, tmp_path / "ckpt")
+    config["data_stages"][1]["sequence_length"] = 32  # the run's is 64
+    given = write_config(tmp_path / "staged.yaml", config)
+    spec, problems = spec_for("--config", str(given), "--nanotron_dialect", "main")
+    said = [str(p) for p in all_problems(spec, problems)]
+    assert any(p.startswith(f"--config: local path {missing} does not exist") for p in said), said
+    assert any("data_stages.anneal.sequence_length is 32, not the run's 64" in p for p in said), said

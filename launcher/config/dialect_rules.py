@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from launcher.config import dialect, schema
+from launcher.config import dialect, schema, stages
 from launcher.config.flags import ModelArgs
 from launcher.config.problems import Problem
 
@@ -75,7 +75,8 @@ def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
     if values["cp"] < 1:
         out.append(Problem("cp", f"must be a positive integer, got {values['cp']}", "give --cp 1"))
     if written != "0.4":
-        return out
+        config = schema.build_config({**values, "nanotron_dialect": "main-canonical"}, base, "")
+        return out + stages.seq_len_problems(config, values["max_seq_len"])
     why = "the job's nanotron is 0.4 (the PyPI release)"
     if values["rope_theta"] != dialect.ROPE_THETA_04:
         fix = "install nanotron from git on the nodes (--nanotron_dialect main), or leave --rope_theta out"

@@ -80,6 +80,24 @@ def dataset_names(text: str | None) -> list[str]:
     return [name for stage in parse(text)[0] for name in mixture.names(stage.dataset)]
 
 
+def config_dataset_names(config: dict) -> list[str]:
+    """Every dataset a config's later stages read (each of a mixture's)."""
+    return [name for stage in listed(config, None)[1:] for name in mixture.names(stage["dataset"])]
+
+
+def seq_len_problems(config: dict, sequence_length: int) -> list[Problem]:
+    """A stage of another sequence length than the run's: the torch engine trains every stage at the run's, and
+    nanotron main raises NotImplementedError where it changes between stages."""
+    out = []
+    for stage in dialect.stages_of(config):
+        length = stage.get("sequence_length")
+        if length is not None and length != sequence_length:
+            where = f"data_stages.{stage.get('name')}.sequence_length"
+            what = f"{where} is {length}, not the run's {sequence_length}: a stage trains at the run's length"
+            out.append(Problem("config", what, "remove it from --config (every stage trains at --max_seq_len)"))
+    return out
+
+
 def to_yaml(stages: list[Stage], first: dict[str, Any]) -> list[dict[str, Any]]:
     """nanotron main's entries for the later stages: each the first stage's `data` (`first`) with its dataset."""
     out = []

@@ -196,7 +196,9 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
     out += mixture.parse(a.data.dataset or "")[1] if mixture.is_mixture(a.data.dataset) else []
     out += stages.problems(a.data.data_stages, stages.first_name(spec.base_config))
     inputs = [*(("dataset", n) for n in mixture.names(a.data.dataset)), ("tokenizer", a.data.tokenizer)]
-    for flag, value in [*inputs, *(("data_stages", n) for n in stages.dataset_names(a.data.data_stages))]:
+    later = [("data_stages", n) for n in stages.dataset_names(a.data.data_stages)]
+    later = later or [("config", n) for n in stages.config_dataset_names(spec.base_config)]  # a --config's stages
+    for flag, value in [*inputs, *later]:
         if not value or (flag != "tokenizer" and value.lower() == "none"):
             continue
         if is_local_path(value) and not os.path.exists(os.path.expanduser(value)):  # as datacheck and the job read it
