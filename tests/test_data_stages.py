@@ -40,17 +40,15 @@ def test_stages_are_written_as_mains_parser_reads_them_and_read_back(demo_data, 
     assert all_problems(spec, problems) == []
     written = tmp_path / "main.yaml"
     written.write_text(schema.dump(config_of(spec, str(tmp_path / "ckpt"))))
-    (seen,) = judge(written)
+    spec, problems = spec_for("--config", str(written), "--nanotron_dialect", "main")  # --config keeps them
+    assert all_problems(spec, problems) == []
+    seen, again = judge(written, write_to(tmp_path / "again.yaml", spec))  # main's own parser, one process
     expected = [
         {"name": "stable", "start": 1, "dataset": a},
         {"name": "decay", "start": 600, "dataset": b},
         {"name": "anneal", "start": 900, "dataset": {a: 0.5, b: 1.0}},
     ]
-    assert seen["stages"] == expected
-    spec, problems = spec_for("--config", str(written), "--nanotron_dialect", "main")  # --config keeps them
-    assert all_problems(spec, problems) == []
-    (again,) = judge(write_to(tmp_path / "again.yaml", spec))
-    assert again["stages"] == expected
+    assert seen["stages"] == expected and again["stages"] == expected
     listed = derived(spec)["data_stages"]  # the manifest's, and the summary's
     assert [(s["name"], s["start"], s["dataset"]) for s in listed][2] == ("anneal", 900, f"{a}:0.5,{b}:1.0")
     assert f"data stages: stable from step 1: {a}; decay from step 600: {b}; anneal" in _data_note(spec, derived(spec))
