@@ -63,7 +63,7 @@ def test_04_refuses_stages_by_name(demo_data, second_dataset):
     spec, problems = spec_for(*_flags(demo_data, "--data_stages", f"anneal@900={second_dataset}"))
     said = [str(p) for p in all_problems(spec, problems) if p.flag == "data_stages"]
     assert spec.dialect.dialect == "0.4" and len(said) == 1, said  # this Python has PyPI's 0.4
-    assert "trains one dataset: it has no data stages" in said[0] and "--nanotron_dialect main" in said[0]
+    assert "which has no data stages" in said[0] and "--nanotron_dialect main" in said[0]
 
 
 def test_every_problem_of_the_stages_is_named_at_once(demo_data, tmp_path):

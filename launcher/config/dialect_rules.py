@@ -91,7 +91,7 @@ def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
                            "benchmark_csv_path: null"))  # fmt: skip
     if values.get("data_stages"):
         fix = "install nanotron from git on the nodes (--nanotron_dialect main), or leave --data_stages out"
-        out.append(Problem("data_stages", f"{why} trains one dataset: it has no data stages", fix))
+        out.append(Problem("data_stages", f"{why}, which has no data stages: one dataset (or mixture) all run", fix))
     for path, value in dialect.to_04(config)[1]:
         if path in (schema.FLAG_PATHS["rope_theta"], schema.FLAG_PATHS["cp"]):
             continue  # a flag's value: said above
