@@ -11,6 +11,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,9 +65,10 @@ def judge(*paths: Path) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def on_cpu(what: str, timeout: int = 600, env: dict[str, str] | None = None, **args: object) -> object:
+def on_cpu(what: str, timeout: int = 600, env: dict[str, str] | None = None, **args: object) -> tuple[Any, str]:
     """`what(**args)` of tests/nanotron_main_cpu.py, run with nanotron main's own code on CPU in a process of its
-    own (one-process gloo, main's CUDA-only plumbing patched there); its result, or the test fails with its log."""
+    own (one-process gloo, main's CUDA-only plumbing patched there): its result and its stdout, or the test fails
+    with its log."""
     done = subprocess.run(
         [sys.executable, str(ON_CPU), str(source() / "src"), what, json.dumps(args)],
         capture_output=True,
@@ -78,4 +80,4 @@ def on_cpu(what: str, timeout: int = 600, env: dict[str, str] | None = None, **a
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith('{"result"')]
     assert done.returncode == 0 and lines, (done.stdout[-3000:], done.stderr[-5000:])
-    return json.loads(lines[-1])["result"]
+    return json.loads(lines[-1])["result"], done.stdout

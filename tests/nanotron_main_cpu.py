@@ -11,13 +11,22 @@ nothing else:
   trainer never passes, so it holds);
 - the device "cuda" that main names in its calls (`build_model`'s default device, `init_on_device_and_dtype` in its
   trainer, `torch.tensor(..., device="cuda")` counting parameters, `P2P(..., device="cuda")`, the dataloader's
-  `.to("cuda")`, `state_dict_to_device(..., "cuda")` on resume) means the CPU: a torch function mode (`CudaIsCpu`)
-  rewrites that one argument of torch's functions and tensor methods. Nothing else in their calls changes;
+  `.to("cuda")`, clip_grad_norm's and the fp32 gradient accumulator's buffers) means the CPU: a torch function mode
+  (`CudaIsCpu`) rewrites that one argument of torch's functions and tensor methods. Nothing else in their calls
+  changes;
+- `state_dict_to_device(optimizer state, "cuda")` on resume (the trainer loads the states onto the CPU and moves
+  them, then asserts they are on "cuda"): the states stay where they are loaded, on the CPU with the model;
+- `all_reduce` runs under no_grad: gloo has no native AVG (torch sums, then divides in place, which autograd
+  refuses on a parameter), and main's trainer averages its freshly initialised parameters across dp with it;
+  NCCL's AVG writes into the buffer outside autograd, as this then does;
+- the trainer's memory log (`log_memory`: torch.cuda.reset_peak_memory_stats, absent from a CPU build);
 - the sanity checks inside nanotron's checkpoint save and optimizer load, which move optimizer states to "cuda"
   to compare them across ranks (with one rank there is nothing to compare), as the 0.4 tests do.
 
-main's CUDA timers (`nanotron_timer(..., "cuda")`) fall back to wall-clock timers by themselves where CUDA is
-absent; `torch.cuda.memory_allocated` and `empty_cache` answer 0 and do nothing on a CPU build.
+- main's timers are asked for as wall-clock (CPU) timers: a CUDA timer without CUDA turns itself into a CPU
+  timer, and the next step's request for it as a CUDA timer is refused ("already exists with different settings").
+
+`torch.cuda.memory_allocated` and `empty_cache` answer 0 and do nothing on a CPU build.
 """
 
 from __future__ import annotations
@@ -42,8 +51,9 @@ flash_attn_compat.install(is_main=False)
 triton_compat.install()
 triton_compat.install_grouped_gemm()
 
-import nanotron  # noqa: E402
+import nanotron.trainer  # noqa: E402
 
+triton_compat.uninstall()  # as the nanotron engine does once main is imported: torch would take it for triton
 assert nanotron.__file__.startswith(sys.argv[1]), nanotron.__file__  # main's, not the installed 0.4
 
 CPU = torch.device("cpu")
@@ -68,6 +78,7 @@ class CudaIsCpu(TorchFunctionMode):
 @contextlib.contextmanager
 def on_cpu() -> Iterator[None]:
     """main's CUDA-only plumbing patched for a one-process gloo run (see the module's docstring)."""
+    import nanotron.distributed
     import nanotron.serialize.main
     import nanotron.serialize.optimizer
     from nanotron.parallel import ParallelContext
@@ -75,12 +86,32 @@ def on_cpu() -> Iterator[None]:
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}.items():
         os.environ.setdefault(name, value)
     ParallelContext.set_device = lambda self: None
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce(*args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return real_all_reduce(*args, **kwargs)
+
+    dist.all_reduce = nanotron.distributed.all_reduce = all_reduce  # main calls it through nanotron.distributed
     real_save = nanotron.serialize.main.save
 
     def save(*args: Any, **kwargs: Any) -> Any:
         return real_save(*args, **{**kwargs, "sanity_checks": False})
 
     nanotron.serialize.main.save = save
+    import nanotron.trainer
+
+    nanotron.trainer.save = save  # the name its save_checkpoint calls
+    nanotron.trainer.log_memory = lambda *args, **kwargs: None  # torch.cuda.reset_peak_memory_stats
+    nanotron.trainer.state_dict_to_device = lambda *args, **kwargs: None  # asserts the states are on "cuda"
+    from nanotron.logging.timers import Timers, TimerType
+
+    real_timer = Timers.__call__
+
+    def timer(self: Any, name: Any, timer_type: Any = TimerType.CUDA, *args: Any, **kwargs: Any) -> Any:
+        return real_timer(self, name, TimerType.CPU, *args, **kwargs)
+
+    Timers.__call__ = timer
     nanotron.serialize.optimizer.check_optim_state_in_sync = lambda *args, **kwargs: None
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -198,7 +229,32 @@ def as_torch_engine(named: dict[str, torch.Tensor], shape: Any) -> dict[str, tor
     return out
 
 
-WHAT = {"llamas": llamas}
+def engines(runs: list[dict]) -> list[dict]:
+    """The nanotron engine's `train()` (its dispatch to main's trainer included) on each run's `config_file`, one
+    after another in this process, with the run's `env` set (and its stop file made where `stop` says): how each
+    ended. A line `LEG n` starts run n's output."""
+    from launcher.train import nanotron_engine
+    from launcher.train.config import load_train_config
+
+    nanotron_engine.missing = lambda: []  # it asks for a CUDA GPU and NCCL: this run is the CPU's, on gloo
+    ended = []
+    for n, run in enumerate(runs):
+        print(f"LEG {n}", flush=True)
+        os.environ.update(run.get("env", {}))
+        if run.get("stop"):  # a stop requested before this attempt starts
+            open(os.environ["LAUNCHER_STOP_FILE"], "w").close()
+        if not dist.is_initialized():  # the engine destroys the process group on its way out
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        code = None
+        try:
+            nanotron_engine.train(run["config_file"], load_train_config(run["config_file"]))
+        except SystemExit as e:  # a stop: the engine exits 0 after saving
+            code = e.code
+        ended.append({"exit": code, "destroyed": not dist.is_initialized()})
+    return ended
+
+
+WHAT = {"llamas": llamas, "engines": engines}
 
 if __name__ == "__main__":
     what, args = sys.argv[2], json.loads(sys.argv[3])

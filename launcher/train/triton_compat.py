@@ -5,7 +5,9 @@ nanotron main's config imports its ring-attention modules, which define Triton k
 `triton.language` and `triton.language.extra(.libdevice)` in `sys.modules`, only where the real triton cannot be
 imported. Every name in them is a placeholder: decorators return a kernel that raises NotImplementedError when
 launched (`kernel[grid](...)`); nanotron's Llama never launches one (they serve context parallelism, which the
-launcher refuses).
+launcher refuses). torch takes an importable `triton` for the real one (torch._dynamo, which torch.optim loads,
+imports `triton.backends`), so where a process goes on to train, `uninstall()` takes the stand-in out again once
+nanotron is imported.
 
 nanotron main's trainer imports its mixture-of-experts layers (`nanotron.nn.moe`, through
 `nanotron.scaling.parametrization`), which import `grouped_gemm.ops` at module level and raise where it is absent,
@@ -97,3 +99,12 @@ def _install(names: tuple[str, ...], kind: type[_Module], probe: str) -> bool:
         if parent:
             setattr(modules[parent], child, module)
     return True
+
+
+def uninstall() -> None:
+    """Take the triton stand-in out of `sys.modules` (a real triton is left alone), once nanotron is imported: the
+    modules that imported it keep their placeholders, and torch, which treats an importable `triton` as the real
+    one (torch._inductor imports `triton.backends.compiler` when `import triton` succeeds), finds none."""
+    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
+        if getattr(sys.modules[name], "__launcher_stand_in__", False):
+            del sys.modules[name]
