@@ -65,17 +65,17 @@ def judge(*paths: Path) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def on_cpu(what: str, timeout: int = 600, env: dict[str, str] | None = None, **args: object) -> tuple[Any, str]:
+def on_cpu(what: str, timeout: int = 600, env: dict[str, str | None] | None = None, **args: object) -> tuple[Any, str]:
     """`what(**args)` of tests/nanotron_main_cpu.py, run with nanotron main's own code on CPU in a process of its
-    own (one-process gloo, main's CUDA-only plumbing patched there): its result and its stdout, or the test fails
-    with its log."""
+    own (one-process gloo, main's CUDA-only plumbing patched there; `env` adds to this one's, None removes): its
+    result and its stdout, or the test fails with its log."""
     done = subprocess.run(
         [sys.executable, str(ON_CPU), str(source() / "src"), what, json.dumps(args)],
         capture_output=True,
         text=True,
         check=False,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}.items() if v is not None},
         timeout=timeout,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith('{"result"')]

@@ -233,6 +233,7 @@ def engines(runs: list[dict]) -> list[dict]:
     """The nanotron engine's `train()` (its dispatch to main's trainer included) on each run's `config_file`, one
     after another in this process, with the run's `env` set (and its stop file made where `stop` says): how each
     ended. A line `LEG n` starts run n's output."""
+    from launcher.errors import TrainError
     from launcher.train import nanotron_engine
     from launcher.train.config import load_train_config
 
@@ -245,12 +246,16 @@ def engines(runs: list[dict]) -> list[dict]:
             open(os.environ["LAUNCHER_STOP_FILE"], "w").close()
         if not dist.is_initialized():  # the engine destroys the process group on its way out
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        code = None
+        code, error = None, None
         try:
             nanotron_engine.train(run["config_file"], load_train_config(run["config_file"]))
         except SystemExit as e:  # a stop: the engine exits 0 after saving
             code = e.code
-        ended.append({"exit": code, "destroyed": not dist.is_initialized()})
+        except TrainError as e:  # what the job says and exits 1 with
+            error = str(e)
+        ended.append({"exit": code, "error": error, "destroyed": not dist.is_initialized()})
+        if dist.is_initialized():  # the engine returned before nanotron used the group (a finished run)
+            dist.destroy_process_group()
     return ended
 
 

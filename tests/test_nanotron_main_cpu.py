@@ -6,6 +6,7 @@ gloo group, and its LlamaForTraining trains forward and backward like the torch 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,9 +81,12 @@ def test_mains_trainer_trains_its_data_stages_on_cpu_and_saves_its_checkpoint_fo
     config = main_config(demo_data, ckpt, tmp_path / "c.yaml", stages,
                          **{"tokens.train_steps": 12, "checkpoints.checkpoint_interval": 5})  # fmt: skip
     env = {"LAUNCHER_METRICS_FILE": str(tmp_path / "m.jsonl"), "LAUNCHER_OUTCOME_FILE": str(tmp_path / "outcome")}
-    (ended,), out = on_cpu("engines", runs=[{"config_file": config, "env": env}], env={"WANDB_MODE": "disabled"})
+    runs = [{"config_file": config, "env": env}] * 2  # the second attempt finds the run finished
+    (ended, again), out = on_cpu("engines", runs=runs, env={"WANDB_MODE": "disabled"})
 
-    assert ended == {"exit": None, "destroyed": True}
+    assert ended == {"exit": None, "error": None, "destroyed": True}
+    assert again == {"exit": None, "error": None, "destroyed": False}  # it returned before building a trainer
+    assert "run already finished: checkpoint step 12, train_steps 12" in legs(out)[1]
     assert (tmp_path / "outcome").read_text() == "finished 12\n" and "training finished at step 12" in out
     assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["10", "12", "5"], "the last step too"
     assert (ckpt / POINTER).read_text() == "12"
@@ -117,6 +121,7 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     ended, out = on_cpu("engines", runs=runs, env={"WANDB_MODE": "disabled"})
     straight_out, first_out, second_out, third_out = legs(out)
     assert [e["exit"] for e in ended] == [None, None, 0, None] and all(e["destroyed"] for e in ended)
+    assert [e["error"] for e in ended] == [None] * 4
     assert "resuming from the run's own checkpoints" in second_out and "(latest: 4)" in second_out
     assert STOP_MESSAGE.format(step=5) in second_out
     assert "(latest: 5)" in third_out and outcome.read_text() == "finished 9\n" and not stop.exists()
@@ -130,3 +135,14 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
         assert resumed[step]["lr"] == straight[step]["lr"]
         assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], rel=5e-5, abs=0), step
     assert lrs(third_out) == lrs(straight_out)[-2:], "nanotron's own LR log at steps 7 and 9: the same schedule"
+
+
+def test_wandb_without_a_key_is_one_clear_error_in_mains_trainer(demo_data: DemoData, tmp_path: Path) -> None:
+    """main's pre_training calls wandb.init unguarded, as 0.4's does: the engine says what to do instead."""
+    config = main_config(demo_data, tmp_path / "ckpt", tmp_path / "c.yaml", **{"tokens.train_steps": 2})
+    env = {"HOME": str(tmp_path), "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)}  # no ~/.netrc
+    clean = {"WANDB_MODE": None, "WANDB_API_KEY": None}
+    ((ended,), _) = on_cpu("engines", runs=[{"config_file": config}], env={**env, **clean})
+    assert ended["destroyed"] and ended["error"] is not None
+    assert re.fullmatch(r"wandb could not start \(.*\): run `wandb login`, or set WANDB_MODE=offline.*", ended["error"],
+                        re.DOTALL), ended["error"]  # fmt: skip
