@@ -130,7 +130,7 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
     assert sorted(straight) == [1, 4, 7, 9] and sorted(resumed) == [1, 4, 5, 7, 9]  # 5: the stop; 9: the last
     for step in straight:  # within float noise (main's resume is not bit-exact: ~1e-5 by step 9); main's own
-        # scheduler resume (one LR step ahead: launcher.train.nanotron_trainer.mend_lr_scheduler_resume) was 4e-4
+        # scheduler resume (one LR step ahead: launcher.train.nanotron_trainer.mend_lr_scheduler_resume) was 7e-4
         # off at step 7 and 6e-3 at step 9
         assert resumed[step]["lr"] == straight[step]["lr"]
         assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], rel=5e-5, abs=0), step
