@@ -5,25 +5,7 @@
 # runs a mariadbd of its own, in its own directory.
 set -euo pipefail
 
-export PATH="$PATH:/usr/sbin:/sbin"
-missing=()
-for cmd in slurmdbd sacctmgr mariadbd mariadb-install-db mariadb; do
-    command -v "$cmd" >/dev/null || missing+=("$cmd")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "slurmdbd and mariadb already installed"
-    exit 0
-fi
-echo "installing (missing: ${missing[*]})"
-
-sudo=()
-if [[ $(id -u) -ne 0 ]]; then
-    sudo=(sudo)
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt=("${sudo[@]}" apt-get -o DPkg::Lock::Timeout=900)
-packages=(slurmdbd mariadb-server mariadb-client)
-if ! "${apt[@]}" install -y --no-install-recommends "${packages[@]}"; then
-    "${apt[@]}" update  # only when a package was not found
-    "${apt[@]}" install -y --no-install-recommends "${packages[@]}"
-fi
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+exit_if_present "slurmdbd and mariadb" slurmdbd sacctmgr mariadbd mariadb-install-db mariadb
+apt_install slurmdbd mariadb-server mariadb-client

@@ -14,22 +14,8 @@ PACKAGES=(libslurm-dev squashfs-tools squashfuse fuse-overlayfs libbsd-dev libmd
   zstd curl gcc make mmdebstrap tmux)  # tmux: the tests' terminal for --interactive
 IMAGE_LIBS=libstdc++6,libssl3,libffi8,libsqlite3-0,libreadline8,libuuid1,libexpat1,libnsl2,libbz2-1.0,liblzma5,zlib1g,procps,mawk
 
-sudo=()
-[[ $(id -u) -eq 0 ]] || sudo=(sudo)
-
-apt_install() {
-  local missing=()
-  for pkg in "$@"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
-  done
-  [[ ${#missing[@]} -eq 0 ]] && return 0
-  echo "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  if ! "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=900 install -y --no-install-recommends "${missing[@]}"; then
-    "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=900 update
-    "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=900 install -y --no-install-recommends "${missing[@]}"
-  fi
-}
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 install_tools() {
   local vendor=$1

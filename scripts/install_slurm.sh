@@ -3,21 +3,7 @@
 # slurmctld, slurmd, the Slurm client commands, munge, and shellcheck. Idempotent: does nothing when all are present.
 set -euo pipefail
 
-export PATH="$PATH:/usr/sbin:/sbin"
-missing=()
-for cmd in sbatch slurmctld slurmd munged shellcheck; do
-    command -v "$cmd" >/dev/null || missing+=("$cmd")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "slurm, munge and shellcheck already installed"
-    exit 0
-fi
-echo "installing (missing: ${missing[*]})"
-
-sudo=()
-if [[ $(id -u) -ne 0 ]]; then
-    sudo=(sudo)
-fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update
-"${sudo[@]}" apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge shellcheck
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+exit_if_present "slurm, munge and shellcheck" sbatch slurmctld slurmd munged shellcheck
+apt_install slurmctld slurmd slurm-client munge shellcheck

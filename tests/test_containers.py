@@ -11,16 +11,27 @@ clone) the tests that need pyxis skip, saying so.
 from __future__ import annotations
 
 import os
-import shlex
+import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import LAUNCHER
-from test_e2e_training import bundles, finish, latest_step, launch, manifest, wait_for
+from launcher_helpers import ROOT
+from terminal import launcher_in_terminal
+from test_e2e_training import (
+    bundles,
+    finish,
+    latest_step,
+    launch,
+    leftover_processes,
+    manifest,
+    submitted_job_id,
+    wait_for,
+    with_fake_nvidia_smi,
+)
+from test_operations import HANGS_ON
 from test_preemption import assert_saved_by_the_notice, preempt_and_follow
 
 from launcher.config import container
@@ -54,19 +65,28 @@ def in_container(spec: ClusterSpec, job_id: str) -> list[str]:
 
 
 @needs_vendor
-def test_training_in_a_container_learns_and_checkpoints(tmp_path: Path, boxed, demo_data):
+def test_training_in_a_container_learns_checkpoints_and_monitors_the_gpus(tmp_path: Path, boxed, demo_data):
+    """nvidia-smi reaches the image as enroot's NVIDIA hook brings it on a GPU node: mounted from the host (here the
+    end-to-end tests' stand-in). The node check lists the GPUs and the GPU monitor samples, inside the container."""
     env, image, spec = boxed
-    proc = launch(tmp_path, env, demo_data, "boxed", "--train_steps", "20", "--container_image", str(image))
+    smi = with_fake_nvidia_smi(tmp_path, env)["PATH"].split(":")[0] + "/nvidia-smi"
+    proc = launch(tmp_path, env, demo_data, "boxed", "--train_steps", "20", "--container_image", str(image),
+                  "--container_mounts", f"{smi}:/usr/bin/nvidia-smi:ro")  # fmt: skip
     code, out = finish(proc, timeout=400)
     assert code == 0 and "ended COMPLETED" in out, out
     assert f"container    {image} (sha256 " in out  # the summary names the image
     (bundle_dir,) = bundles(tmp_path, "boxed")
     record = manifest(bundle_dir)
     assert record["derived"]["container"] == container.record(str(image))  # path and sha256 of the file
-    assert in_container(spec, record["slurm"]["job_id"]) == ["node1", "node2"]
+    job_id = record["slurm"]["job_id"]
+    assert in_container(spec, job_id) == ["node1", "node2"]
     losses = [r["loss"] for r in read_metrics(bundle_dir / "metrics.jsonl")]
     assert len(losses) == 20 and losses[-1] < losses[0] - 0.3, losses
     assert latest_step(tmp_path / "checkpoints/boxed") == 20
+    monitors = {p.name: p.read_text() for p in (tmp_path / "logs/slurm_logs/boxed").glob(f"gpu-{job_id}-*.log")}
+    assert sorted(monitors) == [f"gpu-{job_id}-node1.log", f"gpu-{job_id}-node2.log"], monitors
+    assert all("# gpu sample" in text for text in monitors.values()), monitors
+    wait_for(lambda: leftover_processes(job_id) == [], timeout=15)  # the monitor ended with the container
 
 
 @needs_vendor
@@ -91,6 +111,31 @@ def test_a_container_without_the_python_fails_with_the_cause(tmp_path: Path, box
     assert f"the container {image} has no Python at /usr/bin/python3" in out and "an image that holds it" in out
 
 
+@needs_vendor
+def test_a_hang_inside_a_container_is_caught_dumped_and_requeued_without_the_node(tmp_path: Path, boxed, demo_data):
+    """The watchdog and its dumps run on the host (srun --overlap, no image); the training processes they find by
+    their tag and read with py-spy live in the container."""
+    env, image, spec = boxed
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS_ON.format(root=str(ROOT), at=5, script=str(ROOT / "run_train.py")))
+    proc = launch(tmp_path, env, demo_data, "boxed-hang", "--train_steps", "12", "--hang_timeout", "20",
+                  "--save_interval", "3", "--run_train_script", str(script), "--container_image", str(image),
+                  nodes="1")  # fmt: skip
+    code, out = finish(proc, timeout=400)
+    (bundle_dir,) = bundles(tmp_path, "boxed-hang")
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    assert code == 0 and "ended COMPLETED" in out, out + log[-3000:]
+    first = log.split(" attempt 1 started ")[1].split(" on ")[1].split()[0]
+    assert re.search(r"hung at step [34]: no progress for", log) and "(limit 20 s); stacks in" in log, log[-3000:]
+    stacks = Path(log.split("stacks in ")[1].split()[0])
+    dumps = {p.name: p.read_text() for p in stacks.glob(f"{first}-*.txt")}
+    assert len(dumps) == 2 and sum("stuck (hangs.py:11)" in text for text in dumps.values()) == 1, dumps
+    assert f"suspected: {first}" in log and f"requeueing once without {first}" in log
+    job_id = submitted_job_id(bundle_dir)
+    assert "resumed from checkpoint step 3 " in log and f"job {job_id} attempt 2 started" in log
+    assert in_container(spec, job_id) == ["node1", "node2"]  # each attempt in the image, on its own node
+
+
 def test_a_missing_image_is_refused_before_the_queue(tmp_path: Path, slurm_env: dict, demo_data):
     """On a cluster without pyxis: both problems at once, nothing written or submitted."""
     proc = launch(tmp_path, slurm_env, demo_data, "noimage", "--container_image", str(tmp_path / "gone.sqsh"))
@@ -101,44 +146,11 @@ def test_a_missing_image_is_refused_before_the_queue(tmp_path: Path, slurm_env: 
     assert not (tmp_path / "logs/configs/noimage").exists() and "Submitted" not in out
 
 
-class Terminal:
-    """A real terminal: a tmux session on a server of its own, everything it shows copied to a file."""
-
-    def __init__(self, tmp_path: Path, command: str) -> None:
-        self.socket, self.file = f"launcher-test-{os.getpid()}", tmp_path / "terminal.txt"
-        self.tmux("new-session", "-d", "-s", "t", "-x", "200", "-y", "50", command)
-        self.tmux("pipe-pane", "-t", "t", "-o", f"cat >> {shlex.quote(str(self.file))}")
-
-    def tmux(self, *argv: str) -> None:
-        subprocess.run(["tmux", "-L", self.socket, *argv], check=True, timeout=30)
-
-    def send(self, *keys: str) -> None:
-        self.tmux("send-keys", "-t", "t", *keys)
-
-    def shown(self) -> str:
-        return self.file.read_text(errors="replace") if self.file.exists() else ""
-
-    def wait(self, text: str, timeout: float) -> None:
-        try:
-            wait_for(lambda: text in self.shown(), timeout=timeout, every=0.5)
-        except AssertionError:
-            raise AssertionError(f"{text!r} not shown in {timeout} s:\n{self.shown()[-3000:]}") from None
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
-
-
 @needs_vendor
 def test_interactive_shell_in_the_container_through_a_terminal(tmp_path: Path, boxed, demo_data):
     env, image, spec = boxed
-    flags = ["--run_name", "inter", "--nodes", "1", "--gpus_per_node", "2", "--model_size", "tiny", "--dataset",
-             str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--train_steps", "8", "--warmup_steps",
-             "2", "--wandb_disabled", "true", "--time_limit", "5:00", "--container_image", str(image),
-             "--interactive"]  # fmt: skip
-    keep = {k: env[k] for k in ("SLURM_CONF", "PYTHONPATH", "HF_HUB_OFFLINE", "PATH") if k in env}
-    command = f"cd {shlex.quote(str(tmp_path))} && env {shlex.join(f'{k}={v}' for k, v in keep.items())} "
-    command += f"{shlex.join([sys.executable, str(LAUNCHER), *flags])}; echo LAUNCHER-EXIT=$?; sleep 600"
-    terminal = Terminal(tmp_path, command)
+    terminal = launcher_in_terminal(tmp_path, env, demo_data, "inter", "--nodes", "1", "--train_steps", "8",
+                                    "--container_image", str(image))  # fmt: skip
     try:
         terminal.wait("Ctrl-D releases the allocation", timeout=120)
         terminal.wait("[inter interactive]", timeout=30)

@@ -261,6 +261,20 @@ def test_extra_env_values_are_literal_so_a_reference_is_a_problem():
     assert "pre_launch_commands" in problem.fix
 
 
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf"])
+def test_the_stop_file_interval_is_seconds_above_zero(value: str, monkeypatch: pytest.MonkeyPatch):
+    (problem,) = problems_for("--extra_env", f"LAUNCHER_STOP_FILE_EVERY_S={value}")
+    assert problem.flag == "extra_env" and f"LAUNCHER_STOP_FILE_EVERY_S={value} is not a number" in problem.message
+    assert problems_for("--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2") == []
+    # the job, given it from elsewhere (an exported variable), keeps its default rather than failing at import
+    from launcher.train import stop
+
+    monkeypatch.setenv("LAUNCHER_STOP_FILE_EVERY_S", value)
+    assert stop._seconds("LAUNCHER_STOP_FILE_EVERY_S", 5.0) == 5.0
+    monkeypatch.setenv("LAUNCHER_STOP_FILE_EVERY_S", "0.2")
+    assert stop._seconds("LAUNCHER_STOP_FILE_EVERY_S", 5.0) == 0.2
+
+
 @pytest.mark.parametrize(
     "flag,value",
     [

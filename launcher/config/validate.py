@@ -17,17 +17,16 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dependency_syntax, dialect_rules, fit, hostlist
+from launcher.config import container, datacheck, dependency_syntax, dialect_rules, extra_env, fit, hostlist
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
 from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.config.schema import train_split
-from launcher.config.secrets_guard import has_secret_value, is_secret_assignment, secret_assignments
+from launcher.config.secrets_guard import has_secret_value, secret_assignments
 from launcher.config.slurm_values import (
     EMAIL,
-    ENV_NAME,
     NO_TIME_LIMIT,
     PLACEMENT,
     RUN_NAME,
@@ -84,7 +83,7 @@ def _check_training(spec: RunSpec) -> list[Problem]:
 def _check_slurm(spec: RunSpec) -> list[Problem]:
     s = spec.args.slurm
     out = _check_allocation(spec) + _check_time(spec) + dependency_syntax.syntax_problems(s.dependency)
-    out += _check_names(spec) + _check_requeue(spec) + _check_extra_env(spec) + _check_pre_launch(spec)
+    out += _check_names(spec) + _check_requeue(spec) + extra_env.problems(spec) + _check_pre_launch(spec)
     if not os.path.isabs(s.tmp_dir):
         out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
     image = spec.args.container.container_image
@@ -144,37 +143,6 @@ def _check_requeue(spec: RunSpec) -> list[Problem]:
             "use --max_requeues >= 0 and --signal_grace >= 10",
         )
     ]
-
-
-def _check_extra_env(spec: RunSpec) -> list[Problem]:
-    """--extra_env's names, values that would not expand, and secrets (which would be written to the bundle)."""
-    out = []
-    odd = [k for k in spec.extra_env if not ENV_NAME.fullmatch(k)]
-    if odd:
-        out.append(
-            Problem("extra_env", f"{', '.join(odd)} is not a shell variable name", "use ASCII letters, digits and '_'")
-        )
-    referencing = [f"{k}={v}" for k, v in spec.extra_env.items() if "$" in v]
-    if referencing:
-        out.append(
-            Problem(
-                "extra_env",
-                f"{', '.join(referencing)}: values are written as they are, so the job would see the text, not "
-                "the variable's value",
-                "the job inherits your shell's environment: export it there, or set it in --pre_launch_commands "
-                '(export NAME="$OTHER"), where the job\'s shell expands it',
-            )
-        )
-    secrets = [k for k, v in spec.extra_env.items() if is_secret_assignment(k, v)]
-    if secrets:
-        out.append(
-            Problem(
-                "extra_env",
-                f"{', '.join(secrets)} looks like a secret; flags are written to the bundle",
-                "export it in your shell instead: the job inherits your environment without a file",
-            )
-        )
-    return out
 
 
 def _check_pre_launch(spec: RunSpec) -> list[Problem]:

@@ -30,10 +30,21 @@ from launcher import protocol as P
 
 STOP_MESSAGE = P.STOP_MESSAGE
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment (--extra_env may set it: a short run), else the default."""
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+    return value if 0 < value < float("inf") else default
+
+
 # On a shared filesystem every look is a metadata request to its server: rank 0 alone looks for the stop file, at
 # most this often (the time-limit warning comes minutes ahead), and rank 0 rewrites the progress file at most this
 # often (the hang watchdog allows at least 10 s); a change of phase ("saving") is written at once.
-STOP_FILE_EVERY_S = float(os.environ.get(P.ENV_STOP_FILE_EVERY) or 5.0)  # (--extra_env may set it: a short run)
+STOP_FILE_EVERY_S = _seconds(P.ENV_STOP_FILE_EVERY, 5.0)
 PROGRESS_EVERY_S = 5.0
 
 
