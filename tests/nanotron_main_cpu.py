@@ -231,8 +231,8 @@ def as_torch_engine(named: dict[str, torch.Tensor], shape: Any) -> dict[str, tor
 
 def engines(runs: list[dict]) -> list[dict]:
     """The nanotron engine's `train()` (its dispatch to main's trainer included) on each run's `config_file`, one
-    after another in this process, with the run's `env` set (and its stop file made where `stop` says): how each
-    ended. A line `LEG n` starts run n's output."""
+    after another in this process, with the run's `env` set (None: unset; wandb reads its settings once a process)
+    (and its stop file made where `stop` says): how each ended. A line `LEG n` starts run n's output."""
     from launcher.errors import TrainError
     from launcher.train import nanotron_engine
     from launcher.train.config import load_train_config
@@ -241,7 +241,8 @@ def engines(runs: list[dict]) -> list[dict]:
     ended = []
     for n, run in enumerate(runs):
         print(f"LEG {n}", flush=True)
-        os.environ.update(run.get("env", {}))
+        for name, value in run.get("env", {}).items():  # None: unset
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         if run.get("stop"):  # a stop requested before this attempt starts
             open(os.environ["LAUNCHER_STOP_FILE"], "w").close()
         if not dist.is_initialized():  # the engine destroys the process group on its way out

@@ -193,13 +193,12 @@ def _main_dataloaders(trainer, config_file: str) -> dict:  # type: ignore[no-unt
     `consumed_train_samples_stage` it does not take.)"""
     with open(config_file, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
-    stages = {s.name: i for i, s in enumerate(trainer.config.data_stages)}
+    data = {stage.name: stage.data for stage in trainer.config.data_stages}
 
     def feed(stage: dict):  # type: ignore[no-untyped-def]
-        one_stage = {**raw, "data_stages": [{**stage, "start_training_step": 1}]}
-        consumed = trainer.metadata.data_stages[stages[stage["name"]]].consumed_train_samples
-        return _dataloader(trainer, to_train_config(one_stage), trainer.config.data_stages[stages[stage["name"]]].data,
-                           consumed)  # fmt: skip
+        one_stage = {**raw, "data_stages": [{**stage, "start_training_step": 1}]}  # read as the run's only stage
+        done = [m.consumed_train_samples for m in trainer.metadata.data_stages if m.name == stage["name"]]
+        return _dataloader(trainer, to_train_config(one_stage), data[stage["name"]], sum(done))
 
     return {stage["name"]: (lambda stage=stage: feed(stage)) for stage in stages_of(raw)}
 

@@ -110,8 +110,10 @@ def mend_init_model_randomly(config: Any) -> None:
     parametrizator, which reads `.model.init_method`, `.model.model_config` and `.parallelism.tp` of what it is
     given (a whole Config, as its Qwen2 passes): every fresh Llama run dies there ("'ModelArgs' object has no
     attribute 'model'"). Give `config.model` those two names (itself, the run's parallelism), so either reading
-    finds the same values. Not dataclass fields: the config nanotron saves is unchanged. Where `config.model`
-    already has them (0.4, a fixed main), nothing is done."""
+    finds the same values. Not dataclass fields: the config nanotron saves is unchanged. Nothing is done for 0.4
+    (no data stages: its Llama reads the whole config) or where `config.model` already has them."""
+    if not hasattr(config, "data_stages"):
+        return
     model_args = config.model
     if not hasattr(model_args, "model"):
         model_args.model = model_args
