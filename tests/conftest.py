@@ -35,6 +35,15 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> DemoData:
     return DemoData(dataset, tokenizer, len(AutoTokenizer.from_pretrained(str(tokenizer))))
 
 
+@pytest.fixture(scope="session")
+def second_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another demo dataset like `demo_data`'s (150 documents, other sentences, the same words: its tokenizer
+    reads it), for mixtures."""
+    from launcher.localcluster.demo_data import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("demo-b") / "dataset", num_docs=150, seed=1)
+
+
 def tiny_config(demo: DemoData, checkpoints: Path, **overrides: Any) -> dict:
     """A nanotron 0.4 config dict for a tiny Llama (hidden 32, 2 layers, 4 heads, 2 kv heads) on the demo data.
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -201,6 +202,21 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     assert "error" not in verdict and [r["step"] for r in read_metrics(third / "metrics.jsonl")] == list(range(1, 6))
     assert manifest(third)["outputs"]["checkpoints"] != str(tmp_path / "checkpoints/demo")
     assert latest_step(tmp_path / "checkpoints/demo") == 40  # the earlier run's checkpoints are untouched
+
+
+def test_a_mixture_of_two_local_datasets_trains(tmp_path: Path, slurm_env: dict, demo_data, second_dataset):
+    mix = f"{demo_data.dataset}:0.7,{second_dataset}:0.3"
+    flags = ("--train_steps", "6", "--save_interval", "6")
+    code, out = finish(launch(tmp_path, slurm_env, replace(demo_data, dataset=mix), "mix", *flags, nodes="1"), 300)
+    assert code == 0 and "ended COMPLETED, exit code 0" in out, out
+    assert f"a mixture of {demo_data.dataset} (0.7 of its rows, ~" in out  # the summary
+    (bundle,) = bundles(tmp_path, "mix")
+    assert manifest(bundle)["derived"]["dataset_mixture"][str(second_dataset)]["weight"] == 0.3
+    assert load_train_config(str(bundle / "config.yaml")).mixture == (
+        (str(demo_data.dataset), 0.7),
+        (str(second_dataset), 0.3),
+    )
+    assert [r["step"] for r in read_metrics(bundle / "metrics.jsonl")] == list(range(1, 7))
 
 
 def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):

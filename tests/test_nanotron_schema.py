@@ -148,7 +148,7 @@ def test_ill_typed_config_is_reported_not_raised(tmp_path: Path):
         "model:\n  model_config:\n    hidden_size: big\n"
         "optimizer:\n  learning_rate_scheduler:\n    learning_rate: 3e-4\n"  # PyYAML: text, not a number
         "datas: []\n"  # a section of no nanotron
-        "data:\n  dataset:\n    hf_dataset_or_datasets: {a: 0.5, b: 0.5}\n"
+        "data:\n  dataset:\n    hf_dataset_or_datasets: [a, b]\n"  # a list: nanotron's get_datasets raises on it
     )
     spec, problems = spec_for("--config", str(bad))
     problems += validate(spec)
@@ -157,7 +157,7 @@ def test_ill_typed_config_is_reported_not_raised(tmp_path: Path):
     assert "model.model_config.hidden_size is 'big'" in text and "write 3.0e-4" in text
     # the shape check and the type check both find these values: each is said once (Problem.key)
     assert text.count("model.model_config.hidden_size is") == 1 and text.count("learning_rate is") == 1, text
-    assert "datas is a section of neither" in text and "not a mixture" in text
+    assert "datas is a section of neither" in text and "or a mixture {name: weight}" in text
     # a flag replaces the YAML's value, so that value is no longer a problem
     spec, problems = spec_for("--config", str(bad), "--hidden_size", "128", "--learning_rate", "1e-3")
     assert "hidden_size" not in "\n".join(map(str, problems)) and "3.0e-4" not in "\n".join(map(str, problems))

@@ -101,11 +101,20 @@ def test_tiny_llama_learns_the_demo_data(
     assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb offline run not written"
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["one-dataset", "mixture"])
 def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
-    demo_data: DemoData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    demo_data: DemoData,
+    second_dataset: Path,
+    mixed: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    data = {str(demo_data.dataset): 0.5, str(second_dataset): 0.3} if mixed else str(demo_data.dataset)
+
     def leg(name: str, ckpt: str, **overrides: Any) -> tuple[int, str]:
-        config = tiny_config(demo_data, tmp_path / ckpt, **{"checkpoints.checkpoint_interval": 5, **overrides})
+        overrides = {"checkpoints.checkpoint_interval": 5, "data.dataset.hf_dataset_or_datasets": data, **overrides}
+        config = tiny_config(demo_data, tmp_path / ckpt, **overrides)
         monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / f"{ckpt}.jsonl"))
         code, out, err = door(write_config(tmp_path / f"{name}.yaml", config), capsys)
         assert code == 0, err

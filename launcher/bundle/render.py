@@ -19,7 +19,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
-from launcher.config import container, schema
+from launcher.config import container, mixture, schema
 from launcher.config.datasource import is_local_path
 from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
@@ -71,7 +71,7 @@ def _modules(spec: RunSpec) -> str:
 def _local_inputs(spec: RunSpec, paths: BundlePaths) -> list[str]:
     """The paths the job reads, as every node must see them."""
     d = spec.args.data
-    local = [v for v in (d.dataset, d.tokenizer) if v and is_local_path(v)]
+    local = [v for v in (*mixture.names(d.dataset), d.tokenizer) if v and is_local_path(v)]
     return [str(paths.config), spec.args.paths.run_train_script, *local]
 
 

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from launcher.config import dialect, schema
+from launcher.config import dialect, schema, stages
 from launcher.config.flags import ModelArgs
 from launcher.config.problems import Problem
 
@@ -75,7 +75,8 @@ def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
     if values["cp"] < 1:
         out.append(Problem("cp", f"must be a positive integer, got {values['cp']}", "give --cp 1"))
     if written != "0.4":
-        return out
+        config = schema.build_config({**values, "nanotron_dialect": "main-canonical"}, base, "")
+        return out + stages.seq_len_problems(config, values["max_seq_len"])
     why = "the job's nanotron is 0.4 (the PyPI release)"
     if values["rope_theta"] != dialect.ROPE_THETA_04:
         fix = "install nanotron from git on the nodes (--nanotron_dialect main), or leave --rope_theta out"
@@ -88,9 +89,14 @@ def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
         out.append(Problem("config", f"general.benchmark_csv_path is {benchmark!r}: nanotron 0.4 then asserts "
                            "NANOTRON_BENCHMARK=1 at start-up", "give --extra_env NANOTRON_BENCHMARK=1, or set "
                            "benchmark_csv_path: null"))  # fmt: skip
+    if values.get("data_stages"):
+        fix = "install nanotron from git on the nodes (--nanotron_dialect main), or leave --data_stages out"
+        out.append(Problem("data_stages", f"{why} trains one dataset: it has no data stages", fix))
     for path, value in dialect.to_04(config)[1]:
         if path in (schema.FLAG_PATHS["rope_theta"], schema.FLAG_PATHS["cp"]):
             continue  # a flag's value: said above
+        if path[0] == "data_stages" and values.get("data_stages"):
+            continue  # the flag's: said above
         where = ".".join(path)
         fix = "remove it from --config, or run nanotron main (--nanotron_dialect main)"
         out.append(Problem("config", f"{where}: {value!r} is nanotron main's and {why}, which cannot hold it", fix))

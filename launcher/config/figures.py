@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from launcher.config import datasize, fit
+from launcher.config import datasize, fit, mixture, schema, stages
 from launcher.config.memory import estimate
 from launcher.config.resolve import RunSpec
 from launcher.config.schema import train_split
@@ -61,7 +61,15 @@ def derived(spec: RunSpec) -> dict:
         "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
         "memory": memory(spec),
         **data_volume(spec, sequences * s.max_seq_len * t.train_steps),
+        **data_stages(spec),
     }
+
+
+def data_stages(spec: RunSpec) -> dict:
+    """The run's data stages where it has more than one (nanotron main's): name, first step, dataset of each."""
+    config = schema.build_config({**spec.flag_values(), "nanotron_dialect": "main-canonical"}, spec.base_config, "")
+    listed = stages.listed(config, spec.args.data.dataset)
+    return {"data_stages": listed} if listed else {}
 
 
 def memory(spec: RunSpec) -> dict:
@@ -82,10 +90,27 @@ def memory(spec: RunSpec) -> dict:
 def data_volume(spec: RunSpec, run_tokens: int) -> dict:
     """How many tokens a local dataset holds (estimated) and how many times the run reads it."""
     d = spec.args.data
+    if mixture.is_mixture(d.dataset):
+        return _mixture_volume(spec, run_tokens)
     size = datasize.estimate(d.dataset, d.text_column, train_split(spec.base_config), d.tokenizer)
     if size is None or size.tokens <= 0:
         return {}
     return {"dataset_tokens": size.tokens, "dataset_tokens_how": size.how, "epochs": run_tokens / size.tokens}
+
+
+def _mixture_volume(spec: RunSpec, run_tokens: int) -> dict:
+    """A mixture's datasets, nanotron's fraction of each and their estimated tokens (where local); the tokens of
+    the mix (what nanotron keeps of each) and the epochs where every part's size is known."""
+    d = spec.args.data
+    mix, _ = mixture.parse(d.dataset or "")
+    sizes = {name: datasize.estimate(name, d.text_column, train_split(spec.base_config), d.tokenizer) for name in mix}
+    tokens = {name: size.tokens for name, size in sizes.items() if size is not None and size.tokens > 0}
+    out: dict = {"dataset_mixture": {name: {"weight": w, "tokens": tokens.get(name)} for name, w in mix.items()}}
+    kept = sum(w * tokens[name] for name, w in mix.items() if name in tokens)
+    if len(tokens) == len(mix) and kept > 0:
+        how = next(size.how for size in sizes.values() if size is not None)
+        out.update(dataset_tokens=int(kept), dataset_tokens_how=how, epochs=run_tokens / kept)
+    return out
 
 
 def human_count(n: float) -> str:

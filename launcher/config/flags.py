@@ -104,6 +104,7 @@ class DataArgs:
 
     dataset: str | None = "stas/openwebtext-10k"  # Hub dataset name or a local path; "none" for random tokens.
     text_column: str = "text"  # Column holding the text.
+    data_stages: str | None = None  # Later data stages (nanotron main), NAME@STEP=DATASET;...: anneal@900=/data/hq.
     tokenizer: str = "robot-test/dummy-tokenizer-wordlevel"  # Hub tokenizer name or local directory.
 
 

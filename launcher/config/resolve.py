@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from launcher.config import dialect, schema
+from launcher.config import dialect, mixture, schema, stages
 from launcher.config import dialect_rules as rules
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
@@ -183,10 +183,10 @@ def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
         if fits or flag in explicit:
             kept[flag] = value
             continue
-        mixture = " (the launcher trains one dataset, not a mixture)" if flag == "dataset" else ""
+        forms = " (one name, or a mixture {name: weight}: --dataset a:0.7,b:0.3)" if flag == "dataset" else ""
         where = ".".join(schema.FLAG_PATHS[flag])
         name = getattr(kind, "__name__", str(kind))
-        problems.append(Problem("config", f"{where} is {value!r}, not a {name}", f"give --{flag}{mixture}", key=where))
+        problems.append(Problem("config", f"{where} is {value!r}, not a {name}", f"give --{flag}{forms}", key=where))
     return kept, problems
 
 
@@ -280,7 +280,15 @@ def _local_data(data: DataArgs, cwd: Path) -> DataArgs:
     other path flags are, and read from there: the job runs elsewhere, without the launcher's cwd or shell."""
     if data.dataset and data.dataset.lower() == "none":
         data = dataclasses.replace(data, dataset=None)
-    if data.dataset and is_local_path(data.dataset):
+
+    def local(name: str) -> str:
+        return _absolute(name, cwd) if is_local_path(name) else name
+
+    if data.data_stages:
+        data = dataclasses.replace(data, data_stages=stages.map_datasets(data.data_stages, local))
+    if data.dataset and mixture.is_mixture(data.dataset):
+        data = dataclasses.replace(data, dataset=mixture.map_names(data.dataset, local))
+    elif data.dataset and is_local_path(data.dataset):
         data = dataclasses.replace(data, dataset=_absolute(data.dataset, cwd))
     if is_local_path(data.tokenizer):
         data = dataclasses.replace(data, tokenizer=_absolute(data.tokenizer, cwd))

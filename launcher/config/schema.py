@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from launcher.config import dialect
+from launcher.config import dialect, mixture, stages
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
 
@@ -67,6 +67,7 @@ WRITTEN_OTHERWISE = {
     "run_name": "general.run",
     "checkpoints_path": "checkpoints.checkpoints_path, as <checkpoints_path>/<run_name>",
     "profiler_export_path": "the profiler section, when given",
+    "data_stages": "data_stages after the first (nanotron main's), each the first stage's data with its dataset",
 }
 # Flags that are not the config's: where and how the job runs (the sbatch script), where the bundle goes, what
 # the launcher does. `model_size` reaches the config through the shape fields of its preset, `layout auto` through the
@@ -113,6 +114,7 @@ def flags_from_config(config: dict) -> dict[str, Any]:
     random tokens, reads as --dataset none). Either dialect."""
     config = dialect.to_canonical(config)
     values = {flag: get_path(config, path) for flag, path in FLAG_PATHS.items()}
+    values["dataset"] = mixture.to_flag(values["dataset"])  # a {name: weight} mixture as --dataset's a:0.7,b:0.3
     optimizer = config.get("optimizer")
     if isinstance(optimizer, dict) and "clip_grad" in optimizer and optimizer["clip_grad"] is None:
         values["grad_clip"] = 0.0  # nanotron's null: no clipping (absent: the base's value)
@@ -184,6 +186,7 @@ def _numeric(text: str) -> bool:
 # How a flag's resolved value is written into the YAML, where that is not the value itself.
 TO_YAML: dict[str, Callable[[Any], Any]] = {
     "grad_clip": lambda clip: clip or None,  # 0 disables clipping: nanotron's null
+    "dataset": mixture.to_yaml,  # a:0.7,b:0.3 -> {a: 0.7, b: 0.3}, nanotron's mixture
 }
 # Flags that describe the dataset: with no dataset (random tokens) the whole `data.dataset` section is null.
 DATASET_FLAGS = ("dataset", "text_column")
@@ -218,6 +221,9 @@ def _build(values: dict[str, Any], base: dict, checkpoints_dir: str) -> dict:
     set_path(config, ("optimizer", "learning_rate_scheduler", "lr_warmup_style"), "linear")
     if values["tp_mode"] == "ALL_REDUCE":  # nanotron's o_proj asserts async communication only under REDUCE_SCATTER
         set_path(config, ("parallelism", "tp_linear_async_communication"), False)
+    if values.get("data_stages"):  # the later stages: the flag's replace a --config's
+        first = (dialect.stages_of(config) or [{"name": dialect.STAGE_NAME, "start_training_step": 1}])[0]
+        config["data_stages"] = [first, *stages.to_yaml(stages.parse(values["data_stages"])[0], config["data"])]
     if values["profiler_export_path"]:  # else the base's (or --config's) profiler section stands
         config["profiler"] = {"profiler_export_path": values["profiler_export_path"]}
     return config

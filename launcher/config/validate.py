@@ -17,7 +17,17 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dependency_syntax, dialect_rules, extra_env, fit, hostlist
+from launcher.config import (
+    container,
+    datacheck,
+    dependency_syntax,
+    dialect_rules,
+    extra_env,
+    fit,
+    hostlist,
+    mixture,
+    stages,
+)
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
@@ -183,12 +193,17 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
                 "use letters, digits, '.', '_', '-' (at most 64, starting with a letter or digit)",
             )
         )
-    for flag, value in (("dataset", a.data.dataset), ("tokenizer", a.data.tokenizer)):
-        if value is None:
+    out += mixture.parse(a.data.dataset or "")[1] if mixture.is_mixture(a.data.dataset) else []
+    out += stages.problems(a.data.data_stages, stages.first_name(spec.base_config))
+    inputs = [*(("dataset", n) for n in mixture.names(a.data.dataset)), ("tokenizer", a.data.tokenizer)]
+    later = [("data_stages", n) for n in stages.dataset_names(a.data.data_stages)]
+    later = later or [("config", n) for n in stages.config_dataset_names(spec.base_config)]  # a --config's stages
+    for flag, value in [*inputs, *later]:
+        if not value or (flag != "tokenizer" and value.lower() == "none"):
             continue
         if is_local_path(value) and not os.path.exists(os.path.expanduser(value)):  # as datacheck and the job read it
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))
-        elif is_local_path(value) and flag == "dataset":
+        elif is_local_path(value) and flag != "tokenizer":
             out += datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
         elif is_local_path(value):
             out += datacheck.tokenizer_problems(value)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.storage import free_bytes
+from launcher.config import mixture, stages
 from launcher.config.figures import human_bytes, human_count
 from launcher.config.presets import load_preset
 from launcher.config.resolve import RunSpec
@@ -27,13 +28,26 @@ def _data_note(spec: RunSpec, figures: dict) -> str:
     reads = f"the run reads {human_count(figures['total_training_tokens'])} tokens"
     dataset = spec.args.data.dataset
     if dataset is None:
-        return f"{reads} of random tokens (--dataset none)"
+        return f"{reads} of random tokens (--dataset none)" + _stages_note(spec, figures)
+    if "dataset_mixture" in figures:
+        mix = figures["dataset_mixture"]
+        tokens = {name: part["tokens"] for name, part in mix.items() if part["tokens"]}
+        dataset = mixture.describe({name: part["weight"] for name, part in mix.items()}, tokens)
     if "dataset_tokens" not in figures:
-        return f"{reads} of {dataset}"
+        return f"{reads} of {dataset}" + _stages_note(spec, figures)
+    holder = "the dataset"
+    if "dataset_mixture" in figures:
+        reads, holder = f"{reads} of {dataset}", "what nanotron keeps of them"
     epochs = figures["epochs"]
     times = f"{epochs:.0f} epochs" if epochs >= 10 else f"{epochs:.2g} epochs" if epochs >= 0.1 else "under 0.1 epoch"
     holds = f"~{human_count(figures['dataset_tokens'])} ({figures['dataset_tokens_how']})"
-    return f"{reads}; the dataset holds {holds}: {times}"
+    return f"{reads}; {holder} holds {holds}: {times}" + _stages_note(spec, figures)
+
+
+def _stages_note(spec: RunSpec, figures: dict) -> str:
+    if "data_stages" not in figures:
+        return ""
+    return f"; data stages: {stages.describe(figures['data_stages'], spec.args.training.train_steps)}"
 
 
 def _memory_note(spec: RunSpec, figures: dict) -> str:

@@ -14,8 +14,9 @@ from typing import Any
 
 import yaml
 
-from launcher.config.dialect import is_main, to_canonical
+from launcher.config.dialect import is_main, stages_of, to_canonical
 from launcher.config.layout import check_layout
+from launcher.config.mixture import to_flag
 from launcher.config.problems import Problem
 from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
 from launcher.config.shape import ModelShape, from_model_config
@@ -32,6 +33,15 @@ class LRSchedule:
     decay_style: str  # "linear" | "cosine"
     decay_steps: int
     decay_starting_step: int
+
+
+@dataclass(frozen=True)
+class DataStage:
+    """A data stage after the first (nanotron main's): from step `start` on, training reads `data`'s dataset."""
+
+    name: str
+    start: int  # nanotron's start_training_step
+    data: TrainConfig  # the run's config with the stage's data fields (dataset, mixture, split, column, seed)
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,7 @@ class TrainConfig:
     adam_beta2: float
     adam_eps: float
     clip_grad: float | None
-    dataset: str | None  # a save_to_disk directory, a data file, or a hub name; None -> random tokens
+    dataset: str | None  # a save_to_disk directory, a data file, a hub name, or a mixture's a:0.7,b:0.3; None -> random
     dataset_split: str
     dataset_config_name: str | None
     text_column: str
@@ -71,6 +81,8 @@ class TrainConfig:
     log_interval: int  # nanotron: logging.iteration_step_info_interval
     init_path: str | None = None  # nanotron: model.init_method.path, weights of a nanotron checkpoint
     dialect: str = "0.4"  # the nanotron config dialect the file is written in: "0.4" or "main"
+    mixture: tuple[tuple[str, float], ...] = ()  # a mixture's (dataset, fraction of its rows kept); () for one dataset
+    stages: tuple[DataStage, ...] = ()  # nanotron main's data stages after the first, by start step
 
     @property
     def global_batch_size(self) -> int:
@@ -102,8 +114,7 @@ def to_train_config(config: dict) -> TrainConfig:
     decay_steps = lrs.get("lr_decay_steps")
     if decay_steps is None:  # nanotron's Config.__post_init__ fills it before its scheduler sees it: T - W
         decay_steps = tokens["train_steps"] - warmup
-    dataset = get_path(config, ("data", "dataset"))
-    return TrainConfig(
+    built = TrainConfig(
         project=config["general"]["project"],
         run_name=config["general"].get("run") or "run",
         seed=_require(config, ("general", "seed"), 42),
@@ -134,13 +145,8 @@ def to_train_config(config: dict) -> TrainConfig:
         adam_beta2=config["optimizer"]["adam_beta2"],
         adam_eps=config["optimizer"]["adam_eps"],
         clip_grad=config["optimizer"].get("clip_grad"),
-        dataset=dataset["hf_dataset_or_datasets"] if dataset else None,
-        dataset_split=train_split(config),
-        dataset_config_name=(dataset or {}).get("hf_dataset_config_name"),
-        text_column=(dataset or {}).get("text_column_name") or "text",
+        **_data(config.get("data")),
         tokenizer=get_path(config, ("tokenizer", "tokenizer_name_or_path")),
-        data_seed=_require(config, ("data", "seed"), 42),
-        num_loading_workers=_require(config, ("data", "num_loading_workers"), 1),
         checkpoints_path=str(config["checkpoints"]["checkpoints_path"]),
         checkpoint_interval=config["checkpoints"]["checkpoint_interval"],
         save_initial_state=bool(config["checkpoints"].get("save_initial_state")),
@@ -149,6 +155,31 @@ def to_train_config(config: dict) -> TrainConfig:
         init_path=get_path(config, ("model", "init_method", "path")),
         dialect=written,
     )
+    later = tuple(
+        DataStage(str(s.get("name")), int(s["start_training_step"]), dataclasses.replace(built, **_data(s.get("data"))))
+        for s in stages_of(config)[1:]
+    )
+    return dataclasses.replace(built, stages=later)
+
+
+def _data(data: dict | None) -> dict[str, Any]:
+    """A `data` section's (0.4's, or a main stage's) TrainConfig fields."""
+    data = data if isinstance(data, dict) else {}
+    dataset = data.get("dataset")
+    return {
+        "dataset": to_flag(dataset["hf_dataset_or_datasets"]) if dataset else None,
+        "mixture": _mixture(dataset["hf_dataset_or_datasets"] if dataset else None),
+        "dataset_split": train_split({"data": data}),
+        "dataset_config_name": (dataset or {}).get("hf_dataset_config_name"),
+        "text_column": (dataset or {}).get("text_column_name") or "text",
+        "data_seed": 42 if data.get("seed") is None else data["seed"],
+        "num_loading_workers": 1 if data.get("num_loading_workers") is None else data["num_loading_workers"],
+    }
+
+
+def _mixture(value: Any) -> tuple[tuple[str, float], ...]:
+    """nanotron's {name: fraction} mixture as pairs in the file's order; () for one dataset."""
+    return tuple((str(name), float(weight)) for name, weight in value.items()) if isinstance(value, dict) else ()
 
 
 def load_train_config(path: str) -> TrainConfig:

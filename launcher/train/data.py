@@ -13,6 +13,7 @@ exactly the windows an uninterrupted run would have read. Two sources:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -88,8 +89,47 @@ class PackedWindows:
         return ((index + 1) * self.micro_batch_size - 1) // self.per_rank  # the epoch of its last sample
 
 
+def mixture_parts(cfg: TrainConfig) -> list[tuple[TrainConfig, float]]:
+    """A mixture's datasets, each as a config of its own, with the fraction of its rows nanotron keeps."""
+    for name, weight in cfg.mixture:
+        if not 0 < weight <= 1:
+            raise TrainError(f"dataset {name} has weight {weight} in the mixture: nanotron keeps that fraction of "
+                             "its rows, so it lies in (0, 1]")  # fmt: skip
+    return [(dataclasses.replace(cfg, dataset=name, mixture=()), weight) for name, weight in cfg.mixture]
+
+
+def _kept(split, weight: float, column: str):  # type: ignore[no-untyped-def]  # datasets.Dataset both
+    """What nanotron's `_get_dataset_mix` keeps of a mixture's dataset: its first int(weight x rows) rows."""
+    return split.select_columns([column]).select(range(int(weight * len(split))))
+
+
+class StagedBatches:
+    """nanotron main's data stages: from a stage's first step on, its own stream read from its start (main's
+    trainer gives a new stage a dataloader from zero). A pure function of the position, as each stream is: a
+    resumed run continues the same order, across a switch too."""
+
+    def __init__(self, first: MicroBatches, later: list[tuple[str, int, MicroBatches]]):
+        self.parts = [("", 0, first), *sorted(later, key=lambda part: part[1])]  # (name, first index, stream)
+
+    def _part(self, index: int) -> tuple[str, int, MicroBatches]:
+        return [part for part in self.parts if part[1] <= index][-1]
+
+    def micro_batch(self, index: int) -> torch.Tensor:
+        _, begin, stream = self._part(index)
+        return stream.micro_batch(index - begin)
+
+    def epoch(self, index: int) -> int:
+        _, begin, stream = self._part(index)
+        return stream.epoch(index - begin)
+
+    def begins(self, index: int) -> str | None:
+        """The stage whose first micro-batch is `index`, if one is."""
+        return next((name for name, begin, _ in self.parts[1:] if begin == index), None)
+
+
 def load_split(cfg: TrainConfig):  # type: ignore[no-untyped-def]  # a datasets.Dataset
-    """The configured dataset's split, its text column checked. Both engines read their data through it.
+    """The configured dataset's split, its text column checked. Both engines read their data through it. A
+    mixture's: what nanotron keeps of each dataset (`_kept`), concatenated in the config's order.
 
     A `save_to_disk` directory (Dataset or DatasetDict), a local .json/.jsonl/.parquet/.csv/.txt file, or a hub
     name. (nanotron 0.4's own `get_datasets` calls `load_dataset(path)`, which reads none of the local forms but a
@@ -97,6 +137,12 @@ def load_split(cfg: TrainConfig):  # type: ignore[no-untyped-def]  # a datasets.
     """
     import datasets
 
+    if cfg.mixture:
+        kept = [_kept(load_split(part), weight, part.text_column) for part, weight in mixture_parts(cfg)]
+        try:
+            return datasets.concatenate_datasets(kept)
+        except ValueError as e:
+            raise TrainError(f"the mixture's datasets cannot be joined: {e}") from None
     assert cfg.dataset is not None
     path = Path(os.path.expanduser(cfg.dataset))
     if path.is_dir():
@@ -206,9 +252,23 @@ def pack(token_lists: list[list[int]], eos_id: int, sequence_length: int) -> np.
 
 
 def build_windows(cfg: TrainConfig) -> np.ndarray:
-    """The configured dataset, tokenized and packed into windows (`pack`)."""
+    """The configured dataset, tokenized and packed into windows (`pack`); a mixture's, each dataset packed on
+    its own (`part_windows`) and the windows joined in the config's order."""
+    if cfg.mixture:
+        return np.concatenate(part_windows(cfg))
     token_lists, eos_id = tokenize(cfg, load_texts(cfg))
     return pack(token_lists, eos_id, cfg.sequence_length)
+
+
+def part_windows(cfg: TrainConfig) -> list[np.ndarray]:
+    """A mixture's windows, dataset by dataset: what nanotron keeps of each (`_kept`), tokenized and packed. Each
+    window comes from one dataset, so a dataset's share of the windows is its share of the kept tokens."""
+    out = []
+    for part, weight in mixture_parts(cfg):
+        texts = [text for text in _kept(load_split(part), weight, part.text_column)[part.text_column] if text]
+        token_lists, eos_id = tokenize(part, texts)
+        out.append(pack(token_lists, eos_id, cfg.sequence_length))
+    return out
 
 
 def build_micro_batches(cfg: TrainConfig, rank: int, dp: int, windows: np.ndarray | None = None) -> MicroBatches:

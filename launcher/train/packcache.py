@@ -47,13 +47,14 @@ def key(cfg: TrainConfig) -> str | None:
     dataset or tokenizer that is not a local path)."""
     if cfg.dataset is None or cfg.tokenizer is None:
         return None
-    dataset, tokenizer = (Path(os.path.expanduser(p)) for p in (cfg.dataset, cfg.tokenizer))
-    if not dataset.exists() or not tokenizer.exists():
+    names = [name for name, _ in cfg.mixture] or [cfg.dataset]
+    datasets, tokenizer = [Path(os.path.expanduser(p)) for p in names], Path(os.path.expanduser(cfg.tokenizer))
+    if not all(p.exists() for p in (*datasets, tokenizer)):
         return None
     try:
         described = {
             "version": VERSION,
-            "dataset": [str(dataset.resolve()), _files(dataset)],
+            **_datasets(datasets, [weight for _, weight in cfg.mixture]),
             "tokenizer": [str(tokenizer.resolve()), _files(tokenizer)],
             "split": cfg.dataset_split,
             "text_column": cfg.text_column,
@@ -64,6 +65,14 @@ def key(cfg: TrainConfig) -> str | None:
     except OSError:
         return None
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _datasets(paths: list[Path], weights: list[float]) -> dict:
+    """The data's part of the key: one dataset as it always was (its caches stay valid), a mixture's every
+    dataset with the fraction kept of it."""
+    if not weights:
+        return {"dataset": [str(paths[0].resolve()), _files(paths[0])]}
+    return {"mixture": [[str(p.resolve()), _files(p), w] for p, w in zip(paths, weights, strict=True)]}
 
 
 def path_for(cfg: TrainConfig) -> Path | None:

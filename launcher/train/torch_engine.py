@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.errors import TrainError
 from launcher.train import checkpoint, packcache
 from launcher.train.config import TrainConfig
-from launcher.train.data import MicroBatches, build_micro_batches, build_windows
+from launcher.train.data import MicroBatches, StagedBatches, build_micro_batches, build_windows
 from launcher.train.metrics import Reporter, StepMetrics
 from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token, peak_flops
 from launcher.train.resume import resume
@@ -141,13 +141,25 @@ def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
     return loaded if loaded is not None else built[0]
 
 
+def _batches(cfg: TrainConfig, where: Rank) -> MicroBatches:
+    """This rank's micro-batches: the run's data, and each later data stage's from its first step on."""
+
+    def stream(data: TrainConfig) -> MicroBatches:
+        return build_micro_batches(data, where.rank, where.world_size, _shared_windows(data))
+
+    if not cfg.stages:
+        return stream(cfg)
+    later = [(s.name, (s.start - 1) * cfg.grad_accum_steps, stream(s.data)) for s in cfg.stages]
+    return StagedBatches(stream(cfg), later)
+
+
 class TorchTrainer:
     """One rank's model, optimizer, data stream and position in the run."""
 
     def __init__(self, cfg: TrainConfig, where: Rank):
         self.cfg, self.where = cfg, where
         self.reporter = Reporter(cfg, where.rank == 0)
-        self.batches: MicroBatches = build_micro_batches(cfg, where.rank, where.world_size, _shared_windows(cfg))
+        self.batches = _batches(cfg, where)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.model: nn.Module = build_model(cfg.model, cfg.init_std, cfg.seed).to(where.device)  # seeds torch
@@ -253,7 +265,9 @@ class TorchTrainer:
         autocast = torch.autocast(device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32)
         loss_sum = torch.zeros((), device=device)
         for micro in range(accum):
-            if self.batches.epoch(self.position) > self.batches.epoch(max(self.position - 1, 0)):
+            if isinstance(self.batches, StagedBatches) and (stage := self.batches.begins(self.position)):
+                self.reporter.print(f"data: stage {stage} begins at step {self.step}")
+            elif self.batches.epoch(self.position) > self.batches.epoch(max(self.position - 1, 0)):
                 epoch = self.batches.epoch(self.position)
                 self.reporter.print(f"data: the dataset is exhausted; epoch {epoch + 1} begins at step {self.step}")
             tokens = self.batches.micro_batch(self.position).to(device)
