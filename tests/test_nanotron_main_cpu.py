@@ -5,6 +5,7 @@ gloo group, and its LlamaForTraining trains forward and backward like the torch 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from conftest import tiny_config
 from nanotron_main import on_cpu
 
 from launcher.config import dialect, schema
+from launcher.train import packcache
 from launcher.train.nanotron_trainer import POINTER
 from launcher.train.stop import STOP_MESSAGE
 
@@ -43,14 +45,18 @@ def test_mains_llama_trains_through_the_stand_in_like_the_torch_engines_llama() 
 
 def main_config(demo: DemoData, ckpt: Path, path: Path, stages: list[dict] | None = None, **overrides: Any) -> str:
     """tiny_config written in main's dialect by the launcher's writer (`dialect.to_main`, RoPE stated as the
-    launcher states it), with main's data stages where given; the path of the file."""
+    launcher states it), with main's data stages where given (`{name, start_training_step[, dataset]}`, the
+    first stage's data otherwise); the path of the file."""
     main = dialect.to_main(tiny_config(demo, ckpt, **overrides))
     main["model"]["model_config"]["rope_interleaved"] = False
     if stages:
         first = main["data_stages"][0]
-        main["data_stages"] = [
-            {**first, **stage, "data": {**first["data"], **stage.get("data", {})}} for stage in stages
-        ]
+        data = {s["name"]: copy.deepcopy(first["data"]) for s in stages}
+        for s in stages:
+            data[s["name"]]["dataset"]["hf_dataset_or_datasets"] = s.get("dataset", first["data"]["dataset"][
+                "hf_dataset_or_datasets"])  # fmt: skip
+        main["data_stages"] = [{"name": s["name"], "start_training_step": s["start_training_step"],
+                                "data": data[s["name"]]} for s in stages]  # fmt: skip
     path.write_text(schema.dump(main))
     return str(path)
 
@@ -70,14 +76,15 @@ def lrs(out: str) -> list[str]:
 
 
 def test_mains_trainer_trains_its_data_stages_on_cpu_and_saves_its_checkpoint_format(
-    demo_data: DemoData, tmp_path: Path
+    demo_data: DemoData, second_dataset: Path, tmp_path: Path
 ) -> None:
     """A config the launcher writes in main's dialect, with two data stages, through the nanotron engine into
     main's DistributedTrainer (bf16, clipping and fp32 gradient accumulation, as the config says): main's loop
     switches stages at the step the config says, the loss falls, every logged step reaches the metrics file, the
     checkpoints are main's format 1.5 with each stage's samples, the pointer names the last one."""
     ckpt = tmp_path / "ckpt"
-    stages = [{"name": "stable", "start_training_step": 1}, {"name": "decay", "start_training_step": 8}]
+    stages = [{"name": "stable", "start_training_step": 1},
+              {"name": "decay", "start_training_step": 8, "dataset": str(second_dataset)}]  # fmt: skip
     config = main_config(demo_data, ckpt, tmp_path / "c.yaml", stages,
                          **{"tokens.train_steps": 12, "checkpoints.checkpoint_interval": 5})  # fmt: skip
     env = {"LAUNCHER_METRICS_FILE": str(tmp_path / "m.jsonl"), "LAUNCHER_OUTCOME_FILE": str(tmp_path / "outcome")}
@@ -92,8 +99,11 @@ def test_mains_trainer_trains_its_data_stages_on_cpu_and_saves_its_checkpoint_fo
     assert (ckpt / POINTER).read_text() == "12"
     meta = json.loads((ckpt / "12" / "checkpoint_metadata.json").read_text())
     assert meta["version"] == "1.5" and meta["metas"]["last_train_step"] == 12
-    assert [(s["name"], s["consumed_train_samples"]) for s in meta["metas"]["data_stages"]] == [
-        ("stable", 7 * 8), ("decay", 5 * 8)]  # fmt: skip  # 8 samples a step: 7 steps in the first stage
+    a, b = str(demo_data.dataset), str(second_dataset)  # 8 samples a step: 7 steps in the first stage
+    seen = [(s["name"], s["consumed_train_samples"], s["consumed_tokens_per_dataset_folder"])
+            for s in meta["metas"]["data_stages"]]  # fmt: skip
+    assert seen == [("stable", 56, {a: 56 * 64}), ("decay", 40, {b: 40 * 64})]
+    assert len(list((ckpt / packcache.CACHE_DIR).glob("packed-*.arrow"))) == 2, "each stage packed its own dataset"
     m = metrics(tmp_path / "m.jsonl")
     assert sorted(m) == list(range(1, 13)) and m[1]["lr"] == 0.0 and m[4]["lr"] == pytest.approx(0.01)
     losses = [m[s]["loss"] for s in sorted(m)]

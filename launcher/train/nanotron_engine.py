@@ -29,10 +29,9 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from launcher.config.dialect import stages_of
 from launcher.errors import TrainError
 from launcher.train import flash_attn_compat, nanotron_compat, packcache, triton_compat
-from launcher.train.config import TrainConfig, to_train_config
+from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.nanotron_trainer import POINTER as NANOTRON_POINTER
 from launcher.train.nanotron_trainer import trainer_class
@@ -126,7 +125,7 @@ def train(config_file: str, cfg: TrainConfig) -> None:
         if config_file != given:
             Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
         if cfg.dialect == "main":
-            trainer.train(_main_dataloaders(trainer, given))  # its data stages (the derived copy is gone)
+            trainer.train(_main_dataloaders(trainer, cfg))  # its data stages
         else:
             trainer.train(_dataloader(trainer, cfg))
         report_outcome(is_main, finished=True, step=trainer.iteration_step)
@@ -186,21 +185,19 @@ def packed_dataset(cfg: TrainConfig, tokenizer, num_proc: int = 1, overwrite_cac
     )
 
 
-def _main_dataloaders(trainer, config_file: str) -> dict:  # type: ignore[no-untyped-def]
+def _main_dataloaders(trainer, cfg: TrainConfig) -> dict:  # type: ignore[no-untyped-def]
     """nanotron main run_train.py's get_dataloader: one feed per data stage, by stage name, each made (lazily: main
-    calls it when its loop enters the stage) as `_dataloader` makes 0.4's, from the stage's own data section.
+    calls it when its loop enters the stage) as `_dataloader` makes 0.4's, from the stage's own data (`cfg` for the
+    first stage, `cfg.stages` for the later ones), resuming at the samples main's metadata says the stage consumed.
     (main's run_train.py reads local datasets no better than 0.4's, and passes its get_train_dataloader a
     `consumed_train_samples_stage` it does not take.)"""
-    with open(config_file, encoding="utf-8") as f:
-        raw = yaml.safe_load(f)
-    data = {stage.name: stage.data for stage in trainer.config.data_stages}
+    later = {stage.name: stage.data for stage in cfg.stages}
 
-    def feed(stage: dict):  # type: ignore[no-untyped-def]
-        one_stage = {**raw, "data_stages": [{**stage, "start_training_step": 1}]}  # read as the run's only stage
-        done = [m.consumed_train_samples for m in trainer.metadata.data_stages if m.name == stage["name"]]
-        return _dataloader(trainer, to_train_config(one_stage), data[stage["name"]], sum(done))
+    def feed(stage):  # type: ignore[no-untyped-def]  # main's DatasetStageArgs
+        done = [m.consumed_train_samples for m in trainer.metadata.data_stages if m.name == stage.name]
+        return _dataloader(trainer, later.get(stage.name, cfg), stage.data, sum(done))
 
-    return {stage["name"]: (lambda stage=stage: feed(stage)) for stage in stages_of(raw)}
+    return {stage.name: (lambda stage=stage: feed(stage)) for stage in trainer.config.data_stages}
 
 
 def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = None):  # type: ignore[no-untyped-def]
