@@ -112,14 +112,17 @@ def test_mains_trainer_trains_its_data_stages_on_cpu_and_saves_its_checkpoint_fo
 
 
 def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exactly(
-    demo_data: DemoData, tmp_path: Path
+    demo_data: DemoData, second_dataset: Path, tmp_path: Path
 ) -> None:
     """Straight to step 9, against: to step 4, stopped at step 5 (the stop file), resumed to 9 from main's own
-    checkpoint (weights, optimizer, LR scheduler, the stage's consumed samples): the same loss and LR every step."""
+    checkpoint (weights, optimizer, LR scheduler, the stage's consumed samples), across the switch to a second data
+    stage at step 7: the same loss and LR every step."""
     stop, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
+    stages = [{"name": "stable", "start_training_step": 1},
+              {"name": "decay", "start_training_step": 7, "dataset": str(second_dataset)}]  # fmt: skip
 
     def run(ckpt: str, steps: int, name: str) -> dict:
-        config = main_config(demo_data, tmp_path / ckpt, tmp_path / f"{name}.yaml",
+        config = main_config(demo_data, tmp_path / ckpt, tmp_path / f"{name}.yaml", stages,
                              **{"tokens.train_steps": steps, "logging.iteration_step_info_interval": 3,
                                 "checkpoints.checkpoint_interval": 100})  # fmt: skip
         env = {"LAUNCHER_METRICS_FILE": str(tmp_path / f"{ckpt}.jsonl"), "LAUNCHER_STOP_FILE": str(stop),
@@ -137,6 +140,8 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     assert "(latest: 5)" in third_out and outcome.read_text() == "finished 9\n" and not stop.exists()
     meta = json.loads((tmp_path / "b" / "5" / "checkpoint_metadata.json").read_text())
     assert meta["metas"]["last_train_step"] == 5 and meta["metas"]["data_stages"][0]["consumed_train_samples"] == 40
+    last = json.loads((tmp_path / "b" / "9" / "checkpoint_metadata.json").read_text())["metas"]
+    assert [(s["name"], s["consumed_train_samples"]) for s in last["data_stages"]] == [("stable", 48), ("decay", 24)]
     straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
     assert sorted(straight) == [1, 4, 7, 9] and sorted(resumed) == [1, 4, 5, 7, 9]  # 5: the stop; 9: the last
     for step in straight:  # within float noise (main's resume is not bit-exact: ~1e-5 by step 9); main's own
