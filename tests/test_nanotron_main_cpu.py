@@ -116,13 +116,16 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
 ) -> None:
     """Straight to step 9, against: to step 4, stopped at step 5 (the stop file), resumed to 9 from main's own
     checkpoint (weights, optimizer, LR scheduler, the stage's consumed samples), across the switch to a second data
-    stage at step 7: the same loss and LR every step."""
+    stage at step 7: the same loss and LR every step. And a run of the first stage alone, relaunched at step 7 with
+    the second stage added (main's way of adding a stage), as the straight run from there."""
     stop, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
     stages = [{"name": "stable", "start_training_step": 1},
               {"name": "decay", "start_training_step": 7, "dataset": str(second_dataset)}]  # fmt: skip
 
-    def run(ckpt: str, steps: int, name: str) -> dict:
-        config = main_config(demo_data, tmp_path / ckpt, tmp_path / f"{name}.yaml", stages,
+    fp32 = {"model.dtype": "float32", "optimizer.accumulate_grad_in_fp32": False}  # (bf16: the first test)
+
+    def run(ckpt: str, steps: int, name: str, stages: list[dict] | None = stages) -> dict:
+        config = main_config(demo_data, tmp_path / ckpt, tmp_path / f"{name}.yaml", stages, **fp32,
                              **{"tokens.train_steps": steps, "logging.iteration_step_info_interval": 3,
                                 "checkpoints.checkpoint_interval": 100})  # fmt: skip
         env = {"LAUNCHER_METRICS_FILE": str(tmp_path / f"{ckpt}.jsonl"), "LAUNCHER_STOP_FILE": str(stop),
@@ -131,10 +134,11 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
 
     runs = [run("a", 9, "straight"), run("b", 4, "first"), run("b", 9, "second"), run("b", 9, "third")]
     runs[2]["stop"] = True  # the stop file appears before the second attempt, as the batch script's would
+    runs += [run("c", 6, "one-stage", stages=None), run("c", 9, "stage-added")]  # relaunched with a stage added
     ended, out = on_cpu("engines", runs=runs, env={"WANDB_MODE": "disabled"})
-    straight_out, first_out, second_out, third_out = legs(out)
-    assert [e["exit"] for e in ended] == [None, None, 0, None] and all(e["destroyed"] for e in ended)
-    assert [e["error"] for e in ended] == [None] * 4
+    straight_out, first_out, second_out, third_out, _, _ = legs(out)
+    assert [e["exit"] for e in ended] == [None, None, 0, None, None, None] and all(e["destroyed"] for e in ended)
+    assert [e["error"] for e in ended] == [None] * 6
     assert "resuming from the run's own checkpoints" in second_out and "(latest: 4)" in second_out
     assert STOP_MESSAGE.format(step=5) in second_out
     assert "(latest: 5)" in third_out and outcome.read_text() == "finished 9\n" and not stop.exists()
@@ -144,12 +148,21 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     assert [(s["name"], s["consumed_train_samples"]) for s in last["data_stages"]] == [("stable", 48), ("decay", 24)]
     straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
     assert sorted(straight) == [1, 4, 7, 9] and sorted(resumed) == [1, 4, 5, 7, 9]  # 5: the stop; 9: the last
-    for step in straight:  # within float noise (main's resume is not bit-exact: ~1e-5 by step 9); main's own
+    for step in straight:  # within float noise (main's resume is not bit-exact, unlike 0.4's: ~1e-5 relative by
+        # step 9 in float32, ~1e-4 in bf16 with fp32 accumulation; not found why); main's own
         # scheduler resume (one LR step ahead: launcher.train.nanotron_trainer.mend_lr_scheduler_resume) was 7e-4
         # off at step 7 and 6e-3 at step 9
         assert resumed[step]["lr"] == straight[step]["lr"]
         assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], rel=5e-5, abs=0), step
     assert lrs(third_out) == lrs(straight_out)[-2:], "nanotron's own LR log at steps 7 and 9: the same schedule"
+
+    # a run of the first stage alone, relaunched at step 7 with the second stage added, trains as if it had had it
+    added = metrics(tmp_path / "c.jsonl")
+    assert sorted(added) == [1, 4, 6, 7, 9]
+    for step in (7, 9):
+        assert added[step]["loss"] == pytest.approx(straight[step]["loss"], rel=5e-5, abs=0), step
+    last = json.loads((tmp_path / "c" / "9" / "checkpoint_metadata.json").read_text())["metas"]
+    assert [(s["name"], s["consumed_train_samples"]) for s in last["data_stages"]] == [("stable", 48), ("decay", 24)]
 
 
 def test_wandb_without_a_key_is_one_clear_error_in_mains_trainer(demo_data: DemoData, tmp_path: Path) -> None:

@@ -134,6 +134,20 @@ def account_stage_tokens(trainer: Any) -> None:
         stage.consumed_tokens_per_dataset_folder = {str(datasets.get(stage.name) or "random tokens"): tokens}
 
 
+def add_new_stages(trainer: Any) -> None:
+    """A data stage the config has and the resumed checkpoint's metadata does not (added when the run was
+    relaunched, `--data_stages`): main's run_train.py appends its metadata before training (for the last stage;
+    main's loop indexes the metadata by the config's stage order), and so does this, for each such stage."""
+    from nanotron.trainer import DataStageMetadata
+
+    known = {stage.name for stage in trainer.metadata.data_stages}
+    for stage in trainer.config.data_stages:
+        if stage.name not in known:
+            trainer.metadata.data_stages.append(DataStageMetadata(
+                name=stage.name, start_training_step=stage.start_training_step, consumed_train_samples=0,
+                consumed_tokens_per_dataset_folder={}, sequence_length=trainer.sequence_length))  # fmt: skip
+
+
 def mend_lr_scheduler_resume(trainer: Any) -> None:
     """nanotron main's `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which
     steps the schedule once more: every resumed run trains one step ahead on its LR schedule (from the first step
@@ -170,6 +184,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             resumed = self.init_checkpoint_path is not None
             if resumed and is_main_trainer(self) and self.config.checkpoints.load_lr_scheduler:
                 mend_lr_scheduler_resume(self)
+                add_new_stages(self)
             on_gpu = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
             self.stop_request = StopRequest(device)
