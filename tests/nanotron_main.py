@@ -11,6 +11,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARBALL = ROOT.parent / "shared" / "vendor" / "nanotron-main-2411b02.tar.gz"
 CACHE = ROOT / ".cache" / "nanotron-main-2411b02"
 JUDGE = Path(__file__).resolve().parent / "nanotron_main_judge.py"
+ON_CPU = Path(__file__).resolve().parent / "nanotron_main_cpu.py"
 
 
 def source() -> Path:
@@ -61,3 +63,21 @@ def judge(*paths: Path) -> list[dict]:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def on_cpu(what: str, timeout: int = 600, env: dict[str, str | None] | None = None, **args: object) -> tuple[Any, str]:
+    """`what(**args)` of tests/nanotron_main_cpu.py, run with nanotron main's own code on CPU in a process of its
+    own (one-process gloo, main's CUDA-only plumbing patched there; `env` adds to this one's, None removes): its
+    result and its stdout, or the test fails with its log."""
+    done = subprocess.run(
+        [sys.executable, str(ON_CPU), str(source() / "src"), what, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}.items() if v is not None},
+        timeout=timeout,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"result"')]
+    assert done.returncode == 0 and lines, (done.stdout[-3000:], done.stderr[-5000:])
+    return json.loads(lines[-1])["result"], done.stdout

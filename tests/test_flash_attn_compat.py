@@ -246,3 +246,54 @@ def test_rms_norm_keeps_no_float32_copy_of_its_input_for_backward() -> None:
     assert sorted(saved, key=str) == sorted(
         [(torch.bfloat16, (4, 6, 32)), (torch.bfloat16, (32,)), (torch.float32, (4, 6, 1))], key=str
     )
+
+
+def test_kv_packed_varlen_attention_is_varlen_attention_of_k_and_v(restore_flash_attn: None) -> None:
+    """nanotron main's Qwen2 imports `flash_attn.modules.mha.flash_attn_varlen_kvpacked_func`: kv (total, 2, h, d)."""
+    flash_attn_compat.install(is_main=False)
+    from flash_attn.modules.mha import flash_attn_varlen_kvpacked_func
+
+    offsets = [0, 3, 10, 11, 16]
+    q, k, v = rand(16, 6, 8, dtype=torch.float32, seed=1), rand(16, 2, 8, dtype=torch.float32, seed=2), rand(
+        16, 2, 8, dtype=torch.float32, seed=3)  # fmt: skip
+    cu = torch.tensor(offsets, dtype=torch.int32)
+    packed = flash_attn_varlen_kvpacked_func(q, torch.stack((k, v), dim=1), cu, cu, 7, 7, causal=True)
+    expected = reference_attention(q, k, v, offsets, offsets, causal=True)
+    torch.testing.assert_close(packed.double(), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="kv must be"):
+        flash_attn_varlen_kvpacked_func(q, k, cu, cu, 7, 7)
+
+
+def test_grouped_gemm_and_triton_stand_ins_import_and_triton_leaves_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nanotron main's trainer imports grouped_gemm.ops (its MoE layers) and Triton kernels at module level: both
+    import through the stand-ins and raise when called; the triton stand-in then leaves sys.modules (torch takes
+    an importable triton for the real one), and what imported it keeps its placeholders."""
+    import importlib.util
+
+    from launcher.train import triton_compat
+
+    real_triton = importlib.util.find_spec("triton") is not None
+    for name in [n for n in sys.modules if n.split(".")[0] in ("triton", "grouped_gemm")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "triton", None)  # unimportable here, whatever this machine has
+    monkeypatch.setitem(sys.modules, "grouped_gemm", None)
+    monkeypatch.setitem(sys.modules, "grouped_gemm.ops", None)
+    assert triton_compat.install() and triton_compat.install_grouped_gemm()
+    import grouped_gemm.ops as ops
+    import triton
+    import triton.language as tl
+
+    with pytest.raises(NotImplementedError, match=r"grouped_gemm\.ops\.gmm: .*a dense model never calls it"):
+        ops.gmm(torch.zeros(1), torch.zeros(1), torch.zeros(1))
+
+    @triton.jit
+    def kernel(x: tl.constexpr) -> None: ...
+
+    with pytest.raises(NotImplementedError, match="Triton kernel kernel"):
+        kernel[(1,)](1)
+    triton_compat.uninstall()
+    assert not [n for n in sys.modules if n.split(".")[0] == "triton" and sys.modules[n] is not None]
+    from torch.utils._triton import has_triton_package
+
+    assert has_triton_package() == real_triton, "torch sees the real triton, or none"
+    assert sys.modules["grouped_gemm.ops"] is ops, "grouped_gemm stays: nothing mistakes it"

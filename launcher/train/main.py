@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -54,10 +55,18 @@ def choose_engine(requested: str) -> tuple[str, str]:
     return "nanotron", f"auto; {nanotron_engine.attention_note()}"
 
 
-MAIN_TRAINER = (
-    "the nanotron engine drives nanotron 0.4's trainer; nanotron main's (data stages, checkpoint format 1.5) is not "
-    "wired yet, so a config in main's dialect trains with the torch engine (docs/nanotron-dialects.md)"
+OTHER_NANOTRON = (
+    "this config is in nanotron {config}'s dialect, but {found}; nanotron's trainer reads only its own dialect: "
+    "run the job with the Python that has nanotron {config} (--python), or --engine torch"
 )
+
+
+def nanotron_mismatch(config_dialect: str) -> str | None:
+    """Why this Python's nanotron cannot train a config in `config_dialect` (None: it can, or it is not known)."""
+    found, what = dialect.probe(sys.executable)
+    return None if found in (None, config_dialect) else OTHER_NANOTRON.format(config=config_dialect, found=what)
+
+
 ENGINE_RECORD = "engine"  # beside the checkpoints: the engine that wrote them
 POINTERS = P.POINTERS  # each engine's pointer, for runs saved before the record
 
@@ -105,10 +114,11 @@ def run(config_file: str, engine: str = "auto") -> None:
     """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone)."""
     cfg = load_checked(config_file, int(os.environ.get("WORLD_SIZE", "1")))
     chosen, why = choose_engine(engine)
-    if chosen == "nanotron" and cfg.dialect == "main":
+    mismatch = nanotron_mismatch(cfg.dialect) if chosen == "nanotron" else None
+    if mismatch is not None:
         if engine != "auto":
-            raise TrainError(MAIN_TRAINER)
-        chosen, why = "torch", f"auto: {MAIN_TRAINER}"
+            raise TrainError(mismatch)
+        chosen, why = "torch", f"auto: {mismatch}"
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"engine: {chosen} ({why})", flush=True)
     settle_engine(cfg, chosen, why)

@@ -1,15 +1,21 @@
-"""The nanotron engine: nanotron 0.4's own DistributedTrainer, fed as nanotron's run_train.py feeds it.
+"""The nanotron engine: nanotron's own DistributedTrainer, fed as nanotron's run_train.py feeds it; 0.4's, or
+main's where the config is in main's dialect (the job's Python then has nanotron main: docs/nanotron-dialects.md).
 
 It needs a CUDA GPU, NCCL and nanotron (its ParallelContext accepts only NCCL), so it runs on GPU nodes only.
 nanotron's models import flash_attn at module level; where flash_attn cannot be imported,
-`launcher.train.flash_attn_compat` stands in for it (attention through torch SDPA; the job's log says so).
+`launcher.train.flash_attn_compat` stands in for it (attention through torch SDPA; the job's log says so). main's
+trainer also imports triton and grouped_gemm (its MoE layers) at module level: where they cannot be imported,
+`launcher.train.triton_compat` stands in for the import (a dense Llama never calls them).
 The launcher's contracts (stop requests, metrics file, last step saved, atomic checkpoint pointer, wandb) are
 added by the subclass in `launcher.train.nanotron_trainer`; the data (local datasets, epochs) are fed here.
 
-nanotron 0.4 resumes only from `checkpoints.resume_checkpoint_path` (a checkpoint, or a directory whose latest.txt
-names one). The generated config leaves it empty (a fresh run has nothing to resume), so at start-up
-`resume_path` points it at the run's own checkpoints_path once that holds a checkpoint: a requeued or relaunched
-job resumes where the last attempt saved, as the torch engine does.
+Each of main's data stages gets its own feed (`_main_dataloaders`), built when main's loop reaches the stage, from
+the stage's own dataset, resuming at the samples its checkpoint metadata says that stage consumed.
+
+nanotron (0.4 and main alike) resumes only from `checkpoints.resume_checkpoint_path` (a checkpoint, or a
+directory whose latest.txt names one). The generated config leaves it empty (a fresh run has nothing to resume),
+so at start-up `resume_path` points it at the run's own checkpoints_path once that holds a checkpoint: a requeued
+or relaunched job resumes where the last attempt saved, as the torch engine does.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import torch.distributed as dist
 import yaml
 
 from launcher.errors import TrainError
-from launcher.train import flash_attn_compat, nanotron_compat, packcache
+from launcher.train import flash_attn_compat, nanotron_compat, packcache, triton_compat
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.nanotron_trainer import POINTER as NANOTRON_POINTER
@@ -100,6 +106,11 @@ def train(config_file: str, cfg: TrainConfig) -> None:
     is_main = int(os.environ.get("RANK", "0")) == 0
     nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
     flash_attn_compat.install(is_main)  # before nanotron's models import flash_attn (a real one is kept)
+    if cfg.dialect == "main":  # main's trainer imports triton kernels and grouped_gemm at module level
+        triton_compat.install()
+        triton_compat.install_grouped_gemm()
+        importlib.import_module("nanotron.trainer")
+        triton_compat.uninstall()  # torch would take the stand-in for a real triton
 
     done = _saved_step(cfg.checkpoints_path)
     if done is not None and done >= cfg.train_steps:  # nanotron would assert; say it as the torch engine does
@@ -113,7 +124,10 @@ def train(config_file: str, cfg: TrainConfig) -> None:
         trainer = trainer_class(cfg)(config_file)  # joins the process group (nanotron's ParallelContext)
         if config_file != given:
             Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
-        trainer.train(_dataloader(trainer, cfg))
+        if cfg.dialect == "main":
+            trainer.train(_main_dataloaders(trainer, cfg))  # its data stages
+        else:
+            trainer.train(_dataloader(trainer, cfg))
         report_outcome(is_main, finished=True, step=trainer.iteration_step)
         if is_main:
             print(
@@ -171,15 +185,38 @@ def packed_dataset(cfg: TrainConfig, tokenizer, num_proc: int = 1, overwrite_cac
     )
 
 
-def _dataloader(trainer, cfg: TrainConfig):  # type: ignore[no-untyped-def]
-    """nanotron 0.4 run_train.py's get_dataloader: dummy tokens, or the dataset packed by `packed_dataset`, fed
-    by nanotron's own get_train_dataloader epoch after epoch (`epochs`)."""
-    from nanotron.dataloader import dummy_infinite_data_generator, get_train_dataloader
+def _main_dataloaders(trainer, cfg: TrainConfig) -> dict:  # type: ignore[no-untyped-def]
+    """nanotron main run_train.py's get_dataloader: one feed per data stage, by stage name, each made (lazily: main
+    calls it when its loop enters the stage) as `_dataloader` makes 0.4's, from the stage's own data (`cfg` for the
+    first stage, `cfg.stages` for the later ones), resuming at the samples main's metadata says the stage consumed.
+    (main's run_train.py reads local datasets no better than 0.4's, and passes its get_train_dataloader a
+    `consumed_train_samples_stage` it does not take.)"""
+    later = {stage.name: stage.data for stage in cfg.stages}
+
+    def feed(stage):  # type: ignore[no-untyped-def]  # main's DatasetStageArgs
+        done = [m.consumed_train_samples for m in trainer.metadata.data_stages if m.name == stage.name]
+        return _dataloader(trainer, later.get(stage.name, cfg), stage.data, sum(done))
+
+    return {stage.name: (lambda stage=stage: feed(stage)) for stage in trainer.config.data_stages}
+
+
+def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = None):  # type: ignore[no-untyped-def]
+    """nanotron run_train.py's get_dataloader: dummy tokens, or the dataset packed by `packed_dataset`, fed
+    by nanotron's own get_train_dataloader epoch after epoch (`epochs`). `data` and `consumed`: main's stage's
+    data section and the samples that stage consumed (0.4: its one data section and all samples consumed)."""
+    is_main = data is not None
+    if is_main:
+        from nanotron.data.dataloader import dummy_infinite_data_generator, get_train_dataloader
+    else:
+        from nanotron.dataloader import dummy_infinite_data_generator, get_train_dataloader
+
+        data, consumed = trainer.config.data, trainer.consumed_train_samples
     from nanotron.parallel.pipeline_parallel.utils import get_input_output_pp_ranks
     from nanotron.utils import main_rank_first
 
     input_pp_rank, output_pp_rank = get_input_output_pp_ranks(model=trainer.model)
-    data, context = trainer.config.data, trainer.parallel_context
+    context = trainer.parallel_context
+    extra = {"use_position_ids": False} if is_main else {}  # main's collator adds position ids for Qwen2 only
     if data.dataset is None:
         return dummy_infinite_data_generator(
             micro_batch_size=trainer.micro_batch_size,
@@ -189,6 +226,7 @@ def _dataloader(trainer, cfg: TrainConfig):  # type: ignore[no-untyped-def]
             vocab_size=trainer.model_config.vocab_size,
             seed=data.seed,
             parallel_context=context,
+            **extra,
         )()
     tokenizer = load_tokenizer(cfg)  # checked on every rank (vocab_size), before any rank waits on another
     tokenizer.pad_token = tokenizer.eos_token
@@ -214,9 +252,10 @@ def _dataloader(trainer, cfg: TrainConfig):  # type: ignore[no-untyped-def]
             dataloader_num_workers=data.num_loading_workers,
             seed_worker=data.seed,
             dataloader_drop_last=True,
+            **extra,
         )
         sampler = getattr(loader.sampler, "batch_sampler", loader.sampler)  # under nanotron's SkipBatchSampler
-        sampler.set_epoch(epoch)  # a DistributedSampler: seed + epoch orders the epoch (epoch 0: nanotron's order)
+        sampler.set_epoch(epoch)  # a DistributedSampler: seed + epoch orders the epoch (main's: unshuffled)
         return loader
 
     def announce(epoch: int) -> None:
@@ -230,7 +269,7 @@ def _dataloader(trainer, cfg: TrainConfig):  # type: ignore[no-untyped-def]
             f"micro-batch of {trainer.micro_batch_size} for each of the {dp} data-parallel ranks: use a larger "
             "dataset, a shorter sequence length or a smaller micro batch"
         )
-    return epochs(loader_at, per_epoch, trainer.consumed_train_samples // dp, announce)
+    return epochs(loader_at, per_epoch, consumed // dp, announce)
 
 
 def epochs(

@@ -1,8 +1,13 @@
-"""The launcher's DistributedTrainer: nanotron 0.4's own trainer and loop, with the launcher's job-side contracts.
+"""The launcher's DistributedTrainer: nanotron's own trainer and loop (0.4's or main's, whichever the job's Python
+imports), with the launcher's job-side contracts.
 
 nanotron's `train()` runs, per step: `training_step` (which ends in `post_train_step`), then counts the step's
 samples, logs every `iteration_step_info_interval` steps (`train_step_logs`), and saves at multiples of
-`checkpoint_interval`; after the loop, `post_training`. The subclass from `trainer_class` adds:
+`checkpoint_interval`; after the loop, `post_training` (main first saves the last step where `save_final_state`
+says so). The two differ in what they count and return: 0.4 counts `consumed_train_samples` and its
+training_step returns (outputs, loss); main counts in `metadata` (the run's and the current data stage's samples,
+its tokens, its last step: checkpoint format 1.5) and returns (outputs, loss, z_loss, tbi_logs). `Counts` hides
+that. The subclass from `trainer_class` adds:
 
 - stop requests (`launcher.train.stop`), agreed by all ranks after every step: the step is counted and logged
   (whatever the log interval), saved, and the process exits 0 ("stopped STEP"); a request on the last step lets
@@ -77,6 +82,91 @@ def pointer_writes_dropped(module: ModuleType, is_main: bool = True) -> Iterator
             module.open = previous  # type: ignore[attr-defined]
 
 
+def is_main_trainer(trainer: Any) -> bool:
+    """Whether `trainer` is nanotron main's (it keeps its counts in `metadata`, checkpoint format 1.5)."""
+    return hasattr(trainer, "metadata")
+
+
+def count_step(trainer: Any, sign: int = 1) -> None:
+    """Count (sign 1) or uncount (-1) the current step's samples as nanotron's loop does after training_step."""
+    samples = sign * trainer.global_batch_size
+    if not is_main_trainer(trainer):
+        trainer.consumed_train_samples += samples
+        return
+    meta = trainer.metadata
+    meta.consumed_train_samples += samples
+    meta.consumed_tokens_total += samples * trainer.sequence_length
+    meta.current_stage.consumed_train_samples += samples
+    meta.last_train_step = trainer.iteration_step if sign > 0 else trainer.iteration_step - 1
+
+
+def start_step(trainer: Any) -> int:
+    """The step the run resumed from (0 for a fresh start)."""
+    return trainer.metadata.last_train_step if is_main_trainer(trainer) else trainer.start_iteration_step
+
+
+def mend_init_model_randomly(config: Any) -> None:
+    """nanotron main (2411b02)'s `LlamaForTraining.init_model_randomly(config)` hands `config.model` to its
+    parametrizator, which reads `.model.init_method`, `.model.model_config` and `.parallelism.tp` of what it is
+    given (a whole Config, as its Qwen2 passes): every fresh Llama run dies there ("'ModelArgs' object has no
+    attribute 'model'"). Give `config.model` those two names (itself, the run's parallelism), so either reading
+    finds the same values. Not dataclass fields: the config nanotron saves is unchanged. Nothing is done for 0.4
+    (no data stages: its Llama reads the whole config) or where `config.model` already has them."""
+    if not hasattr(config, "data_stages"):
+        return
+    model_args = config.model
+    if not hasattr(model_args, "model"):
+        model_args.model = model_args
+    if not hasattr(model_args, "parallelism"):
+        model_args.parallelism = config.parallelism
+
+
+def account_stage_tokens(trainer: Any) -> None:
+    """main's checkpoint metadata holds, per data stage, the tokens read from each dataset folder, and its loader
+    asserts on resume that they add up to `consumed_tokens_total` ("Mismatch between the total consumed tokens and
+    the sum of consumed tokens across stages"). main's loop fills them only from its own folder datasets
+    (`get_consumption_stats`); the engine's feed reads one dataset per stage, so each stage's count is its samples
+    x its sequence length, under the stage's dataset name. Called before every save."""
+    datasets = {stage.name: getattr(stage.data.dataset, "hf_dataset_or_datasets", None)
+                for stage in trainer.config.data_stages}  # fmt: skip
+    for stage in trainer.metadata.data_stages:
+        tokens = stage.consumed_train_samples * stage.sequence_length
+        stage.consumed_tokens_per_dataset_folder = {str(datasets.get(stage.name) or "random tokens"): tokens}
+
+
+def add_new_stages(trainer: Any) -> None:
+    """A data stage the config has and the resumed checkpoint's metadata does not (added when the run was
+    relaunched, `--data_stages`): main's run_train.py appends its metadata before training (for the last stage;
+    main's loop indexes the metadata by the config's stage order), and so does this, for each such stage."""
+    from nanotron.trainer import DataStageMetadata
+
+    known = {stage.name for stage in trainer.metadata.data_stages}
+    for stage in trainer.config.data_stages:
+        if stage.name not in known:
+            trainer.metadata.data_stages.append(DataStageMetadata(
+                name=stage.name, start_training_step=stage.start_training_step, consumed_train_samples=0,
+                consumed_tokens_per_dataset_folder={}, sequence_length=trainer.sequence_length))  # fmt: skip
+
+
+def mend_lr_scheduler_resume(trainer: Any) -> None:
+    """nanotron main's `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which
+    steps the schedule once more: every resumed run trains one step ahead on its LR schedule (from the first step
+    after the resume on), so a stopped and requeued run no longer trains as the uninterrupted one. Where main's
+    loader does so, load the saved state again with nanotron's own file name and put its last LR back into the
+    optimizer, as it was when the checkpoint was saved. (0.4's loader does not step: nothing is done there.)"""
+    import inspect
+
+    from nanotron.serialize import optimizer as serialize_optimizer
+
+    if "_initial_step" not in inspect.getsource(serialize_optimizer.load_lr_scheduler):
+        return
+    name = serialize_optimizer.lr_scheduler_filename(trainer.parallel_context, trainer.config.optimizer.zero_stage)
+    scheduler = trainer.lr_scheduler
+    scheduler.load_state_dict(torch.load(Path(trainer.init_checkpoint_path) / "lr_scheduler" / name))
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr
+
+
 def trainer_class(cfg: TrainConfig) -> type:
     """nanotron's DistributedTrainer with the launcher's hooks (nanotron and flash_attn must be importable)."""
     import nanotron.trainer
@@ -85,13 +175,22 @@ def trainer_class(cfg: TrainConfig) -> type:
     class LauncherTrainer(DistributedTrainer):  # type: ignore[misc, valid-type]
         launcher_cfg = cfg
 
+        def pre_init(self) -> None:
+            super().pre_init()
+            mend_init_model_randomly(self.config)
+
         def post_init(self) -> None:
+            super().post_init()  # main: its S3 mover and lighteval runner (None unless configured); 0.4: nothing
+            resumed = self.init_checkpoint_path is not None
+            if resumed and is_main_trainer(self) and self.config.checkpoints.load_lr_scheduler:
+                mend_lr_scheduler_resume(self)
+                add_new_stages(self)
             on_gpu = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
             self.stop_request = StopRequest(device)
             self.peak_flops = peak_flops(device)
             self.metrics_file = os.environ.get(P.ENV_METRICS_FILE) or None
-            self.last_saved_step = self.start_iteration_step if self.init_checkpoint_path is not None else None
+            self.last_saved_step = start_step(self) if self.init_checkpoint_path is not None else None
             self.stop_at_end = False
 
         def is_main(self) -> bool:
@@ -105,30 +204,31 @@ def trainer_class(cfg: TrainConfig) -> type:
             except errors as e:
                 raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None
 
-        def training_step(self, dataloader: Any) -> tuple[Any, Any]:
-            outputs, loss_avg = super().training_step(dataloader=dataloader)
+        def training_step(self, dataloader: Any) -> tuple[Any, ...]:
+            returned = super().training_step(dataloader=dataloader)  # 0.4: (outputs, loss); main: 4 values
+            logs = dict(zip(("outputs", "loss_avg", "z_loss_avg", "tbi_logs"), returned, strict=False))
             report_progress(self.is_main(), self.iteration_step)  # for the hang watchdog
             last = self.iteration_step >= self.config.tokens.train_steps
             if self.stop_request.agreed():  # a collective: every rank, every step
                 if not last:
-                    self.honour_stop(outputs, loss_avg)  # exits
+                    self.honour_stop(logs)  # exits
                 self.stop_at_end = True  # the run ends with this step anyway: post_training saves it
             if last and (self.iteration_step - 1) % self.config.logging.iteration_step_info_interval:
-                self.log_step(outputs, loss_avg)  # nanotron's loop logs the last step only on its interval
-            return outputs, loss_avg
+                self.log_step(logs)  # nanotron's loop logs the last step only on its interval
+            return returned
 
-        def log_step(self, outputs: Any, loss_avg: Any) -> None:
+        def log_step(self, logs: dict) -> None:
             """Log this step now (nanotron's loop counts its samples after training_step returns)."""
-            self.consumed_train_samples += self.global_batch_size
+            count_step(self)
             try:
-                self.train_step_logs(outputs=outputs, loss_avg=loss_avg)
+                self.train_step_logs(**logs)
             finally:
-                self.consumed_train_samples -= self.global_batch_size
+                count_step(self, -1)
 
-        def honour_stop(self, outputs: Any, loss_avg: Any) -> None:
+        def honour_stop(self, logs: dict) -> None:
             """Log this step (whatever the log interval), save it, and exit 0 so that the job can be requeued."""
-            self.log_step(outputs, loss_avg)
-            self.consumed_train_samples += self.global_batch_size  # the checkpoint counts this step's samples
+            self.log_step(logs)
+            count_step(self)  # the checkpoint counts this step's samples
             self.save_checkpoint()
             self.stop_request.consume(self.is_main())
             report_outcome(self.is_main(), finished=False, step=self.iteration_step)
@@ -138,7 +238,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             raise SystemExit(0)
 
         def post_training(self) -> None:
-            if self.last_saved_step != self.iteration_step:  # nanotron saves only at multiples of the interval
+            if self.last_saved_step != self.iteration_step:  # 0.4 saves only at multiples of the interval
                 self.save_checkpoint()
             if self.stop_at_end:
                 self.stop_request.consume(self.is_main())
@@ -146,6 +246,8 @@ def trainer_class(cfg: TrainConfig) -> type:
 
         def save_checkpoint(self) -> Path:
             report_progress(self.is_main(), self.iteration_step, "saving")
+            if is_main_trainer(self):
+                account_stage_tokens(self)
             with pointer_writes_dropped(nanotron.trainer, self.is_main()):
                 path = super().save_checkpoint()
             dist.barrier(self.parallel_context.world_pg)  # every rank's files are written: the pointer may name them
@@ -157,11 +259,15 @@ def trainer_class(cfg: TrainConfig) -> type:
             report_progress(self.is_main(), self.iteration_step)
             return path
 
-        def train_step_logs(self, outputs: Any, loss_avg: Any) -> None:
-            super().train_step_logs(outputs=outputs, loss_avg=loss_avg)
+        def train_step_logs(self, **logs: Any) -> None:
+            super().train_step_logs(**logs)
+            loss_avg = logs.get("loss_avg")
             if self.metrics_file is None or dist.get_rank() != self.logger_ranks[0] or loss_avg is None:
                 return
-            elapsed = time.time() - self.iteration_start_time
+            if is_main_trainer(self):  # main times the step (its iteration_timer, ended by its train_step_logs)
+                elapsed = self.iteration_timer.elapsed
+            else:
+                elapsed = time.time() - self.iteration_start_time
             tokens_per_s = self.global_batch_size * self.sequence_length / elapsed
             model_tflops, _ = self.unwrapped_model.get_flops_per_sec(
                 elapsed, self.sequence_length, self.global_batch_size

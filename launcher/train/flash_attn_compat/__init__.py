@@ -15,7 +15,8 @@ calls three of its functions, implemented here with the same semantics:
 Everything else nanotron imports (`bert_padding`, `flash_attn_with_kvcache`: inference only; nanotron main's
 ring attention `_flash_attn_varlen_forward/_backward`) exists so the import succeeds, and raises
 NotImplementedError when called, as do the options training never passes. nanotron main also imports the
-functional `apply_rotary_emb` (implemented) and reads `flash_attn.__version__` (this says 0.0.0, so main never
+functional `apply_rotary_emb` (implemented), `flash_attn.modules.mha.flash_attn_varlen_kvpacked_func` (its Qwen2's:
+implemented, k and v packed) and reads `flash_attn.__version__` (this says 0.0.0, so main never
 imports `flash_attn_func`, its `flash_attention_2` batch path, which is not here).
 
 `install()` registers these modules as `flash_attn` and its submodules in `sys.modules`, only where the real
@@ -29,14 +30,15 @@ import importlib.machinery
 import sys
 from types import ModuleType
 
-from launcher.train.flash_attn_compat import attention, bert_padding, layer_norm, rotary
+from launcher.train.flash_attn_compat import attention, bert_padding, layer_norm, mha, rotary
 
 MESSAGE = "flash_attn not found: attention through torch SDPA"
-PACKAGES = ("flash_attn", "flash_attn.layers", "flash_attn.ops", "flash_attn.ops.triton")
+PACKAGES = ("flash_attn", "flash_attn.layers", "flash_attn.modules", "flash_attn.ops", "flash_attn.ops.triton")
 LEAVES: dict[str, ModuleType] = {
     "flash_attn.flash_attn_interface": attention,
     "flash_attn.bert_padding": bert_padding,
     "flash_attn.layers.rotary": rotary,
+    "flash_attn.modules.mha": mha,
     "flash_attn.ops.triton.layer_norm": layer_norm,
 }
 MARK = "__launcher_stand_in__"

@@ -152,3 +152,22 @@ def _flash_attn_varlen_forward(*args: object, **kwargs: object) -> None:
 def _flash_attn_varlen_backward(*args: object, **kwargs: object) -> None:
     """Refused: nanotron main's ring attention (context parallelism) calls it; its Llama never does."""
     refuse("_flash_attn_varlen_backward (nanotron main's ring attention)")
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    **options: object,
+) -> torch.Tensor:
+    """`flash_attn_varlen_func` with k and v packed as kv (total_k, 2, heads_k, d) (nanotron main's Qwen2)."""
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv must be (total_k, 2, heads_k, head_dim); got {tuple(kv.shape)}")
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, **options)  # type: ignore[arg-type]  # fmt: skip
