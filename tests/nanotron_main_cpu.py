@@ -43,6 +43,7 @@ sys.path.insert(0, sys.argv[1])
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from nanotron_names import as_transformers  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from launcher.train import flash_attn_compat, triton_compat  # noqa: E402
@@ -199,34 +200,9 @@ def init_config(init_method: Any, model_config: Any) -> Any:
 
 
 def as_torch_engine(named: dict[str, torch.Tensor], shape: Any) -> dict[str, torch.Tensor]:
-    """main's Llama tensors (weights or gradients) under the torch engine's names (transformers'). qkv_proj and
-    gate_up_proj are fused in nanotron; both rotate q and k the same way for either `rope_interleaved`, so no rows
-    move."""
-    q_rows, kv_rows = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    out = {}
-    for name, t in named.items():
-        name = name.replace(".pp_block", "")
-        if name.endswith("token_embedding.weight"):
-            out["model.embed_tokens.weight"] = t
-        elif name == "model.final_layer_norm.weight":
-            out["model.norm.weight"] = t
-        elif name == "model.lm_head.weight":
-            out["lm_head.weight"] = t
-        elif ".decoder." in name:
-            layer = f"model.layers.{name.split('.')[2]}."
-            leaf = name.split(".", 3)[3]
-            if leaf == "attn.qkv_proj.weight":
-                q, k, v = t.split([q_rows, kv_rows, kv_rows])
-                out[layer + "self_attn.q_proj.weight"], out[layer + "self_attn.k_proj.weight"] = q, k
-                out[layer + "self_attn.v_proj.weight"] = v
-            elif leaf == "mlp.gate_up_proj.weight":
-                gate, up = t.split([shape.intermediate_size, shape.intermediate_size])
-                out[layer + "mlp.gate_proj.weight"], out[layer + "mlp.up_proj.weight"] = gate, up
-            else:
-                out[layer + leaf.replace("attn.o_proj", "self_attn.o_proj")] = t
-        else:
-            raise AssertionError(f"unmapped nanotron parameter {name}")
-    return out
+    """main's Llama tensors (weights or gradients) under the torch engine's names (transformers'): both rotate q and
+    k the same way for either `rope_interleaved`, so no rows move."""
+    return as_transformers(named, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size)
 
 
 def engines(runs: list[dict]) -> list[dict]:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from nanotron_names import as_transformers as named_as_transformers
 
 from launcher.config.layout import check_layout
 from launcher.config.shape import ModelShape
@@ -97,40 +98,15 @@ def nanotron_llama(nanotron: SimpleNamespace, context: Any, dtype: torch.dtype, 
 def as_transformers(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """nanotron Llama tensors (weights or gradients) under transformers' names and layout.
 
-    nanotron's qkv_proj and gate_up_proj are fused; its rotary pairs channels (2i, 2i+1) of each head where
-    transformers' pairs (i, i + d/2), so q and k rows are reordered (q.k is unchanged by the same reordering of
-    both). v and o_proj are not rotated and keep their order.
+    nanotron 0.4's rotary pairs channels (2i, 2i+1) of each head where transformers' pairs (i, i + d/2), so q and
+    k rows are reordered (q.k is unchanged by the same reordering of both). v and o_proj are not rotated.
     """
-    h, heads, kv_heads, inter = SHAPE.hidden_size, SHAPE.num_heads, SHAPE.num_kv_heads, 64
-    d = h // heads
+    heads, kv_heads, d = SHAPE.num_heads, SHAPE.num_kv_heads, SHAPE.hidden_size // SHAPE.num_heads
 
     def unpair(rows: torch.Tensor, n: int) -> torch.Tensor:
         return rows.view(n, d // 2, 2, -1).transpose(1, 2).reshape(n * d, -1)
 
-    out = {}
-    for name, t in named.items():
-        name = name.replace(".pp_block", "")
-        if name.endswith("token_embedding.weight"):
-            out["model.embed_tokens.weight"] = t
-        elif name == "model.final_layer_norm.weight":
-            out["model.norm.weight"] = t
-        elif name == "model.lm_head.weight":
-            out["lm_head.weight"] = t
-        elif ".decoder." in name:
-            layer = f"model.layers.{name.split('.')[2]}."
-            leaf = name.split(".", 3)[3]
-            if leaf == "attn.qkv_proj.weight":
-                q, k, v = t.split([heads * d, kv_heads * d, kv_heads * d])
-                out[layer + "self_attn.q_proj.weight"] = unpair(q, heads)
-                out[layer + "self_attn.k_proj.weight"] = unpair(k, kv_heads)
-                out[layer + "self_attn.v_proj.weight"] = v
-            elif leaf == "mlp.gate_up_proj.weight":
-                out[layer + "mlp.gate_proj.weight"], out[layer + "mlp.up_proj.weight"] = t.split([inter, inter])
-            else:
-                out[layer + leaf.replace("attn.o_proj", "self_attn.o_proj")] = t
-        else:
-            raise AssertionError(f"unmapped nanotron parameter {name}")
-    return out
+    return named_as_transformers(named, heads, kv_heads, d, 64, rotary=unpair)
 
 
 def test_nanotrons_llama_trains_through_the_stand_in_like_transformers_llama(
