@@ -11,7 +11,7 @@ set -euo pipefail
 
 PREFIX=/usr/local
 PACKAGES=(libslurm-dev squashfs-tools squashfuse fuse-overlayfs libbsd-dev libmd-dev libcap2-bin parallel pigz jq
-  zstd curl gcc make mmdebstrap tmux)  # tmux: the tests' terminal for --interactive
+  zstd curl gcc make mmdebstrap)
 IMAGE_LIBS=libstdc++6,libssl3,libffi8,libsqlite3-0,libreadline8,libuuid1,libexpat1,libnsl2,libbz2-1.0,liblzma5,zlib1g,procps,mawk
 
 # shellcheck source=scripts/lib.sh

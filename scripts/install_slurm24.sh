@@ -8,9 +8,10 @@
 set -euo pipefail
 
 # Slurm 24.11 and munge; what the tests and the jobs run (procps: ps/pkill, iproute2: ip, util-linux: unshare,
-# mount, runuser, flock; binutils: addr2line for torch's C++ stack traces); the shared libraries the host's Python
-# and its packages load (ssl, ffi, sqlite, lzma, bz2, zlib, readline, ncurses, expat).
-PACKAGES=slurmctld,slurmd,slurm-client,munge,procps,iproute2,util-linux,hostname,make,git,shellcheck,binutils
+# mount, runuser, flock; binutils: addr2line for torch's C++ stack traces; tmux: the terminal of the --interactive
+# test); the shared libraries the host's Python and its packages load (ssl, ffi, sqlite, lzma, bz2, zlib, readline,
+# ncurses, expat).
+PACKAGES=slurmctld,slurmd,slurm-client,munge,procps,iproute2,util-linux,hostname,make,git,shellcheck,binutils,tmux
 PACKAGES+=,ca-certificates,libssl3t64,libffi8,libsqlite3-0,liblzma5,libbz2-1.0,zlib1g,libreadline8t64,libncursesw6
 PACKAGES+=,libexpat1,libstdc++6,libgomp1
 CACHE=${SLURM24_CACHE:-/var/cache/nanotron-launcher}
@@ -25,11 +26,9 @@ if [[ $(id -u) -ne 0 ]]; then
     echo "error: building the Slurm 24.11 root filesystem needs root (mmdebstrap, chroot)" >&2
     exit 1
 fi
-export PATH="$PATH:/usr/sbin:/sbin" DEBIAN_FRONTEND=noninteractive
-if ! command -v mmdebstrap >/dev/null; then
-    apt-get -o DPkg::Lock::Timeout=900 install -y --no-install-recommends mmdebstrap \
-        || { apt-get update && apt-get -o DPkg::Lock::Timeout=900 install -y --no-install-recommends mmdebstrap; }
-fi
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+apt_install mmdebstrap
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.build.lock"
 flock 9

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from launcher_helpers import LAUNCHER
 from test_e2e_training import wait_for
 
@@ -16,6 +18,11 @@ class Terminal:
     """A real terminal: a tmux session on a server of its own, everything it shows copied to a file."""
 
     def __init__(self, tmp_path: Path, command: str) -> None:
+        if shutil.which("tmux") is None:
+            missing = "tmux is not installed (scripts/install_slurm.sh installs it)"
+            if os.environ.get("CI") == "true":
+                pytest.fail(missing)
+            pytest.skip(missing)
         self.socket, self.file = f"launcher-test-{os.getpid()}", tmp_path / "terminal.txt"
         self.tmux("new-session", "-d", "-s", "t", "-x", "200", "-y", "50", command)
         self.tmux("pipe-pane", "-t", "t", "-o", f"cat >> {shlex.quote(str(self.file))}")
