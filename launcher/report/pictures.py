@@ -152,14 +152,21 @@ def gpus_png(logs: list[dmon.DmonLog], png: Path, title: str) -> Path | None:
     for ax in axes[1]:
         ax.xaxis.set_major_formatter(DateFormatter("%H:%M"))
         ax.set_xlabel(f"time on {_first_time(logs):%Y-%m-%d} (nvidia-smi dmon samples)")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
     more = f" (+{len(logs) - MAX_LEGEND_NODES} more)" if len(logs) > MAX_LEGEND_NODES else ""
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(labels), 6),
-               frameon=False, fontsize=9, title=f"line: a node's mean over its GPUs, band: their range{more}",
-               title_fontsize=9)  # fmt: skip
     gpus = sum(len(log.gpus) for log in logs)
-    fig.suptitle(f"{title}: {gpus} GPUs on {len(logs)} node(s)", fontsize=12)
-    fig.tight_layout(rect=(0, 0, 1, 0.91))
+    return _legend_and_save(fig, axes, png, f"{title}: {gpus} GPUs on {len(logs)} node(s)", 0.91,
+                            f"line: a node's mean over its GPUs, band: their range{more}", 6, 9)  # fmt: skip
+
+
+def _legend_and_save(fig, axes, png: Path, suptitle: str, top: float, legend: str, ncol: int, size: int) -> Path:  # type: ignore[no-untyped-def]
+    """The figure's legend (from its first panel) and title above the panels, then the file."""
+    import matplotlib.pyplot as plt
+
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(labels), ncol) or 1,
+               frameon=False, fontsize=size, title=legend, title_fontsize=9)  # fmt: skip
+    fig.suptitle(suptitle, fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, top))
     fig.savefig(png)
     plt.close(fig)
     return png
@@ -249,15 +256,9 @@ def cluster_png(nodes: list[dmon.Binned], png: Path, title: str) -> Path | None:
     for ax in axes[1]:
         ax.xaxis.set_major_formatter(DateFormatter("%H:%M"))
         ax.set_xlabel(f"time on {first.start:%Y-%m-%d} ({first.width:.0f} s bins of nvidia-smi dmon samples)")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=4, frameon=False, fontsize=8,
-               title=f"each node: its GPUs' mean; the {SLOWEST} least busy by name", title_fontsize=9)  # fmt: skip
     gpus = sum(len(n.gpus) for n in nodes)
-    fig.suptitle(f"{title}: {gpus} GPUs on {len(nodes)} nodes", fontsize=12)
-    fig.tight_layout(rect=(0, 0, 1, 0.88))
-    fig.savefig(png)
-    plt.close(fig)
-    return png
+    return _legend_and_save(fig, axes, png, f"{title}: {gpus} GPUs on {len(nodes)} nodes", 0.88,
+                            f"each node: its GPUs' mean; the {SLOWEST} least busy by name", 4, 8)  # fmt: skip
 
 
 def gpus_picture(log_dir: Path, job_id: str, png: Path, title: str) -> Path | None:
