@@ -11,9 +11,9 @@ from typing import NamedTuple
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
 from launcher.config import container, figures, fit, flags, validate
-from launcher.config.problems import Problem, report
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
+from launcher.problems import Problem, report
 from launcher.report import summary
 from launcher.slurm import interactive, preflight
 

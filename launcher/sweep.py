@@ -25,7 +25,7 @@ from launcher import atomic, usage
 from launcher import protocol as P
 from launcher.bundle import files, manifest
 from launcher.config import flags
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 from launcher.report import plots as plotting
 from launcher.slurm.follow import Cadence, LogTail, Watched, watch
 from launcher.slurm.parse import JobState

@@ -10,10 +10,10 @@ from pathlib import Path
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, paths_for
 from launcher.config.flags import parse
-from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec, resolve
 from launcher.config.schema import build_config
 from launcher.config.validate import validate
+from launcher.problems import Problem
 from launcher.slurm import preflight
 
 ROOT = Path(__file__).resolve().parent.parent

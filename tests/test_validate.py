@@ -11,10 +11,10 @@ from launcher_helpers import spec_for
 
 from launcher.config.flags import flag_names
 from launcher.config.layout import check_layout
-from launcher.config.problems import report
 from launcher.config.shape import ModelShape
 from launcher.config.slurm_values import time_limit_seconds
 from launcher.config.validate import validate
+from launcher.problems import report
 
 
 def problems_for(*flags: str) -> list:

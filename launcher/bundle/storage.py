@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from launcher.config.figures import MIN_BYTES_PER_PARAMETER, human_bytes
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 
 def nearest_existing(path: Path) -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 KINDS = ("after", "afterany", "afterok", "afternotok", "aftercorr", "afterburstbuffer")
 # Slurm's grammar as slurmctld parses it (update_job_dependency), in ASCII: `[0-9]`, as `\d` would take '١٢'.

@@ -10,7 +10,7 @@ from typing import Any
 
 from launcher.config import dialect, schema, stages
 from launcher.config.flags import ModelArgs
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 OTHER_MODELS = {"is_qwen2_config": "Qwen2", "is_starcoder2_config": "Starcoder2"}
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-from launcher.config.secrets_guard import redact
+from launcher.secrets_guard import redact
 
 if TYPE_CHECKING:
     from simple_parsing import ArgumentParser

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import yaml
 
 from launcher.config.presets import CONFIGS_DIR, YAML_LOADER
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 GPUS_FILE = CONFIGS_DIR / "gpus.yaml"
 DEFAULT = "h100"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from launcher.config.problems import Problem
 from launcher.config.shape import ModelShape
+from launcher.problems import Problem
 
 
 def divisors(n: int) -> list[int]:

@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any
 
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 EXAMPLE = "--dataset /data/web:1.0,/data/code:0.5"
 

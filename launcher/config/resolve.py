@@ -24,9 +24,9 @@ from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
 from launcher.config.gpus import GpuChoice, from_flags
 from launcher.config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
-from launcher.config.problems import Problem
 from launcher.config.schema import get_path
 from launcher.config.shape import ModelShape, from_model_config
+from launcher.problems import Problem
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.config import dialect, mixture
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 EXAMPLE = '--data_stages "anneal@900=/data/hq"'
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

@@ -31,10 +31,8 @@ from launcher.config import (
 from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS
 from launcher.config.layout import check_layout
-from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.config.schema import train_split
-from launcher.config.secrets_guard import has_secret_value, secret_assignments
 from launcher.config.slurm_values import (
     EMAIL,
     NO_TIME_LIMIT,
@@ -44,6 +42,8 @@ from launcher.config.slurm_values import (
     TIME_LIMIT,
     time_limit_seconds,
 )
+from launcher.problems import Problem
+from launcher.secrets_guard import has_secret_value, secret_assignments
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 SEED_MAX = 2**32 - 1  # numpy's seed range

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from launcher.config.dependency_syntax import parse
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 from launcher.slurm.parse import JobState
 
 NEVER_SATISFIED = "DependencyNeverSatisfied"  # Slurm's reason for a dependency that can no longer be met

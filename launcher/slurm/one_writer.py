@@ -15,8 +15,8 @@ from pathlib import Path
 from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.config import dependency_syntax
-from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
+from launcher.problems import Problem
 from launcher.slurm import client
 
 

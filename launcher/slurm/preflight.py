@@ -20,9 +20,9 @@ from pathlib import Path
 
 from launcher.bundle import storage
 from launcher.config import dependency_syntax, dialect, figures, gpus
-from launcher.config.problems import Problem
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
+from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")

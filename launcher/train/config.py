@@ -17,9 +17,9 @@ import yaml
 from launcher.config.dialect import is_main, stages_of, to_canonical
 from launcher.config.layout import check_layout
 from launcher.config.mixture import to_flag
-from launcher.config.problems import Problem
 from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
 from launcher.config.shape import ModelShape, from_model_config
+from launcher.problems import Problem
 
 
 @dataclass(frozen=True)

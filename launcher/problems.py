@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.config.secrets_guard import redact
+from launcher.secrets_guard import redact
 
 
 @dataclass(frozen=True)
