@@ -57,8 +57,8 @@ def write_config(case: str, steps: int, micro_batch: int, work: Path, save_inter
     without `save_interval`, only the last step is saved."""
     from launcher.config.flags import parse
     from launcher.config.resolve import resolve
-    from launcher.config.schema import build_config, dump
     from launcher.config.validate import validate
+    from launcher.nanotron_config.schema import build_config, dump
 
     preset, seq, data = case.split(":")
     work.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from launcher.config import gpus  # noqa: E402
 from launcher.config.memory import Layout  # noqa: E402
 from launcher.config.planner import search  # noqa: E402
-from launcher.config.shape import ModelShape  # noqa: E402
+from launcher.nanotron_config import gpus  # noqa: E402
+from launcher.nanotron_config.shape import ModelShape  # noqa: E402
 
 MODELS = {
     "70b": ModelShape(8192, 28672, 80, 64, 8, 128256, 4096),

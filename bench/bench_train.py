@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
-from launcher.config.shape import ModelShape  # noqa: E402
+from launcher.nanotron_config.shape import ModelShape  # noqa: E402
 from launcher.train.config import LRSchedule, TrainConfig  # noqa: E402
 from launcher.train.model import count_parameters, flops_per_token, peak_flops  # noqa: E402
 from launcher.train.torch_engine import Rank, TorchTrainer, init_distributed  # noqa: E402

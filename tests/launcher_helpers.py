@@ -11,8 +11,8 @@ from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, paths_for
 from launcher.config.flags import parse
 from launcher.config.resolve import RunSpec, resolve
-from launcher.config.schema import build_config
 from launcher.config.validate import validate
+from launcher.nanotron_config.schema import build_config
 from launcher.problems import Problem
 from launcher.slurm import preflight
 

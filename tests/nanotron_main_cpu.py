@@ -138,7 +138,7 @@ def llama(rope_interleaved: bool, dtype: str) -> dict:
     from nanotron.parallel import ParallelContext
     from nanotron.trainer import mark_tied_parameters
 
-    from launcher.config.shape import ModelShape
+    from launcher.nanotron_config.shape import ModelShape
     from launcher.train.llama import LlamaForCausalLM
 
     shape = ModelShape(32, 64, 2, 4, 2, 96, 32, rms_norm_eps=1e-5, rope_theta=500000.0,

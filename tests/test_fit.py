@@ -12,10 +12,11 @@ import yaml
 from launcher_helpers import spec_for
 
 from launcher import launch
-from launcher.config import fit, gpus
+from launcher.config import fit
 from launcher.config.memory import GIB, estimate
 from launcher.config.validate import validate
 from launcher.errors import ConfigError
+from launcher.nanotron_config import gpus
 from launcher.slurm import client, preflight
 
 EIGHT_B_ON_ONE_NODE = ("--model_size", "8b", "--nodes", "1", "--gpus_per_node", "8", "--tp", "1", "--dataset", "none")
@@ -148,7 +149,7 @@ def test_a_config_warmup_is_a_choice(tmp_path: Path):
 def test_planner_choices_reach_the_config_and_nanotrons_parser(tmp_path: Path):
     from launcher_helpers import config_of
 
-    from launcher.config import schema
+    from launcher.nanotron_config import schema
     from launcher.train.nanotron_compat import import_nanotron_config
 
     spec, problems = spec_for("--nodes", "1", "--tp", "2", "--pp", "2", "--zero_stage", "1", "--pp_engine", "AFAB",

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config.shape import ModelShape
 from launcher.train.model import build_model, init_like_nanotron, llama_config
 
 SHAPE = ModelShape(hidden_size=64, intermediate_size=160, num_layers=2, num_heads=8, num_kv_heads=2, vocab_size=97,
@@ -55,7 +55,7 @@ def test_the_engine_does_not_import_transformers_to_train():
     code = (
         "import sys\n"
         "from launcher.train.model import build_model\n"
-        "from launcher.config.shape import ModelShape\n"
+        "from launcher.nanotron_config.shape import ModelShape\n"
         f"build_model(ModelShape(**{dataclasses.asdict(SHAPE)!r}), 0.02, 0)\n"
         "print('transformers' in sys.modules)\n"
     )

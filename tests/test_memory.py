@@ -20,7 +20,7 @@ from launcher.config.memory import (
     stage_params,
     stages,
 )
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config.shape import ModelShape
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "planning.md"
 V = 131072

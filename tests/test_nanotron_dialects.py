@@ -16,10 +16,10 @@ from conftest import tiny_config
 from launcher_helpers import config_of, spec_for
 from nanotron_main import judge, python_with_main, source
 
-from launcher.config import dialect, schema
-from launcher.config.presets import preset_names
 from launcher.config.validate import validate
 from launcher.errors import TrainError
+from launcher.nanotron_config import dialect, schema
+from launcher.nanotron_config.presets import preset_names
 from launcher.train import config as train_config
 from launcher.train.nanotron_compat import import_nanotron_config
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import tiny_config
 from nanotron_main import on_cpu
 
-from launcher.config import dialect, schema
+from launcher.nanotron_config import dialect, schema
 from launcher.train import packcache
 from launcher.train.nanotron_trainer import POINTER
 from launcher.train.stop import STOP_MESSAGE

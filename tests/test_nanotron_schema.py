@@ -8,9 +8,9 @@ import pytest
 import yaml
 from launcher_helpers import config_of, spec_for
 
-from launcher.config import schema
-from launcher.config.presets import preset_names
 from launcher.config.validate import validate
+from launcher.nanotron_config import schema
+from launcher.nanotron_config.presets import preset_names
 from launcher.train import config as train_config
 from launcher.train.nanotron_compat import import_nanotron_config
 

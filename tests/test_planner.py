@@ -14,11 +14,11 @@ from test_dry_run import HEAVY
 from test_memory import B1, B3, B8, B80, DOC, V
 
 from launcher import launch
-from launcher.config import gpus
-from launcher.config.layout import check_layout
 from launcher.config.memory import Layout
 from launcher.config.planner import evaluate, search
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config import gpus
+from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.shape import ModelShape
 
 GOLDEN = Path(__file__).parent / "golden"
 H100 = gpus.table()["h100"]

@@ -12,8 +12,8 @@ import pytest
 from launcher_helpers import fixed_paths, spec_for
 
 from launcher.bundle import render
-from launcher.config.presets import preset_names
 from launcher.config.validate import validate
+from launcher.nanotron_config.presets import preset_names
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parent.parent

@@ -614,7 +614,7 @@ def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, 
 def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from launcher.config.shape import ModelShape
+    from launcher.nanotron_config.shape import ModelShape
     from launcher.train.model import WithLoss, build_model, compile_for_gpu
 
     shape = ModelShape(32, 64, 2, 4, 2, 128, 64, tie_word_embeddings=True, rms_norm_eps=1e-5)
@@ -682,7 +682,7 @@ def test_a_full_disk_is_found_behind_torch_saves_runtime_error() -> None:
 @pytest.mark.parametrize("key", ["h100", "h100_pcie", "h100_nvl", "h200", "a100"])
 def test_the_gpu_peak_the_mfu_uses_is_the_one_of_the_gpus_whole_name(monkeypatch: pytest.MonkeyPatch, key: str):
     """configs/gpus.yaml's peak for the name torch reports: the PCIe H100 is not taken for the SXM one."""
-    from launcher.config import gpus
+    from launcher.nanotron_config import gpus
     from launcher.train.model import peak_flops
 
     listed = yaml.safe_load(gpus.GPUS_FILE.read_text())

@@ -1,5 +1,5 @@
 """The bundle's rendered files, pure functions of the resolved spec and the bundle's paths: the nanotron config
-(`config_yaml`, through the flag table of `launcher.config.schema`), the sbatch script (`sbatch_script`, from
+(`config_yaml`, through the flag table of `launcher.nanotron_config.schema`), the sbatch script (`sbatch_script`, from
 templates/sbatch.sh.j2) and the node script every node runs (`node_script`, from templates/node.sh.j2).
 
 Every value that reaches the shell goes through `shlex.quote` (the `q` filter); values on #SBATCH lines are
@@ -19,10 +19,11 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
-from launcher.config import container, mixture, schema
-from launcher.config.datasource import is_local_path
+from launcher.config import container
 from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
+from launcher.nanotron_config import mixture, schema
+from launcher.nanotron_config.datasource import is_local_path
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60

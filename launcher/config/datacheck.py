@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.config.datasource import DATA_FILE_BUILDERS
+from launcher.nanotron_config.datasource import DATA_FILE_BUILDERS
 from launcher.problems import Problem
 
 STRING_TYPES = ("string", "large_string")  # the Value dtypes of a text column (datasets and arrow names)

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config.datasource import is_local_path
+from launcher.nanotron_config.datasource import is_local_path
 
 SAMPLE_BYTES = 1 << 20  # of text, tokenized
 BYTES_PER_TOKEN = 4.0  # without a tokenizer.json: English text under BPE vocabularies of 32k-128k

@@ -1,5 +1,5 @@
 """The launcher's rules where the two nanotron dialects differ: which model a --config may hold, the RoPE theta
-0.4 can write, and what a run written in 0.4's dialect cannot carry (pure; `launcher.config.dialect` has the
+0.4 can write, and what a run written in 0.4's dialect cannot carry (pure; `launcher.nanotron_config.dialect` has the
 dialects themselves)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from launcher.config import dialect, schema, stages
 from launcher.config.flags import ModelArgs
+from launcher.nanotron_config import dialect, schema, stages
 from launcher.problems import Problem
 
 OTHER_MODELS = {"is_qwen2_config": "Qwen2", "is_starcoder2_config": "Starcoder2"}

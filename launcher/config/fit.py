@@ -12,8 +12,8 @@ import dataclasses
 from launcher.config import planner
 from launcher.config.memory import GIB, Estimate, Layout, estimate
 from launcher.config.resolve import RunSpec
-from launcher.config.schema import get_path
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config.schema import get_path
+from launcher.nanotron_config.shape import ModelShape
 from launcher.problems import Problem
 
 MAX_MORE_NODES = 64  # "more nodes" looks this many times the job's size at most

@@ -26,7 +26,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config.shape import ModelShape
 
 GIB = 1024**3
 HEADROOM_CONTEXT = 1.0 * GIB  # CUDA context, cuBLAS workspaces, kernels

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from launcher.config.gpus import Gpu
-from launcher.config.layout import check_layout, divisors
 from launcher.config.memory import Estimate, Layout, estimate, padded_vocab, stage_params, stages
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config.gpus import Gpu
+from launcher.nanotron_config.layout import check_layout, divisors
+from launcher.nanotron_config.shape import ModelShape
 
 EFFICIENCY = 0.5  # achieved share of peak FLOP/s in nanotron's matmul-bound work (calibrated: docs/planning.md)
 HBM_EFFICIENCY = 0.8
@@ -173,7 +173,7 @@ def layouts(m: ModelShape, world: int, global_batch: int, fixed: dict[str, objec
 
 
 def refused(m: ModelShape, world: int, dp: int, tp: int, pp: int, *, grad_accum_steps: int) -> bool:
-    """Whether nanotron refuses the layout (`launcher.config.layout`, as validation applies it)."""
+    """Whether nanotron refuses the layout (`launcher.nanotron_config.layout`, as validation applies it)."""
     return bool(check_layout(m, world=world, dp=dp, tp=tp, pp=pp, grad_accum_steps=grad_accum_steps))
 
 

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from launcher.config import dialect, mixture, schema, stages
 from launcher.config import dialect_rules as rules
-from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
-from launcher.config.gpus import GpuChoice, from_flags
-from launcher.config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
-from launcher.config.schema import get_path
-from launcher.config.shape import ModelShape, from_model_config
+from launcher.nanotron_config import dialect, mixture, schema, stages
+from launcher.nanotron_config.datasource import is_local_path
+from launcher.nanotron_config.gpus import GpuChoice, from_flags
+from launcher.nanotron_config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
+from launcher.nanotron_config.schema import get_path
+from launcher.nanotron_config.shape import ModelShape, from_model_config
 from launcher.problems import Problem
 
 if TYPE_CHECKING:

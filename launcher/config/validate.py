@@ -4,7 +4,7 @@ It reads the spec and local files (a dataset, a tokenizer, the training script),
 phase, `launcher.slurm.preflight`, asks the world as it is now (output directories, disk, the jobs a dependency
 names, Slurm's verdict). `launcher.launch.check` runs both and reports every problem at once.
 
-The model/parallelism rules live in `launcher.config.layout`, shared with the training job, so the launcher and
+The model/parallelism rules live in `launcher.nanotron_config.layout`, shared with the training job, so the launcher and
 the trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing
 line break is not a safe run name.
 """
@@ -17,22 +17,9 @@ import os
 import re
 import subprocess
 
-from launcher.config import (
-    container,
-    datacheck,
-    dependency_syntax,
-    dialect_rules,
-    extra_env,
-    fit,
-    hostlist,
-    mixture,
-    stages,
-)
-from launcher.config.datasource import is_local_path
+from launcher.config import container, datacheck, dependency_syntax, dialect_rules, extra_env, fit, hostlist
 from launcher.config.flags import GROUPS
-from launcher.config.layout import check_layout
 from launcher.config.resolve import RunSpec
-from launcher.config.schema import train_split
 from launcher.config.slurm_values import (
     EMAIL,
     NO_TIME_LIMIT,
@@ -42,6 +29,10 @@ from launcher.config.slurm_values import (
     TIME_LIMIT,
     time_limit_seconds,
 )
+from launcher.nanotron_config import mixture, stages
+from launcher.nanotron_config.datasource import is_local_path
+from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.schema import train_split
 from launcher.problems import Problem
 from launcher.secrets_guard import has_secret_value, secret_assignments
 

@@ -19,9 +19,10 @@ import dataclasses
 from pathlib import Path
 
 from launcher.bundle import storage
-from launcher.config import dependency_syntax, dialect, figures, gpus
+from launcher.config import dependency_syntax, figures
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
+from launcher.nanotron_config import dialect, gpus
 from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer
 

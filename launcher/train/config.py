@@ -1,8 +1,8 @@
 """What the training job needs to know about a run, and how it reads that from the run's nanotron YAML.
 
-`load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.config.dialect`), into a
-`TrainConfig`; the engines (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this.
-`check_train_config` holds the config to the launcher's own layout rules (`launcher.config.layout`) against the
+`load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.nanotron_config.dialect`),
+into a `TrainConfig`; the engines (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this.
+`check_train_config` holds the config to the launcher's own layout rules (`launcher.nanotron_config.layout`) against the
 processes torchrun actually started.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from launcher.config.dialect import is_main, stages_of, to_canonical
-from launcher.config.layout import check_layout
-from launcher.config.mixture import to_flag
-from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
-from launcher.config.shape import ModelShape, from_model_config
+from launcher.nanotron_config.dialect import is_main, stages_of, to_canonical
+from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.mixture import to_flag
+from launcher.nanotron_config.schema import VOCAB_MULTIPLE, get_path, train_split
+from launcher.nanotron_config.shape import ModelShape, from_model_config
 from launcher.problems import Problem
 
 

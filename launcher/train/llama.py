@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config.shape import ModelShape
 
 
 class LlamaRMSNorm(nn.Module):

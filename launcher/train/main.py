@@ -11,8 +11,8 @@ import yaml
 
 from launcher import atomic
 from launcher import protocol as P
-from launcher.config import dialect
 from launcher.errors import ConfigError, TrainError
+from launcher.nanotron_config import dialect
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
 
 ENGINES = ("auto", "torch", "nanotron")

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.config import gpus
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config import gpus
+from launcher.nanotron_config.shape import ModelShape
 from launcher.train.llama import LlamaForCausalLM
 
 ROW_PARALLEL = ("o_proj", "down_proj")  # nanotron's TensorParallelRowLinear layers: scaled init

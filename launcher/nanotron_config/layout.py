@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config.shape import ModelShape
 from launcher.problems import Problem
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.config import dialect, mixture
+from launcher.nanotron_config import dialect, mixture
 from launcher.problems import Problem
 
 EXAMPLE = '--data_stages "anneal@900=/data/hq"'

@@ -1,6 +1,6 @@
 """nanotron's config as the launcher sees it: one table from flags to YAML paths, read both ways, for both dialects.
 
-- `FLAG_PATHS`: launcher flag -> its key path in the YAML, in nanotron 0.4's paths (`launcher.config.dialect`
+- `FLAG_PATHS`: launcher flag -> its key path in the YAML, in nanotron 0.4's paths (`launcher.nanotron_config.dialect`
   moves them to main's: `data` -> `data_stages[0].data`, Adam's settings -> `optimizer.optimizer_factory`). Every
   flag is either here or in `NOT_IN_CONFIG` (a test holds the two to the flag set), so a flag cannot quietly stop
   reaching the config.
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from launcher.config import dialect, mixture, stages
+from launcher.nanotron_config import dialect, mixture, stages
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
 

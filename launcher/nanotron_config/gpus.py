@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import yaml
 
-from launcher.config.presets import CONFIGS_DIR, YAML_LOADER
+from launcher.nanotron_config.presets import CONFIGS_DIR, YAML_LOADER
 from launcher.problems import Problem
 
 GPUS_FILE = CONFIGS_DIR / "gpus.yaml"
