@@ -10,9 +10,10 @@ from typing import NamedTuple
 
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
-from launcher.config import container, figures, fit, flags, validate
+from launcher.config import container, flags, validate
 from launcher.config.resolve import RunSpec, resolve
 from launcher.errors import ConfigError, LauncherError, SubmissionError
+from launcher.perf import figures, fit
 from launcher.problems import Problem, report
 from launcher.report import summary
 from launcher.slurm import interactive, preflight
@@ -50,6 +51,7 @@ def check(argv: list[str], parsed: flags.Parsed | None = None) -> tuple[RunSpec,
         spec, chosen = fit.auto_layout(spec, explicit)
         problems += chosen
     problems += validate.validate(spec)
+    problems += fit.problems(spec, problems)
     problems += preflight.problems(spec, problems, ask_slurm=not args.execution.dry_run)
     return spec, problems
 

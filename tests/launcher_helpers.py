@@ -13,6 +13,7 @@ from launcher.config.flags import parse
 from launcher.config.resolve import RunSpec, resolve
 from launcher.config.validate import validate
 from launcher.nanotron_config.schema import build_config
+from launcher.perf import fit
 from launcher.problems import Problem
 from launcher.slurm import preflight
 
@@ -30,6 +31,7 @@ def spec_for(*flags: str, cwd: Path | None = None) -> tuple[RunSpec, list]:
 def all_problems(spec: RunSpec, problems: list[Problem]) -> list[Problem]:
     """`problems` (resolution's) and every problem both validation phases find, as a dry run checks them."""
     problems = problems + validate(spec)
+    problems += fit.problems(spec, problems)
     return problems + preflight.problems(spec, problems, ask_slurm=False)
 
 

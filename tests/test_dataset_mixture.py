@@ -16,8 +16,8 @@ from conftest import tiny_config
 from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
 
-from launcher.config.figures import derived
 from launcher.nanotron_config import schema
+from launcher.perf.figures import derived
 from launcher.report.summary import _data_note
 from launcher.train import packcache
 from launcher.train.config import to_train_config

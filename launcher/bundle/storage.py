@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from launcher.config.figures import MIN_BYTES_PER_PARAMETER, human_bytes
+from launcher.perf.figures import MIN_BYTES_PER_PARAMETER, human_bytes
 from launcher.problems import Problem
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dependency_syntax, dialect_rules, extra_env, fit, hostlist
+from launcher.config import container, datacheck, dependency_syntax, dialect_rules, extra_env, hostlist
 from launcher.config.flags import GROUPS
 from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import (
@@ -296,8 +296,6 @@ def validate(spec: RunSpec) -> list[Problem]:
     )
     layout += _check_modes(spec) + dialect_rules.written_problems(spec.flag_values(), spec.base_config)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
-    if fit.checkable(spec, checks):
-        checks += fit.memory_problems(spec)
     return _check_secrets(spec) + checks
 
 

@@ -19,10 +19,11 @@ import dataclasses
 from pathlib import Path
 
 from launcher.bundle import storage
-from launcher.config import dependency_syntax, figures
+from launcher.config import dependency_syntax
 from launcher.config.resolve import RunSpec
 from launcher.errors import SlurmUnavailable
 from launcher.nanotron_config import dialect, gpus
+from launcher.perf import figures
 from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer
 

@@ -1,5 +1,5 @@
 """The parallelism planner: every layout nanotron accepts for a model, a job and a global batch, with its memory
-(`launcher.config.memory`) and an estimated step time, best first. Pure, no torch: 1024 nodes x 8 GPUs in well
+(`launcher.perf.memory`) and an estimated step time, best first. Pure, no torch: 1024 nodes x 8 GPUs in well
 under a second (bench/bench_plan.py).
 
 The step-time model, per optimizer step (docs/planning.md has the assumptions and how they compare with
@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from launcher.config.memory import Estimate, Layout, estimate, padded_vocab, stage_params, stages
 from launcher.nanotron_config.gpus import Gpu
 from launcher.nanotron_config.layout import check_layout, divisors
 from launcher.nanotron_config.shape import ModelShape
+from launcher.perf.memory import Estimate, Layout, estimate, padded_vocab, stage_params, stages
 
 EFFICIENCY = 0.5  # achieved share of peak FLOP/s in nanotron's matmul-bound work (calibrated: docs/planning.md)
 HBM_EFFICIENCY = 0.8

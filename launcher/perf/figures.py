@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from launcher.config import datasize, fit
-from launcher.config.memory import estimate
 from launcher.config.resolve import RunSpec
 from launcher.nanotron_config import mixture, schema, stages
 from launcher.nanotron_config.schema import train_split
 from launcher.nanotron_config.shape import ModelShape
+from launcher.perf import datasize, fit
+from launcher.perf.memory import estimate
 
 BYTES_PER_PARAMETER = 14  # nanotron's checkpoint: what the summary plans with
 MIN_BYTES_PER_PARAMETER = 12  # what either engine writes at least: what a refusal is based on

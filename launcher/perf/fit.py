@@ -1,6 +1,6 @@
 """Does the run fit its GPUs? The memory check of every launch, its fixes, and `--layout auto`. Pure.
 
-The estimate is `launcher.config.memory`'s, for the config the launcher writes (the flags, and the base or
+The estimate is `launcher.perf.memory`'s, for the config the launcher writes (the flags, and the base or
 --config YAML's other settings); the GPU is the spec's (flags, the cluster's GRES type, or the default). A layout
 estimated not to fit is a problem like any other, and every fix it names has been estimated to fit.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from launcher.config import planner
-from launcher.config.memory import GIB, Estimate, Layout, estimate
 from launcher.config.resolve import RunSpec
 from launcher.nanotron_config.schema import get_path
 from launcher.nanotron_config.shape import ModelShape
+from launcher.perf import planner
+from launcher.perf.memory import GIB, Estimate, Layout, estimate
 from launcher.problems import Problem
 
 MAX_MORE_NODES = 64  # "more nodes" looks this many times the job's size at most
@@ -57,6 +57,11 @@ def describe(est: Estimate) -> str:
     """'62.1 GiB (weights 3.7, gradients 11.2, ... headroom 5.2)'."""
     parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in est.parts.items())
     return f"{gib(est.total)} ({parts}, headroom {est.headroom / GIB:.1f})"
+
+
+def problems(spec: RunSpec, found: list[Problem]) -> list[Problem]:
+    """The memory check of the pure phase, once the other checks (`found`: theirs) leave the layout estimable."""
+    return memory_problems(spec) if checkable(spec, found) else []
 
 
 def memory_problems(spec: RunSpec) -> list[Problem]:
