@@ -151,7 +151,7 @@ def main() -> None:
     if args.steps < 30 or args.warmup >= args.steps:
         fail("--steps must be at least 30 and more than --warmup")
     from launcher.train import flash_attn_compat
-    from launcher.train.model import peak_flops
+    from launcher.train.metrics import peak_flops
 
     peak = peak_flops(torch.device("cuda"))
     if peak is None:

@@ -683,7 +683,7 @@ def test_a_full_disk_is_found_behind_torch_saves_runtime_error() -> None:
 def test_the_gpu_peak_the_mfu_uses_is_the_one_of_the_gpus_whole_name(monkeypatch: pytest.MonkeyPatch, key: str):
     """configs/gpus.yaml's peak for the name torch reports: the PCIe H100 is not taken for the SXM one."""
     from launcher.nanotron_config import gpus
-    from launcher.train.model import peak_flops
+    from launcher.train.metrics import peak_flops
 
     listed = yaml.safe_load(gpus.GPUS_FILE.read_text())
     names = [n for entry in listed.values() for n in entry.get("device_names", [])]

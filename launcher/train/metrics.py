@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from launcher import protocol as P
 from launcher.errors import TrainError
+from launcher.nanotron_config import gpus
 from launcher.train.config import TrainConfig
 
 
@@ -86,6 +89,15 @@ class Reporter:
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak FLOP/s of this GPU, as configs/gpus.yaml gives it for the device's name; None on CPU or
+    a GPU the file does not list."""
+    if device.type != "cuda":
+        return None
+    gpu = gpus.from_device_name(torch.cuda.get_device_name(device))
+    return None if gpu is None else gpu.tflops * 1e12
 
 
 WANDB_FIX = "run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.nanotron_config import gpus
 from launcher.nanotron_config.shape import ModelShape
 from launcher.train.llama import LlamaForCausalLM
 
@@ -123,12 +122,3 @@ def flops_per_token(model: nn.Module, shape: ModelShape, sequence_length: int) -
     """Training FLOPs per token: 6 x (weights used in matmuls, lm_head included) + 12 x layers x hidden x seq."""
     matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     return 6.0 * matmul_weights + 12.0 * shape.num_layers * shape.hidden_size * sequence_length
-
-
-def peak_flops(device: torch.device) -> float | None:
-    """The dense bf16 peak FLOP/s of this GPU, as configs/gpus.yaml gives it for the device's name; None on CPU or
-    a GPU the file does not list."""
-    if device.type != "cuda":
-        return None
-    gpu = gpus.from_device_name(torch.cuda.get_device_name(device))
-    return None if gpu is None else gpu.tflops * 1e12

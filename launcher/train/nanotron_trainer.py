@@ -43,8 +43,7 @@ from launcher import atomic
 from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
-from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics
-from launcher.train.model import peak_flops
+from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics, peak_flops
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 

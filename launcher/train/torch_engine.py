@@ -28,8 +28,8 @@ from launcher.errors import TrainError
 from launcher.train import checkpoint, packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import MicroBatches, StagedBatches, build_micro_batches, build_windows
-from launcher.train.metrics import Reporter, StepMetrics
-from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token, peak_flops
+from launcher.train.metrics import Reporter, StepMetrics, peak_flops
+from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token
 from launcher.train.resume import resume
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
