@@ -150,8 +150,8 @@ def main() -> None:
                  "engine needs CUDA and NCCL); run it on a GPU node, see docs/nanotron-gpu.md")  # fmt: skip
     if args.steps < 30 or args.warmup >= args.steps:
         fail("--steps must be at least 30 and more than --warmup")
-    from launcher.train import flash_attn_compat
     from launcher.train.metrics import peak_flops
+    from launcher.train.nanotron_engine import flash_attn_compat
 
     peak = peak_flops(torch.device("cuda"))
     if peak is None:

@@ -31,8 +31,8 @@ import yaml  # noqa: E402
 from launcher.nanotron_config.shape import ModelShape  # noqa: E402
 from launcher.train.config import LRSchedule, TrainConfig  # noqa: E402
 from launcher.train.metrics import peak_flops  # noqa: E402
-from launcher.train.model import count_parameters, flops_per_token  # noqa: E402
-from launcher.train.torch_engine import Rank, TorchTrainer, init_distributed  # noqa: E402
+from launcher.train.torch_engine.engine import Rank, TorchTrainer, init_distributed  # noqa: E402
+from launcher.train.torch_engine.model import count_parameters, flops_per_token  # noqa: E402
 
 STEPS = {"tiny": 10, "small": 3}  # timed steps per preset (after the warm-up steps); others: 3
 

@@ -27,7 +27,8 @@ from launcher.slurm import client
 DEAF_TO_NOTICES = """
 import ctypes, os, runpy, signal, sys, time
 sys.path.insert(0, {root!r})
-from launcher.train import stop, torch_engine
+from launcher.train import stop
+from launcher.train.torch_engine import engine as torch_engine
 
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 first = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"

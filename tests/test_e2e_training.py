@@ -241,7 +241,7 @@ PACED_TRAIN = """
 # no longer depends on how fast or loaded the machine is (the test's timing needs that, the product does not).
 import runpy, sys, time
 sys.path.insert(0, {root!r})
-from launcher.train import torch_engine
+from launcher.train.torch_engine import engine as torch_engine
 
 step = torch_engine.TorchTrainer.train_step
 

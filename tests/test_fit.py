@@ -150,7 +150,7 @@ def test_planner_choices_reach_the_config_and_nanotrons_parser(tmp_path: Path):
     from launcher_helpers import config_of
 
     from launcher.nanotron_config import schema
-    from launcher.train.nanotron_compat import import_nanotron_config
+    from launcher.train.nanotron_engine.compat import import_nanotron_config
 
     spec, problems = spec_for("--nodes", "1", "--tp", "2", "--pp", "2", "--zero_stage", "1", "--pp_engine", "AFAB",
                               "--tp_mode", "all_reduce", "--dataset", "none")  # fmt: skip

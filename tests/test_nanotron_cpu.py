@@ -22,8 +22,9 @@ from nanotron_names import as_transformers as named_as_transformers
 
 from launcher.nanotron_config.layout import check_layout
 from launcher.nanotron_config.shape import ModelShape
-from launcher.train import flash_attn_compat, nanotron_compat
-from launcher.train.model import llama_config
+from launcher.train.nanotron_engine import compat as nanotron_compat
+from launcher.train.nanotron_engine import flash_attn_compat
+from launcher.train.torch_engine.model import llama_config
 
 SHAPE = ModelShape(32, 64, 2, 4, 2, 96, 32, rms_norm_eps=1e-5)
 

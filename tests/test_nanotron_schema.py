@@ -12,7 +12,7 @@ from launcher.config.validate import validate
 from launcher.nanotron_config import schema
 from launcher.nanotron_config.presets import preset_names
 from launcher.train import config as train_config
-from launcher.train.nanotron_compat import import_nanotron_config
+from launcher.train.nanotron_engine.compat import import_nanotron_config
 
 PRESET_JOBS = {"70b": ("--nodes", "4"), "13b": ("--nodes", "1"), "7b": ("--nodes", "1"), "8b": ("--nodes", "1")}
 
@@ -98,7 +98,7 @@ def test_unreadable_config_is_a_problem(tmp_path: Path):
 def test_nanotron_engine_resumes_from_the_runs_own_checkpoints(tmp_path: Path, nanotron_config):
     """nanotron 0.4 resumes only from resume_checkpoint_path, which a generated config leaves empty: once the run
     has a checkpoint (nanotron's latest.txt), the engine hands nanotron a copy that points there."""
-    from launcher.train.nanotron_engine import resumable_config
+    from launcher.train.nanotron_engine.engine import resumable_config
 
     spec, _ = spec_for("--model_size", "tiny")
     original = write(spec, tmp_path)

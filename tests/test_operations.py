@@ -25,7 +25,7 @@ from launcher.slurm.parse import parse_scontrol
 HANGS_ON = """
 import os, runpy, sys, time
 sys.path.insert(0, {root!r})
-from launcher.train import torch_engine
+from launcher.train.torch_engine import engine as torch_engine
 
 step = torch_engine.TorchTrainer.train_step
 

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from launcher.train import checkpoint, stop
+from launcher.train import stop
+from launcher.train.torch_engine import checkpoint
 
 
 def rank_looks(rank: int, world: int, store_path: str, stop_file: str, counts: dict) -> None:
@@ -72,7 +73,7 @@ class Where:
 
 
 def rank_saves_and_resumes(rank: int, world: int, store_path: str, root: str, counts: dict) -> None:
-    from launcher.train import checkpoint, resume
+    from launcher.train.torch_engine import checkpoint, resume
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     torch.manual_seed(100 + rank)  # each rank's own RNG state

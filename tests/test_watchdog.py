@@ -1,4 +1,4 @@
-"""The hang verdict (launcher/train/watchdog.py --suspects) on thousands of synthetic py-spy dumps: the node whose
+"""The hang verdict (launcher/node/watchdog.py --suspects) on thousands of synthetic py-spy dumps: the node whose
 processes differ from the great majority, not every node whose stacks lack a collective's name."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from synthetic_stacks import IN_COLLECTIVE, node_name, write_dumps
 
-from launcher.train import watchdog
+from launcher.node import watchdog
 
 
 def test_the_odd_node_out_of_2000_processes_waiting_host_side(tmp_path: Path):

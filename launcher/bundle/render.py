@@ -24,6 +24,7 @@ from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
+from launcher.node import nodecheck, watchdog
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -56,7 +57,7 @@ def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
     return schema.dump(schema.build_config(spec.flag_values(), spec.base_config, str(paths.checkpoints)))
 
 
-JOB_HELPERS = Path(__file__).resolve().parents[1] / "train"  # run by path with the job's Python: stdlib only
+PROJECT = Path(__file__).resolve().parents[2]  # the directory holding the launcher package: the node helpers' path
 
 
 def _modules(spec: RunSpec) -> str:
@@ -84,7 +85,7 @@ def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
     if not c.container_image:
         return []
     touched = [str(paths.bundle_dir), str(paths.script.parent), str(paths.log.parent), str(paths.checkpoints)]
-    touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(JOB_HELPERS.parents[1])]
+    touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(PROJECT)]
     touched += [v for v in _local_inputs(spec, paths)[2:]]
     touched += container.python_prefixes(_python(spec))
     return container.srun_options(
@@ -118,7 +119,8 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "progress_file": paths.progress_file,
         "preflight_report": paths.preflight_report,
         "port_taken_file": paths.port_taken_file,
-        "nodecheck": JOB_HELPERS / "nodecheck.py",
+        "project": PROJECT,
+        "nodecheck": nodecheck.__name__,  # run as a module with the job's Python (standard library only)
         "preflight": a.job.preflight,
         "debug": a.job.debug,
         "signal_grace": a.slurm.signal_grace if a.slurm.max_requeues else 0,
@@ -151,7 +153,7 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             srun_status_file=paths.srun_status_file,
             requeues_file=paths.requeues_file,
             hung_file=paths.hung_file,
-            watchdog=JOB_HELPERS / "watchdog.py",
+            watchdog=watchdog.__name__,
             hang_timeout=a.job.hang_timeout,
             hang_factor=a.job.hang_factor,
             checkpoints=paths.checkpoints,

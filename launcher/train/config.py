@@ -1,9 +1,9 @@
 """What the training job needs to know about a run, and how it reads that from the run's nanotron YAML.
 
 `load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.nanotron_config.dialect`),
-into a `TrainConfig`; the engines (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this.
-`check_train_config` holds the config to the launcher's own layout rules (`launcher.nanotron_config.layout`) against the
-processes torchrun actually started.
+into a `TrainConfig`; the engines (`launcher.train.torch_engine.engine`, `launcher.train.nanotron_engine.engine`)
+consume only this. `check_train_config` holds the config to the launcher's own layout rules
+(`launcher.nanotron_config.layout`) against the processes torchrun actually started.
 """
 
 from __future__ import annotations

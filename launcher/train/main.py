@@ -40,8 +40,9 @@ def load_checked(config_file: str, world_size: int) -> TrainConfig:
 
 def choose_engine(requested: str) -> tuple[str, str]:
     """The engine to run and why: `auto` takes nanotron where it can run (CUDA, NCCL, nanotron); without
-    flash_attn its attention runs through torch SDPA (launcher.train.flash_attn_compat), and the reason says so."""
-    from launcher.train import nanotron_engine  # (lazy, as each engine below: a job imports the one it runs)
+    flash_attn its attention runs through torch SDPA (launcher.train.nanotron_engine.flash_attn_compat), and the
+    reason says so."""
+    from launcher.train.nanotron_engine import engine as nanotron_engine  # (lazy: a job imports the one it runs)
 
     if requested not in ENGINES:
         raise TrainError(f"unknown engine {requested!r}: use one of {', '.join(ENGINES)}")
@@ -123,10 +124,10 @@ def run(config_file: str, engine: str = "auto") -> None:
         print(f"engine: {chosen} ({why})", flush=True)
     settle_engine(cfg, chosen, why)
     if chosen == "nanotron":
-        from launcher.train import nanotron_engine
+        from launcher.train.nanotron_engine import engine as nanotron_engine
 
         nanotron_engine.train(config_file, cfg)
     else:
-        from launcher.train import torch_engine
+        from launcher.train.torch_engine import engine as torch_engine
 
         torch_engine.train(cfg)

@@ -3,11 +3,11 @@ main's where the config is in main's dialect (the job's Python then has nanotron
 
 It needs a CUDA GPU, NCCL and nanotron (its ParallelContext accepts only NCCL), so it runs on GPU nodes only.
 nanotron's models import flash_attn at module level; where flash_attn cannot be imported,
-`launcher.train.flash_attn_compat` stands in for it (attention through torch SDPA; the job's log says so). main's
-trainer also imports triton and grouped_gemm (its MoE layers) at module level: where they cannot be imported,
-`launcher.train.triton_compat` stands in for the import (a dense Llama never calls them).
+`launcher.train.nanotron_engine.flash_attn_compat` stands in for it (attention through torch SDPA; the job's log says
+so). main's trainer also imports triton and grouped_gemm (its MoE layers) at module level: where they cannot be
+imported, `launcher.train.nanotron_engine.triton_compat` stands in for the import (a dense Llama never calls them).
 The launcher's contracts (stop requests, metrics file, last step saved, atomic checkpoint pointer, wandb) are
-added by the subclass in `launcher.train.nanotron_trainer`; the data (local datasets, epochs) are fed here.
+added by the subclass in `launcher.train.nanotron_engine.trainer`; the data (local datasets, epochs) are fed here.
 
 Each of main's data stages gets its own feed (`_main_dataloaders`), built when main's loop reaches the stage, from
 the stage's own dataset, resuming at the samples its checkpoint metadata says that stage consumed.
@@ -30,11 +30,13 @@ import torch.distributed as dist
 import yaml
 
 from launcher.errors import TrainError
-from launcher.train import flash_attn_compat, nanotron_compat, packcache, triton_compat
+from launcher.train import packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
-from launcher.train.nanotron_trainer import POINTER as NANOTRON_POINTER
-from launcher.train.nanotron_trainer import trainer_class
+from launcher.train.nanotron_engine import compat as nanotron_compat
+from launcher.train.nanotron_engine import flash_attn_compat, triton_compat
+from launcher.train.nanotron_engine.trainer import POINTER as NANOTRON_POINTER
+from launcher.train.nanotron_engine.trainer import trainer_class
 from launcher.train.stop import report_outcome
 
 EPOCH_MESSAGE = "data: the dataset is exhausted; epoch {epoch} begins at step {step}"  # the torch engine's words

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from launcher.train.flash_attn_compat.attention import flash_attn_varlen_kvpacked_func
+from launcher.train.nanotron_engine.flash_attn_compat.attention import flash_attn_varlen_kvpacked_func
 
 __all__ = ["flash_attn_varlen_kvpacked_func"]

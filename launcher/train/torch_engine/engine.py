@@ -25,14 +25,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.errors import TrainError
-from launcher.train import checkpoint, packcache
+from launcher.train import packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import MicroBatches, StagedBatches, build_micro_batches, build_windows
 from launcher.train.metrics import Reporter, StepMetrics, peak_flops
-from launcher.train.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token
-from launcher.train.resume import resume
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
+from launcher.train.torch_engine import checkpoint
+from launcher.train.torch_engine.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token
+from launcher.train.torch_engine.resume import resume
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.train.flash_attn_compat.attention import refuse
+from launcher.train.nanotron_engine.flash_attn_compat.attention import refuse
 
 
 def cos_sin(

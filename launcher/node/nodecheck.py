@@ -14,8 +14,8 @@ asks again every few seconds until the verdict is there (one selector loop, a bo
 The first node, where torchrun's rendezvous store listens next, also checks its own limits: the open-file limit
 (raised to the hard limit; about (GPUs + 1) x nodes needed) and the listen backlog (net.core.somaxconn).
 
-Standard library only: it runs with the job's Python before anything heavy is imported, as a script by path
-(`python nodecheck.py ...`), without the launcher package on sys.path.
+Standard library (and `launcher.protocol`) only: it runs with the job's Python before anything heavy is imported,
+as `python -m launcher.node.nodecheck ...` with the project on PYTHONPATH (the node script's).
 """
 
 from __future__ import annotations
@@ -34,10 +34,7 @@ import sys
 import tempfile
 import time
 
-if __package__ in (None, ""):  # run by path with the job's Python: the launcher package is two levels up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from launcher import protocol  # noqa: E402  (standard library only, like this file)
+from launcher import protocol  # standard library only, like this module
 
 FAILED, PORT_TAKEN = 5, 6
 

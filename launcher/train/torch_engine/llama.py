@@ -5,7 +5,7 @@ LlamaForCausalLM (a test holds the two to the same logits), without transformers
 Grouped-query attention through torch's scaled_dot_product_attention (causal), rotary embeddings as transformers
 computes them (fp32 frequencies, cos/sin in the input's dtype, the two halves rotated), RMSNorm in fp32, SwiGLU.
 The parameter names are transformers' (`model.layers.N.self_attn.q_proj.weight`, `lm_head.weight`, ...), so
-checkpoints and nanotron-style initialisation (`launcher.train.model.init_like_nanotron`) read them alike.
+checkpoints and nanotron-style initialisation (`launcher.train.torch_engine.model.init_like_nanotron`) read them alike.
 """
 
 from __future__ import annotations

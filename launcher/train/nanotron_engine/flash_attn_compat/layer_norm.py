@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.train.flash_attn_compat.attention import refuse
+from launcher.train.nanotron_engine.flash_attn_compat.attention import refuse
 
 
 def layer_norm_fn(

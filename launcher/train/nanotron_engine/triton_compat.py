@@ -89,7 +89,7 @@ def _install(names: tuple[str, ...], kind: type[_Module], probe: str) -> bool:
         pass
     for name in [n for n in sys.modules if n == names[0] or n.startswith(names[0] + ".")]:
         del sys.modules[name]  # what a failed import of the real one left behind
-    modules = {name: kind(name, f"launcher.train.triton_compat: stand-in for {name}") for name in names}
+    modules = {name: kind(name, f"launcher.train.nanotron_engine.triton_compat: stand-in for {name}") for name in names}
     for name, module in modules.items():
         module.__path__ = []  # type: ignore[attr-defined]
         module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)

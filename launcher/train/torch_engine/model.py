@@ -1,5 +1,5 @@
-"""The portable engine's model: a Llama (launcher.train.llama, transformers' modules in plain torch), shaped and
-initialised like nanotron's.
+"""The portable engine's model: a Llama (launcher.train.torch_engine.llama, transformers' modules in plain torch),
+shaped and initialised like nanotron's.
 
 nanotron's `RandomInit` (LlamaForTraining.init_model_randomly) draws every column-parallel linear (q, k, v,
 gate, up, lm_head) and the embedding from N(0, std), the row-parallel ones (o_proj, down_proj) from
@@ -16,14 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.nanotron_config.shape import ModelShape
-from launcher.train.llama import LlamaForCausalLM
+from launcher.train.torch_engine.llama import LlamaForCausalLM
 
 ROW_PARALLEL = ("o_proj", "down_proj")  # nanotron's TensorParallelRowLinear layers: scaled init
 
 
 def llama_config(shape: ModelShape):  # type: ignore[no-untyped-def]  # transformers.LlamaConfig
     """transformers' LlamaConfig for a nanotron model shape (the tests' and benches' reference model; the engine
-    trains launcher.train.llama's, which a test holds to transformers' logits)."""
+    trains launcher.train.torch_engine.llama's, which a test holds to transformers' logits)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(  # type: ignore[call-arg]
@@ -68,8 +68,8 @@ def init_like_nanotron(model: nn.Module, std: float, num_layers: int) -> None:
 
 
 def build_model(shape: ModelShape, init_std: float, seed: int) -> nn.Module:
-    """A freshly initialised Llama (launcher.train.llama) in float32 on the CPU, identical on every rank for one
-    seed."""
+    """A freshly initialised Llama (launcher.train.torch_engine.llama) in float32 on the CPU, identical on every rank
+    for one seed."""
     model = LlamaForCausalLM(shape)
     torch.manual_seed(seed)  # after construction: the draws depend on the seed alone, not on how modules are built
     init_like_nanotron(model, init_std, shape.num_layers)

@@ -30,7 +30,7 @@ import importlib.machinery
 import sys
 from types import ModuleType
 
-from launcher.train.flash_attn_compat import attention, bert_padding, layer_norm, mha, rotary
+from launcher.train.nanotron_engine.flash_attn_compat import attention, bert_padding, layer_norm, mha, rotary
 
 MESSAGE = "flash_attn not found: attention through torch SDPA"
 PACKAGES = ("flash_attn", "flash_attn.layers", "flash_attn.modules", "flash_attn.ops", "flash_attn.ops.triton")
@@ -88,7 +88,7 @@ def install(is_main: bool) -> bool:
 
 
 def _package(name: str) -> ModuleType:
-    module = ModuleType(name, f"launcher.train.flash_attn_compat: stand-in for {name} (torch SDPA)")
+    module = ModuleType(name, f"launcher.train.nanotron_engine.flash_attn_compat: stand-in for {name} (torch SDPA)")
     module.__path__ = []  # a package: its submodules come from sys.modules
     module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
     return module

@@ -16,7 +16,8 @@ rank's stacks, ends the training and requeues the run once without the suspected
 whose processes do something other than the great majority (where a hang starts, the others only wait for it),
 at most `--max-suspects` of them: more point at no one node, and a requeue without them could not start.
 
-Standard library only, run as a script by path with the job's Python.
+Standard library (and `launcher.protocol`) only: the batch script runs it with the job's Python as
+`python -m launcher.node.watchdog ...`, the project on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -29,10 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run by path with the job's Python: the launcher package is two levels up
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from launcher import protocol as P  # noqa: E402  (standard library only, like this file)
+from launcher import protocol as P  # standard library only, like this module
 
 STEP_FLOOR_S = 60.0
 # What a rank waiting for its peers shows in its stack (torch.distributed's Python API and NCCL/gloo waits).

@@ -14,9 +14,9 @@ from torch import nn
 
 from launcher import protocol as P
 from launcher.errors import TrainError
-from launcher.train import checkpoint
 from launcher.train.config import TrainConfig
 from launcher.train.metrics import Reporter
+from launcher.train.torch_engine import checkpoint
 
 
 def resume(

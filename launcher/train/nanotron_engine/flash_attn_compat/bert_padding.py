@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.train.flash_attn_compat.attention import refuse
+from launcher.train.nanotron_engine.flash_attn_compat.attention import refuse
 
 
 def unpad_input(*args: object, **kwargs: object) -> None:
