@@ -202,6 +202,7 @@ def test_a_run_does_not_resume_across_dialects(tmp_path: Path):
     """Refused before the queue where the launcher sees the checkpoints (the job's record, else nanotron's own
     checkpoint format), and by the job itself where it does not."""
     from launcher.slurm import preflight
+    from launcher.train.environment import JobEnvironment
     from launcher.train.main import settle_engine
 
     flags = ("--checkpoints_path", str(tmp_path / "ckpt"), "--dataset", "none")
@@ -220,7 +221,7 @@ def test_a_run_does_not_resume_across_dialects(tmp_path: Path):
     cfg = train_config.load_train_config(str(write(spec, tmp_path / "bundle")))
     cfg = dataclasses.replace(cfg, checkpoints_path=str(run))
     with pytest.raises(Exception, match="does not cross dialects"):
-        settle_engine(cfg, "nanotron", "requested")
+        settle_engine(cfg, "nanotron", "requested", JobEnvironment())
     (run / dialect.RECORD).write_text("main\n")  # the record, once a job wrote it, is what counts
     assert preflight.resume_problems(spec) == [] and len(preflight.resume_problems(spec04)) == 1
 

@@ -133,7 +133,9 @@ def on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SimpleNa
     monkeypatch.setattr(nanotron.serialize.optimizer, "check_optim_state_in_sync", lambda optimizer, pg: None)
     monkeypatch.setattr(nanotron_engine, "missing", lambda: [])
     real_class = nanotron_trainer.trainer_class
-    monkeypatch.setattr(nanotron_engine, "trainer_class", lambda cfg: functools.partial(cpu_trainer, real_class(cfg)))
+    monkeypatch.setattr(
+        nanotron_engine, "trainer_class", lambda cfg, job: functools.partial(cpu_trainer, real_class(cfg, job))
+    )
     yield SimpleNamespace(trainer=trainer)
     if dist.is_initialized():
         dist.destroy_process_group()

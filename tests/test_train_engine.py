@@ -30,6 +30,7 @@ from conftest import ROOT, tiny_config, write_config
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import PackedWindows, RandomTokens, load_texts, pack
+from launcher.train.environment import JobEnvironment
 from launcher.train.stop import StopRequest
 from launcher.train.torch_engine import engine as torch_engine
 
@@ -441,7 +442,7 @@ def test_stop_request_by_signal_reaches_every_rank(sig: int) -> None:
     # A notice that comes while the job starts: pending, not lost. (To this thread: in the job every thread has it
     # blocked, inherited from the node script; here other tests' threads may not, and would take a process signal.)
     signal.pthread_kill(threading.main_thread().ident, sig)
-    stop = StopRequest(torch.device("cpu"))
+    stop = StopRequest(torch.device("cpu"), JobEnvironment())
     try:
         assert sig not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # unblocked by the request
         assert stop.agreed()

@@ -266,13 +266,13 @@ def test_the_stop_file_interval_is_seconds_above_zero(value: str, monkeypatch: p
     (problem,) = problems_for("--extra_env", f"LAUNCHER_STOP_FILE_EVERY_S={value}")
     assert problem.flag == "extra_env" and f"LAUNCHER_STOP_FILE_EVERY_S={value} is not a number" in problem.message
     assert problems_for("--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2") == []
-    # the job, given it from elsewhere (an exported variable), keeps its default rather than failing at import
-    from launcher.train import stop
+    # the job, given it from elsewhere (an exported variable), keeps its default rather than failing at start-up
+    from launcher.train.environment import JobEnvironment
 
     monkeypatch.setenv("LAUNCHER_STOP_FILE_EVERY_S", value)
-    assert stop._seconds("LAUNCHER_STOP_FILE_EVERY_S", 5.0) == 5.0
+    assert JobEnvironment.read().stop_file_every == 5.0
     monkeypatch.setenv("LAUNCHER_STOP_FILE_EVERY_S", "0.2")
-    assert stop._seconds("LAUNCHER_STOP_FILE_EVERY_S", 5.0) == 0.2
+    assert JobEnvironment.read().stop_file_every == 0.2
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from launcher import protocol as P
 from launcher.errors import ConfigError, TrainError
 from launcher.nanotron_config import dialect
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
+from launcher.train.environment import JobEnvironment
 
 ENGINES = ("auto", "torch", "nanotron")
 
@@ -85,7 +85,7 @@ def recorded_engine(checkpoints_path: str) -> str | None:
     return recorded if recorded in ENGINES else saved[0]
 
 
-def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
+def settle_engine(cfg: TrainConfig, chosen: str, why: str, job: JobEnvironment) -> None:
     """One engine per run: a later attempt that would run another engine than the one whose checkpoints the run
     holds fails with the reason, instead of restarting from step 0 beside them. Rank 0 records the engine."""
     recorded = recorded_engine(cfg.checkpoints_path)
@@ -104,7 +104,7 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
             f"but this config is in {cfg.dialect}'s dialect; a checkpoint does not cross dialects: resume with "
             f"--nanotron_dialect {saved}, or start afresh with --resume false"
         )
-    if int(os.environ.get("RANK", "0")) == 0:
+    if job.is_main:
         root = Path(cfg.checkpoints_path)
         root.mkdir(parents=True, exist_ok=True)
         for name, value in ((ENGINE_RECORD, chosen), (dialect.RECORD, cfg.dialect)):
@@ -113,21 +113,22 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
 
 def run(config_file: str, engine: str = "auto") -> None:
     """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone)."""
-    cfg = load_checked(config_file, int(os.environ.get("WORLD_SIZE", "1")))
+    job = JobEnvironment.read()  # the job's one look at its environment
+    cfg = load_checked(config_file, job.world_size)
     chosen, why = choose_engine(engine)
     mismatch = nanotron_mismatch(cfg.dialect) if chosen == "nanotron" else None
     if mismatch is not None:
         if engine != "auto":
             raise TrainError(mismatch)
         chosen, why = "torch", f"auto: {mismatch}"
-    if int(os.environ.get("RANK", "0")) == 0:
+    if job.is_main:
         print(f"engine: {chosen} ({why})", flush=True)
-    settle_engine(cfg, chosen, why)
+    settle_engine(cfg, chosen, why, job)
     if chosen == "nanotron":
         from launcher.train.nanotron_engine import engine as nanotron_engine
 
-        nanotron_engine.train(config_file, cfg)
+        nanotron_engine.train(config_file, cfg, job)
     else:
         from launcher.train.torch_engine import engine as torch_engine
 
-        torch_engine.train(cfg)
+        torch_engine.train(cfg, job)

@@ -33,6 +33,7 @@ from launcher.errors import TrainError
 from launcher.train import packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
+from launcher.train.environment import JobEnvironment
 from launcher.train.nanotron_engine import compat as nanotron_compat
 from launcher.train.nanotron_engine import flash_attn_compat, triton_compat
 from launcher.train.nanotron_engine.trainer import POINTER as NANOTRON_POINTER
@@ -72,9 +73,9 @@ def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None
     return resume_checkpoint_path or None
 
 
-def resumable_config(config_file: str, tmp_dir: str) -> str:
+def resumable_config(config_file: str, job: JobEnvironment) -> str:
     """The config nanotron should load: `config_file` itself, or, when the run should resume from somewhere the
-    config does not name, a private copy (in `tmp_dir`) that differs only in resume_checkpoint_path.
+    config does not name, a private copy (in the job's TMPDIR) that differs only in resume_checkpoint_path.
 
     (nanotron 0.4's DistributedTrainer takes a file path only: its constructor opens what it is given.)
     """
@@ -85,10 +86,9 @@ def resumable_config(config_file: str, tmp_dir: str) -> str:
     if resume is None or resume == ckpt.get("resume_checkpoint_path"):
         return config_file
     ckpt["resume_checkpoint_path"] = resume
-    rank = os.environ.get("RANK", "0")
-    derived = Path(tmp_dir) / f"launcher-nanotron-{os.getpid()}-rank{rank}.yaml"
+    derived = Path(job.tmp_dir) / f"launcher-nanotron-{os.getpid()}-rank{job.rank}.yaml"
     derived.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    if rank == "0":
+    if job.is_main:
         print(f"resuming from the run's own checkpoints in {resume} (latest: {_pointer(resume)})", flush=True)
     return str(derived)
 
@@ -97,15 +97,17 @@ def _pointer(checkpoints_path: str) -> str:
     return (Path(checkpoints_path) / NANOTRON_POINTER).read_text(encoding="utf-8").strip()
 
 
-def train(config_file: str, cfg: TrainConfig) -> None:
-    """Train `config_file` with nanotron's DistributedTrainer (every rank calls it); `cfg` is the same file."""
+def train(config_file: str, cfg: TrainConfig, job: JobEnvironment | None = None) -> None:
+    """Train `config_file` with nanotron's DistributedTrainer (every rank calls it); `cfg` is the same file; `job`:
+    the process's environment (read now where not given)."""
+    job = job or JobEnvironment.read()
     lacking = missing()
     if lacking:
         raise TrainError(
             f"the nanotron engine needs {', '.join(lacking)}, missing here: use --engine torch "
             "(data parallel, runs on CPU or GPU)"
         )
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    is_main = job.is_main
     nanotron_compat.apply()  # nanotron 0.4's circular import (nanotron.logging <-> nanotron.config)
     flash_attn_compat.install(is_main)  # before nanotron's models import flash_attn (a real one is kept)
     if cfg.dialect == "main":  # main's trainer imports triton kernels and grouped_gemm at module level
@@ -116,21 +118,21 @@ def train(config_file: str, cfg: TrainConfig) -> None:
 
     done = _saved_step(cfg.checkpoints_path)
     if done is not None and done >= cfg.train_steps:  # nanotron would assert; say it as the torch engine does
-        report_outcome(is_main, finished=True, step=done)
+        report_outcome(job, finished=True, step=done)
         if is_main:
             print(f"run already finished: checkpoint step {done}, train_steps {cfg.train_steps}", flush=True)
         return
     given = config_file
-    config_file = resumable_config(config_file, os.environ.get("TMPDIR") or "/tmp")
+    config_file = resumable_config(config_file, job)
     try:
-        trainer = trainer_class(cfg)(config_file)  # joins the process group (nanotron's ParallelContext)
+        trainer = trainer_class(cfg, job)(config_file)  # joins the process group (nanotron's ParallelContext)
         if config_file != given:
             Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
         if cfg.dialect == "main":
             trainer.train(_main_dataloaders(trainer, cfg))  # its data stages
         else:
             trainer.train(_dataloader(trainer, cfg))
-        report_outcome(is_main, finished=True, step=trainer.iteration_step)
+        report_outcome(job, finished=True, step=trainer.iteration_step)
         if is_main:
             print(
                 f"training finished at step {trainer.iteration_step}; checkpoints in {cfg.checkpoints_path}", flush=True

@@ -43,6 +43,7 @@ from launcher import atomic
 from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
+from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics, peak_flops
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
@@ -166,8 +167,9 @@ def mend_lr_scheduler_resume(trainer: Any) -> None:
         group["lr"] = lr
 
 
-def trainer_class(cfg: TrainConfig) -> type:
-    """nanotron's DistributedTrainer with the launcher's hooks (nanotron and flash_attn must be importable)."""
+def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
+    """nanotron's DistributedTrainer with the launcher's hooks (nanotron and flash_attn must be importable); `job`:
+    this process's environment (its rank is the world group's: nanotron's ParallelContext joins torchrun's)."""
     import nanotron.trainer
     from nanotron.trainer import DistributedTrainer
 
@@ -186,9 +188,9 @@ def trainer_class(cfg: TrainConfig) -> type:
                 add_new_stages(self)
             on_gpu = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-            self.stop_request = StopRequest(device)
+            self.stop_request = StopRequest(device, job)
             self.peak_flops = peak_flops(device)
-            self.metrics_file = os.environ.get(P.ENV_METRICS_FILE) or None
+            self.metrics_file = job.metrics_file
             self.last_saved_step = start_step(self) if self.init_checkpoint_path is not None else None
             self.stop_at_end = False
 
@@ -206,7 +208,7 @@ def trainer_class(cfg: TrainConfig) -> type:
         def training_step(self, dataloader: Any) -> tuple[Any, ...]:
             returned = super().training_step(dataloader=dataloader)  # 0.4: (outputs, loss); main: 4 values
             logs = dict(zip(("outputs", "loss_avg", "z_loss_avg", "tbi_logs"), returned, strict=False))
-            report_progress(self.is_main(), self.iteration_step)  # for the hang watchdog
+            report_progress(job, self.iteration_step)  # for the hang watchdog
             last = self.iteration_step >= self.config.tokens.train_steps
             if self.stop_request.agreed():  # a collective: every rank, every step
                 if not last:
@@ -230,7 +232,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             count_step(self)  # the checkpoint counts this step's samples
             self.save_checkpoint()
             self.stop_request.consume(self.is_main())
-            report_outcome(self.is_main(), finished=False, step=self.iteration_step)
+            report_outcome(job, finished=False, step=self.iteration_step)
             if self.is_main():
                 print(STOP_MESSAGE.format(step=self.iteration_step), flush=True)
             dist.barrier()
@@ -244,18 +246,17 @@ def trainer_class(cfg: TrainConfig) -> type:
             super().post_training()
 
         def save_checkpoint(self) -> Path:
-            report_progress(self.is_main(), self.iteration_step, "saving")
+            report_progress(job, self.iteration_step, "saving")
             if is_main_trainer(self):
                 account_stage_tokens(self)
             with pointer_writes_dropped(nanotron.trainer, self.is_main()):
                 path = super().save_checkpoint()
             dist.barrier(self.parallel_context.world_pg)  # every rank's files are written: the pointer may name them
             shared = self.config.checkpoints.checkpoints_path_is_shared_file_system
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            if (shared and self.is_main()) or (not shared and local_rank == 0):  # one writer per filesystem
+            if (shared and self.is_main()) or (not shared and job.local_rank == 0):  # one writer per filesystem
                 write_pointer(self.config.checkpoints.checkpoints_path, self.iteration_step)
             self.last_saved_step = self.iteration_step
-            report_progress(self.is_main(), self.iteration_step)
+            report_progress(job, self.iteration_step)
             return path
 
         def train_step_logs(self, **logs: Any) -> None:

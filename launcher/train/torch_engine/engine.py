@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
 import threading
 import time
@@ -28,6 +27,7 @@ from launcher.errors import TrainError
 from launcher.train import packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import MicroBatches, StagedBatches, build_micro_batches, build_windows
+from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import Reporter, StepMetrics, peak_flops
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
@@ -66,26 +66,28 @@ def check_supported(cfg: TrainConfig, world_size: int) -> None:
         raise TrainError("the torch engine trains in bfloat16 or float32, not float16: set model.dtype to bfloat16")
 
 
-def init_distributed() -> Rank:
+def init_distributed(job: JobEnvironment) -> Rank:
     """Join torchrun's process group (env://), or make a one-process group when started without torchrun."""
     device = torch.device("cpu")
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", job.local_rank)
         torch.cuda.set_device(device)  # before the process group, so NCCL binds each rank to its own GPU
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if job.distributed:
         dist.init_process_group(backend)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return Rank(dist.get_rank(), dist.get_world_size(), device)
 
 
-def train(cfg: TrainConfig) -> None:
-    """Train the run described by `cfg` to `train_steps`, or until a stop request. Every rank calls it."""
-    check_supported(cfg, int(os.environ.get("WORLD_SIZE", "1")))
-    where = init_distributed()
+def train(cfg: TrainConfig, job: JobEnvironment | None = None) -> None:
+    """Train the run described by `cfg` to `train_steps`, or until a stop request. Every rank calls it. `job`: the
+    process's environment (read now where not given)."""
+    job = job or JobEnvironment.read()
+    check_supported(cfg, job.world_size)
+    where = init_distributed(job)
     try:
-        TorchTrainer(cfg, where).train()
+        TorchTrainer(cfg, where, job).train()
     finally:
         dist.destroy_process_group()
 
@@ -157,9 +159,9 @@ def _batches(cfg: TrainConfig, where: Rank) -> MicroBatches:
 class TorchTrainer:
     """One rank's model, optimizer, data stream and position in the run."""
 
-    def __init__(self, cfg: TrainConfig, where: Rank):
-        self.cfg, self.where = cfg, where
-        self.reporter = Reporter(cfg, where.rank == 0)
+    def __init__(self, cfg: TrainConfig, where: Rank, job: JobEnvironment):
+        self.cfg, self.where, self.job = cfg, where, job
+        self.reporter = Reporter(cfg, job)
         self.batches = _batches(cfg, where)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -183,17 +185,17 @@ class TorchTrainer:
 
     def train(self) -> None:
         """Steps `step + 1 .. train_steps`, logging, checkpointing and honouring stop requests."""
-        cfg, rank0 = self.cfg, self.where.rank == 0
+        cfg, job = self.cfg, self.job
         if self.step >= cfg.train_steps:
-            report_outcome(rank0, finished=True, step=self.step)
+            report_outcome(job, finished=True, step=self.step)
             self.reporter.print(f"run already finished: checkpoint step {self.step}, train_steps {cfg.train_steps}")
             return
         self._announce()
-        ddp, stop = self.wrap(), StopRequest(self.where.device)
+        ddp, stop = self.wrap(), StopRequest(self.where.device, job)
         self.reporter.start_wandb()
         try:
             if self._steps(ddp, stop):
-                report_outcome(rank0, finished=True, step=self.step)
+                report_outcome(job, finished=True, step=self.step)
                 self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
         finally:
             stop.close()
@@ -211,7 +213,7 @@ class TorchTrainer:
 
     def _steps(self, ddp: DistributedDataParallel, stop: StopRequest) -> bool:
         """The steps to the last, saving where due; False when a stop request ended them before it."""
-        cfg, rank0 = self.cfg, self.where.rank == 0
+        cfg, job = self.cfg, self.job
         if self.step == 0 and cfg.save_initial_state:
             checkpoint.save(cfg, 0, self.model, self.optimizer, self.position)
         window_start, window_steps = time.perf_counter(), 0  # the steps whose throughput the next log line gives
@@ -225,27 +227,26 @@ class TorchTrainer:
                 self._log(loss_sum, grad_norm, window_steps, window_start)
                 window_start, window_steps = time.perf_counter(), 0
             stopping = stop.agreed()
-            report_progress(rank0, self.step)
+            report_progress(job, self.step)
             periodic = cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0
             if periodic or stopping or self.step == cfg.train_steps:
                 self._save()
                 window_start = time.perf_counter()  # saving is not training time
             if stopping:
-                stop.consume(rank0)
+                stop.consume(job.is_main)
                 if self.step < cfg.train_steps:
-                    report_outcome(rank0, finished=False, step=self.step)
+                    report_outcome(job, finished=False, step=self.step)
                     self.reporter.print(STOP_MESSAGE.format(step=self.step))
                     return False
         return True
 
     def _save(self) -> None:
         """A checkpoint of the step just done, announced to the launcher while it is written."""
-        rank0 = self.where.rank == 0
-        report_progress(rank0, self.step, "saving")
+        report_progress(self.job, self.step, "saving")
         saving = time.perf_counter()
         checkpoint.save(self.cfg, self.step, self.model, self.optimizer, self.position)
-        report_progress(rank0, self.step)
-        if not self.grace_warned and (warning := grace_warning(time.perf_counter() - saving, self.step_s)):
+        report_progress(self.job, self.step)
+        if not self.grace_warned and (warning := grace_warning(self.job, time.perf_counter() - saving, self.step_s)):
             self.reporter.print(warning)  # once: a time-limit save would not fit --signal_grace
             self.grace_warned = True
 
