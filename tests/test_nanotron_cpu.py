@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from nanotron_names import as_transformers as named_as_transformers
 
-from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.layout import ParallelDims, check_layout
 from launcher.nanotron_config.shape import ModelShape
 from launcher.train.nanotron_engine import compat as nanotron_compat
 from launcher.train.nanotron_engine import flash_attn_compat
@@ -179,5 +179,5 @@ def test_nanotrons_parallel_context_accepts_exactly_the_layouts_the_launcher_acc
         except (AssertionError, ValueError):
             theirs = False
         shape = ModelShape(96, 96, 12, 12, 12, 96, 32)  # sizes every tp divides
-        problems = check_layout(shape, world=world, dp=dp, tp=tp, pp=pp, grad_accum_steps=4)
+        problems = check_layout(shape, ParallelDims(world, dp, tp, pp, grad_accum_steps=4))
         assert theirs == (problems == []), (world, tp, pp, dp, problems)

@@ -12,7 +12,7 @@ from launcher_helpers import spec_for
 from launcher.config.flags import flag_names
 from launcher.config.slurm_values import time_limit_seconds
 from launcher.config.validate import validate
-from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.layout import ParallelDims, check_layout
 from launcher.nanotron_config.shape import ModelShape
 from launcher.problems import report
 
@@ -198,10 +198,10 @@ def test_check_layout_is_shared_with_the_trainer():
     shape = ModelShape(
         hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=256, max_seq_len=64
     )
-    problems = check_layout(
-        shape, world=4, dp=1, tp=1, pp=1, grad_accum_steps=1, world_flags="processes started by torchrun"
-    )
+    dims = ParallelDims(world=4, dp=1, tp=1, pp=1, grad_accum_steps=1, started=True)
+    problems = check_layout(shape, dims)
     assert flags_of(problems) == ["dp"] and "torchrun" in problems[0].message
+    assert dims.problems(shape) == problems and dims.replica == 1
 
 
 @pytest.mark.parametrize(

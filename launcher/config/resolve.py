@@ -23,6 +23,7 @@ from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, Pat
 from launcher.nanotron_config import dialect, mixture, schema, stages
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.gpus import GpuChoice, from_flags
+from launcher.nanotron_config.layout import ParallelDims
 from launcher.nanotron_config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
 from launcher.nanotron_config.schema import get_path
 from launcher.nanotron_config.shape import ModelShape, from_model_config
@@ -60,6 +61,16 @@ class RunSpec:
     @property
     def world_size(self) -> int:
         return self.args.slurm.nodes * self.args.slurm.gpus_per_node
+
+    @property
+    def dims(self) -> ParallelDims:
+        """The parallel layout the flags make: dp (1 where it cannot be derived, as tp or pp is not positive: said
+        there), tp, pp, cp on the job's nodes x GPUs."""
+        p, s = self.args.parallelism, self.args.slurm
+        dp = p.dp if p.dp is not None else 1
+        cp = p.cp if p.cp > 0 else 1
+        return ParallelDims(self.world_size, dp, p.tp or 0, p.pp or 0, self.args.training.grad_accum_steps, cp,
+                            nodes=s.nodes, gpus_per_node=s.gpus_per_node)  # fmt: skip
 
     @property
     def shape(self) -> ModelShape:

@@ -278,22 +278,7 @@ def _check_secrets(spec: RunSpec) -> list[Problem]:
 
 def validate(spec: RunSpec) -> list[Problem]:
     """Every problem with a resolved spec, in flag order."""
-    p = spec.args.parallelism
-    layout = (
-        check_layout(
-            spec.shape,
-            world=spec.world_size,
-            dp=p.dp if p.dp is not None else 1,  # None: not derivable, as tp or pp is not positive (said there)
-            tp=p.tp or 0,
-            pp=p.pp or 0,
-            grad_accum_steps=spec.args.training.grad_accum_steps,
-            cp=p.cp if p.cp > 0 else 1,
-            nodes_hint=spec.args.slurm.nodes,
-            gpus_per_node=spec.args.slurm.gpus_per_node,
-        )
-        if spec.world_size > 0
-        else []
-    )
+    layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 else []
     layout += _check_modes(spec) + dialect_rules.written_problems(spec.flag_values(), spec.base_config)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
     return _check_secrets(spec) + checks

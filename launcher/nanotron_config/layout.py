@@ -1,15 +1,49 @@
 """nanotron's rules for a model shape on a parallel layout: what it asserts at start-up, checked before the queue.
 
-Shared by the launcher (`launcher.config.validate`, on the flags) and the training job (`launcher.train.config`, on
-the config and the processes torchrun actually started), so the two cannot disagree. Pure functions.
+The layout is one value, `ParallelDims` (after torchtitan's), beside `ModelShape`: the degrees, the micro-batches a
+step, and the job it runs on. `check_layout(shape, dims)` (or `dims.problems(shape)`) says every rule it breaks.
+Shared by the launcher (`launcher.config.validate`, on the flags; the planner, on each candidate) and the training
+job (`launcher.train.config`, on the config and the processes torchrun actually started), so the two cannot
+disagree. Pure.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from launcher.nanotron_config.shape import ModelShape
 from launcher.problems import Problem
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """A parallel layout as nanotron runs it: dp x tp x pp (x cp) processes of a job of `world`, each step
+    `grad_accum_steps` micro-batches. Self-checking against a model: `problems(shape)`."""
+
+    world: int  # processes the job runs (GPUs)
+    dp: int
+    tp: int
+    pp: int
+    grad_accum_steps: int  # micro-batches a step (nanotron's 1F1B needs pp - 1 at least)
+    cp: int = 1  # nanotron main's context parallelism: part of a model replica's GPUs
+    nodes: int | None = None  # the job's nodes and GPUs per node, where known (the launcher's flags): fixes name them
+    gpus_per_node: int | None = None
+    started: bool = False  # the world is the processes torchrun started (the job's check), not the flags' job
+
+    @property
+    def world_flags(self) -> str:
+        """What makes the world, as a message names it."""
+        return "processes started by torchrun" if self.started else "--nodes x --gpus_per_node"
+
+    @property
+    def replica(self) -> int:
+        """GPUs per model replica: tp x pp x cp."""
+        return self.tp * self.pp * self.cp
+
+    def problems(self, shape: ModelShape) -> list[Problem]:
+        """Every rule of nanotron's this layout breaks for `shape` (`check_layout`)."""
+        return check_layout(shape, self)
 
 
 def divisors(n: int) -> list[int]:
@@ -26,27 +60,16 @@ def _nodes_for(replica: int, world: int, nodes: int) -> int:
     return next(n for n in range(1, replica + 1) if (n * per_node) % replica == 0)
 
 
-def check_layout(
-    shape: ModelShape,
-    *,
-    world: int,
-    dp: int,
-    tp: int,
-    pp: int,
-    grad_accum_steps: int,
-    cp: int = 1,
-    world_flags: str = "--nodes x --gpus_per_node",
-    nodes_hint: int = 1,
-    gpus_per_node: int | None = None,
-) -> list[Problem]:
-    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue), for a
-    job of `world` GPUs (processes) running dp x tp x pp (x cp) with `grad_accum_steps` micro-batches a step.
+def check_layout(shape: ModelShape, dims: ParallelDims) -> list[Problem]:
+    """nanotron's constraints on model shape and parallelism (what it asserts at start-up, after the queue).
 
     A vocabulary tp does not divide is fine: nanotron pads it to a multiple of tp x make_vocab_size_divisible_by
     (`memory.padded_vocab`). cp (nanotron main's context parallelism) is part of a model replica's GPUs."""
     out: list[Problem] = []
+    world, dp, tp, pp, cp, world_flags = dims.world, dims.dp, dims.tp, dims.pp, dims.cp, dims.world_flags
     hidden, intermediate, layers = shape.hidden_size, shape.intermediate_size, shape.num_layers
-    heads, kv_heads, grad_accum = shape.num_heads, shape.num_kv_heads, grad_accum_steps
+    heads, kv_heads, grad_accum = shape.num_heads, shape.num_kv_heads, dims.grad_accum_steps
+    nodes_hint, gpus_per_node = dims.nodes or 1, dims.gpus_per_node
     sizes = {**shape.sizes(), "dp": dp, "tp": tp, "pp": pp}
     del sizes["max_seq_len"]  # validation says it (training's check); nanotron's layout rules do not read it
     for flag, value in sizes.items():

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from launcher.nanotron_config.dialect import is_main, stages_of, to_canonical
-from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.layout import ParallelDims, check_layout
 from launcher.nanotron_config.mixture import to_flag
 from launcher.nanotron_config.schema import VOCAB_MULTIPLE, get_path, train_split
 from launcher.nanotron_config.shape import ModelShape, from_model_config
@@ -190,12 +190,5 @@ def load_train_config(path: str) -> TrainConfig:
 
 def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
     """The training job's start-up check: the launcher's layout rules, against the processes actually started."""
-    return check_layout(
-        cfg.model,
-        world=world_size,
-        dp=cfg.dp,
-        tp=cfg.tp,
-        pp=cfg.pp,
-        grad_accum_steps=cfg.grad_accum_steps,
-        world_flags="processes started by torchrun",
-    )
+    dims = ParallelDims(world_size, cfg.dp, cfg.tp, cfg.pp, cfg.grad_accum_steps, started=True)
+    return check_layout(cfg.model, dims)
