@@ -58,7 +58,7 @@ def write_config(case: str, steps: int, micro_batch: int, work: Path, save_inter
     from launcher.config.flags import parse
     from launcher.config.resolve import resolve
     from launcher.config.validate import validate
-    from launcher.nanotron_config.schema import build_config, dump
+    from launcher.nanotron_config.schema import dump, written
 
     preset, seq, data = case.split(":")
     work.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ def write_config(case: str, steps: int, micro_batch: int, work: Path, save_inter
         fail("the launcher refuses the case " + case + ":\n" + "\n".join(f"  - {p}" for p in problems))
     path = work / f"{case.replace(':', '-')}.yaml"
     checkpoints = work / "checkpoints" / path.stem  # emptied by each run (`child`)
-    path.write_text(dump(build_config(spec.flag_values(), spec.base_config, str(checkpoints))))
+    path.write_text(dump(written(spec.config, spec.dialect.dialect, str(checkpoints))))
     return path
 
 

@@ -11,7 +11,8 @@ from typing import NamedTuple
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
 from launcher.config import container, flags, validate
-from launcher.config.resolve import RunSpec, resolve
+from launcher.config.resolve import resolve
+from launcher.config.spec import RunSpec
 from launcher.errors import ConfigError, LauncherError, SubmissionError
 from launcher.perf import figures, fit
 from launcher.problems import Problem, report

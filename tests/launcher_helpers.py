@@ -10,9 +10,10 @@ from pathlib import Path
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, paths_for
 from launcher.config.flags import parse
-from launcher.config.resolve import RunSpec, resolve
+from launcher.config.resolve import resolve
+from launcher.config.spec import RunSpec
 from launcher.config.validate import validate
-from launcher.nanotron_config.schema import build_config
+from launcher.nanotron_config.schema import written
 from launcher.perf import fit
 from launcher.problems import Problem
 from launcher.slurm import preflight
@@ -37,7 +38,7 @@ def all_problems(spec: RunSpec, problems: list[Problem]) -> list[Problem]:
 
 def config_of(spec: RunSpec, checkpoints: str) -> dict:
     """The nanotron config the launcher writes for `spec`, its checkpoints in `checkpoints`."""
-    return build_config(spec.flag_values(), spec.base_config, checkpoints)
+    return written(spec.config, spec.dialect.dialect, checkpoints)
 
 
 def fixed_paths(run_name: str, root: Path = Path("/project")) -> BundlePaths:

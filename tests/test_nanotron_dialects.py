@@ -99,6 +99,11 @@ def test_mains_own_example_loads_through_config_and_is_written_in_both(tmp_path:
     # NANOTRON_BENCHMARK=1 with it, main does not)
     text = "\n".join(map(str, problems + validate(spec)))
     assert "fewer than 10 steps" in text and "NANOTRON_BENCHMARK" in text
+    # the variable as the job's shell gets it (--extra_env is read once, shell-quoted), not the flag's text
+    for given, said in (("NANOTRON_BENCHMARK='1'", False), ('A=2 NANOTRON_BENCHMARK="1"', False),
+                        ("NANOTRON_BENCHMARK=10", True), ("X_NANOTRON_BENCHMARK=1", True)):  # fmt: skip
+        spec, problems = spec_for(*flags_04, "--train_steps", "9", "--extra_env", given)
+        assert ("NANOTRON_BENCHMARK" in "\n".join(map(str, problems + validate(spec)))) == said, given
     for written, steps in (("main", "2000"), ("0.4", "9")):
         flags = ("--config", str(example), "--nanotron_dialect", written, "--nodes", "1", "--train_steps", steps)
         flags += ("--extra_env", "NANOTRON_BENCHMARK=1") if written == "0.4" else ()

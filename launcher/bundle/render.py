@@ -20,8 +20,8 @@ from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
 from launcher.config import container
-from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
+from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.node import nodecheck, watchdog
@@ -54,7 +54,7 @@ def _environment() -> Environment:
 
 def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
     """The config.yaml's text: the base YAML with every flag's value at its path."""
-    return schema.dump(schema.build_config(spec.flag_values(), spec.base_config, str(paths.checkpoints)))
+    return schema.dump(schema.written(spec.config, spec.dialect.dialect, str(paths.checkpoints)))
 
 
 PROJECT = Path(__file__).resolve().parents[2]  # the directory holding the launcher package: the node helpers' path
@@ -72,8 +72,7 @@ def _modules(spec: RunSpec) -> str:
 
 def _local_inputs(spec: RunSpec, paths: BundlePaths) -> list[str]:
     """The paths the job reads, as every node must see them."""
-    d = spec.args.data
-    local = [v for v in (*mixture.names(d.dataset), d.tokenizer) if v and is_local_path(v)]
+    local = [v for v in (*mixture.names(spec.datasets), spec.args.data.tokenizer) if v and is_local_path(v)]
     return [str(paths.config), spec.args.paths.run_train_script, *local]
 
 

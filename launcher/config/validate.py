@@ -17,9 +17,8 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dependency_syntax, dialect_rules, extra_env, hostlist
+from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist
 from launcher.config.flags import GROUPS
-from launcher.config.resolve import RunSpec
 from launcher.config.slurm_values import (
     EMAIL,
     NO_TIME_LIMIT,
@@ -29,6 +28,7 @@ from launcher.config.slurm_values import (
     TIME_LIMIT,
     time_limit_seconds,
 )
+from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.layout import check_layout
@@ -83,7 +83,7 @@ def _check_training(spec: RunSpec) -> list[Problem]:
 
 def _check_slurm(spec: RunSpec) -> list[Problem]:
     s = spec.args.slurm
-    out = _check_allocation(spec) + _check_time(spec) + dependency_syntax.syntax_problems(s.dependency)
+    out = _check_allocation(spec) + _check_time(spec)
     out += _check_names(spec) + _check_requeue(spec) + extra_env.problems(spec) + _check_pre_launch(spec)
     if not os.path.isabs(s.tmp_dir):
         out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
@@ -184,10 +184,8 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
                 "use letters, digits, '.', '_', '-' (at most 64, starting with a letter or digit)",
             )
         )
-    out += mixture.parse(a.data.dataset or "")[1] if mixture.is_mixture(a.data.dataset) else []
-    out += stages.problems(a.data.data_stages, stages.first_name(spec.base_config))
-    inputs = [*(("dataset", n) for n in mixture.names(a.data.dataset)), ("tokenizer", a.data.tokenizer)]
-    later = [("data_stages", n) for n in stages.dataset_names(a.data.data_stages)]
+    inputs = [*(("dataset", n) for n in mixture.names(spec.datasets)), ("tokenizer", a.data.tokenizer)]
+    later = [("data_stages", n) for n in stages.dataset_names(spec.stages)]
     later = later or [("config", n) for n in stages.config_dataset_names(spec.base_config)]  # a --config's stages
     for flag, value in [*inputs, *later]:
         if not value or (flag != "tokenizer" and value.lower() == "none"):
@@ -279,7 +277,7 @@ def _check_secrets(spec: RunSpec) -> list[Problem]:
 def validate(spec: RunSpec) -> list[Problem]:
     """Every problem with a resolved spec, in flag order."""
     layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 else []
-    layout += _check_modes(spec) + dialect_rules.written_problems(spec.flag_values(), spec.base_config)
+    layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
     return _check_secrets(spec) + checks
 

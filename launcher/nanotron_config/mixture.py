@@ -7,19 +7,24 @@ dataset makes is its weight times its size over the total: `a:0.7,b:0.3` is 70/3
 The launcher keeps that meaning (the same config is the same data in every engine) and its summary says the
 shares it can estimate.
 
-Pure text work: the flag's text <-> the YAML's value, and the problems of a mixture's form. Whether each part
-exists and reads is the dataset check's (`launcher.config.validate`), part by part.
+Pure text work: the flag's text is read once (`read`) into the YAML's value, typed (`Datasets`: one name, a
+{name: weight} mixture, or None for random tokens), with the problems of a mixture's form; the resolved run
+carries that value. Whether each part exists and reads is the dataset check's (`launcher.config.validate`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from launcher.problems import Problem
 
 EXAMPLE = "--dataset /data/web:1.0,/data/code:0.5"
+# What `hf_dataset_or_datasets` holds: one dataset's name, a mixture {name: fraction of its rows kept}, or None
+# (nanotron's random tokens). The typed form of a --dataset value (and of a data stage's dataset).
+Datasets = str | dict[str, float] | None
 
 
 def _weight(text: str) -> float | None:
@@ -78,11 +83,12 @@ def parse(text: str) -> tuple[dict[str, float], list[Problem]]:
     return mix, problems
 
 
-def to_yaml(text: str | None) -> Any:
-    """What `hf_dataset_or_datasets` holds for a --dataset value: the name, or {name: weight} for a mixture."""
+def read(text: str | None) -> tuple[Datasets, list[Problem]]:
+    """A --dataset value (or a stage's dataset), read once: the name, or {name: weight} for a mixture, with the
+    problems of a mixture's form."""
     if not is_mixture(text):
-        return text
-    return parse(text or "")[0]
+        return text, []
+    return parse(text or "")
 
 
 def to_flag(value: Any) -> Any:
@@ -93,16 +99,18 @@ def to_flag(value: Any) -> Any:
     return value
 
 
-def names(text: str | None) -> list[str]:
-    """The dataset names a --dataset value holds: one, or each of a mixture's."""
-    if not text:
+def names(value: Datasets) -> list[str]:
+    """The dataset names a value holds: one, or each of a mixture's."""
+    if not value:
         return []
-    return [name for name, _ in parts(text)] if is_mixture(text) else [text]
+    return list(value) if isinstance(value, dict) else [value]
 
 
-def map_names(text: str, change: Any) -> str:
-    """A mixture's text with `change` applied to each name (a local path made absolute), the weights as typed."""
-    return ",".join(f"{change(name)}:{weight}" if weight else change(name) for name, weight in parts(text))
+def map_names(value: Datasets, change: Callable[[str], str]) -> Datasets:
+    """The value with `change` applied to each name (a local path made absolute), the weights kept."""
+    if isinstance(value, dict):
+        return {change(name): weight for name, weight in value.items()}
+    return change(value) if value else value
 
 
 def describe(mix: dict[str, float], tokens: dict[str, int]) -> str:

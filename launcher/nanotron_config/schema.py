@@ -4,8 +4,10 @@
   moves them to main's: `data` -> `data_stages[0].data`, Adam's settings -> `optimizer.optimizer_factory`). Every
   flag is either here or in `NOT_IN_CONFIG` (a test holds the two to the flag set), so a flag cannot quietly stop
   reaching the config.
-- `build_config(values, base, checkpoints_dir)`: the config written to config.yaml, from the flags' resolved
-  values laid onto a base YAML (configs/nanotron-0.4-base.yaml or the user's --config), in the run's dialect.
+- `build_config(values, base, checkpoints_dir, datasets, later)`: a run's canonical config (0.4's paths, main's
+  keys kept), from the flags' resolved values laid onto a base YAML (configs/nanotron-0.4-base.yaml or the user's
+  --config); built once a launch (`RunSpec.config`). `written(config, dialect, checkpoints_dir)`: the config.yaml
+  of a dialect, rendered from it.
 - `flags_from_config(config)`: a nanotron YAML's values (either dialect) under the launcher's flag names.
 - `shape_problems(config, reference)`: where a YAML cannot be what nanotron loads.
 
@@ -16,12 +18,13 @@ here, on `dialect.to_canonical` of the file.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
 
 from launcher.nanotron_config import dialect, mixture, stages
+from launcher.nanotron_config.stages import Stage
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
 
@@ -186,47 +189,56 @@ def _numeric(text: str) -> bool:
 # How a flag's resolved value is written into the YAML, where that is not the value itself.
 TO_YAML: dict[str, Callable[[Any], Any]] = {
     "grad_clip": lambda clip: clip or None,  # 0 disables clipping: nanotron's null
-    "dataset": mixture.to_yaml,  # a:0.7,b:0.3 -> {a: 0.7, b: 0.3}, nanotron's mixture
 }
 # Flags that describe the dataset: with no dataset (random tokens) the whole `data.dataset` section is null.
 DATASET_FLAGS = ("dataset", "text_column")
+CHECKPOINTS_PATH = ("checkpoints", "checkpoints_path")
 
 
-def build_config(values: dict[str, Any], base: dict, checkpoints_dir: str) -> dict:
-    """The nanotron config of a run: `base` (the project's base YAML, or --config laid onto it, in 0.4's paths)
-    with every flag of FLAG_PATHS set from `values` (each flag's resolved value by name: `RunSpec.flag_values()`),
-    and the values that follow from them, in the dialect `values["nanotron_dialect"]` names (0.4 or main)."""
-    config = _build(values, base, checkpoints_dir)
-    if values.get("nanotron_dialect") == "main-canonical":  # main's keys kept in 0.4's paths: for the checks
-        return config
-    if values.get("nanotron_dialect") == "main":
-        # RoPE stated, not left to a default: rotate-half (GPT-NeoX / transformers' Llama), the torch engine's model
-        config["model"]["model_config"].setdefault("rope_interleaved", False)
-        return dialect.to_main(config)
-    return dialect.to_04(config)[0]
-
-
-def _build(values: dict[str, Any], base: dict, checkpoints_dir: str) -> dict:
+def build_config(
+    values: dict[str, Any], base: dict, checkpoints_dir: str, datasets: mixture.Datasets, later: Sequence[Stage]
+) -> dict:
+    """The canonical nanotron config of a run: `base` (the project's base YAML, or --config laid onto it, in 0.4's
+    paths) with every flag of FLAG_PATHS set from `values` (each flag's resolved value by name:
+    `RunSpec.flag_values()`), --dataset's value read (`datasets`: a name, a mixture, None for random tokens), the
+    later data stages (`later`: --data_stages', which replace a --config's; none keeps the config's), and the
+    values that follow from them. In 0.4's paths, main's keys kept: `written` renders each dialect's file."""
     config = copy.deepcopy(base)
-    no_dataset = values["dataset"] is None
+    no_dataset = datasets is None
     for flag, path in FLAG_PATHS.items():
         if no_dataset and flag in DATASET_FLAGS:
             continue
-        set_path(config, path, TO_YAML.get(flag, _same)(values[flag]))
+        value = copy.deepcopy(datasets) if flag == "dataset" else TO_YAML.get(flag, _same)(values[flag])
+        set_path(config, path, value)
     if no_dataset:
         set_path(config, ("data", "dataset"), None)
     set_path(config, ("general", "run"), values["run_name"])
     set_path(config, ("model", "model_config", "max_position_embeddings"), values["max_seq_len"])
-    set_path(config, ("checkpoints", "checkpoints_path"), checkpoints_dir)
+    set_path(config, CHECKPOINTS_PATH, checkpoints_dir)
     set_path(config, ("optimizer", "learning_rate_scheduler", "lr_warmup_style"), "linear")
     if values["tp_mode"] == "ALL_REDUCE":  # nanotron's o_proj asserts async communication only under REDUCE_SCATTER
         set_path(config, ("parallelism", "tp_linear_async_communication"), False)
-    if values.get("data_stages"):  # the later stages: the flag's replace a --config's
+    if later:  # the later stages: the flag's replace a --config's
         first = (dialect.stages_of(config) or [{"name": dialect.STAGE_NAME, "start_training_step": 1}])[0]
-        config["data_stages"] = [first, *stages.to_yaml(stages.parse(values["data_stages"])[0], config["data"])]
+        config["data_stages"] = [first, *stages.to_yaml(later, config["data"])]
     if values["profiler_export_path"]:  # else the base's (or --config's) profiler section stands
         config["profiler"] = {"profiler_export_path": values["profiler_export_path"]}
     return config
+
+
+def written(config: dict, dialect_name: str, checkpoints_dir: str | None = None) -> dict:
+    """The config.yaml of a canonical config (`build_config`'s) in the dialect it is written in, "0.4" or "main"
+    (a copy: the canonical config is left as it is); `checkpoints_dir`, where given, is the run's checkpoints
+    directory as the bundle has it (a run started afresh beside old checkpoints gets a directory of its own)."""
+    if dialect_name == "main":
+        out = dialect.to_main(config)
+        # RoPE stated, not left to a default: rotate-half (GPT-NeoX / transformers' Llama), the torch engine's model
+        out["model"]["model_config"].setdefault("rope_interleaved", False)
+    else:
+        out = dialect.to_04(config)[0]
+    if checkpoints_dir is not None:
+        set_path(out, CHECKPOINTS_PATH, checkpoints_dir)
+    return out
 
 
 def _same(value: Any) -> Any:

@@ -5,13 +5,16 @@ The first stage is `--dataset` from step 1 (named `stable`, or what a --config n
 (`anneal@900=/data/web:0.3,/data/hq:1.0`). Each stage's data is the first stage's (text column, split, seed) with
 its own dataset. Only nanotron main has stages (0.4 trains one dataset: refused by name there).
 
-Pure text work: the flag's text -> the stages, their problems, and their YAML.
+Pure text work: the flag's text is read once (`parse`) into typed stages (each dataset read by
+`mixture.read`) with every problem of its form; the resolved run carries them, and the config writes them
+(`to_yaml`).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +30,16 @@ FORM = re.compile(r"\s*(?P<name>[^@=;]*)@(?P<start>[^=;]*)=(?P<dataset>.*)")
 class Stage:
     name: str
     start: int  # nanotron's start_training_step: the first step trained on this stage's data
-    dataset: str  # one name or a mixture, in --dataset's form
+    dataset: mixture.Datasets  # one name or a mixture {name: weight}, read from --dataset's form
 
 
-def parse(text: str | None) -> tuple[list[Stage], list[Problem]]:
-    """The later stages a --data_stages value names, in the order given, and every problem with its form."""
+def parse(text: str | None, first_name: str = dialect.STAGE_NAME) -> tuple[list[Stage], list[Problem]]:
+    """The later stages a --data_stages value names, in the order given, and every problem of it but its datasets'
+    existence (the dataset check's): its form, names and steps that nanotron main refuses (each unique, the first
+    stage's name, `first_name`, included), the mixtures' form."""
     out: list[Stage] = []
     problems = []
+    names, starts = [first_name], [1]
     for entry in (text or "").split(";"):
         if not entry.strip():
             continue
@@ -42,32 +48,24 @@ def parse(text: str | None) -> tuple[list[Stage], list[Problem]]:
         if not found or not start or not start.isdigit() or not found["dataset"].strip():
             problems.append(Problem("data_stages", f"{entry.strip()!r} is not NAME@STEP=DATASET", f"write {EXAMPLE}"))
             continue
-        stage = Stage(found["name"].strip(), int(start), found["dataset"].strip())
+        name = found["name"].strip()
+        dataset, mixed = mixture.read(found["dataset"].strip())
+        stage = Stage(name, int(start), dataset)
         if not NAME.fullmatch(stage.name):
             fix = "use letters, digits, '.', '_', '-'"
             problems.append(Problem("data_stages", f"stage name {stage.name!r} is not a plain name", fix))
         if stage.start < 2:
             fix = "start it at step 2 or later (--dataset is the stage from step 1)"
             problems.append(Problem("data_stages", f"stage {stage.name} starts at step {stage.start}", fix))
-        out.append(stage)
-    return out, problems
-
-
-def problems(text: str | None, first_name: str) -> list[Problem]:
-    """Every problem of a --data_stages value but its datasets' existence (the dataset check's): its form, names
-    and steps that nanotron main refuses (each unique, the first stage's name included), the mixtures' form."""
-    stages, out = parse(text)
-    names, starts = [first_name], [1]
-    for stage in stages:
         if stage.name in names:
-            out.append(Problem("data_stages", f"stage name {stage.name} is used twice", "name each stage once"))
+            problems.append(Problem("data_stages", f"stage name {stage.name} is used twice", "name each stage once"))
         if stage.start in starts:
-            out.append(Problem("data_stages", f"two stages start at step {stage.start}", "give each its own step"))
+            problems.append(Problem("data_stages", f"two stages start at step {stage.start}", "give each its own step"))
         names.append(stage.name)
         starts.append(stage.start)
-        if mixture.is_mixture(stage.dataset):
-            out += [_as_stages(p, f"stage {stage.name}: ") for p in mixture.parse(stage.dataset)[1]]
-    return out
+        problems += [_as_stages(p, f"stage {stage.name}: ") for p in mixed]
+        out.append(stage)
+    return out, problems
 
 
 def _as_stages(problem: Problem, prefix: str) -> Problem:
@@ -75,14 +73,19 @@ def _as_stages(problem: Problem, prefix: str) -> Problem:
     return Problem("data_stages", prefix + problem.message, problem.fix)
 
 
-def dataset_names(text: str | None) -> list[str]:
+def dataset_names(stages: Sequence[Stage]) -> list[str]:
     """Every dataset the later stages read (each of a mixture's)."""
-    return [name for stage in parse(text)[0] for name in mixture.names(stage.dataset)]
+    return [name for stage in stages for name in mixture.names(stage.dataset)]
 
 
 def config_dataset_names(config: dict) -> list[str]:
     """Every dataset a config's later stages read (each of a mixture's)."""
-    return [name for stage in listed(config, None)[1:] for name in mixture.names(stage["dataset"])]
+    return [name for stage in dialect.stages_of(config)[1:] for name in mixture.names(_datasets_of(stage))]
+
+
+def _datasets_of(stage: dict) -> mixture.Datasets:
+    """A config stage's `hf_dataset_or_datasets`."""
+    return ((stage.get("data") or {}).get("dataset") or {}).get("hf_dataset_or_datasets")
 
 
 def seq_len_problems(config: dict, sequence_length: int) -> list[Problem]:
@@ -98,32 +101,22 @@ def seq_len_problems(config: dict, sequence_length: int) -> list[Problem]:
     return out
 
 
-def to_yaml(stages: list[Stage], first: dict[str, Any]) -> list[dict[str, Any]]:
+def to_yaml(stages: Sequence[Stage], first: dict[str, Any]) -> list[dict[str, Any]]:
     """nanotron main's entries for the later stages: each the first stage's `data` (`first`) with its dataset."""
     out = []
     for stage in sorted(stages, key=lambda s: s.start):
         data = copy.deepcopy(first)
         if isinstance(data.get("dataset"), dict):
-            data["dataset"]["hf_dataset_or_datasets"] = mixture.to_yaml(stage.dataset)
+            data["dataset"]["hf_dataset_or_datasets"] = copy.deepcopy(stage.dataset)
         else:  # the first stage trains random tokens: a later one gets the base's dataset section
-            data["dataset"] = {"hf_dataset_or_datasets": mixture.to_yaml(stage.dataset), "hf_dataset_splits": "train"}
+            data["dataset"] = {"hf_dataset_or_datasets": copy.deepcopy(stage.dataset), "hf_dataset_splits": "train"}
         out.append({"name": stage.name, "start_training_step": stage.start, "data": data})
     return out
 
 
-def map_datasets(text: str, change: Any) -> str:
-    """A --data_stages value with `change` applied to each dataset name (a local path made absolute); entries
-    that do not parse stay as typed, for the check to name."""
-    out = []
-    for entry in text.split(";"):
-        found = FORM.fullmatch(entry)
-        if not found or not found["dataset"].strip():
-            out.append(entry)
-            continue
-        dataset = found["dataset"].strip()
-        dataset = mixture.map_names(dataset, change) if mixture.is_mixture(dataset) else change(dataset)
-        out.append(f"{found['name'].strip()}@{found['start'].strip()}={dataset}")
-    return ";".join(out)
+def to_flag(stages: Sequence[Stage]) -> str | None:
+    """Stages as --data_stages' text (NAME@STEP=DATASET;...), None for none."""
+    return ";".join(f"{s.name}@{s.start}={mixture.to_flag(s.dataset)}" for s in stages) or None
 
 
 def first_name(config: dict) -> str:
@@ -140,7 +133,7 @@ def listed(config: dict, first_dataset: str | None) -> list[dict[str, Any]]:
         return []
     out = [{"name": first_name(config), "start": 1, "dataset": first_dataset or "none"}]
     for stage in found[1:]:
-        dataset = ((stage.get("data") or {}).get("dataset") or {}).get("hf_dataset_or_datasets")
+        dataset = _datasets_of(stage)
         out.append(
             {
                 "name": stage.get("name"),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from launcher.config.resolve import RunSpec
-from launcher.nanotron_config import mixture, schema, stages
+from launcher.config.spec import RunSpec
+from launcher.nanotron_config import stages
 from launcher.nanotron_config.schema import train_split
 from launcher.nanotron_config.shape import ModelShape
 from launcher.perf import datasize, fit
@@ -68,8 +68,7 @@ def derived(spec: RunSpec) -> dict:
 
 def data_stages(spec: RunSpec) -> dict:
     """The run's data stages where it has more than one (nanotron main's): name, first step, dataset of each."""
-    config = schema.build_config({**spec.flag_values(), "nanotron_dialect": "main-canonical"}, spec.base_config, "")
-    listed = stages.listed(config, spec.args.data.dataset)
+    listed = stages.listed(spec.config, spec.args.data.dataset)
     return {"data_stages": listed} if listed else {}
 
 
@@ -91,19 +90,18 @@ def memory(spec: RunSpec) -> dict:
 def data_volume(spec: RunSpec, run_tokens: int) -> dict:
     """How many tokens a local dataset holds (estimated) and how many times the run reads it."""
     d = spec.args.data
-    if mixture.is_mixture(d.dataset):
-        return _mixture_volume(spec, run_tokens)
+    if isinstance(spec.datasets, dict):
+        return _mixture_volume(spec, spec.datasets, run_tokens)
     size = datasize.estimate(d.dataset, d.text_column, train_split(spec.base_config), d.tokenizer)
     if size is None or size.tokens <= 0:
         return {}
     return {"dataset_tokens": size.tokens, "dataset_tokens_how": size.how, "epochs": run_tokens / size.tokens}
 
 
-def _mixture_volume(spec: RunSpec, run_tokens: int) -> dict:
+def _mixture_volume(spec: RunSpec, mix: dict[str, float], run_tokens: int) -> dict:
     """A mixture's datasets, nanotron's fraction of each and their estimated tokens (where local); the tokens of
     the mix (what nanotron keeps of each) and the epochs where every part's size is known."""
     d = spec.args.data
-    mix, _ = mixture.parse(d.dataset or "")
     sizes = {name: datasize.estimate(name, d.text_column, train_split(spec.base_config), d.tokenizer) for name in mix}
     tokens = {name: size.tokens for name, size in sizes.items() if size is not None and size.tokens > 0}
     out: dict = {"dataset_mixture": {name: {"weight": w, "tokens": tokens.get(name)} for name, w in mix.items()}}

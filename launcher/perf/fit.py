@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
 from launcher.nanotron_config.schema import get_path
 from launcher.nanotron_config.shape import ModelShape
 from launcher.perf import planner

@@ -3,7 +3,7 @@ spec and the planner's plans."""
 
 from __future__ import annotations
 
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
 from launcher.perf import fit, planner
 from launcher.perf.figures import human_count, parameters
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.storage import free_bytes
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
 from launcher.perf.figures import human_bytes, human_count

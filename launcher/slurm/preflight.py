@@ -19,8 +19,7 @@ import dataclasses
 from pathlib import Path
 
 from launcher.bundle import storage
-from launcher.config import dependency_syntax
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
 from launcher.errors import SlurmUnavailable
 from launcher.nanotron_config import dialect, gpus
 from launcher.perf import figures
@@ -92,11 +91,10 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
 def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     """The jobs --dependency names, judged by their states now. Asked whatever else is wrong, so that every mistake
     is reported at once; only a dependency that does not parse (already a problem) is not looked up."""
-    text = spec.args.slurm.dependency
-    if not text or dependency_syntax.syntax_problems(text):
+    if spec.dependency is None:  # none, or one that does not parse (resolution said so)
         return []
     try:
-        return awaited_jobs.state_problems(text, client.job_states)
+        return awaited_jobs.state_problems(spec.dependency, client.job_states)
     except SlurmUnavailable as e:
         if not earlier:
             raise
