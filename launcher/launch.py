@@ -233,7 +233,7 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     failed, submitted = 0, []
     for p, prep in zip(grid, prepared, strict=True):
         try:
-            job_id = submission.submit(prep.paths)
+            job_id = str(submission.submit(prep.paths).job_id)
         except LauncherError as e:
             failed += 1
             print(f"error: {p.run_name}: {e}", file=sys.stderr)

@@ -5,7 +5,6 @@ is tested in tests/test_e2e_training.py (the demo flow) and tests/test_ledger.py
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from test_e2e_training import bundles, finish, launch, manifest, submitted_job_i
 from test_preemption import last_logged_step
 
 from launcher import sweep, usage
+from launcher.bundle import sweep_record
+from launcher.bundle.manifest import load as manifest_of
 from launcher.report.plots import read_metrics
 from launcher.slurm import client
 
@@ -100,7 +101,7 @@ def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path,
 
     # the ledger: the steps thrown away are those after the checkpoint the second attempt resumed from
     last_first, resumed = steps_of_attempts(bundle_dir, log, job_id)
-    from_sacct, from_records = usage.ledgers(bundle_dir)
+    from_sacct, from_records = usage.ledgers(manifest_of(bundle_dir))
     assert from_sacct is not None and from_records is not None
     for found in (from_sacct, from_records):
         assert [a.ended for a in found.attempts] == ["preemption", "completed"]
@@ -140,16 +141,16 @@ def test_a_sweeps_ledger_with_accounting(tmp_path: Path, acct_env: dict, demo_da
     code, out = finish(proc, timeout=400)
     assert code == 0, out
     (record_dir,) = [d for d in bundles(tmp_path, "sw") if (d / sweep.RECORD).exists()]
-    points = json.loads((record_dir / sweep.RECORD).read_text())["points"]
+    points = sweep_record.load(record_dir).points
     assert "GPU-hours" in out and (record_dir / "gpu-hours.png").stat().st_size > 10_000
     total = 0.0
-    for entry in points:
-        from_sacct, from_records = usage.ledgers(Path(entry["bundle"]))
+    for point in points:
+        from_sacct, from_records = usage.ledgers(manifest_of(point.bundle))
         assert from_sacct is not None and from_records is not None
         assert usage.agree(from_sacct, from_records) == []
         assert [a.gpus for a in from_sacct.attempts] == [2]  # 1 node x 2 GPUs, from AllocTRES
         total += from_sacct.allocated
-        assert manifest(Path(entry["bundle"]))["ledger"]["source"] == "sacct"
+        assert manifest(point.bundle)["ledger"]["source"] == "sacct"
     shown = subprocess.run(["python3", "-m", "launcher.jobs", "ledger", str(record_dir)], env=acct_env,
                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert shown.returncode == 0, shown
