@@ -55,7 +55,7 @@ def flops_per_token(config: dict, causal: bool) -> float:
 def write_config(case: str, steps: int, micro_batch: int, work: Path, save_interval: int | None = None) -> Path:
     """The config the launcher writes for this case as a one-GPU job (its own flags, resolution and checks);
     without `save_interval`, only the last step is saved."""
-    from launcher.config.flags import parse
+    from launcher.config.cli import parse
     from launcher.config.resolve import resolve
     from launcher.config.validate import validate
     from launcher.nanotron_config.schema import dump, written

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, paths_for
-from launcher.config.flags import parse
+from launcher.config.cli import parse
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
 from launcher.config.validate import validate

@@ -12,7 +12,7 @@ from launcher_helpers import ROOT, run_launcher
 
 from launcher import launch, sweep
 from launcher.bundle import sweep_record
-from launcher.config import flags as cli
+from launcher.config import cli
 from launcher.problems import Problem
 
 BASE = ["--run_name", "lr", "--dataset", "none", "--learning_rate", "1e-2", "--train_steps", "20", "--warmup_steps",
