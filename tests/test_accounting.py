@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 from launcher_helpers import ROOT
-from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
+from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
 from launcher import sweep, usage
 from launcher.bundle import sweep_record
 from launcher.bundle.manifest import load as manifest_of
-from launcher.report.plots import read_metrics
 from launcher.slurm import client
 
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
@@ -64,18 +63,6 @@ def acct_env(slurm_accounting: dict[str, str], slurm_env: dict, monkeypatch: pyt
     for key, value in slurm_accounting.items():
         monkeypatch.setenv(key, value)
     return {**slurm_env, **slurm_accounting}
-
-
-def steps_of_attempts(bundle_dir: Path, log: str, job_id: str) -> tuple[int, int]:
-    """(the last step the first attempt logged, the checkpoint step the second resumed from), read from the job's
-    metrics and log directly."""
-    second = log.split(f"job {job_id} attempt 2 started ")[1].split()[0]
-    from datetime import datetime
-
-    boundary = datetime.fromisoformat(second).timestamp()
-    first_steps = [r["step"] for r in read_metrics(bundle_dir / "metrics.jsonl") if r["time"] < boundary]
-    resumed = int(log.split("resumed from checkpoint step ")[1].split()[0]) if "resumed from" in log else 0
-    return max(first_steps), resumed
 
 
 def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path, acct_env: dict, demo_data):

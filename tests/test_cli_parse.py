@@ -37,6 +37,7 @@ REFUSED = [  # (argv, argparse's words for it)
     (["--run_name", "x", "extra"], "unrecognized arguments: extra"),
     (["--run_name", "x", "--noresume", "yes"], "argument --noresume: takes no value"),
     (["--run_name", "x", "--nodes", "hf_" + "a" * 30], "argument --nodes: invalid int value: '<redacted>'"),
+    (["--run_name=--"], "argument --run_name: expected one argument"),  # argparse read it as [] (hypothesis found)
 ]
 
 

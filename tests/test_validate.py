@@ -354,3 +354,12 @@ def test_mem_takes_every_unit_slurm_takes(value: str):
 def test_mem_refuses_the_rest(value: str):
     (problem,) = problems_for("--mem", value)
     assert problem.flag == "mem" and "500GB" in problem.fix
+
+
+def test_a_start_up_grace_needs_the_watchdog_and_time_to_start():
+    assert problems_for("--startup_timeout", "600") == []  # a slow start (compiling, loading data) is no hang
+    assert problems_for("--hang_timeout", "20", "--startup_timeout", "600") == []
+    (short,) = problems_for("--startup_timeout", "5")
+    assert short.flag == "startup_timeout" and "too short to start a run" in short.message
+    (idle,) = problems_for("--hang_timeout", "0", "--startup_timeout", "600")
+    assert idle.flag == "startup_timeout" and "no effect with --hang_timeout 0" in idle.message

@@ -154,6 +154,7 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             hung_file=paths.hung_file,
             watchdog=watchdog.__name__,
             hang_timeout=a.job.hang_timeout,
+            startup_timeout=a.job.startup_timeout,
             hang_factor=a.job.hang_factor,
             checkpoints=paths.checkpoints,
             pre_launch_commands=a.slurm.pre_launch_commands,

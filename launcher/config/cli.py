@@ -159,7 +159,11 @@ def parse(argv: Sequence[str]) -> Parsed:
     if any(tok in ("-h", "--help") or tok.startswith("--help=") for tok in argv):
         print(help_text(), end="")
         sys.exit(0)
-    given = vars(_parser().parse_args(argv))  # only the flags typed: every default is SUPPRESS
+    parser = _parser()
+    given = vars(parser.parse_args(argv))  # only the flags typed: every default is SUPPRESS
+    for dest, value in given.items():
+        if isinstance(value, list):  # argparse's reading of `--x=--`: the '--' taken away, nothing left
+            parser.error(f"argument --{dest.rsplit('.', 1)[-1]}: expected one argument")
     groups: dict[str, dict[str, object]] = {name: {} for name in GROUPS}
     for dest, value in given.items():
         if dest != "run_name":

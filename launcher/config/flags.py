@@ -139,7 +139,12 @@ class JobArgs:
     """How the job guards itself on the nodes."""
 
     preflight: bool = True  # Check every node before training (GPUs, paths, Python, the rendezvous); false skips it.
-    hang_timeout: int = 1800  # Seconds with no first step (or no end of a save) that make a hang; 0: no watchdog.
+    hang_timeout: int = 1800
+    """Seconds in a checkpoint save (and, unless --startup_timeout, to an attempt's first step) that make a hang;
+    0: no watchdog."""
+    startup_timeout: int | None = None
+    """Seconds an attempt may take to its first step (start-up, data loading, compilation, a resume) before it counts
+    as hung (default: --hang_timeout)."""
     hang_factor: float = 10.0  # Between steps, a hang is this many median step times with no step (at least 60 s).
     debug: bool = False  # Trace the node side; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.
 

@@ -169,6 +169,13 @@ def _check_job(spec: RunSpec) -> list[Problem]:
         out.append(
             Problem("hang_timeout", f"{j.hang_timeout} s is too short to start a run", "use 0 (no watchdog) or >= 10")
         )
+    if j.startup_timeout is not None and j.hang_timeout == 0:
+        fix = "give --hang_timeout (seconds), or leave --startup_timeout out"
+        out.append(Problem("startup_timeout", "has no effect with --hang_timeout 0 (no watchdog)", fix))
+    elif j.startup_timeout is not None and j.startup_timeout < 10:
+        out.append(
+            Problem("startup_timeout", f"{j.startup_timeout} s is too short to start a run", "use >= 10, e.g. 600")
+        )
     if not j.hang_factor >= 2:  # (nan too)
         out.append(Problem("hang_factor", f"{j.hang_factor} would call a slow step a hang", "use 2 or more, e.g. 10"))
     return out

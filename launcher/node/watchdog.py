@@ -6,7 +6,9 @@ Training's rank 0 writes its progress to the bundle's `progress` file ("STEP UNI
 step, `saving` around a checkpoint save). This watchdog, started by the batch script, reads it every few seconds
 and counts time since it last changed, by its own clock (the file's writer may be another node). The limit:
 
-- before the first step and during a save: `--floor` seconds (start-up, compilation, a large checkpoint);
+- before an attempt's first step: `--startup` seconds (start-up, data loading, compilation, a resume; default:
+  `--floor`);
+- during a save: `--floor` seconds (a large checkpoint);
 - between steps: `--factor` x the median step time seen so far, at least min(60 s, floor).
 
 Past the limit it writes "STEP IDLE LIMIT" to `--hung-file` and sends SIGUSR2 to the batch script, which dumps every
@@ -47,14 +49,19 @@ def read_progress(path: Path) -> tuple[int, str] | None:
         return None
 
 
-def limit(step_times: list[float], phase: str, factor: float, floor: float) -> float:
-    """Seconds without progress after which the run counts as hung."""
+def limit(step_times: list[float], phase: str, factor: float, floor: float, startup: float | None = None) -> float:
+    """Seconds without progress after which the run counts as hung, in `phase`: "starting" (no progress yet this
+    attempt: `startup`, default `floor`), "saving", or "step"."""
+    if phase == "starting":
+        return floor if startup is None else startup
     if phase != "step" or not step_times:
         return floor
     return max(factor * statistics.median(step_times), min(STEP_FLOOR_S, floor))
 
 
-def watch(progress: Path, hung_file: Path, notify: int, factor: float, floor: float, poll: float) -> int:
+def watch(
+    progress: Path, hung_file: Path, notify: int, factor: float, floor: float, poll: float, startup: float | None = None
+) -> int:
     """Watch until a hang (then write hung_file, signal `notify`, return 0) or until killed."""
     last: tuple[int, str] | None = None
     changed = time.monotonic()
@@ -69,7 +76,7 @@ def watch(progress: Path, hung_file: Path, notify: int, factor: float, floor: fl
                 step_seen = (seen[0], now)
             last, changed = seen, now
         phase = last[1] if last else "starting"
-        allowed = limit(step_times, phase, factor, floor)
+        allowed = limit(step_times, phase, factor, floor, startup)
         if now - changed > allowed:
             hung_file.write_text(
                 P.HUNG_FILE_FORMAT.format(
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hung-file", type=Path, help="where to write 'STEP IDLE LIMIT' on a hang")
     parser.add_argument("--notify", type=int, help="the process to send SIGUSR2 on a hang (the batch script)")
     parser.add_argument("--factor", type=float, default=10.0, help="limit between steps: x the median step time")
-    parser.add_argument("--floor", type=float, default=1800.0, help="limit before the first step and while saving")
+    parser.add_argument("--floor", type=float, default=1800.0, help="limit while saving, and least between steps")
+    parser.add_argument("--startup", type=float, default=None, help="limit before the first step (default: --floor)")
     parser.add_argument("--poll", type=float, default=0.0, help="seconds between looks (default: floor / 20, 1-30)")
     parser.add_argument("--suspects", type=Path, help="print the suspected nodes from this directory of stack dumps")
     parser.add_argument("--max-suspects", type=int, default=0, help="more suspects than this: none (0: no limit)")
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no suspected node: {why}", file=sys.stderr)
         return 0
     poll = args.poll or min(max(args.floor / 20, 1.0), 30.0)
-    return watch(args.progress, args.hung_file, args.notify, args.factor, args.floor, poll)
+    return watch(args.progress, args.hung_file, args.notify, args.factor, args.floor, poll, args.startup)
 
 
 if __name__ == "__main__":
