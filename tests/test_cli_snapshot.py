@@ -25,11 +25,15 @@ NANOTRON_LAUNCHER_FLAGS = (  # the documented interface we follow (shared/refere
 ).split()
 
 
-def test_flag_set_matches_snapshot():
-    names = "\n".join(flag_names()) + "\n"
+def matches_snapshot(text: str, snapshot: Path) -> bool:
+    """Whether `text` is the snapshot's (written first, where UPDATE_GOLDEN=1)."""
     if os.environ.get("UPDATE_GOLDEN") == "1":
-        SNAPSHOT.write_text(names)
-    assert names == SNAPSHOT.read_text()
+        snapshot.write_text(text)
+    return text == snapshot.read_text()
+
+
+def test_flag_set_matches_snapshot():
+    assert matches_snapshot("\n".join(flag_names()) + "\n", SNAPSHOT)
 
 
 def test_every_documented_nanotron_flag_exists():
@@ -44,10 +48,7 @@ def test_every_flag_has_help_text():
 
 
 def test_help_matches_its_snapshot():
-    text = cli.help_text(width=100)
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        HELP.write_text(text)
-    assert text == HELP.read_text()
+    assert matches_snapshot(cli.help_text(width=100), HELP)
 
 
 def test_help_reads_as_users_know_it():
