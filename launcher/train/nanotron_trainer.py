@@ -45,7 +45,6 @@ from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics
 from launcher.train.model import peak_flops
-from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 
 POINTER = P.NANOTRON_POINTER  # nanotron's pointer to the newest checkpoint, in checkpoints_path
@@ -149,11 +148,20 @@ def add_new_stages(trainer: Any) -> None:
 
 
 def mend_lr_scheduler_resume(trainer: Any) -> None:
-    """nanotron main's `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which
-    steps the schedule once more: every resumed run trains one step ahead on its LR schedule (from the first step
-    after the resume on), so a stopped and requeued run no longer trains as the uninterrupted one. Where main's
-    loader does so, load the saved state again with nanotron's own file name and put its last LR back into the
-    optimizer, as it was when the checkpoint was saved. (0.4's loader does not step: nothing is done there.)"""
+    """Two bugs of nanotron main's resume, each of which makes a resumed run train on another LR than the
+    uninterrupted one (0.4 has neither: nothing is done there):
+
+    - `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which steps the
+      schedule once more: the run trains one step ahead on its LR schedule from the first step after the resume on;
+    - `lr_scheduler_builder` hands each parameter group's LR *at build time* to the schedule as its `initial_lr`
+      (the peak the decay starts from), and on a resume the trainer builds the schedule after `load_optimizer`
+      has put the LR of the saved step into the groups: every step after a resume in the decay is off, by a share
+      that grows with how far the decay had gone (at half a cosine decay to a tenth of the peak, ~9%).
+
+    Where main's loader steps, load the saved state again with nanotron's own file name, give each group's
+    schedule its true peak (the scheduler's `base_lrs`: the groups' `initial_lr`, saved with the state), and put
+    the saved step's LR back into the optimizer, as it was when the checkpoint was saved."""
+    import functools
     import inspect
 
     from nanotron.serialize import optimizer as serialize_optimizer
@@ -163,8 +171,16 @@ def mend_lr_scheduler_resume(trainer: Any) -> None:
     name = serialize_optimizer.lr_scheduler_filename(trainer.parallel_context, trainer.config.optimizer.zero_stage)
     scheduler = trainer.lr_scheduler
     scheduler.load_state_dict(torch.load(Path(trainer.init_checkpoint_path) / "lr_scheduler" / name))
-    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
-        group["lr"] = lr
+    scheduler.lr_lambdas = [
+        functools.partial(f.func, *f.args, **{**f.keywords, "initial_lr": peak})
+        if isinstance(f, functools.partial) and "initial_lr" in f.keywords
+        else f
+        for f, peak in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)
+    ]
+    for group, peak, schedule in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
+                                     strict=True):  # fmt: skip
+        group["lr"] = peak * schedule(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
 def trainer_class(cfg: TrainConfig) -> type:
@@ -205,6 +221,7 @@ def trainer_class(cfg: TrainConfig) -> type:
                 raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None
 
         def training_step(self, dataloader: Any) -> tuple[Any, ...]:
+            self.step_lr = self.lr_scheduler.get_last_lr()[0]  # the LR this step's optimizer step applies
             returned = super().training_step(dataloader=dataloader)  # 0.4: (outputs, loss); main: 4 values
             logs = dict(zip(("outputs", "loss_avg", "z_loss_avg", "tbi_logs"), returned, strict=False))
             report_progress(self.is_main(), self.iteration_step)  # for the hang watchdog
@@ -276,7 +293,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             metrics = StepMetrics(
                 step=self.iteration_step,
                 loss=loss_avg.item(),
-                lr=lr_at(self.iteration_step, self.launcher_cfg.lr),  # the step's own LR (nanotron logs the next)
+                lr=self.step_lr,  # the LR the step applied (nanotron logs the next step's)
                 grad_norm=None if grad_norm is None else grad_norm.item(),
                 tokens_per_s=tokens_per_s,
                 tokens_per_s_per_gpu=tokens_per_s / dist.get_world_size(),
