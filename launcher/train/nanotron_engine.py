@@ -218,6 +218,9 @@ def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = Non
     context = trainer.parallel_context
     extra = {"use_position_ids": False} if is_main else {}  # main's collator adds position ids for Qwen2 only
     if data.dataset is None:
+        # main's generator reads the context-parallel group from its own argument (None: every run without a
+        # dataset died at its first batch), as main's run_train.py passes it
+        random_extra = {**extra, "cp_pg": context.cp_pg} if is_main else extra
         return dummy_infinite_data_generator(
             micro_batch_size=trainer.micro_batch_size,
             sequence_length=trainer.sequence_length,
@@ -226,7 +229,7 @@ def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = Non
             vocab_size=trainer.model_config.vocab_size,
             seed=data.seed,
             parallel_context=context,
-            **extra,
+            **random_extra,
         )()
     tokenizer = load_tokenizer(cfg)  # checked on every rank (vocab_size), before any rank waits on another
     tokenizer.pad_token = tokenizer.eos_token
