@@ -65,6 +65,7 @@ class Session:
     deadline: float  # time.monotonic() by which every run has ended
     main_src: str | None
     rehearse: bool
+    only: tuple[str, ...] = ()  # part 1's runs whose label holds one of these (all where empty)
     peak: float | None = None
     lines: list[str] = field(default_factory=list)
     memory_rows: list[tuple] = field(default_factory=list)
@@ -110,6 +111,8 @@ def throughput(s: Session) -> None:
             dialect = "main" if engine == "nanotron-main" else "0.4"
             config = s.config(case, STEPS, mb, s.work / "throughput", dialect=dialect)
             label = f"{case.replace(':', '-')}-{engine}"
+            if s.only and not any(o in label for o in s.only):
+                continue
             result = s.run(engine, config, label)
             if result is None:
                 continue
@@ -314,12 +317,13 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=480, help="seconds: no run goes on past it")
     parser.add_argument("--rehearse", action="store_true", help="on a CPU: tiny shapes, the torch engine for all")
     parser.add_argument("--parts", default="123", help="which parts to run (1, 2, 3)")
+    parser.add_argument("--only", nargs="*", default=[], help="part 1: only the runs whose label holds one of these")
     args = parser.parse_args()
     work = args.work or Path("/tmp/gpu-session")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    s = Session(args.out, work, time.monotonic() + args.deadline, args.main_src, args.rehearse)
+    s = Session(args.out, work, time.monotonic() + args.deadline, args.main_src, args.rehearse, tuple(args.only))
     s.say(f"# GPU session {time.strftime('%Y-%m-%d %H:%M:%S')}{' (REHEARSAL on CPU)' if args.rehearse else ''}")
     card = environment(s)
     if not args.rehearse:

@@ -2,8 +2,8 @@
 # One GPU session (docs/nanotron-gpu.md has the plan and the device-tool calls). Run from the repository root on the
 # GPU machine, with .gpu/ carried (the wheels the GPU image lacks, and nanotron main's vendored source):
 #
-#   bench/nanotron_gpu_session.sh session OUT [SECONDS]   nanotron 0.4 and main beside the torch engine; stop and
-#                                                         resume; memory vs the estimate (bench/gpu_session.py)
+#   bench/nanotron_gpu_session.sh session OUT [SECONDS [ARGS...]]   nanotron 0.4 and main beside the torch engine;
+#                         stop and resume; memory vs the estimate (bench/gpu_session.py; ARGS: its --parts, --only)
 #   bench/nanotron_gpu_session.sh build-fa OUT            flash-attn from .gpu/sdist/, built in the background
 #   bench/nanotron_gpu_session.sh fidelity OUT            once built: nanotron's loss through flash_attn vs the stand-in
 set -euo pipefail
@@ -28,7 +28,8 @@ if [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -ge 60 ] 2>/dev/
 
 case $stage in
 session)
-    python3 bench/gpu_session.py --out "$out" --work "$work" --main-src /tmp/nanotron-main/src --deadline "${3:-450}"
+    python3 bench/gpu_session.py --out "$out" --work "$work" --main-src /tmp/nanotron-main/src --deadline "${3:-450}" \
+        "${@:4}"
     ;;
 build-fa)  # ~10-25 min on 16 cores: a process of its own session outlives this call (not the machine's loan)
     setsid nohup env FLASH_ATTN_CUDA_ARCHS=90 MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps \

@@ -148,35 +148,38 @@ def add_new_stages(trainer: Any) -> None:
 
 
 def mend_lr_scheduler_resume(trainer: Any) -> None:
-    """Two bugs of nanotron main's resume, each of which makes a resumed run train on another LR than the
-    uninterrupted one (0.4 has neither: nothing is done there):
+    """Bugs of nanotron's resume, each of which makes a resumed run train on another LR than the uninterrupted one:
 
-    - `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which steps the
+    - 0.4: `load_lr_scheduler` restores the schedule's state but not the optimizer's LR, which the schedule's
+      constructor has just set to its step-0 value: the first step after every resume trains at the LR of step 0
+      (0 with a linear warmup: a step lost, and the loss higher from there on; seen on an H200 and on CPU);
+    - main: `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which steps the
       schedule once more: the run trains one step ahead on its LR schedule from the first step after the resume on;
-    - `lr_scheduler_builder` hands each parameter group's LR *at build time* to the schedule as its `initial_lr`
-      (the peak the decay starts from), and on a resume the trainer builds the schedule after `load_optimizer`
-      has put the LR of the saved step into the groups: every step after a resume in the decay is off, by a share
-      that grows with how far the decay had gone (at half a cosine decay to a tenth of the peak, ~9%).
+    - main: `lr_scheduler_builder` hands each parameter group's LR *at build time* to the schedule as its
+      `initial_lr` (the peak the decay starts from), and on a resume the trainer builds the schedule after
+      `load_optimizer` has put the LR of the saved step into the groups: every step after a resume in the decay is
+      off, by a share that grows with how far the decay had gone (at half a cosine decay to a tenth of the peak,
+      ~9%).
 
-    Where main's loader steps, load the saved state again with nanotron's own file name, give each group's
-    schedule its true peak (the scheduler's `base_lrs`: the groups' `initial_lr`, saved with the state), and put
-    the saved step's LR back into the optimizer, as it was when the checkpoint was saved."""
+    Where main's loader steps, load the saved state again with nanotron's own file name and give each group's
+    schedule its true peak (the scheduler's `base_lrs`: the groups' `initial_lr`, saved with the state); then, in
+    either dialect, put the saved step's LR into the optimizer, as it was when the checkpoint was saved."""
     import functools
     import inspect
 
     from nanotron.serialize import optimizer as serialize_optimizer
 
-    if "_initial_step" not in inspect.getsource(serialize_optimizer.load_lr_scheduler):
-        return
-    name = serialize_optimizer.lr_scheduler_filename(trainer.parallel_context, trainer.config.optimizer.zero_stage)
     scheduler = trainer.lr_scheduler
-    scheduler.load_state_dict(torch.load(Path(trainer.init_checkpoint_path) / "lr_scheduler" / name))
-    scheduler.lr_lambdas = [
-        functools.partial(f.func, *f.args, **{**f.keywords, "initial_lr": peak})
-        if isinstance(f, functools.partial) and "initial_lr" in f.keywords
-        else f
-        for f, peak in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)
-    ]
+    if "_initial_step" in inspect.getsource(serialize_optimizer.load_lr_scheduler):
+        zero = trainer.config.optimizer.zero_stage
+        name = serialize_optimizer.lr_scheduler_filename(trainer.parallel_context, zero)
+        scheduler.load_state_dict(torch.load(Path(trainer.init_checkpoint_path) / "lr_scheduler" / name))
+        scheduler.lr_lambdas = [
+            functools.partial(f.func, *f.args, **{**f.keywords, "initial_lr": peak})
+            if isinstance(f, functools.partial) and "initial_lr" in f.keywords
+            else f
+            for f, peak in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)
+        ]
     for group, peak, schedule in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
                                      strict=True):  # fmt: skip
         group["lr"] = peak * schedule(scheduler.last_epoch)
@@ -198,9 +201,10 @@ def trainer_class(cfg: TrainConfig) -> type:
         def post_init(self) -> None:
             super().post_init()  # main: its S3 mover and lighteval runner (None unless configured); 0.4: nothing
             resumed = self.init_checkpoint_path is not None
-            if resumed and is_main_trainer(self) and self.config.checkpoints.load_lr_scheduler:
-                mend_lr_scheduler_resume(self)
-                add_new_stages(self)
+            if resumed and (not is_main_trainer(self) or self.config.checkpoints.load_lr_scheduler):
+                mend_lr_scheduler_resume(self)  # 0.4 always loads the schedule on a resume
+                if is_main_trainer(self):
+                    add_new_stages(self)
             on_gpu = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
             self.stop_request = StopRequest(device)
@@ -221,7 +225,7 @@ def trainer_class(cfg: TrainConfig) -> type:
                 raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None
 
         def training_step(self, dataloader: Any) -> tuple[Any, ...]:
-            self.step_lr = self.lr_scheduler.get_last_lr()[0]  # the LR this step's optimizer step applies
+            self.step_lr = self.lr_scheduler.optimizer.param_groups[0]["lr"]  # what this step's update applies
             returned = super().training_step(dataloader=dataloader)  # 0.4: (outputs, loss); main: 4 values
             logs = dict(zip(("outputs", "loss_avg", "z_loss_avg", "tbi_logs"), returned, strict=False))
             report_progress(self.is_main(), self.iteration_step)  # for the hang watchdog
