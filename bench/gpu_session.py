@@ -167,8 +167,14 @@ def _resume_chain(s: Session, dialect: str, configs: dict[str, Path]) -> None:
 
     watcher = threading.Thread(target=stop_at_40, daemon=True)
     watcher.start()
-    stopped = s.run(engine, configs["rest"], f"{tag}-stopped", metrics=b, keep=True,
-                    env={**env, "LAUNCHER_STOP_FILE": str(stop), "LAUNCHER_STOP_FILE_EVERY_S": "0.01"})
+    stopped = s.run(
+        engine,
+        configs["rest"],
+        f"{tag}-stopped",
+        metrics=b,
+        keep=True,
+        env={**env, "LAUNCHER_STOP_FILE": str(stop), "LAUNCHER_STOP_FILE_EVERY_S": "0.01"},
+    )
     watcher.join(timeout=1)
     after_stop = (outcome.read_text().strip() if outcome.exists() else "?", _read(ckpt_b / "latest.txt"))
     if stopped is None or s.run(engine, configs["rest"], f"{tag}-rest", metrics=b, env=env, keep=True) is None:
