@@ -31,7 +31,7 @@ def python(tmp_path: Path, main: bool = False) -> Path:
     --python on the local cluster."""
     wrapper = tmp_path / ("python-cpu-nanotron-main" if main else "python-cpu-nanotron")
     exports = " ".join(f"{k}='{v}'" for k, v in environment(main).items())
-    wrapper.write_text(f"#!/bin/sh\nexport {exports}\nexec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexport {exports}\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 

@@ -29,8 +29,9 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from launcher.config import dialect
 from launcher.errors import TrainError
-from launcher.train import flash_attn_compat, nanotron_compat, packcache, triton_compat
+from launcher.train import flash_attn_compat, nanotron_compat, nanotron_mends, packcache, triton_compat
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.nanotron_trainer import POINTER as NANOTRON_POINTER
@@ -71,8 +72,10 @@ def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None
 
 
 def resumable_config(config_file: str, tmp_dir: str) -> str:
-    """The config nanotron should load: `config_file` itself, or, when the run should resume from somewhere the
-    config does not name, a private copy (in `tmp_dir`) that differs only in resume_checkpoint_path.
+    """The config nanotron should load: `config_file` itself, or a private copy (in `tmp_dir`) that differs only
+    where the run needs it to: resume_checkpoint_path, when the run should resume from somewhere the config does not
+    name; and tp_linear_async_communication false for nanotron 0.4 with tp > 1, whose asynchronous backward is
+    wrong (the launcher writes it so; a config written otherwise would train on a wrong gradient).
 
     (nanotron 0.4's DistributedTrainer takes a file path only: its constructor opens what it is given.)
     """
@@ -80,14 +83,26 @@ def resumable_config(config_file: str, tmp_dir: str) -> str:
         data = yaml.safe_load(f)
     ckpt = data.get("checkpoints") or {}
     resume = resume_path(ckpt.get("checkpoints_path"), ckpt.get("resume_checkpoint_path"))
-    if resume is None or resume == ckpt.get("resume_checkpoint_path"):
-        return config_file
-    ckpt["resume_checkpoint_path"] = resume
+    parallelism = data.get("parallelism") or {}
+    written = "main" if dialect.is_main(data) else "0.4"
+    asked = parallelism.get("tp_linear_async_communication")
+    asynchronous, why = dialect.tp_async(written, parallelism.get("tp") or 1, parallelism.get("tp_mode", ""), asked)
     rank = os.environ.get("RANK", "0")
+    changed = False
+    if resume is not None and resume != ckpt.get("resume_checkpoint_path"):
+        ckpt["resume_checkpoint_path"] = resume
+        changed = True
+        if rank == "0":
+            print(f"resuming from the run's own checkpoints in {resume} (latest: {_pointer(resume)})", flush=True)
+    if why is not None:
+        parallelism["tp_linear_async_communication"] = asynchronous
+        changed = True
+        if rank == "0":
+            print(f"this config asks for asynchronous tensor-parallel communication, but {why}", flush=True)
+    if not changed:
+        return config_file
     derived = Path(tmp_dir) / f"launcher-nanotron-{os.getpid()}-rank{rank}.yaml"
     derived.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    if rank == "0":
-        print(f"resuming from the run's own checkpoints in {resume} (latest: {_pointer(resume)})", flush=True)
     return str(derived)
 
 
@@ -111,6 +126,8 @@ def train(config_file: str, cfg: TrainConfig) -> None:
         triton_compat.install_grouped_gemm()
         importlib.import_module("nanotron.trainer")
         triton_compat.uninstall()  # torch would take the stand-in for a real triton
+    importlib.import_module("nanotron.trainer")
+    nanotron_mends.apply(cfg.dialect)  # nanotron's own bugs that the launcher's configs would meet
 
     done = _saved_step(cfg.checkpoints_path)
     if done is not None and done >= cfg.train_steps:  # nanotron would assert; say it as the torch engine does

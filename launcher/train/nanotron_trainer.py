@@ -186,6 +186,27 @@ def mend_lr_scheduler_resume(trainer: Any) -> None:
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
+def share_the_loss(trainer: Any, logs: dict) -> dict:
+    """nanotron main with pp > 1 died at its first logged step, on every run (upstream issue #405): its
+    `train_step_logs` reads `loss_avg.item()` on every rank, before its logger-rank check, and only the last
+    pipeline stage has a loss. Here the last stage's loss (and z-loss, where the model computes one) is broadcast
+    over the pipeline group (one scalar a logged step), so every rank logs the run's own loss. 0.4 reads the loss
+    on its logger ranks only: nothing is done there, nor with one stage."""
+    pp = trainer.parallel_context.pp_pg
+    if not is_main_trainer(trainer) or pp.size() == 1:
+        return logs
+    source = dist.get_global_rank(pp, trainer.unwrapped_model.output_pp_rank)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    shared = dict(logs)
+    keys = ["loss_avg"] + (["z_loss_avg"] if getattr(trainer.model_config, "z_loss_enabled", False) else [])
+    for key in keys:
+        held = logs.get(key)
+        value = held.detach().to(torch.float32).clone() if held is not None else torch.zeros((), device=device)
+        dist.broadcast(value, src=source, group=pp)
+        shared[key] = value
+    return shared
+
+
 def trainer_class(cfg: TrainConfig) -> type:
     """nanotron's DistributedTrainer with the launcher's hooks (nanotron and flash_attn must be importable)."""
     import nanotron.trainer
@@ -281,7 +302,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             return path
 
         def train_step_logs(self, **logs: Any) -> None:
-            super().train_step_logs(**logs)
+            super().train_step_logs(**share_the_loss(self, logs))
             loss_avg = logs.get("loss_avg")
             if self.metrics_file is None or dist.get_rank() != self.logger_ranks[0] or loss_avg is None:
                 return

@@ -14,8 +14,11 @@ nothing of nanotron's parallel arithmetic (../shared/notes/NANOTRON-MULTIRANK.md
   is viewed as (out0 x world, ...) where the counts match (main's sync REDUCE_SCATTER);
 - torch.cuda's `synchronize`, `empty_cache`, `set_device` do nothing, `current_device` is 0 (mapped to the CPU by
   the mode), the memory statistics are 0; nanotron's memory log does nothing;
+- main's MemoryBuffer (tp > 1) allocates on the CPU (in backward too);
+- the pipeline's P2P buffers are made on the CPU (it allocates in autograd's backward, outside the mode);
 - 0.4's rotary buffer's `assert ... device.type == "cuda"`: the function is compiled again without that line;
-- main's timers are wall-clock (CPU) timers; main's random-token `torch.Generator(device="cuda")` is the CPU's.
+- main's timers are wall-clock (CPU) timers; the random-token generator's `torch.Generator(device="cuda")` (a
+  class: the mode does not see it) is the CPU's.
 """
 
 from __future__ import annotations
@@ -128,22 +131,27 @@ def _patch_trainer(module: Any) -> None:
     module.log_memory = lambda *args, **kwargs: None
 
 
+def _recompiled(function: Any, wrong: str, right: str) -> Any:
+    from launcher.train.nanotron_mends import recompiled  # the product's own way to mend one function's text
+
+    return recompiled(function, wrong, right) or function
+
+
 def _patch_llama(module: Any) -> None:
     """0.4's RotaryEmbedding.init_rotary_embeddings asserts its buffer is on CUDA: compiled again without it."""
-    import inspect
-    import textwrap
-
     cls = getattr(module, "RotaryEmbedding", None)
-    function = getattr(cls, "init_rotary_embeddings", None)
-    if function is None:
-        return
-    source = textwrap.dedent(inspect.getsource(function))
-    if 'device.type == "cuda"' not in source:
-        return
-    source = "\n".join(line for line in source.splitlines() if 'device.type == "cuda"' not in line)
-    namespace: dict[str, Any] = {}
-    exec(compile(source, inspect.getsourcefile(function) or "<llama>", "exec"), vars(module), namespace)
-    cls.init_rotary_embeddings = namespace["init_rotary_embeddings"]
+    if cls is not None and hasattr(cls, "init_rotary_embeddings"):
+        cls.init_rotary_embeddings = _recompiled(
+            cls.init_rotary_embeddings, 'assert self.freqs_cis.device.type == "cuda"', "pass"
+        )
+
+
+def _patch_memory_buffer(module: Any) -> None:
+    """main's MemoryBuffer (tp > 1) allocates on `torch.cuda.current_device()`, in autograd's backward too."""
+    if hasattr(module, "MemoryBuffer"):  # (0.4 has none)
+        module.MemoryBuffer.get = _recompiled(
+            module.MemoryBuffer.get, "device=torch.cuda.current_device()", 'device="cpu"'
+        )
 
 
 def _patch_timers(module: Any) -> None:
@@ -155,7 +163,7 @@ def _patch_timers(module: Any) -> None:
     module.Timers.__call__ = timer
 
 
-def _patch_main_dataloader(module: Any) -> None:
+def _patch_random_tokens(module: Any) -> None:
     import torch
 
     class TorchWithCpuGenerator:
@@ -169,7 +177,20 @@ def _patch_main_dataloader(module: Any) -> None:
     module.torch = TorchWithCpuGenerator()
 
 
+def _patch_p2p(module: Any) -> None:
+    """The pipeline's P2P keeps its device and allocates on it in autograd's backward too, where the mode is not
+    active: the CPU, from the start."""
+    real_init = module.P2P.__init__
+
+    def __init__(self: Any, pg: Any, device: Any) -> None:
+        real_init(self, pg, _cpu(device))
+
+    module.P2P.__init__ = __init__
+
+
 PATCHES = {
+    "nanotron.parallel.utils": _patch_memory_buffer,
+    "nanotron.parallel.pipeline_parallel.p2p": _patch_p2p,
     "torch.distributed": _patch_torch_distributed,
     "torch.cuda": _patch_torch_cuda,
     "launcher.train.nanotron_engine": _patch_engine,
@@ -178,7 +199,8 @@ PATCHES = {
     "nanotron.trainer": _patch_trainer,
     "nanotron.models.llama": _patch_llama,
     "nanotron.logging.timers": _patch_timers,
-    "nanotron.data.dataloader": _patch_main_dataloader,
+    "nanotron.data.dataloader": _patch_random_tokens,  # main's
+    "nanotron.dataloader": _patch_random_tokens,  # 0.4's
 }
 
 
