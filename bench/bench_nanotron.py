@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,24 +53,42 @@ def flops_per_token(config: dict, causal: bool) -> float:
     return 6.0 * matmul + (6.0 if causal else 12.0) * layers * d * seq
 
 
-def write_config(case: str, steps: int, micro_batch: int, work: Path, save_interval: int | None = None) -> Path:
-    """The config the launcher writes for this case as a one-GPU job (its own flags, resolution and checks);
-    without `save_interval`, only the last step is saved."""
+def write_config(
+    case: str,
+    steps: int,
+    micro_batch: int,
+    work: Path,
+    save_interval: int | None = None,
+    *,
+    dialect: str = "0.4",
+    grad_accum: int = 1,
+    warmup: int = 10,
+) -> Path:
+    """The config the launcher writes for this case as a one-GPU job (its own flags, resolution and checks), in
+    `dialect`'s dialect; without `save_interval`, only the last step is saved. Beside it, `<name>.estimate.json`:
+    the launcher's memory estimate for that layout (launcher.perf.memory, as the fit check computes it)."""
     from launcher.config.cli import parse
     from launcher.config.resolve import resolve
     from launcher.config.validate import validate
     from launcher.nanotron_config.schema import dump, written
+    from launcher.perf.fit import layout_of
+    from launcher.perf.memory import estimate
 
     preset, seq, data = case.split(":")
     work.mkdir(parents=True, exist_ok=True)
-    flags = ["--run_name", f"bench-{preset}-{seq}-{data}", "--nodes", "1", "--gpus_per_node", "1",
-             "--model_size", preset, "--max_seq_len", seq, "--micro_batch_size", str(micro_batch),
-             "--grad_accum_steps", "1", "--train_steps", str(steps), "--warmup_steps", "10",
-             "--save_interval", str(save_interval or 10 * steps), "--log_interval", "1"]  # fmt: skip
+    flags = ["--run_name", f"bench-{preset}-{seq}-{data}", "--nodes", "1", "--gpus_per_node", "1", "--tp", "1",
+             "--pp", "1", "--model_size", preset, "--max_seq_len", seq, "--micro_batch_size", str(micro_batch),
+             "--grad_accum_steps", str(grad_accum), "--train_steps", str(steps), "--warmup_steps", str(warmup),
+             "--save_interval", str(save_interval or 10 * steps), "--log_interval", "1",
+             "--nanotron_dialect", dialect, "--skip_memory_check", "true"]  # fmt: skip  # measured, not refused
     if data == "local":
         from launcher.localcluster.demo_data import make_demo
 
-        dataset, tokenizer = make_demo(work / "demo", num_docs=4000)
+        demo = work / "demo"
+        if (demo / "dataset").exists() and (demo / "tokenizer").exists():
+            dataset, tokenizer = demo / "dataset", demo / "tokenizer"
+        else:
+            dataset, tokenizer = make_demo(demo, num_docs=4000)
         flags += ["--dataset", str(dataset), "--tokenizer", str(tokenizer)]
     else:
         flags += ["--dataset", "none"]
@@ -78,48 +97,119 @@ def write_config(case: str, steps: int, micro_batch: int, work: Path, save_inter
     problems += validate(spec)
     if problems:
         fail("the launcher refuses the case " + case + ":\n" + "\n".join(f"  - {p}" for p in problems))
-    path = work / f"{case.replace(':', '-')}.yaml"
+    name = f"{case.replace(':', '-')}-mb{micro_batch}-ga{grad_accum}-{dialect}"
+    path = work / f"{name}.yaml"
     checkpoints = work / "checkpoints" / path.stem  # emptied by each run (`child`)
     path.write_text(dump(written(spec.config, spec.dialect.dialect, str(checkpoints))))
+    est = estimate(spec.shape, layout_of(spec))
+    record = {"peak": est.peak, "total": est.total, "headroom": est.headroom, "parts": est.parts, "stage": est.stage}
+    path.with_suffix(".estimate.json").write_text(json.dumps(record))
     return path
 
 
-def run_engine(engine: str, config: Path, out: Path, label: str) -> dict:
-    """One torchrun process training `config` with `engine`; its metrics lines and peak memory."""
-    metrics, memory = out / f"{label}.jsonl", out / f"{label}.memory.json"
-    metrics.unlink(missing_ok=True)
+class RunFailed(Exception):
+    """A run that ended without its metrics (its log says why)."""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_engine(
+    engine: str,
+    config: Path,
+    out: Path,
+    label: str,
+    *,
+    pythonpath: str | None = None,
+    save: bool = True,
+    keep: bool = False,
+    env: dict[str, str] | None = None,
+    metrics: Path | None = None,
+    timeout: float | None = None,
+) -> dict:
+    """One torchrun process training `config` with `engine`, as the node script starts one: torchrun's c10d
+    rendezvous (one node, its own port); its metrics lines, peak memory and wall time. `pythonpath` goes first on
+    the job's path (nanotron main's source); `save=False` skips every checkpoint save (a memory run); the run's
+    checkpoints are deleted afterwards unless `keep`."""
+    metrics = metrics or out / f"{label}.jsonl"
+    memory = out / f"{label}.memory.json"
+    if metrics == out / f"{label}.jsonl":
+        metrics.unlink(missing_ok=True)
+    memory.unlink(missing_ok=True)
     env = {**os.environ, "LAUNCHER_METRICS_FILE": str(metrics), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
-           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # fmt: skip  # nanotron asserts it with async TP communication
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1", **(env or {})}  # fmt: skip  # nanotron asserts it with async TP
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+    port = free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1",
+               "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", label,
                __file__, "--child", engine, str(config), str(memory)]  # fmt: skip
-    with open(out / f"{label}.log", "w") as log:
-        done = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    command += ([] if save else ["--no-save"]) + (["--keep"] if keep else [])
+    started = time.monotonic()
+    with open(out / f"{label}.log", "a") as log:
+        try:
+            done = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RunFailed(f"{label} ran past {timeout:.0f} s; its log: {out / f'{label}.log'}") from None
+    wall = time.monotonic() - started
     if done.returncode != 0:
-        fail(f"{label} failed (exit {done.returncode}); its log: {out / f'{label}.log'}")
+        raise RunFailed(f"{label} failed (exit {done.returncode}); its log: {out / f'{label}.log'}")
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {"metrics": {m["step"]: m for m in lines}, **json.loads(memory.read_text())}
+    stats = json.loads(memory.read_text()) if memory.exists() else {}
+    return {"metrics": {m["step"]: m for m in lines}, "wall": wall, **stats}
 
 
-def child(engine: str, config: str, memory: str) -> None:
-    """Inside torchrun: train, then record this process's peak GPU memory."""
+def child(engine: str, config: str, memory: str, save: bool, keep: bool) -> None:
+    """Inside torchrun: train, then record this process's peak GPU memory (and the checkpoint's size)."""
     import torch
     import yaml
 
     from launcher.train.main import run
 
+    if not save:
+        _skip_saves()
+    checkpoints = Path(yaml.safe_load(Path(config).read_text())["checkpoints"]["checkpoints_path"])
     try:
         run(config, engine)
     finally:
-        stats = {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
+        on_gpu = torch.cuda.is_available()
+        stats = {"allocated": torch.cuda.max_memory_allocated() if on_gpu else 0,
+                 "reserved": torch.cuda.max_memory_reserved() if on_gpu else 0,
+                 "checkpoint_bytes": sum(f.stat().st_size for f in checkpoints.rglob("*") if f.is_file())}  # fmt: skip
         Path(memory).write_text(json.dumps(stats))
-        checkpoints = yaml.safe_load(Path(config).read_text())["checkpoints"]["checkpoints_path"]
-        shutil.rmtree(checkpoints, ignore_errors=True)  # a 1b checkpoint is ~15 GB: one at a time on the disk
+        if not keep:
+            shutil.rmtree(checkpoints, ignore_errors=True)  # a 1b checkpoint is ~15 GB: one at a time on the disk
+
+
+def _skip_saves() -> None:
+    """No checkpoint is written (a memory run measures training, not a 15-45 GB save): the torch engine's save and
+    the nanotron trainer's are replaced by nothing, here in the bench's process, never in the job."""
+    from launcher.train.nanotron_engine import engine as nanotron_engine
+    from launcher.train.torch_engine import engine as torch_engine
+
+    torch_engine.checkpoint.save = lambda *args, **kwargs: None
+    make_class = nanotron_engine.trainer_class
+
+    def without_saves(cfg):  # type: ignore[no-untyped-def]
+        class NoSaves(make_class(cfg)):  # type: ignore[misc, valid-type]
+            def save_checkpoint(self):  # type: ignore[no-untyped-def]
+                self.last_saved_step = self.iteration_step
+
+        return NoSaves
+
+    nanotron_engine.trainer_class = without_saves
 
 
 def summarize(label: str, result: dict, config: dict, warmup: int, peak: float) -> str:
     m = result["metrics"]
     last = max(m)
-    tokens = (last - warmup) * config["tokens"]["micro_batch_size"] * config["tokens"]["sequence_length"]
+    t = config["tokens"]
+    tokens = (last - warmup) * t["micro_batch_size"] * t["batch_accumulation_per_replica"] * t["sequence_length"]
     tokens_per_s = tokens / (m[last]["time"] - m[warmup]["time"])
     mfu = [tokens_per_s * flops_per_token(config, causal) / peak for causal in (False, True)]
     gib = [result[k] / 2**30 for k in ("allocated", "reserved")]
@@ -132,16 +222,20 @@ def summarize(label: str, result: dict, config: dict, warmup: int, peak: float) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="metrics, logs and the table go here")
+    parser.add_argument("--out", type=Path, help="metrics, logs and the table go here (required)")
     parser.add_argument("--cases", nargs="+", default=list(CASES), help="PRESET:SEQUENCE:random|local")
     parser.add_argument("--engines", nargs="+", choices=("nanotron", "torch"), default=["nanotron", "torch"])
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (at least 30)")
     parser.add_argument("--warmup", type=int, default=10, help="first steps left out of the figures")
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--no-save", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(*args.child)
+        return child(*args.child, save=not args.no_save, keep=args.keep)
+    if args.out is None:
+        parser.error("the following arguments are required: --out")
     import torch
     import yaml
 
@@ -167,7 +261,11 @@ def main() -> None:
         config = yaml.safe_load(config_path.read_text())
         for engine in args.engines:
             label = f"{case.replace(':', '-')}-{engine}" + (f"-{attention}" if engine == "nanotron" else "")
-            lines.append(summarize(label, run_engine(engine, config_path, args.out, label), config, args.warmup, peak))
+            try:
+                result = run_engine(engine, config_path, args.out, label)
+            except RunFailed as e:
+                fail(str(e))
+            lines.append(summarize(label, result, config, args.warmup, peak))
             print(lines[-1], flush=True)
         lines += compare_attention(args.out, case.replace(":", "-"))
     (args.out / "table.txt").write_text("\n".join(lines) + "\n")

@@ -15,6 +15,8 @@ nothing else:
   `.to("cuda")`, clip_grad_norm's and the fp32 gradient accumulator's buffers) means the CPU: a torch function mode
   (`CudaIsCpu`) rewrites that one argument of torch's functions and tensor methods. Nothing else in their calls
   changes;
+- main's random-token generator's `torch.Generator(device="cuda")` (a class: the mode does not see it) is made on
+  the CPU;
 - `state_dict_to_device(optimizer state, "cuda")` on resume (the trainer loads the states onto the CPU and moves
   them, then asserts they are on "cuda"): the states stay where they are loaded, on the CPU with the model;
 - `all_reduce` runs under no_grad: gloo has no native AVG (torch sums, then divides in place, which autograd
@@ -77,6 +79,18 @@ class CudaIsCpu(TorchFunctionMode):
         return func(*(_cpu(a) for a in args), **kwargs)
 
 
+class TorchWithCpuGenerator:
+    """torch, but a `Generator` asked for on "cuda" is made on the CPU (a class, not a torch function: the mode
+    does not see its device argument). Put in place of the module name `torch` of one of main's modules only."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def Generator(device: Any = "cpu") -> torch.Generator:  # noqa: N802  # torch's name
+        return torch.Generator(device=_cpu(device))
+
+
 @contextlib.contextmanager
 def on_cpu() -> Iterator[None]:
     """main's CUDA-only plumbing patched for a one-process gloo run (see the module's docstring)."""
@@ -115,6 +129,9 @@ def on_cpu() -> Iterator[None]:
 
     Timers.__call__ = timer
     nanotron.serialize.optimizer.check_optim_state_in_sync = lambda *args, **kwargs: None
+    import nanotron.data.dataloader
+
+    nanotron.data.dataloader.torch = TorchWithCpuGenerator()  # its random tokens' torch.Generator(device="cuda")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with CudaIsCpu():

@@ -25,6 +25,9 @@ from launcher.train.nanotron_engine.compat import import_nanotron_config
 
 PRESET_JOBS = {"70b": ("--nodes", "4"), "13b": ("--nodes", "1"), "7b": ("--nodes", "1"), "8b": ("--nodes", "1")}
 LLAMA3 = {"1b", "3b", "8b", "70b"}
+# 0.4's tensor-parallel linears are written synchronous (its async backward is wrong: launcher.nanotron_config.dialect
+# ASYNC_04), so their inputs are not sequence-sharded: the 70b at micro batch 2 no longer fits an H100 there
+PRESET_JOBS_04 = {**PRESET_JOBS, "70b": ("--nodes", "4", "--micro_batch_size", "1", "--grad_accum_steps", "16")}
 
 
 def write(spec, where: Path) -> Path:
@@ -59,7 +62,7 @@ def test_every_preset_in_mains_dialect_passes_mains_parser(tmp_path: Path):
 
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_preset_in_04s_dialect_passes_04s_parser(preset: str, tmp_path: Path):
-    spec, problems = spec_for("--model_size", preset, "--nanotron_dialect", "0.4", *PRESET_JOBS.get(preset, ()))
+    spec, problems = spec_for("--model_size", preset, "--nanotron_dialect", "0.4", *PRESET_JOBS_04.get(preset, ()))
     assert problems + validate(spec) == []
     text = write(spec, tmp_path).read_text()
     assert "data_stages" not in text and "optimizer_factory" not in text and "rope_theta" not in text

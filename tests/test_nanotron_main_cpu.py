@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 from conftest import tiny_config
 from nanotron_main import on_cpu
 
@@ -174,3 +176,17 @@ def test_wandb_without_a_key_is_one_clear_error_in_mains_trainer(demo_data: Demo
     assert ended["destroyed"] and ended["error"] is not None
     assert re.fullmatch(r"wandb could not start \(.*\): run `wandb login`, or set WANDB_MODE=offline.*", ended["error"],
                         re.DOTALL), ended["error"]  # fmt: skip
+
+
+def test_mains_trainer_trains_on_random_tokens_without_a_dataset(demo_data: DemoData, tmp_path: Path) -> None:
+    """`--dataset none` in main's dialect: main's random-token generator takes the context-parallel group as an
+    argument of its own (without it, every such run died at its first batch: seen on a GPU, 2026-11-26)."""
+    config = main_config(demo_data, tmp_path / "ckpt", tmp_path / "m.yaml", **{"tokens.train_steps": 3})
+    data = yaml.safe_load(Path(config).read_text())
+    data["data_stages"][0]["data"]["dataset"] = None
+    Path(config).write_text(schema.dump(data))
+    env = {"LAUNCHER_METRICS_FILE": str(tmp_path / "m.jsonl"), "WANDB_MODE": "disabled", "TMPDIR": str(tmp_path)}
+    ended, _ = on_cpu("engines", runs=[{"config_file": config, "env": env}])
+    assert ended == [{"exit": None, "error": None, "destroyed": True}]
+    m = metrics(tmp_path / "m.jsonl")
+    assert sorted(m) == [1, 2, 3] and all(math.isfinite(m[s]["loss"]) for s in m)

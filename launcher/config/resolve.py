@@ -185,6 +185,10 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     size = args.model.model_size if args.model.model_size in preset_names() else "tiny"
     model, adapted_theta = rules.rope_theta(model, choice.dialect, size, chosen)
     adapted.update(adapted_theta)
+    asked_async = schema.get_path(base, ("parallelism", "tp_linear_async_communication"))
+    _, sync_note = dialect.tp_async(choice.dialect, par.tp or 1, par.tp_mode, asked_async)
+    if sync_note:
+        adapted["tp_linear_async_communication"] = sync_note
     extra_env, env_problems = _extra_env(groups["slurm"].extra_env)
     dependency, dependency_problems = dependency_syntax.read(groups["slurm"].dependency)
     groups.update(

@@ -227,3 +227,22 @@ def _ordered(config: dict) -> dict:
     """main's sections in the base's order, data_stages where 0.4's data was."""
     keys = [k for k in ORDER if k in config] + ["data_stages"] + [k for k in config if k not in ORDER]
     return {k: config[k] for k in dict.fromkeys(keys) if k in config}
+
+
+ASYNC_04 = (
+    "nanotron 0.4's asynchronous row-parallel backward gives a wrong input gradient with tp > 1 (upstream issue "
+    "#46, fixed after 0.4): its tensor-parallel linears are written synchronous (tp_linear_async_communication: "
+    "false)"
+)
+
+
+def tp_async(written: str, tp: int, tp_mode: str, configured: object) -> tuple[bool, str | None]:
+    """Whether the written config asks nanotron for asynchronous tensor-parallel communication, and why not where
+    the base or --config asked for it: ALL_REDUCE has none (nanotron asserts so), and nanotron 0.4 with tp > 1
+    would train on a wrong gradient (`ASYNC_04`; the job mends a config written otherwise the same way)."""
+    wanted = configured is not False
+    if tp_mode.upper() == "ALL_REDUCE":
+        return False, None
+    if written == "0.4" and tp > 1 and wanted:
+        return False, ASYNC_04
+    return wanted, None

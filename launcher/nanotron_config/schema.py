@@ -216,7 +216,9 @@ def build_config(
     set_path(config, ("model", "model_config", "max_position_embeddings"), values["max_seq_len"])
     set_path(config, CHECKPOINTS_PATH, checkpoints_dir)
     set_path(config, ("optimizer", "learning_rate_scheduler", "lr_warmup_style"), "linear")
-    if values["tp_mode"] == "ALL_REDUCE":  # nanotron's o_proj asserts async communication only under REDUCE_SCATTER
+    asked = get_path(config, ("parallelism", "tp_linear_async_communication"))
+    written = "0.4" if values.get("nanotron_dialect") == "0.4" else "main"
+    if not dialect.tp_async(written, values["tp"] or 1, values["tp_mode"], asked)[0]:
         set_path(config, ("parallelism", "tp_linear_async_communication"), False)
     if later:  # the later stages: the flag's replace a --config's
         first = (dialect.stages_of(config) or [{"name": dialect.STAGE_NAME, "start_training_step": 1}])[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.config.spec import RunSpec
+from launcher.nanotron_config import dialect
 from launcher.nanotron_config.schema import get_path
 from launcher.nanotron_config.shape import ModelShape
 from launcher.perf import planner
@@ -22,7 +23,8 @@ MAX_MORE_NODES = 64  # "more nodes" looks this many times the job's size at most
 def layout_of(spec: RunSpec) -> Layout:
     """The layout the written config runs: the flags, and what the base or --config YAML sets beside them."""
     p, t, cfg = spec.args.parallelism, spec.args.training, spec.base_config
-    asynchronous = get_path(cfg, ("parallelism", "tp_linear_async_communication"))
+    asked = get_path(cfg, ("parallelism", "tp_linear_async_communication"))
+    asynchronous, _ = dialect.tp_async(spec.dialect.dialect, p.tp or 1, p.tp_mode, asked)
     dtype = str(get_path(cfg, ("model", "dtype")) or "bfloat16")
     return Layout(
         dp=p.dp or 1,
@@ -34,7 +36,7 @@ def layout_of(spec: RunSpec) -> Layout:
         zero_stage=p.zero_stage,
         pp_engine=p.pp_engine,
         tp_mode=p.tp_mode,
-        tp_async=p.tp_mode == "REDUCE_SCATTER" and asynchronous is not False,
+        tp_async=asynchronous,
         fp32_grad_accum=get_path(cfg, ("optimizer", "accumulate_grad_in_fp32")) is not False,
         dtype_bytes=4 if dtype in ("float32", "float") else 2,
         vocab_multiple=int(get_path(cfg, ("model", "make_vocab_size_divisible_by")) or 1),

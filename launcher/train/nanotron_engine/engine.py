@@ -30,12 +30,14 @@ import torch.distributed as dist
 import yaml
 
 from launcher.errors import TrainError
+from launcher.nanotron_config import dialect
 from launcher.train import packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.environment import JobEnvironment
 from launcher.train.nanotron_engine import compat as nanotron_compat
 from launcher.train.nanotron_engine import flash_attn_compat, triton_compat
+from launcher.train.nanotron_engine import mends as nanotron_mends
 from launcher.train.nanotron_engine.trainer import POINTER as NANOTRON_POINTER
 from launcher.train.nanotron_engine.trainer import trainer_class
 from launcher.train.stop import report_outcome
@@ -74,8 +76,10 @@ def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None
 
 
 def resumable_config(config_file: str, job: JobEnvironment) -> str:
-    """The config nanotron should load: `config_file` itself, or, when the run should resume from somewhere the
-    config does not name, a private copy (in the job's TMPDIR) that differs only in resume_checkpoint_path.
+    """The config nanotron should load: `config_file` itself, or a private copy (in the job's TMPDIR) that differs only
+    where the run needs it to: resume_checkpoint_path, when the run should resume from somewhere the config does not
+    name; and tp_linear_async_communication false for nanotron 0.4 with tp > 1, whose asynchronous backward is
+    wrong (the launcher writes it so; a config written otherwise would train on a wrong gradient).
 
     (nanotron 0.4's DistributedTrainer takes a file path only: its constructor opens what it is given.)
     """
@@ -83,13 +87,25 @@ def resumable_config(config_file: str, job: JobEnvironment) -> str:
         data = yaml.safe_load(f)
     ckpt = data.get("checkpoints") or {}
     resume = resume_path(ckpt.get("checkpoints_path"), ckpt.get("resume_checkpoint_path"))
-    if resume is None or resume == ckpt.get("resume_checkpoint_path"):
+    parallelism = data.get("parallelism") or {}
+    written = "main" if dialect.is_main(data) else "0.4"
+    asked = parallelism.get("tp_linear_async_communication")
+    asynchronous, why = dialect.tp_async(written, parallelism.get("tp") or 1, parallelism.get("tp_mode", ""), asked)
+    changed = False
+    if resume is not None and resume != ckpt.get("resume_checkpoint_path"):
+        ckpt["resume_checkpoint_path"] = resume
+        changed = True
+        if job.is_main:
+            print(f"resuming from the run's own checkpoints in {resume} (latest: {_pointer(resume)})", flush=True)
+    if why is not None:
+        parallelism["tp_linear_async_communication"] = asynchronous
+        changed = True
+        if job.is_main:
+            print(f"this config asks for asynchronous tensor-parallel communication, but {why}", flush=True)
+    if not changed:
         return config_file
-    ckpt["resume_checkpoint_path"] = resume
     derived = Path(job.tmp_dir) / f"launcher-nanotron-{os.getpid()}-rank{job.rank}.yaml"
     derived.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    if job.is_main:
-        print(f"resuming from the run's own checkpoints in {resume} (latest: {_pointer(resume)})", flush=True)
     return str(derived)
 
 
@@ -115,6 +131,8 @@ def train(config_file: str, cfg: TrainConfig, job: JobEnvironment | None = None)
         triton_compat.install_grouped_gemm()
         importlib.import_module("nanotron.trainer")
         triton_compat.uninstall()  # torch would take the stand-in for a real triton
+    importlib.import_module("nanotron.trainer")
+    nanotron_mends.apply(cfg.dialect)  # nanotron's own bugs that the launcher's configs would meet
 
     done = _saved_step(cfg.checkpoints_path)
     if done is not None and done >= cfg.train_steps:  # nanotron would assert; say it as the torch engine does
@@ -222,6 +240,9 @@ def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = Non
     context = trainer.parallel_context
     extra = {"use_position_ids": False} if is_main else {}  # main's collator adds position ids for Qwen2 only
     if data.dataset is None:
+        # main's generator reads the context-parallel group from its own argument (None: every run without a
+        # dataset died at its first batch), as main's run_train.py passes it
+        random_extra = {**extra, "cp_pg": context.cp_pg} if is_main else extra
         return dummy_infinite_data_generator(
             micro_batch_size=trainer.micro_batch_size,
             sequence_length=trainer.sequence_length,
@@ -230,7 +251,7 @@ def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = Non
             vocab_size=trainer.model_config.vocab_size,
             seed=data.seed,
             parallel_context=context,
-            **extra,
+            **random_extra,
         )()
     tokenizer = load_tokenizer(cfg)  # checked on every rank (vocab_size), before any rank waits on another
     tokenizer.pad_token = tokenizer.eos_token

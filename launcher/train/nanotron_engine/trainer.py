@@ -45,7 +45,6 @@ from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics, peak_flops
-from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 
 POINTER = P.NANOTRON_POINTER  # nanotron's pointer to the newest checkpoint, in checkpoints_path
@@ -149,22 +148,63 @@ def add_new_stages(trainer: Any) -> None:
 
 
 def mend_lr_scheduler_resume(trainer: Any) -> None:
-    """nanotron main's `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which
-    steps the schedule once more: every resumed run trains one step ahead on its LR schedule (from the first step
-    after the resume on), so a stopped and requeued run no longer trains as the uninterrupted one. Where main's
-    loader does so, load the saved state again with nanotron's own file name and put its last LR back into the
-    optimizer, as it was when the checkpoint was saved. (0.4's loader does not step: nothing is done there.)"""
+    """Bugs of nanotron's resume, each of which makes a resumed run train on another LR than the uninterrupted one:
+
+    - 0.4: `load_lr_scheduler` restores the schedule's state but not the optimizer's LR, which the schedule's
+      constructor has just set to its step-0 value: the first step after every resume trains at the LR of step 0
+      (0 with a linear warmup: a step lost, and the loss higher from there on; seen on an H200 and on CPU);
+    - main: `load_lr_scheduler` calls the scheduler's `_initial_step()` after loading its state, which steps the
+      schedule once more: the run trains one step ahead on its LR schedule from the first step after the resume on;
+    - main: `lr_scheduler_builder` hands each parameter group's LR *at build time* to the schedule as its
+      `initial_lr` (the peak the decay starts from), and on a resume the trainer builds the schedule after
+      `load_optimizer` has put the LR of the saved step into the groups: every step after a resume in the decay is
+      off, by a share that grows with how far the decay had gone (at half a cosine decay to a tenth of the peak,
+      ~9%).
+
+    Where main's loader steps, load the saved state again with nanotron's own file name and give each group's
+    schedule its true peak (the scheduler's `base_lrs`: the groups' `initial_lr`, saved with the state); then, in
+    either dialect, put the saved step's LR into the optimizer, as it was when the checkpoint was saved."""
+    import functools
     import inspect
 
     from nanotron.serialize import optimizer as serialize_optimizer
 
-    if "_initial_step" not in inspect.getsource(serialize_optimizer.load_lr_scheduler):
-        return
-    name = serialize_optimizer.lr_scheduler_filename(trainer.parallel_context, trainer.config.optimizer.zero_stage)
     scheduler = trainer.lr_scheduler
-    scheduler.load_state_dict(torch.load(Path(trainer.init_checkpoint_path) / "lr_scheduler" / name))
-    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
-        group["lr"] = lr
+    if "_initial_step" in inspect.getsource(serialize_optimizer.load_lr_scheduler):
+        zero = trainer.config.optimizer.zero_stage
+        name = serialize_optimizer.lr_scheduler_filename(trainer.parallel_context, zero)
+        scheduler.load_state_dict(torch.load(Path(trainer.init_checkpoint_path) / "lr_scheduler" / name))
+        scheduler.lr_lambdas = [
+            functools.partial(f.func, *f.args, **{**f.keywords, "initial_lr": peak})
+            if isinstance(f, functools.partial) and "initial_lr" in f.keywords
+            else f
+            for f, peak in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)
+        ]
+    for group, peak, schedule in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
+                                     strict=True):  # fmt: skip
+        group["lr"] = peak * schedule(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+def share_the_loss(trainer: Any, logs: dict) -> dict:
+    """nanotron main with pp > 1 died at its first logged step, on every run (upstream issue #405): its
+    `train_step_logs` reads `loss_avg.item()` on every rank, before its logger-rank check, and only the last
+    pipeline stage has a loss. Here the last stage's loss (and z-loss, where the model computes one) is broadcast
+    over the pipeline group (one scalar a logged step), so every rank logs the run's own loss. 0.4 reads the loss
+    on its logger ranks only: nothing is done there, nor with one stage."""
+    pp = trainer.parallel_context.pp_pg
+    if not is_main_trainer(trainer) or pp.size() == 1:
+        return logs
+    source = dist.get_global_rank(pp, trainer.unwrapped_model.output_pp_rank)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    shared = dict(logs)
+    keys = ["loss_avg"] + (["z_loss_avg"] if getattr(trainer.model_config, "z_loss_enabled", False) else [])
+    for key in keys:
+        held = logs.get(key)
+        value = held.detach().to(torch.float32).clone() if held is not None else torch.zeros((), device=device)
+        dist.broadcast(value, src=source, group=pp)
+        shared[key] = value
+    return shared
 
 
 def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
@@ -183,9 +223,10 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
         def post_init(self) -> None:
             super().post_init()  # main: its S3 mover and lighteval runner (None unless configured); 0.4: nothing
             resumed = self.init_checkpoint_path is not None
-            if resumed and is_main_trainer(self) and self.config.checkpoints.load_lr_scheduler:
-                mend_lr_scheduler_resume(self)
-                add_new_stages(self)
+            if resumed and (not is_main_trainer(self) or self.config.checkpoints.load_lr_scheduler):
+                mend_lr_scheduler_resume(self)  # 0.4 always loads the schedule on a resume
+                if is_main_trainer(self):
+                    add_new_stages(self)
             on_gpu = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
             self.stop_request = StopRequest(device, job)
@@ -206,6 +247,7 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
                 raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None
 
         def training_step(self, dataloader: Any) -> tuple[Any, ...]:
+            self.step_lr = self.lr_scheduler.optimizer.param_groups[0]["lr"]  # what this step's update applies
             returned = super().training_step(dataloader=dataloader)  # 0.4: (outputs, loss); main: 4 values
             logs = dict(zip(("outputs", "loss_avg", "z_loss_avg", "tbi_logs"), returned, strict=False))
             report_progress(job, self.iteration_step)  # for the hang watchdog
@@ -260,7 +302,7 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
             return path
 
         def train_step_logs(self, **logs: Any) -> None:
-            super().train_step_logs(**logs)
+            super().train_step_logs(**share_the_loss(self, logs))
             loss_avg = logs.get("loss_avg")
             if self.metrics_file is None or dist.get_rank() != self.logger_ranks[0] or loss_avg is None:
                 return
@@ -276,7 +318,7 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
             metrics = StepMetrics(
                 step=self.iteration_step,
                 loss=loss_avg.item(),
-                lr=lr_at(self.iteration_step, self.launcher_cfg.lr),  # the step's own LR (nanotron logs the next)
+                lr=self.step_lr,  # the LR the step applied (nanotron logs the next step's)
                 grad_norm=None if grad_norm is None else grad_norm.item(),
                 tokens_per_s=tokens_per_s,
                 tokens_per_s_per_gpu=tokens_per_s / dist.get_world_size(),
