@@ -30,6 +30,7 @@ import torch.distributed as dist
 import yaml
 
 from launcher.config import dialect
+from launcher.config.layout import resume_relayout
 from launcher.errors import TrainError
 from launcher.train import flash_attn_compat, nanotron_compat, nanotron_mends, packcache, triton_compat
 from launcher.train.config import TrainConfig
@@ -89,6 +90,8 @@ def resumable_config(config_file: str, tmp_dir: str) -> str:
     asynchronous, why = dialect.tp_async(written, parallelism.get("tp") or 1, parallelism.get("tp_mode", ""), asked)
     rank = os.environ.get("RANK", "0")
     changed = False
+    if resume is not None:
+        refuse_relayout(Path(resume), data, written)
     if resume is not None and resume != ckpt.get("resume_checkpoint_path"):
         ckpt["resume_checkpoint_path"] = resume
         changed = True
@@ -104,6 +107,21 @@ def resumable_config(config_file: str, tmp_dir: str) -> str:
     derived = Path(tmp_dir) / f"launcher-nanotron-{os.getpid()}-rank{rank}.yaml"
     derived.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return str(derived)
+
+
+def refuse_relayout(root: Path, config: dict, written: str) -> None:
+    """A resume into a layout nanotron cannot re-shard `root`'s checkpoint into fails here, with the reason (the
+    launcher says it before the queue: this is for a config changed or started otherwise)."""
+    saved, where = dialect.saved_layout(root)
+    p = config.get("parallelism") or {}
+    zero = int((config.get("optimizer") or {}).get("zero_stage") or 0)
+    new = {"dp": int(p.get("dp") or 1), "tp": int(p.get("tp") or 1), "pp": int(p.get("pp") or 1), "zero_stage": zero}
+    why = None if saved is None else resume_relayout(saved, new, written)
+    if why is not None:
+        raise TrainError(
+            f"this run resumes from {where}, but {why}: resume in the saved layout, or start afresh with "
+            "--resume false"
+        )
 
 
 def _pointer(checkpoints_path: str) -> str:
