@@ -214,7 +214,8 @@ def test_a_relayout_is_judged_before_the_queue(saved: dict, flags: tuple, dialec
     }
     (root / "7" / "config.yaml").write_text(yaml.safe_dump(config))
     spec, problems = spec_for("--run_name", "r", "--nodes", "1", "--gpus_per_node", "2", "--model_size", "tiny",
-                              "--nanotron_dialect", dialect, "--checkpoints_path", str(tmp_path / "ckpt"), *flags)  # fmt: skip
+                              "--nanotron_dialect", dialect, "--checkpoints_path", str(tmp_path / "ckpt"),
+                              *flags)  # fmt: skip
     assert problems == []
     found = preflight.resume_problems(spec)
     if refused is None:
