@@ -9,15 +9,14 @@ The weights: a one-process run saves its step 0 (`save_initial_state`), and ever
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from cpu_nanotron import torchrun
-from launcher_helpers import config_of, spec_for
+from cpu_nanotron import STEPS, launcher_config, torchrun, train
+from launcher_helpers import spec_for
 
 from launcher.config import dialect as dialects
 from launcher.train.nanotron_mends import shape_from_text
@@ -25,43 +24,7 @@ from launcher.train.nanotron_mends import shape_from_text
 if TYPE_CHECKING:
     from conftest import DemoData
 
-STEPS = 5
 TOLERANCE = 1e-3  # bf16; the runs below match within 1e-4 where right, and part by 1e-2 where a bug is left in
-
-
-def launcher_config(
-    where: Path, name: str, demo: DemoData, dialect: str, dp: int, tp: int, pp: int, *flags: str, **yaml_paths: Any
-) -> Path:
-    """The config `slurm_launcher.py` writes for a tiny Llama on dp x tp x pp processes (global batch 8, the demo
-    data), with `yaml_paths` (dotted) set afterwards; checkpoints in `where/ckpt/name` unless set."""
-    spec, problems = spec_for(
-        "--nodes", "1", "--gpus_per_node", str(dp * tp * pp), "--tp", str(tp), "--pp", str(pp),
-        "--model_size", "tiny", "--hidden_size", "64", "--num_layers", "2", "--max_seq_len", "64",
-        "--micro_batch_size", "2", "--grad_accum_steps", str(8 // (2 * dp)), "--train_steps", str(STEPS),
-        "--warmup_steps", "1", "--learning_rate", "1e-3", "--log_interval", "1", "--nanotron_dialect", dialect,
-        "--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer), *flags, cwd=where,
-    )  # fmt: skip
-    assert problems == [], problems
-    config = config_of(spec, str(where / "ckpt" / name))
-    config["optimizer"]["learning_rate_scheduler"]["lr_decay_steps"] = 7  # one schedule whatever train_steps
-    for dotted, value in yaml_paths.items():
-        *parents, last = dotted.split(".")
-        node = config
-        for key in parents:
-            node = node[key]
-        node[last] = value
-    path = where / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-def train(config: Path, nproc: int, dialect: str, metrics: Path | None = None, **env: str) -> dict[int, dict]:
-    """One torchrun of the nanotron engine on `config`; the metrics it logged (the test fails with its log)."""
-    metrics = metrics or config.with_suffix(".jsonl")
-    log = config.with_suffix(".log")
-    done = torchrun(config, nproc, log, main=dialect == "main", env={"LAUNCHER_METRICS_FILE": str(metrics), **env})
-    assert done.returncode == 0, log.read_text()[-6000:]
-    return {m["step"]: m for m in map(json.loads, metrics.read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")
