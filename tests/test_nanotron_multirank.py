@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from cpu_nanotron import STEPS, launcher_config, torchrun, train
+from cpu_nanotron import STEPS, launcher_config, layout_spec, torchrun, train
 from launcher_helpers import spec_for
 
 from launcher.config import dialect as dialects
+from launcher.config import memory
+from launcher.config.fit import layout_of
 from launcher.train.nanotron_mends import shape_from_text
+from launcher.train.nanotron_trainer import PARAMETERS_LINE
 
 if TYPE_CHECKING:
     from conftest import DemoData
@@ -56,10 +59,17 @@ def test_8_ranks_dp2_tp2_pp2_train_as_one_process(dialect: str, reference: Any, 
     """The launcher's own 8-rank layout: 0.4's needs its sync TP linears (bug a) and its checkpoint shapes read
     (bug d: the step-0 weights are loaded into tp 2 and pp 2); main's needs the loss on every pipeline rank (b)."""
     init, ref = reference(dialect)
-    config = launcher_config(
-        tmp_path, "eight", demo_data, dialect, 2, 2, 2, **{"model.init_method": {"path": str(init)}}
-    )
+    init_from = {"model.init_method": {"path": str(init)}}
+    config = launcher_config(tmp_path, "eight", demo_data, dialect, 2, 2, 2, **init_from)
     assert_same_run(train(config, 8, dialect), ref, range(1, STEPS + 1))
+
+    # the memory model's parameters per rank are what nanotron built on each of the 8
+    spec, _ = layout_spec(tmp_path, demo_data, dialect, 2, 2, 2)
+    lay = layout_of(spec)
+    assumed = [[memory.stage_params(spec.shape, stage, 2, lay.vocab_multiple)] * 2
+               for stage in memory.stages(spec.shape, 2, 2, lay.vocab_multiple)]  # fmt: skip
+    said = [line for line in config.with_suffix(".log").read_text().splitlines() if line.startswith("parameters per")]
+    assert said == [PARAMETERS_LINE.format(counts=assumed)], (said, assumed)
 
 
 def test_04s_async_tp_is_written_sync_and_mended_by_the_job(reference: Any, demo_data: DemoData, tmp_path: Path):

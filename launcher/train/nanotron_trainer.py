@@ -186,6 +186,24 @@ def mend_lr_scheduler_resume(trainer: Any) -> None:
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
+PARAMETERS_LINE = "parameters per rank (pipeline stage x tensor shard): {counts}"
+
+
+def say_parameters_per_rank(trainer: Any, device: torch.device) -> None:
+    """Rank 0 prints how many parameters each (pp, tp) rank holds, as nanotron built them (a tied one counted
+    where it lives): what the launcher's memory model assumes for the layout (`launcher.config.memory`), and
+    tests/test_nanotron_multirank.py holds the two equal. One all_reduce of pp x tp integers, once."""
+    context = trainer.parallel_context
+    pp, tp = context.pp_pg.size(), context.tp_pg.size()
+    counts = torch.zeros(pp, tp, dtype=torch.int64, device=device)
+    if dist.get_rank(context.dp_pg) == 0:  # the dp replicas hold the same
+        held = sum(param.numel() for param in trainer.unwrapped_model.parameters())
+        counts[dist.get_rank(context.pp_pg), dist.get_rank(context.tp_pg)] = held
+    dist.all_reduce(counts, group=context.world_pg)
+    if dist.get_rank(context.world_pg) == 0:
+        print(PARAMETERS_LINE.format(counts=counts.tolist()), flush=True)
+
+
 def share_the_loss(trainer: Any, logs: dict) -> dict:
     """nanotron main with pp > 1 died at its first logged step, on every run (upstream issue #405): its
     `train_step_logs` reads `loss_avg.item()` on every rank, before its logger-rank check, and only the last
@@ -233,6 +251,7 @@ def trainer_class(cfg: TrainConfig) -> type:
             self.metrics_file = os.environ.get(P.ENV_METRICS_FILE) or None
             self.last_saved_step = start_step(self) if self.init_checkpoint_path is not None else None
             self.stop_at_end = False
+            say_parameters_per_rank(self, device)
 
         def is_main(self) -> bool:
             return dist.get_rank(self.parallel_context.world_pg) == 0
