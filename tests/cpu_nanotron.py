@@ -5,14 +5,19 @@ nanotron main's vendored source comes first on its path (tests/nanotron_main.py 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 HERE = Path(__file__).resolve().parent
 SITE = HERE / "cpu_nanotron"
 ROOT = HERE.parent
+STEPS = 5  # a layout's run: five steps of a global batch of 8 sequences of 64 tokens
 
 
 def environment(main: bool = False) -> dict[str, str]:
@@ -46,3 +51,56 @@ def torchrun(
     full_env = {**os.environ, **environment(main), **(env or {})}
     with open(log, "a") as out:
         return subprocess.run(command, env=full_env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT)
+
+
+def layout_spec(where: Path, demo: Any, dialect: str, dp: int, tp: int, pp: int, *flags: str) -> tuple[Any, list]:
+    """The launcher's resolved run for a tiny Llama on dp x tp x pp processes (global batch 8, the demo data, one
+    node), and every problem its pure validation finds."""
+    from launcher_helpers import spec_for
+
+    from launcher.config.validate import validate
+
+    spec, problems = spec_for(
+        "--nodes", "1", "--gpus_per_node", str(dp * tp * pp), "--tp", str(tp), "--pp", str(pp),
+        "--model_size", "tiny", "--hidden_size", "64", "--num_layers", "2", "--max_seq_len", "64",
+        "--micro_batch_size", "2", "--grad_accum_steps", str(8 // (2 * dp)), "--train_steps", str(STEPS),
+        "--warmup_steps", "1", "--learning_rate", "1e-3", "--log_interval", "1", "--nanotron_dialect", dialect,
+        "--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer), *flags, cwd=where,
+    )  # fmt: skip
+    return spec, problems + validate(spec)
+
+
+def written_config(spec: Any, where: Path, name: str, **yaml_paths: Any) -> Path:
+    """The config the launcher writes for `spec` (checkpoints in `where/ckpt/name`), with `yaml_paths` (dotted)
+    set afterwards and one LR schedule whatever train_steps (decay over 7 steps)."""
+    from launcher_helpers import config_of
+
+    config = config_of(spec, str(where / "ckpt" / name))
+    config["optimizer"]["learning_rate_scheduler"]["lr_decay_steps"] = 7
+    for dotted, value in yaml_paths.items():
+        *parents, last = dotted.split(".")
+        node = config
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    path = where / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def launcher_config(
+    where: Path, name: str, demo: Any, dialect: str, dp: int, tp: int, pp: int, *flags: str, **yaml_paths: Any
+) -> Path:
+    """`written_config` of `layout_spec`, which must have no problem."""
+    spec, problems = layout_spec(where, demo, dialect, dp, tp, pp, *flags)
+    assert problems == [], problems
+    return written_config(spec, where, name, **yaml_paths)
+
+
+def train(config: Path, nproc: int, dialect: str, metrics: Path | None = None, **env: str) -> dict[int, dict]:
+    """One torchrun of the nanotron engine on `config`; the metrics it logged (the test fails with its log)."""
+    metrics = metrics or config.with_suffix(".jsonl")
+    log = config.with_suffix(".log")
+    done = torchrun(config, nproc, log, main=dialect == "main", env={"LAUNCHER_METRICS_FILE": str(metrics), **env})
+    assert done.returncode == 0, log.read_text()[-6000:]
+    return {m["step"]: m for m in map(json.loads, metrics.read_text().splitlines())}

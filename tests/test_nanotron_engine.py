@@ -34,7 +34,7 @@ from launcher.train.nanotron_engine import engine as nanotron_engine
 from launcher.train.nanotron_engine import flash_attn_compat
 from launcher.train.nanotron_engine import trainer as nanotron_trainer
 from launcher.train.nanotron_engine.engine import EPOCH_MESSAGE, epochs
-from launcher.train.nanotron_engine.trainer import POINTER, pointer_writes_dropped, write_pointer
+from launcher.train.nanotron_engine.pointer import POINTER, pointer_writes_dropped, write_pointer
 from launcher.train.stop import STOP_MESSAGE
 
 if TYPE_CHECKING:

@@ -77,6 +77,23 @@ def of_checkpoints(root: Path) -> tuple[str | None, str]:
     return found, f"nanotron's checkpoint format {version} in {root / str(step) / METADATA}"
 
 
+def saved_layout(root: Path) -> tuple[dict[str, int] | None, str]:
+    """The layout (dp, tp, pp, zero_stage) of the newest nanotron checkpoint in `root` (its own config.yaml), and
+    where it was read; (None, "") where there is none."""
+    import yaml
+
+    try:
+        step = int((root / P.NANOTRON_POINTER).read_text(encoding="utf-8").strip())
+        where = root / str(step) / "config.yaml"
+        config = yaml.safe_load(where.read_text(encoding="utf-8"))
+        p = config["parallelism"]
+        layout = {"dp": int(p["dp"]), "tp": int(p["tp"]), "pp": int(p["pp"])}
+        layout["zero_stage"] = int((config.get("optimizer") or {}).get("zero_stage") or 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return None, ""
+    return layout, str(where)
+
+
 PROBE = r"""
 import importlib.util, json, os, sys
 out = {"python": sys.executable}

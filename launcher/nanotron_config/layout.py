@@ -148,3 +148,23 @@ def check_layout(shape: ModelShape, dims: ParallelDims) -> list[Problem]:
             )
         )
     return out
+
+
+def resume_relayout(saved: dict[str, int], new: dict[str, int], written: str) -> str | None:
+    """Why nanotron cannot resume a checkpoint saved in layout `saved` into layout `new` (each {dp, tp, pp,
+    zero_stage}), in the dialect `written`; None where it can (the same layout, or a change nanotron re-shards:
+    docs/engines.md, "Changing the layout on resume")."""
+    changed = [k for k in ("dp", "tp", "pp", "zero_stage") if saved.get(k, 1 if k != "zero_stage" else 0) != new[k]]
+    if not changed:
+        return None
+    was = ", ".join(f"{k} {saved.get(k)}" for k in ("dp", "tp", "pp", "zero_stage"))
+    now = ", ".join(f"{k} {new[k]}" for k in changed)
+    if "zero_stage" in changed or new["zero_stage"] > 0:
+        return (f"its checkpoint was saved with {was} and this launch has {now}: nanotron re-shards a ZeRO-1 "
+                "optimizer into no other layout (its loader looks for the saved layout's shard names), nor one "
+                "ZeRO stage into the other")  # fmt: skip
+    if written == "main" and ("tp" in changed or "pp" in changed):
+        return (f"its checkpoint was saved with {was} and this launch has {now}: nanotron main resumes into "
+                "another dp only (its LR schedule is saved per tp and pp rank, and its optimizer merge across pp "
+                "reads a shard that lacks the parameter)")  # fmt: skip
+    return None

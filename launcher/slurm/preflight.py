@@ -22,6 +22,7 @@ from launcher.bundle import storage
 from launcher.config.spec import RunSpec
 from launcher.errors import SlurmUnavailable
 from launcher.nanotron_config import dialect, gpus
+from launcher.nanotron_config.layout import resume_relayout
 from launcher.perf import figures
 from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer
@@ -123,9 +124,10 @@ def resume_problems(spec: RunSpec) -> list[Problem]:
     a = spec.args
     if not a.paths.resume:
         return []
-    saved, how = dialect.of_checkpoints(Path(a.paths.checkpoints_path) / a.run_name)
+    root = Path(a.paths.checkpoints_path) / a.run_name
+    saved, how = dialect.of_checkpoints(root)
     if saved is None or saved == spec.dialect.dialect:
-        return []
+        return relayout_problems(spec, root)
     return [
         Problem(
             "nanotron_dialect",
@@ -133,6 +135,25 @@ def resume_problems(spec: RunSpec) -> list[Problem]:
             f"writes {spec.dialect.dialect}'s ({spec.dialect.why}); a checkpoint does not cross dialects",
             f"resume where the job's nanotron is {saved} (--nanotron_dialect {saved}), or start afresh: "
             "--resume false or a new --run_name",
+        )
+    ]
+
+
+def relayout_problems(spec: RunSpec, root: Path) -> list[Problem]:
+    """A run resumed into a layout nanotron cannot re-shard its checkpoint into (launcher.nanotron_config.layout)."""
+    saved, where = dialect.saved_layout(root)
+    p = spec.args.parallelism
+    new = {"dp": p.dp or 1, "tp": p.tp or 1, "pp": p.pp or 1, "zero_stage": p.zero_stage}
+    why = None if saved is None else resume_relayout(saved, new, spec.dialect.dialect)
+    if why is None or saved is None:
+        return []
+    flags = f"--dp {saved['dp']} --tp {saved['tp']} --pp {saved['pp']} --zero_stage {saved['zero_stage']}"
+    return [
+        Problem(
+            "tp" if saved["tp"] != new["tp"] else "pp" if saved["pp"] != new["pp"] else "dp",
+            f"run {spec.args.run_name} resumes from {where}, but {why}",
+            f"resume in the saved layout ({flags}, on {saved['dp'] * saved['tp'] * saved['pp']} GPUs), or start "
+            "afresh: --resume false or a new --run_name",
         )
     ]
 

@@ -14,6 +14,7 @@ nothing of nanotron's parallel arithmetic (../shared/notes/NANOTRON-MULTIRANK.md
   is viewed as (out0 x world, ...) where the counts match (main's sync REDUCE_SCATTER);
 - torch.cuda's `synchronize`, `empty_cache`, `set_device` do nothing, `current_device` is 0 (mapped to the CPU by
   the mode), the memory statistics are 0; nanotron's memory log does nothing;
+- main's `state_dict_to_device(optimizer state, "cuda")` on resume leaves the states where they are (the CPU);
 - main's MemoryBuffer (tp > 1) allocates on the CPU (in backward too);
 - the pipeline's P2P buffers are made on the CPU (it allocates in autograd's backward, outside the mode);
 - 0.4's rotary buffer's `assert ... device.type == "cuda"`: the function is compiled again without that line;
@@ -129,6 +130,8 @@ def _patch_context(module: Any) -> None:
 
 def _patch_trainer(module: Any) -> None:
     module.log_memory = lambda *args, **kwargs: None
+    if hasattr(module, "state_dict_to_device"):  # main, on resume: moves the states, then asserts they are on CUDA
+        module.state_dict_to_device = lambda *args, **kwargs: None
 
 
 def _recompiled(function: Any, wrong: str, right: str) -> Any:

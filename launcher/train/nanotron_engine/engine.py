@@ -31,6 +31,7 @@ import yaml
 
 from launcher.errors import TrainError
 from launcher.nanotron_config import dialect
+from launcher.nanotron_config.layout import resume_relayout
 from launcher.train import packcache
 from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
@@ -38,7 +39,7 @@ from launcher.train.environment import JobEnvironment
 from launcher.train.nanotron_engine import compat as nanotron_compat
 from launcher.train.nanotron_engine import flash_attn_compat, triton_compat
 from launcher.train.nanotron_engine import mends as nanotron_mends
-from launcher.train.nanotron_engine.trainer import POINTER as NANOTRON_POINTER
+from launcher.train.nanotron_engine.pointer import POINTER as NANOTRON_POINTER
 from launcher.train.nanotron_engine.trainer import trainer_class
 from launcher.train.stop import report_outcome
 
@@ -92,6 +93,8 @@ def resumable_config(config_file: str, job: JobEnvironment) -> str:
     asked = parallelism.get("tp_linear_async_communication")
     asynchronous, why = dialect.tp_async(written, parallelism.get("tp") or 1, parallelism.get("tp_mode", ""), asked)
     changed = False
+    if resume is not None:
+        refuse_relayout(Path(resume), data, written)
     if resume is not None and resume != ckpt.get("resume_checkpoint_path"):
         ckpt["resume_checkpoint_path"] = resume
         changed = True
@@ -107,6 +110,20 @@ def resumable_config(config_file: str, job: JobEnvironment) -> str:
     derived = Path(job.tmp_dir) / f"launcher-nanotron-{os.getpid()}-rank{job.rank}.yaml"
     derived.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return str(derived)
+
+
+def refuse_relayout(root: Path, config: dict, written: str) -> None:
+    """A resume into a layout nanotron cannot re-shard `root`'s checkpoint into fails here, with the reason (the
+    launcher says it before the queue: this is for a config changed or started otherwise)."""
+    saved, where = dialect.saved_layout(root)
+    p = config.get("parallelism") or {}
+    zero = int((config.get("optimizer") or {}).get("zero_stage") or 0)
+    new = {"dp": int(p.get("dp") or 1), "tp": int(p.get("tp") or 1), "pp": int(p.get("pp") or 1), "zero_stage": zero}
+    why = None if saved is None else resume_relayout(saved, new, written)
+    if why is not None:
+        raise TrainError(
+            f"this run resumes from {where}, but {why}: resume in the saved layout, or start afresh with --resume false"
+        )
 
 
 def _pointer(checkpoints_path: str) -> str:

@@ -15,6 +15,11 @@ to the training loop.
   built anyway, and its fp32 gradient hook raises NotImplementedError for ZeRO in the first backward (every such
   run: the launcher's defaults with `--zero_stage 1`). Compiled again with the parentheses meant (0.4's own line
   has them), so the gradient accumulator reduces the gradients, as in 0.4.
+- **0.4 and main, an optimizer resumed into another tp or pp.** `load_optimizer` finds the saved shards with
+  `optimizer_pp-*-of-{pp}_tp-*-of-{tp}.pt`, but nanotron names them `..._tp-R-of-T_exp-E-of-X.pt`: the pattern
+  matches only where the saved tp equals the expert-parallel size (1), so resuming a tp > 1 run with another tp
+  or pp died with `KeyError: (0, 0)`. The pattern is widened to either name. (A ZeRO-1 optimizer in another layout
+  has two more such patterns: the launcher refuses that change before the queue instead: `launcher.config`.)
 """
 
 from __future__ import annotations
@@ -68,12 +73,15 @@ def recompiled(function: Any, wrong: str, right: str) -> Any:
     import sys
     import textwrap
 
-    source = textwrap.dedent(inspect.getsource(function))
+    original = inspect.unwrap(function)  # (under a decorator, e.g. torch.no_grad)
+    lines, first = inspect.getsourcelines(original)
+    source = textwrap.dedent("".join(lines))
     if wrong not in source:
         return None
     namespace: dict[str, Any] = {}
-    filename = inspect.getsourcefile(function) or "<nanotron>"
-    exec(compile(source.replace(wrong, right), filename, "exec"), vars(sys.modules[function.__module__]), namespace)
+    filename = inspect.getsourcefile(original) or "<nanotron>"
+    padded = "\n" * (first - 1) + source.replace(wrong, right)  # tracebacks name nanotron's own lines
+    exec(compile(padded, filename, "exec"), vars(sys.modules[function.__module__]), namespace)
     mended = namespace[function.__name__]
     mended.__qualname__ = function.__qualname__
     return mended
@@ -98,8 +106,33 @@ def mend_make_ddp() -> bool:
     return True
 
 
+SHARDS_WRONG = '_tp-*-of-{ckp_tp_size}.pt"'
+SHARDS_RIGHT = '_tp-*-of-{ckp_tp_size}*.pt"'
+
+
+def mend_optimizer_shards() -> bool:
+    """`load_optimizer` with the shard pattern widened, wherever nanotron's modules hold it; False where there is
+    nothing to mend."""
+    import sys
+
+    from nanotron.serialize import optimizer as serialize_optimizer
+
+    function = serialize_optimizer.load_optimizer
+    if getattr(function, "_launcher_mended", False):
+        return True
+    mended = recompiled(function, SHARDS_WRONG, SHARDS_RIGHT)
+    if mended is None:
+        return False
+    mended._launcher_mended = True
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith("nanotron") and m is not None]:
+        if getattr(module, "load_optimizer", None) is function:
+            module.load_optimizer = mended  # type: ignore[attr-defined]
+    return True
+
+
 def apply(dialect: str) -> None:
-    """The mends of `dialect`'s nanotron (imported already)."""
+    """The mends of `dialect`'s nanotron (imported already, its trainer included)."""
+    mend_optimizer_shards()
     if dialect == "main":
         mend_make_ddp()
     else:

@@ -21,64 +21,24 @@ that. The subclass from `trainer_class` adds:
 - the `latest.txt` pointer written once per filesystem, atomically (a temporary file, fsync, os.replace, fsync of
   the directory), after every rank's files are on disk. nanotron 0.4 rewrites it from every rank with a
   truncating `open(..., "w")` as soon as that rank is done, so a reader (a resuming job) could see it empty, or
-  naming a checkpoint whose other ranks are still writing. Its own write is dropped (`pointer_writes_dropped`).
+  naming a checkpoint whose other ranks are still writing. Its own write is dropped (`pointer.pointer_writes_dropped`).
 """
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-import io
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from launcher import atomic
-from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics, peak_flops
+from launcher.train.nanotron_engine.pointer import pointer_writes_dropped, write_pointer
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
-
-POINTER = P.NANOTRON_POINTER  # nanotron's pointer to the newest checkpoint, in checkpoints_path
-
-
-def write_pointer(checkpoints_path: Path, step: int) -> None:
-    """Make `<checkpoints_path>/latest.txt` say `step`, atomically and durably: readers see the old pointer or the
-    new one, never a partial one, and a crash after this returns cannot lose it."""
-    atomic.replace(Path(checkpoints_path) / POINTER, str(step), durable=True)  # nanotron's format: no newline
-
-
-@contextlib.contextmanager
-def pointer_writes_dropped(module: ModuleType, is_main: bool = True) -> Iterator[None]:
-    """While active, `open(<dir>/latest.txt, "w")` called from `module`'s functions writes into nothing (a
-    discarded buffer), and so does `open(<step>/model_config.json, "w")` on every rank but the first (nanotron
-    has every rank write it: 32,000 writers of one file at 4,000 nodes); every other `open` there is the builtin.
-    `module` is nanotron.trainer, whose save_checkpoint writes both so; nothing else changes in it."""
-    dropped = {POINTER} if is_main else {POINTER, "model_config.json"}
-
-    def guarded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if isinstance(file, str | os.PathLike) and Path(file).name in dropped and "w" in mode:
-            return contextlib.nullcontext(io.StringIO())
-        return builtins.open(file, mode, *args, **kwargs)
-
-    missing = object()
-    previous = vars(module).get("open", missing)
-    module.open = guarded_open  # type: ignore[attr-defined]  # a module global shadows the builtin
-    try:
-        yield
-    finally:
-        if previous is missing:
-            del module.open  # type: ignore[attr-defined]
-        else:
-            module.open = previous  # type: ignore[attr-defined]
 
 
 def is_main_trainer(trainer: Any) -> bool:
@@ -186,6 +146,24 @@ def mend_lr_scheduler_resume(trainer: Any) -> None:
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
+PARAMETERS_LINE = "parameters per rank (pipeline stage x tensor shard): {counts}"
+
+
+def say_parameters_per_rank(trainer: Any, device: torch.device) -> None:
+    """Rank 0 prints how many parameters each (pp, tp) rank holds, as nanotron built them (a tied one counted
+    where it lives): what the launcher's memory model assumes for the layout (`launcher.perf.memory`), and
+    tests/test_nanotron_multirank.py holds the two equal. One all_reduce of pp x tp integers, once."""
+    context = trainer.parallel_context
+    pp, tp = context.pp_pg.size(), context.tp_pg.size()
+    counts = torch.zeros(pp, tp, dtype=torch.int64, device=device)
+    if dist.get_rank(context.dp_pg) == 0:  # the dp replicas hold the same
+        held = sum(param.numel() for param in trainer.unwrapped_model.parameters())
+        counts[dist.get_rank(context.pp_pg), dist.get_rank(context.tp_pg)] = held
+    dist.all_reduce(counts, group=context.world_pg)
+    if dist.get_rank(context.world_pg) == 0:
+        print(PARAMETERS_LINE.format(counts=counts.tolist()), flush=True)
+
+
 def share_the_loss(trainer: Any, logs: dict) -> dict:
     """nanotron main with pp > 1 died at its first logged step, on every run (upstream issue #405): its
     `train_step_logs` reads `loss_avg.item()` on every rank, before its logger-rank check, and only the last
@@ -234,6 +212,7 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
             self.metrics_file = job.metrics_file
             self.last_saved_step = start_step(self) if self.init_checkpoint_path is not None else None
             self.stop_at_end = False
+            say_parameters_per_rank(self, device)
 
         def is_main(self) -> bool:
             return dist.get_rank(self.parallel_context.world_pg) == 0
