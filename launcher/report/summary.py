@@ -118,8 +118,11 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
             f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"
             + (", chosen by --layout auto (--plan shows why)" if a.parallelism.layout == "auto" else "")
-            + (f"; {spec.adapted['tp_linear_async_communication']}" if "tp_linear_async_communication" in spec.adapted
-               else ""),
+            + (
+                f"; {spec.adapted['tp_linear_async_communication']}"
+                if "tp_linear_async_communication" in spec.adapted
+                else ""
+            ),
         ),
         ("cpus", _cpu_note(spec)),
         ("memory", _memory_note(spec, figures)),
