@@ -66,13 +66,13 @@ def write_config(
 ) -> Path:
     """The config the launcher writes for this case as a one-GPU job (its own flags, resolution and checks), in
     `dialect`'s dialect; without `save_interval`, only the last step is saved. Beside it, `<name>.estimate.json`:
-    the launcher's memory estimate for that layout (launcher.config.memory, as the fit check computes it)."""
-    from launcher.config.fit import layout_of
-    from launcher.config.flags import parse
-    from launcher.config.memory import estimate
+    the launcher's memory estimate for that layout (launcher.perf.memory, as the fit check computes it)."""
+    from launcher.config.cli import parse
     from launcher.config.resolve import resolve
-    from launcher.config.schema import build_config, dump
     from launcher.config.validate import validate
+    from launcher.nanotron_config.schema import dump, written
+    from launcher.perf.fit import layout_of
+    from launcher.perf.memory import estimate
 
     preset, seq, data = case.split(":")
     work.mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,7 @@ def write_config(
     name = f"{case.replace(':', '-')}-mb{micro_batch}-ga{grad_accum}-{dialect}"
     path = work / f"{name}.yaml"
     checkpoints = work / "checkpoints" / path.stem  # emptied by each run (`child`)
-    path.write_text(dump(build_config(spec.flag_values(), spec.base_config, str(checkpoints))))
+    path.write_text(dump(written(spec.config, spec.dialect.dialect, str(checkpoints))))
     est = estimate(spec.shape, layout_of(spec))
     record = {"peak": est.peak, "total": est.total, "headroom": est.headroom, "parts": est.parts, "stage": est.stage}
     path.with_suffix(".estimate.json").write_text(json.dumps(record))
@@ -189,7 +189,8 @@ def child(engine: str, config: str, memory: str, save: bool, keep: bool) -> None
 def _skip_saves() -> None:
     """No checkpoint is written (a memory run measures training, not a 15-45 GB save): the torch engine's save and
     the nanotron trainer's are replaced by nothing, here in the bench's process, never in the job."""
-    from launcher.train import nanotron_engine, torch_engine
+    from launcher.train.nanotron_engine import engine as nanotron_engine
+    from launcher.train.torch_engine import engine as torch_engine
 
     torch_engine.checkpoint.save = lambda *args, **kwargs: None
     make_class = nanotron_engine.trainer_class
@@ -243,8 +244,8 @@ def main() -> None:
                  "engine needs CUDA and NCCL); run it on a GPU node, see docs/nanotron-gpu.md")  # fmt: skip
     if args.steps < 30 or args.warmup >= args.steps:
         fail("--steps must be at least 30 and more than --warmup")
-    from launcher.train import flash_attn_compat
-    from launcher.train.model import peak_flops
+    from launcher.train.metrics import peak_flops
+    from launcher.train.nanotron_engine import flash_attn_compat
 
     peak = peak_flops(torch.device("cuda"))
     if peak is None:

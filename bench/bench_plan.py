@@ -2,7 +2,7 @@
 
     python bench/bench_plan.py [--runs 5]
 
-Times `launcher.config.planner.search` in-process for the 70b, 8b and 1b presets on 8192 GPUs with a 4096-sequence
+Times `launcher.perf.planner.search` in-process for the 70b, 8b and 1b presets on 8192 GPUs with a 4096-sequence
 batch (every layout nanotron accepts, each with its memory and step time), and then
 `python slurm_launcher.py --model_size 70b --nodes 1024 --plan --dry_run` end to end (interpreter start included),
 checking that the command imported no torch.
@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from launcher.config import gpus  # noqa: E402
-from launcher.config.memory import Layout  # noqa: E402
-from launcher.config.planner import search  # noqa: E402
-from launcher.config.shape import ModelShape  # noqa: E402
+from launcher.nanotron_config import gpus  # noqa: E402
+from launcher.nanotron_config.shape import ModelShape  # noqa: E402
+from launcher.perf.memory import Layout  # noqa: E402
+from launcher.perf.planner import search  # noqa: E402
 
 MODELS = {
     "70b": ModelShape(8192, 28672, 80, 64, 8, 128256, 4096),

@@ -20,7 +20,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from synthetic_stacks import node_name, write_dumps  # noqa: E402
 
-from launcher.train import watchdog  # noqa: E402
+from launcher.node import watchdog  # noqa: E402
 
 
 def before(stacks: Path) -> list[str]:

@@ -104,10 +104,10 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the peers' side: one process holds them all
     threading.stack_size(256 * 1024)
-    scripts = {"after": ROOT / "launcher/train/nodecheck.py"}
+    scripts = {"after": ROOT / "launcher/node/nodecheck.py"}
     if args.before:
         old = Path(tempfile.mkdtemp()) / "nodecheck.py"
-        show = ["git", "-C", str(ROOT), "show", f"{args.before}:launcher/train/nodecheck.py"]
+        show = ["git", "-C", str(ROOT), "show", f"{args.before}:launcher/node/nodecheck.py"]
         old.write_text(subprocess.check_output(show, text=True))
         scripts = {"before": old, **scripts}
     for label, script in scripts.items():

@@ -28,10 +28,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
-from launcher.config.shape import ModelShape  # noqa: E402
+from launcher.nanotron_config.shape import ModelShape  # noqa: E402
 from launcher.train.config import LRSchedule, TrainConfig  # noqa: E402
-from launcher.train.model import count_parameters, flops_per_token, peak_flops  # noqa: E402
-from launcher.train.torch_engine import Rank, TorchTrainer, init_distributed  # noqa: E402
+from launcher.train.environment import JobEnvironment  # noqa: E402
+from launcher.train.metrics import peak_flops  # noqa: E402
+from launcher.train.torch_engine.engine import Rank, TorchTrainer, init_distributed  # noqa: E402
+from launcher.train.torch_engine.model import count_parameters, flops_per_token  # noqa: E402
 
 STEPS = {"tiny": 10, "small": 3}  # timed steps per preset (after the warm-up steps); others: 3
 
@@ -71,7 +73,7 @@ def bench_config(shape: ModelShape, seq_len: int, micro_batch_size: int, checkpo
 
 def measure(cfg: TrainConfig, steps: int, where: Rank) -> dict:
     """Seconds per step, tokens/s and achieved GFLOP/s of `steps` timed training steps."""
-    trainer = TorchTrainer(cfg, where)
+    trainer = TorchTrainer(cfg, where, JobEnvironment.read())
     on_gpu = where.device.type == "cuda"
     ddp = trainer.wrap()  # the engine's own: compiled on a GPU
     warmup = 3 if on_gpu else 1
@@ -106,7 +108,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="GPU: bfloat16; CPU: float32")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default: per preset)")
     args = parser.parse_args()
-    where = init_distributed()
+    where = init_distributed(JobEnvironment.read())
     dtype = args.dtype or ("bfloat16" if where.device.type == "cuda" else "float32")
     device = (
         torch.cuda.get_device_name(where.device)

@@ -296,7 +296,7 @@ def memory_table(s: Session) -> None:
 def environment(s: Session) -> float:
     """The versions and the card; returns the card's memory in bytes."""
     probe = ("import json, torch, nanotron; from launcher.train.main import choose_engine\n"
-             "from launcher.train import nanotron_engine as e\n"
+             "from launcher.train.nanotron_engine import engine as e\n"
              "cuda = torch.cuda.is_available()\n"
              "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'nccl': "
              "'.'.join(map(str, torch.cuda.nccl.version())) if cuda else None, 'gpu': torch.cuda.get_device_name() if "
@@ -335,7 +335,7 @@ def main() -> None:
     if not args.rehearse:
         import torch
 
-        from launcher.train.model import peak_flops
+        from launcher.train.metrics import peak_flops
 
         s.peak = peak_flops(torch.device("cuda")) if torch.cuda.is_available() else None
     try:

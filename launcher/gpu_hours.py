@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher import sweep, usage
+from launcher import usage
+from launcher.bundle import manifest, sweep_record
 from launcher.errors import ConfigError, LauncherError
 from launcher.report.ledger import table
 from launcher.slurm.parse import JobState
@@ -33,16 +34,18 @@ def _since(text: str | None) -> float:
         raise ConfigError(f"--since {text!r} is not a date: give YYYY-MM-DD or YYYY-MM-DDTHH:MM") from None
 
 
-def _sweep_points(directory: Path) -> list[tuple[str, Path]]:
-    return [(e["run_name"], Path(e["bundle"])) for e in sweep.read_record(directory)["points"] if e["job_id"]]
+def _sweep_points(record: sweep_record.SweepRecord) -> list[tuple[str, Path]]:
+    return [(p.run_name, p.bundle) for p in record.submitted]
 
 
-def ledger_line(directory: Path, state: JobState | None = None) -> str:
-    """`gpu-hours` for `jobs status`: a run's one line, or a sweep's total."""
-    if (directory / sweep.RECORD).is_file():
-        lines = usage.several(_sweep_points(directory), None, directory.parent.name)
-        return "  gpu-hours " + lines[-1].strip()
-    return "  gpu-hours " + usage.line(directory, state)
+def run_ledger_line(run: manifest.Manifest, state: JobState | None = None) -> str:
+    """`gpu-hours` for `jobs status` of a run: its one line."""
+    return "  gpu-hours " + usage.line(run, state)
+
+
+def sweep_ledger_line(record: sweep_record.SweepRecord) -> str:
+    """`gpu-hours` for `jobs status` of a sweep: its total."""
+    return "  gpu-hours " + usage.several(_sweep_points(record), None, record.name)[-1].strip()
 
 
 def ledger_command(target: str | None, since: str | None, configs_path: Path) -> int:
@@ -56,18 +59,20 @@ def ledger_command(target: str | None, since: str | None, configs_path: Path) ->
         named = [(f"{b.parent.name}/{b.name}", b) for b in bundles]
         print("\n".join(usage.several(named, configs_path / "gpu-hours.png", title)))
         return 0
-    directory = Path(target).parent if target.endswith(sweep.RECORD) else Path(target)
-    if (directory / sweep.RECORD).is_file():
-        print(f"GPU-hours of sweep {directory.parent.name} ({directory}):")
-        print("\n".join(usage.several(_sweep_points(directory), directory / "gpu-hours.png", directory.parent.name)))
+    sweep_dir = sweep_record.directory_of(Path(target))
+    if sweep_dir is not None:
+        record = sweep_record.load(sweep_dir)
+        print(f"GPU-hours of sweep {record.name} ({sweep_dir}):")
+        print("\n".join(usage.several(_sweep_points(record), sweep_dir / "gpu-hours.png", record.name)))
         return 0
-    directory = directory.parent if directory.name == P.MANIFEST else directory
+    directory = Path(target).parent if Path(target).name == P.MANIFEST else Path(target)
     if not (directory / P.MANIFEST).is_file():
         raise LauncherError(f"{target} is neither a bundle nor a sweep directory")
-    from_sacct, from_records = usage.ledgers(directory)
+    run = manifest.load(directory)
+    from_sacct, from_records = usage.ledgers(run)
     if from_sacct is None and from_records is None:
         raise LauncherError(f"{directory}: no attempt of its job has started yet (or it was never submitted)")
-    usage.kept(directory, from_sacct or from_records)  # type: ignore[arg-type]
+    usage.kept(run, from_sacct or from_records)  # type: ignore[arg-type]
     print(f"GPU-hours of {directory} (GPU-hours per attempt):")
     for found in (from_sacct, from_records):
         if found is not None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher import sweep
-from launcher.bundle import manifest
+from launcher.bundle import manifest, sweep_record
 from launcher.errors import LauncherError, SubmissionError, as_command
-from launcher.gpu_hours import ledger_command, ledger_line
+from launcher.gpu_hours import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.slurm import client, follow
 from launcher.submission import follow_to_end, report_end
 
@@ -46,7 +46,8 @@ def _sweep_action(action: str, directory: Path) -> int:
     """status, attach or cancel for every run of a sweep."""
     if action == "attach":
         return sweep.follow(directory)
-    job_ids = [e["job_id"] for e in sweep.read_record(directory)["points"] if e["job_id"]]
+    record = sweep_record.load(directory)
+    job_ids = [p.job_id for p in record.submitted if p.job_id]
     states = client.job_states_many(job_ids)  # one controller query for them all
     if action == "cancel":
         live = [job_id for job_id, state in states.items() if not state.terminal]
@@ -54,11 +55,11 @@ def _sweep_action(action: str, directory: Path) -> int:
             client.cancel(job_id)
         print(f"Cancelled {len(live)} job(s): {' '.join(live) or 'none was still running'}.")
         return 0
-    for entry in sweep.read_record(directory)["points"]:
-        if (state := states.get(entry["job_id"])) is not None and state.terminal:
-            sweep.judge_point(entry, state)  # as `status` of one run does
+    for point in record.submitted:
+        if (state := states.get(point.job_id or "")) is not None and state.terminal:
+            sweep.judge_point(point, state)  # as `status` of one run does
     print(sweep.results(directory, {k: v.state for k, v in states.items()}, plot=False))
-    print(ledger_line(directory))
+    print(sweep_ledger_line(record))
     return 0
 
 
@@ -73,7 +74,7 @@ def _status(job_id: str, log: Path, run: manifest.Manifest | None) -> int:
         print(follow.describe(state))
     print(f"  log: {log}")
     if run is not None:
-        print(ledger_line(run.bundle_dir, state))
+        print(run_ledger_line(run, state))
     return 0
 
 
@@ -93,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _act(action: str, target_text: str) -> int:
-    sweep_dir = Path(target_text).parent if target_text.endswith(sweep.RECORD) else Path(target_text)
-    if (sweep_dir / sweep.RECORD).is_file():
+    sweep_dir = sweep_record.directory_of(Path(target_text))
+    if sweep_dir is not None:
         return _sweep_action(action, sweep_dir)
     job_id, log, target, run = _resolve_target(target_text)
     if action == "attach":

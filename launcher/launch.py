@@ -10,10 +10,13 @@ from typing import NamedTuple
 
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
-from launcher.config import container, figures, fit, flags, validate
-from launcher.config.problems import Problem, report
-from launcher.config.resolve import RunSpec, resolve
+from launcher.config import cli, container, validate
+from launcher.config.flags import LaunchArgs
+from launcher.config.resolve import resolve
+from launcher.config.spec import RunSpec
 from launcher.errors import ConfigError, LauncherError, SubmissionError
+from launcher.perf import figures, fit
+from launcher.problems import Problem, report
 from launcher.report import summary
 from launcher.slurm import interactive, preflight
 
@@ -37,24 +40,25 @@ class Prepared(NamedTuple):
     forecast: str | None  # Slurm's answer to `sbatch --test-only` (None for a dry run)
 
 
-def check(argv: list[str], parsed: flags.Parsed | None = None) -> tuple[RunSpec, list[Problem]]:
+def check(argv: list[str], parsed: cli.Parsed | None = None) -> tuple[RunSpec, list[Problem]]:
     """One run's flags resolved and validated: what "every problem at once" means, in one place. The pure phase
     (resolution and `config.validate`: the spec and local files, the memory fit), then the preflight phase (the
     output directories and disk, and, unless a dry run, the jobs a --dependency names). Before them, unless a dry
     run, the cluster's GPU type (for the memory check), and `--layout auto`'s choice. Slurm's verdict on the
     script comes once there is a script: in `prepare_all`, when these found nothing. `parsed`: argv's flags,
     where the caller has parsed them already."""
-    args, explicit = parsed or flags.parse(argv)
+    args, explicit = parsed or cli.parse(argv)
     spec, problems = _resolved(args, explicit)
     if spec.args.parallelism.layout == "auto" and fit.checkable(spec, problems):
         spec, chosen = fit.auto_layout(spec, explicit)
         problems += chosen
     problems += validate.validate(spec)
+    problems += fit.problems(spec, problems)
     problems += preflight.problems(spec, problems, ask_slurm=not args.execution.dry_run)
     return spec, problems
 
 
-def _resolved(args: flags.LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list[Problem]]:
+def _resolved(args: LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list[Problem]]:
     """The resolved spec, with the cluster's GPU where no flag names one (unless a dry run), and CPUs for every
     process (the partition's, unless a dry run)."""
     spec, problems = resolve(args, explicit)
@@ -65,7 +69,7 @@ def _resolved(args: flags.LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list
     return spec, problems
 
 
-def plan_run(parsed: flags.Parsed) -> int:
+def plan_run(parsed: cli.Parsed) -> int:
     """`--plan`: the layouts that fit, best first; nothing written or submitted."""
     from launcher.report import plan  # imported here only for speed: a dry run never needs it
 
@@ -158,7 +162,7 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
 
 
 def prepare_all(
-    points: list[list[str]], labels: list[str] | None = None, parsed: list[flags.Parsed | None] | None = None
+    points: list[list[str]], labels: list[str] | None = None, parsed: list[cli.Parsed | None] | None = None
 ) -> list[Prepared]:
     """Several runs' bundles (a sweep's points), all or none: every point is checked, then every point's script
     is put to Slurm (unless a dry run), and only then is anything written. Raises ConfigError listing every
@@ -181,13 +185,13 @@ def prepare_all(
     return [_write(draft, forecast) for draft, forecast in zip(drafts, forecasts, strict=True)]
 
 
-def prepare(argv: list[str], parsed: flags.Parsed | None = None) -> Prepared:
+def prepare(argv: list[str], parsed: cli.Parsed | None = None) -> Prepared:
     """Resolve, validate, render and write one run's bundle. Raises ConfigError listing every problem; when the
     run is to be submitted, that includes Slurm's refusal of the rendered script."""
     return prepare_all([argv], parsed=[parsed])[0]
 
 
-def launch_run(argv: list[str], parsed: flags.Parsed) -> int:
+def launch_run(argv: list[str], parsed: cli.Parsed) -> int:
     """One run: its bundle written, summarised, submitted and (--show_logs) followed; returns the exit code."""
     spec, paths, derived, forecast = prepare(argv, parsed)
     print(f"Run {spec.args.run_name}: bundle written")
@@ -230,7 +234,7 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     failed, submitted = 0, []
     for p, prep in zip(grid, prepared, strict=True):
         try:
-            job_id = submission.submit(prep.paths)
+            job_id = str(submission.submit(prep.paths).job_id)
         except LauncherError as e:
             failed += 1
             print(f"error: {p.run_name}: {e}", file=sys.stderr)
@@ -248,7 +252,7 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The whole command (`slurm_launcher.py`); returns the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    parsed = flags.parse(argv)  # once: each command takes it (a sweep's points are command lines of their own)
+    parsed = cli.parse(argv)  # once: each command takes it (a sweep's points are command lines of their own)
     args = parsed.args
     if args.execution.plan:
         return plan_run(parsed)

@@ -15,15 +15,15 @@ from launcher.slurm import client, follow, logread, triage
 from launcher.slurm.parse import JobState
 
 
-def submit(paths: BundlePaths) -> str:
-    """Submit the bundle's script file; record the outcome in the manifest either way."""
+def submit(paths: BundlePaths) -> manifest.Manifest:
+    """Submit the bundle's script file; record the outcome in the manifest either way. Returns the manifest, job id
+    recorded (`run.job_id`), to hand down."""
     try:
         job_id = client.submit(paths.script)
     except LauncherError as e:
         manifest.record(paths.manifest, submitted=False, error=str(e))
         raise LauncherError(f"{e}\nThe bundle is kept: {paths.bundle_dir}") from None
-    manifest.record(paths.manifest, submitted=True, job_id=job_id)
-    return job_id
+    return manifest.record(paths.manifest, submitted=True, job_id=job_id)
 
 
 def how_to(target: str) -> str:
@@ -63,7 +63,7 @@ def judge_end(final: JobState, log: Path, run: manifest.Manifest | None = None) 
     if run is not None and run.path.is_file():
         ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts}
         try:
-            manifest.record_end(run.path, ended, verdict.record() if verdict else None)
+            manifest.record_end(run, ended, verdict.record() if verdict else None)
         except OSError as e:
             return verdict, f"not recorded in {run.path}: {e.strerror or e}"
     return verdict, ""
@@ -90,8 +90,8 @@ def outputs(run: manifest.Manifest, final: JobState | None = None) -> dict[str, 
     found.update({name: Path(named[name]) for name in ("log", "checkpoints") if named.get(name)})
     if run.metrics.exists():
         found["loss curve"] = plots.loss_curve(run.metrics, run.bundle_dir / "loss.png")
-    found.update(pictures.render(run.bundle_dir))
-    found["gpu-hours"] = usage.line(run.bundle_dir, final)  # the ledger (launcher.usage), kept in the manifest
+    found.update(pictures.render(run))
+    found["gpu-hours"] = usage.line(run, final)  # the ledger (launcher.usage), kept in the manifest
     return found
 
 
@@ -112,9 +112,10 @@ def follow_to_end(job_id: str, log: Path, target: str, run: manifest.Manifest | 
 
 
 def submit_and_follow(paths: BundlePaths, follow: bool) -> int:
-    job_id = submit(paths)
-    print(f"Submitted job {job_id}.")
+    run = submit(paths)
+    assert run.job_id is not None, "recorded by submit"
+    print(f"Submitted job {run.job_id}.")
     if not follow:
         print(how_to(str(paths.bundle_dir)))
         return 0
-    return follow_to_end(job_id, paths.log, str(paths.bundle_dir), manifest.load(paths.manifest))
+    return follow_to_end(run.job_id, paths.log, str(paths.bundle_dir), run)

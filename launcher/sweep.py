@@ -14,18 +14,17 @@ verdict, recorded in the point's manifest).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import atomic, usage
 from launcher import protocol as P
-from launcher.bundle import files, manifest
+from launcher import usage
+from launcher.bundle import files, manifest, sweep_record
+from launcher.bundle.sweep_record import SweepPoint
 from launcher.config import flags
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 from launcher.report import plots as plotting
 from launcher.slurm.follow import Cadence, LogTail, Watched, watch
 from launcher.slurm.parse import JobState
@@ -33,7 +32,7 @@ from launcher.submission import how_to, judge_end
 
 MAX_POINTS = 64
 NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
-RECORD = P.SWEEP_RECORD
+RECORD = sweep_record.RECORD
 
 
 def values_text(values: dict[str, str]) -> str:
@@ -126,48 +125,35 @@ def write_record(configs_path: str, run_name: str, sweep_text: str, grid: list[P
     """The sweep's record, in a directory of its own beside its points' bundles: the points, their values and
     bundles; their job ids are added as they are submitted (`record_job`). Returns the directory."""
     directory = files.claim_dir(Path(configs_path) / run_name)
-    record = {
-        "sweep": sweep_text,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "points": [
-            {"run_name": p.run_name, "values": p.values, "bundle": str(bundle), "job_id": None}
-            for p, bundle in zip(grid, bundles, strict=True)
-        ],
-    }
-    files.write_new(directory / RECORD, json.dumps(record, indent=2) + "\n")
+    points = [SweepPoint(p.run_name, p.values, bundle, None) for p, bundle in zip(grid, bundles, strict=True)]
+    sweep_record.write(directory, sweep_text, points)
     return directory
 
 
 def record_job(directory: Path, point: Point, job_id: str) -> None:
     """Note a point's job id in the sweep's record."""
-    record = read_record(directory)
-    record["points"][point.index - 1]["job_id"] = job_id
-    atomic.replace(directory / RECORD, json.dumps(record, indent=2) + "\n")
+    sweep_record.record_job(directory, point.index - 1, job_id)
 
 
-def read_record(directory: Path) -> dict:
-    return json.loads((directory / RECORD).read_text(encoding="utf-8"))
-
-
-def _log_of(entry: dict) -> Path:
+def _log_of(point: SweepPoint) -> Path:
     """A point's log, from its manifest (a moved or damaged bundle: a path that is never there)."""
     try:
-        return manifest.load(Path(entry["bundle"])).log
+        return manifest.load(point.bundle).log
     except (OSError, ValueError, KeyError):
-        return Path(entry["bundle"]) / "no log"
+        return point.bundle / "no log"
 
 
 def follow(record_dir: Path, cadence: Cadence | None = None) -> int:
     """Report every point's state changes until all have ended, then the results; 0 only if all COMPLETED. One
     controller query for all points at a time (`launcher.slurm.follow.watch`); each point's log says when its
     attempts end. Ctrl-C stops following, not the jobs."""
-    record = read_record(record_dir)
-    entries = {e["job_id"]: e for e in record["points"] if e["job_id"]}
+    record = sweep_record.load(record_dir)
+    entries = {p.job_id: p for p in record.submitted if p.job_id}
     watched = []
     for job_id, entry in entries.items():
         log = _log_of(entry)
         tail = LogTail(log, None, offset=log.stat().st_size if log.is_file() else 0)  # its attempt lines from now on
-        watched.append(Watched(job_id, tail, label=entry["run_name"]))
+        watched.append(Watched(job_id, tail, label=entry.run_name))
     try:
         finals = watch(
             watched,
@@ -179,17 +165,17 @@ def follow(record_dir: Path, cadence: Cadence | None = None) -> int:
         print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}))
-    points = [(e["run_name"], Path(e["bundle"])) for e in entries.values()]
+    points = [(e.run_name, e.bundle) for e in entries.values()]
     print("GPU-hours (python -m launcher.jobs ledger DIR: every attempt)")
     print("\n".join(usage.several(points, record_dir / "gpu-hours.png", record_dir.parent.name)))
     return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1
 
 
-def judge_point(entry: dict, state: JobState) -> None:
+def judge_point(point: SweepPoint, state: JobState) -> None:
     """Why a point's job ended so, recorded in its bundle's manifest, as for one run (`submit.judge_end`); the
     results read it from there."""
     try:
-        run = manifest.load(Path(entry["bundle"]))
+        run = manifest.load(point.bundle)
         log = run.log
     except (OSError, ValueError, KeyError):
         return  # a bundle moved or damaged: the table still shows Slurm's state
@@ -210,31 +196,30 @@ def _final(metrics: Path) -> dict | None:
 
 def results(record_dir: Path, states: dict[str, str], plot: bool = True) -> str:
     """The points as a table, lowest final loss first, and (`plot`) a PNG of their loss curves."""
-    record = read_record(record_dir)
+    record = sweep_record.load(record_dir)
     rows = []
-    for e in record["points"]:
-        last = _final(Path(e["bundle"]) / "metrics.jsonl")
+    for e in record.points:
+        last = _final(e.bundle / P.METRICS)
         loss = last.get("loss") if last else None
-        state = states.get(e["job_id"] or "", "not submitted" if not e["job_id"] else "?")
+        state = states.get(e.job_id or "", "not submitted" if not e.job_id else "?")
         rows.append((loss, e, state, last.get("step") if last else None))
     rows.sort(key=lambda r: (r[0] is None, r[0] if r[0] is not None else 0.0))
-    values = [values_text(e["values"]) for _, e, _, _ in rows]
+    values = [values_text(e.values) for _, e, _, _ in rows]
     width = max(len(v) for v in values)
-    lines = [f"Sweep {record_dir.parent.name}: lowest final loss first", f"  {'run':<16} {'values':<{width}}  "
+    lines = [f"Sweep {record.name}: lowest final loss first", f"  {'run':<16} {'values':<{width}}  "
              f"{'job':>7}  {'state':<10} {'step':>6}  {'loss':>8}"]  # fmt: skip
     for (loss, e, state, step), text in zip(rows, values, strict=True):
         lines.append(
-            f"  {e['run_name']:<16} {text:<{width}}  {e['job_id'] or '-':>7}  {state:<10} "
+            f"  {e.run_name:<16} {text:<{width}}  {e.job_id or '-':>7}  {state:<10} "
             f"{step if step is not None else '-':>6}  {f'{loss:.4f}' if loss is not None else '-':>8}"
         )
     for _, e, state, _ in rows:  # why each point that did not complete ended so, and what to do
-        if state != "COMPLETED" and (verdict := _verdict(Path(e["bundle"]))):
+        if state != "COMPLETED" and (verdict := _verdict(e.bundle)):
             first, *rest = str(verdict.get("message", "")).splitlines() or [""]
-            lines.append(f"  {e['run_name']} ended {state}: {first}")
+            lines.append(f"  {e.run_name} ended {state}: {first}")
             lines.extend(f"      {line}" for line in rest)
             lines.append(f"      fix: {verdict.get('fix', '')}")
-    series = {f"{e['run_name']} ({values_text(e['values'])})": Path(e["bundle"]) / "metrics.jsonl"
-              for e in record["points"]}  # fmt: skip
+    series = {f"{e.run_name} ({values_text(e.values)})": e.bundle / P.METRICS for e in record.points}
     if plot and any(path.exists() for path in series.values()):
         lines.append(f"  loss curves  {plotting.sweep_curves(series, record_dir / 'loss.png')}")
     return "\n".join(lines)

@@ -72,10 +72,10 @@ def _from_sacct(recs: list[SacctRecord], seen: dict, final: JobState | None, now
     return out
 
 
-def ledgers(bundle_dir: Path, final: JobState | None = None) -> tuple[Ledger | None, Ledger | None]:
-    """(from sacct, from the job's records) for a submitted bundle; either None where it cannot be had (no
-    accounting; a bundle never submitted). `final`: the job's state if the caller has it (else asked)."""
-    run = manifest.load(bundle_dir)
+def ledgers(run: manifest.Manifest, final: JobState | None = None) -> tuple[Ledger | None, Ledger | None]:
+    """(from sacct, from the job's records) for a submitted bundle, its manifest in hand; either None where it
+    cannot be had (no accounting; a bundle never submitted). `final`: the job's state if the caller has it (else
+    asked)."""
     job_id = run.job_id
     if not job_id:
         return None, None
@@ -99,21 +99,21 @@ def ledgers(bundle_dir: Path, final: JobState | None = None) -> tuple[Ledger | N
     return from_sacct, from_records
 
 
-def ledger(bundle_dir: Path, final: JobState | None = None, keep: bool = True) -> Ledger | None:
+def ledger(run: manifest.Manifest, final: JobState | None = None, keep: bool = True) -> Ledger | None:
     """The run's ledger, from sacct where the cluster keeps accounting, else from the job's records; recorded in
     the manifest (`keep`) once the job has ended."""
-    from_sacct, from_records = ledgers(bundle_dir, final)
+    from_sacct, from_records = ledgers(run, final)
     chosen = from_sacct or from_records
     if keep and chosen is not None:
-        kept(bundle_dir, chosen)
+        kept(run, chosen)
     return chosen
 
 
-def kept(bundle_dir: Path, found: Ledger) -> None:
+def kept(run: manifest.Manifest, found: Ledger) -> None:
     """Record a ledger in the run's manifest once its job has ended (a read-only bundle keeps its manifest)."""
     if all(a.ended != "running" for a in found.attempts):
         try:
-            manifest.record_ledger(manifest.load(bundle_dir).path, found.record())
+            manifest.record_ledger(run, found.record())
         except OSError:
             pass
 
@@ -147,10 +147,10 @@ def bundles_since(configs_path: Path, since: float) -> list[Path]:
     return found
 
 
-def line(bundle_dir: Path, final: JobState | None = None) -> str:
+def line(run: manifest.Manifest, final: JobState | None = None) -> str:
     """The run's ledger in one line, for the end summary and `jobs status` (recorded in the manifest once ended)."""
     try:
-        found = ledger(bundle_dir, final)
+        found = ledger(run, final)
     except (OSError, ValueError, KeyError, LauncherError) as e:  # a damaged bundle, Slurm not answering
         return f"no ledger: {e}"
     return summary(found) if found else "no ledger yet: the job has not started"
@@ -161,7 +161,7 @@ def several(bundles: list[tuple[str, Path]], png: Path | None, title: str) -> li
     lines, drawn = [], []
     for label, bundle in bundles:
         try:
-            found = ledger(bundle)
+            found = ledger(manifest.load(bundle))
         except (OSError, ValueError, KeyError, LauncherError) as e:
             lines.append(f"  {label}: no ledger ({e})")
             continue

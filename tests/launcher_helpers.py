@@ -9,11 +9,13 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, paths_for
-from launcher.config.flags import parse
-from launcher.config.problems import Problem
-from launcher.config.resolve import RunSpec, resolve
-from launcher.config.schema import build_config
+from launcher.config.cli import parse
+from launcher.config.resolve import resolve
+from launcher.config.spec import RunSpec
 from launcher.config.validate import validate
+from launcher.nanotron_config.schema import written
+from launcher.perf import fit
+from launcher.problems import Problem
 from launcher.slurm import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,12 +32,13 @@ def spec_for(*flags: str, cwd: Path | None = None) -> tuple[RunSpec, list]:
 def all_problems(spec: RunSpec, problems: list[Problem]) -> list[Problem]:
     """`problems` (resolution's) and every problem both validation phases find, as a dry run checks them."""
     problems = problems + validate(spec)
+    problems += fit.problems(spec, problems)
     return problems + preflight.problems(spec, problems, ask_slurm=False)
 
 
 def config_of(spec: RunSpec, checkpoints: str) -> dict:
     """The nanotron config the launcher writes for `spec`, its checkpoints in `checkpoints`."""
-    return build_config(spec.flag_values(), spec.base_config, checkpoints)
+    return written(spec.config, spec.dialect.dialect, checkpoints)
 
 
 def fixed_paths(run_name: str, root: Path = Path("/project")) -> BundlePaths:

@@ -2,8 +2,9 @@
 `python nanotron_main_cpu.py SRC WHAT [ARGS...]` with main's source at SRC first on the path (the installed nanotron
 is PyPI's 0.4; one process cannot hold both). It prints one JSON line, `{"result": ...}`, for the test to judge.
 
-flash_attn, triton and grouped_gemm are the launcher's stand-ins (`launcher.train.flash_attn_compat`,
-`launcher.train.triton_compat`). `on_cpu()` patches what in main is CUDA-only plumbing a CPU cannot run, and
+flash_attn, triton and grouped_gemm are the launcher's stand-ins (`launcher.train.nanotron_engine.flash_attn_compat`,
+`launcher.train.nanotron_engine.triton_compat`). `on_cpu()` patches what in main is CUDA-only plumbing a CPU cannot run,
+and
 nothing else:
 
 - `ParallelContext.set_device` (torch.cuda.set_device); the process group is one-process gloo, made before
@@ -48,7 +49,7 @@ import torch.distributed as dist  # noqa: E402
 from nanotron_names import as_transformers  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
-from launcher.train import flash_attn_compat, triton_compat  # noqa: E402
+from launcher.train.nanotron_engine import flash_attn_compat, triton_compat  # noqa: E402
 
 flash_attn_compat.install(is_main=False)
 triton_compat.install()
@@ -147,16 +148,16 @@ def llamas(cases: list[dict]) -> list[dict]:
 
 def llama(rope_interleaved: bool, dtype: str) -> dict:
     """main's LlamaForTraining, built, tied and initialised by main's own functions, forward and backward; then the
-    torch engine's Llama (launcher.train.llama) on the same weights and tokens: both losses, the largest gradient
-    difference (relative to the largest gradient), the logits' largest difference."""
+    torch engine's Llama (launcher.train.torch_engine.llama) on the same weights and tokens: both losses, the largest
+    gradient difference (relative to the largest gradient), the logits' largest difference."""
     from nanotron.config import LlamaConfig, ParallelismArgs, RandomInit
     from nanotron.models.base import build_model
     from nanotron.models.llama import LlamaForTraining
     from nanotron.parallel import ParallelContext
     from nanotron.trainer import mark_tied_parameters
 
-    from launcher.config.shape import ModelShape
-    from launcher.train.llama import LlamaForCausalLM
+    from launcher.nanotron_config.shape import ModelShape
+    from launcher.train.torch_engine.llama import LlamaForCausalLM
 
     shape = ModelShape(32, 64, 2, 4, 2, 96, 32, rms_norm_eps=1e-5, rope_theta=500000.0,
                        rope_interleaved=rope_interleaved)  # fmt: skip
@@ -227,8 +228,8 @@ def engines(runs: list[dict]) -> list[dict]:
     after another in this process, with the run's `env` set (None: unset; wandb reads its settings once a process)
     (and its stop file made where `stop` says): how each ended. A line `LEG n` starts run n's output."""
     from launcher.errors import TrainError
-    from launcher.train import nanotron_engine
     from launcher.train.config import load_train_config
+    from launcher.train.nanotron_engine import engine as nanotron_engine
 
     nanotron_engine.missing = lambda: []  # it asks for a CUDA GPU and NCCL: this run is the CPU's, on gloo
     ended = []

@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, sys.argv[1])
 
-from launcher.train import flash_attn_compat, triton_compat  # noqa: E402
+from launcher.train.nanotron_engine import flash_attn_compat, triton_compat  # noqa: E402
 
 flash_attn_compat.install(is_main=False)
 triton_compat.install()

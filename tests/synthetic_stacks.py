@@ -17,17 +17,18 @@ LOADER = (
 # backward), no collective's name in sight. Line numbers vary (a loop's iterations; two torch builds).
 WAITING = (
     'Thread {pid} (active): "MainThread"\n    _local_scalar_dense (torch/_tensor.py:{line})\n'
-    "    train_step (launcher/train/torch_engine.py:201)\n    train (launcher/train/torch_engine.py:252)\n"
+    "    train_step (launcher/train/torch_engine/engine.py:201)\n"
+    "    train (launcher/train/torch_engine/engine.py:252)\n"
     "    run (launcher/train/main.py:88)\n    <module> (run_train.py:30)\n"
 )
 IN_COLLECTIVE = (
     'Thread {pid} (active): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:{line})\n'
-    "    agreed (launcher/train/stop.py:51)\n    train (launcher/train/torch_engine.py:252)\n"
+    "    agreed (launcher/train/stop.py:51)\n    train (launcher/train/torch_engine/engine.py:252)\n"
     "    run (launcher/train/main.py:88)\n    <module> (run_train.py:30)\n"
 )
 STUCK = (
     'Thread {pid} (active): "MainThread"\n    read (multiprocessing/connection.py:{line})\n'
-    "    next_batch (launcher/train/data.py:140)\n    train (launcher/train/torch_engine.py:245)\n"
+    "    next_batch (launcher/train/data.py:140)\n    train (launcher/train/torch_engine/engine.py:245)\n"
     "    run (launcher/train/main.py:88)\n    <module> (run_train.py:30)\n"
 )
 

@@ -5,17 +5,17 @@ is tested in tests/test_e2e_training.py (the demo flow) and tests/test_ledger.py
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
 from launcher_helpers import ROOT
-from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
+from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
 from launcher import sweep, usage
-from launcher.report.plots import read_metrics
+from launcher.bundle import sweep_record
+from launcher.bundle.manifest import load as manifest_of
 from launcher.slurm import client
 
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
@@ -27,7 +27,8 @@ from launcher.slurm import client
 DEAF_TO_NOTICES = """
 import ctypes, os, runpy, signal, sys, time
 sys.path.insert(0, {root!r})
-from launcher.train import stop, torch_engine
+from launcher.train import stop
+from launcher.train.torch_engine import engine as torch_engine
 
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 first = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
@@ -64,18 +65,6 @@ def acct_env(slurm_accounting: dict[str, str], slurm_env: dict, monkeypatch: pyt
     return {**slurm_env, **slurm_accounting}
 
 
-def steps_of_attempts(bundle_dir: Path, log: str, job_id: str) -> tuple[int, int]:
-    """(the last step the first attempt logged, the checkpoint step the second resumed from), read from the job's
-    metrics and log directly."""
-    second = log.split(f"job {job_id} attempt 2 started ")[1].split()[0]
-    from datetime import datetime
-
-    boundary = datetime.fromisoformat(second).timestamp()
-    first_steps = [r["step"] for r in read_metrics(bundle_dir / "metrics.jsonl") if r["time"] < boundary]
-    resumed = int(log.split("resumed from checkpoint step ")[1].split()[0]) if "resumed from" in log else 0
-    return max(first_steps), resumed
-
-
 def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path, acct_env: dict, demo_data):
     script = tmp_path / "deaf.py"
     script.write_text(DEAF_TO_NOTICES.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
@@ -99,7 +88,7 @@ def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path,
 
     # the ledger: the steps thrown away are those after the checkpoint the second attempt resumed from
     last_first, resumed = steps_of_attempts(bundle_dir, log, job_id)
-    from_sacct, from_records = usage.ledgers(bundle_dir)
+    from_sacct, from_records = usage.ledgers(manifest_of(bundle_dir))
     assert from_sacct is not None and from_records is not None
     for found in (from_sacct, from_records):
         assert [a.ended for a in found.attempts] == ["preemption", "completed"]
@@ -139,16 +128,16 @@ def test_a_sweeps_ledger_with_accounting(tmp_path: Path, acct_env: dict, demo_da
     code, out = finish(proc, timeout=400)
     assert code == 0, out
     (record_dir,) = [d for d in bundles(tmp_path, "sw") if (d / sweep.RECORD).exists()]
-    points = json.loads((record_dir / sweep.RECORD).read_text())["points"]
+    points = sweep_record.load(record_dir).points
     assert "GPU-hours" in out and (record_dir / "gpu-hours.png").stat().st_size > 10_000
     total = 0.0
-    for entry in points:
-        from_sacct, from_records = usage.ledgers(Path(entry["bundle"]))
+    for point in points:
+        from_sacct, from_records = usage.ledgers(manifest_of(point.bundle))
         assert from_sacct is not None and from_records is not None
         assert usage.agree(from_sacct, from_records) == []
         assert [a.gpus for a in from_sacct.attempts] == [2]  # 1 node x 2 GPUs, from AllocTRES
         total += from_sacct.allocated
-        assert manifest(Path(entry["bundle"]))["ledger"]["source"] == "sacct"
+        assert manifest(point.bundle)["ledger"]["source"] == "sacct"
     shown = subprocess.run(["python3", "-m", "launcher.jobs", "ledger", str(record_dir)], env=acct_env,
                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert shown.returncode == 0, shown

@@ -44,3 +44,22 @@ def test_modules_are_readable_in_one_sitting():
 def test_the_doors_stay_thin():
     for door in ("slurm_launcher.py", "run_train.py"):
         assert len((ROOT / door).read_text().splitlines()) <= MAX_DOOR_LINES, door
+
+
+def test_the_allow_list_contract_names_each_import_it_does_not_allow():
+    """pyproject.toml's `allowed` contracts (lint_contracts.py): what a source imports of the root package is its
+    own, an allowed module's, or a broken contract, whatever room is added later."""
+    from grimp import ImportGraph
+
+    from lint_contracts import AllowedContract
+
+    graph = ImportGraph()
+    for module in ("pkg", "pkg.job", "pkg.job.engine", "pkg.door", "pkg.door.rules", "pkg.new_room"):
+        graph.add_module(module)
+    imports = [("pkg.job.engine", "pkg.job"), ("pkg.job.engine", "pkg.door.rules"), ("pkg.job", "pkg"),
+               ("pkg.job.engine", "pkg.new_room")]  # fmt: skip
+    for line, (importer, imported) in enumerate(imports, start=1):
+        graph.add_import(importer=importer, imported=imported, line_number=line, line_contents="import ...")
+    options = {"source_modules": ["pkg.job"], "allowed_modules": ["pkg.door"]}
+    check = AllowedContract("the job", {"root_packages": ["pkg"]}, options).check(graph, verbose=False)
+    assert not check.kept and check.metadata["broken"] == ["pkg.job.engine -> pkg.new_room (l.4)"]

@@ -17,8 +17,8 @@ import yaml
 from conftest import ROOT
 
 from launcher.train.config import to_train_config
-from launcher.train.model import flops_per_token
-from launcher.train.nanotron_compat import import_nanotron_config
+from launcher.train.nanotron_engine.compat import import_nanotron_config
+from launcher.train.torch_engine.model import flops_per_token
 
 
 def _load_bench() -> Any:
@@ -52,7 +52,8 @@ def test_its_configs_are_the_launchers_one_gpu_jobs_and_its_flops_are_nanotrons(
     config = yaml.safe_load(path.read_text())
 
     # nanotron's get_flops (its MFU's numerator), per token
-    from launcher.train import flash_attn_compat, nanotron_compat
+    from launcher.train.nanotron_engine import compat as nanotron_compat
+    from launcher.train.nanotron_engine import flash_attn_compat
 
     nanotron_compat.apply()
     saved = {n: m for n, m in sys.modules.items() if n == "flash_attn" or n.startswith("flash_attn.")}
@@ -82,7 +83,7 @@ def test_its_configs_are_the_launchers_one_gpu_jobs_and_its_flops_are_nanotrons(
 def _meta_model(shape: Any) -> Any:
     from transformers import LlamaForCausalLM
 
-    from launcher.train.model import llama_config
+    from launcher.train.torch_engine.model import llama_config
 
     return LlamaForCausalLM(llama_config(shape))
 

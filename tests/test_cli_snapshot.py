@@ -1,13 +1,21 @@
-"""The flag set is an interface: changing it must be deliberate (update tests/golden/flags.txt with the change)."""
+"""The flag set and its --help are an interface: changing them must be deliberate (update tests/golden/flags.txt and
+tests/golden/help.txt with the change: UPDATE_GOLDEN=1)."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-from launcher.config.flags import build_parser, flag_names
+import pytest
+
+from launcher.config import cli
+from launcher.config.cli import build_parser
+from launcher.config.flags import GROUPS, flag_names
 
 SNAPSHOT = Path(__file__).parent / "golden" / "flags.txt"
+HELP = Path(__file__).parent / "golden" / "help.txt"
+DOCS = Path(__file__).parent.parent / "docs" / "flags.md"
 NANOTRON_LAUNCHER_FLAGS = (  # the documented interface we follow (shared/reference/004)
     "run_name nodes gpus_per_node partition qos time_limit email tmp_dir pre_launch_commands extra_env model_size "
     "hidden_size intermediate_size num_layers num_heads num_kv_heads vocab_size max_seq_len seed train_steps "
@@ -17,11 +25,15 @@ NANOTRON_LAUNCHER_FLAGS = (  # the documented interface we follow (shared/refere
 ).split()
 
 
-def test_flag_set_matches_snapshot():
-    names = "\n".join(flag_names()) + "\n"
+def matches_snapshot(text: str, snapshot: Path) -> bool:
+    """Whether `text` is the snapshot's (written first, where UPDATE_GOLDEN=1)."""
     if os.environ.get("UPDATE_GOLDEN") == "1":
-        SNAPSHOT.write_text(names)
-    assert names == SNAPSHOT.read_text()
+        snapshot.write_text(text)
+    return text == snapshot.read_text()
+
+
+def test_flag_set_matches_snapshot():
+    assert matches_snapshot("\n".join(flag_names()) + "\n", SNAPSHOT)
 
 
 def test_every_documented_nanotron_flag_exists():
@@ -29,26 +41,45 @@ def test_every_documented_nanotron_flag_exists():
 
 
 def test_every_flag_has_help_text():
-    parser = build_parser()
-    parser.parse_known_args(["--run_name", "x"])  # simple-parsing adds its actions when it first parses
-    helps = {a.dest.split(".")[-1]: a.help for a in parser._actions if a.dest.startswith("args")}
+    parser = build_parser(with_help=True)
+    helps = {a.dest.split(".")[-1]: a.help for a in parser._actions}
     missing = [name for name in flag_names() if not (helps.get(name) or "").strip()]
     assert missing == []
 
 
-def test_abbreviated_flags_are_refused_not_guessed():
+def test_help_matches_its_snapshot():
+    assert matches_snapshot(cli.help_text(width=100), HELP)
+
+
+def test_help_reads_as_users_know_it():
+    """No simple-parsing headers (`LaunchArgs ['args']:`), no doubled default, no type placeholder on a switch;
+    the groups docs/flags.md's table names, in its order."""
+    text = cli.help_text(width=100)
+    assert "['args" not in text and "(default: None)" not in text and not re.search(r"\bbool\b", text)
+    entries = re.split(r"\n  (?=--)", text)  # one flag's invocation and help each
+    for entry in entries:
+        assert entry.count("(default") + entry.count("; default") <= 1, entry
+    for switch in ("--dry_run, --nodry_run", "--resume, --noresume", "--exclusive, --noexclusive"):
+        assert re.search(rf"\n  {switch}\s", text), switch
+    assert "(default: on)" in next(e for e in entries if e.startswith("--resume,"))
+    documented = re.findall(r"^\| (\w[\w ]*?) \| `--", DOCS.read_text(), re.M)
+    assert documented == ["required", *(cli.TITLES[g] for g in GROUPS)]
+    assert [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")] == [
+        "options",
+        *documented,
+    ]
+
+
+def test_abbreviated_flags_are_refused_not_guessed(capsys):
     # argparse would take --hidden for --hidden_size, but then the preset would quietly win over it
-    parser = build_parser()
-    try:
-        parser.parse_args(["--run_name", "x", "--hidden", "128"])
-    except SystemExit as e:
-        assert e.code == 2
-    else:
-        raise AssertionError("--hidden was accepted")
+    with pytest.raises(SystemExit) as e:
+        cli.parse(["--run_name", "x", "--hidden", "128"])
+    assert e.value.code == 2 and "unrecognized arguments: --hidden 128" in capsys.readouterr().err
 
 
 def test_negated_boolean_flags_count_as_typed():
-    from launcher.config.flags import explicit_flags, parse
+    from launcher.config.cli import parse
+    from launcher.config.flags import explicit_flags
 
     args, explicit = parse(["--run_name", "x", "--nosave_initial_state", "--noresume"])
     assert args.paths.save_initial_state is False and args.paths.resume is False
@@ -57,7 +88,7 @@ def test_negated_boolean_flags_count_as_typed():
 
 
 def test_help_shows_the_field_comments():
-    # the dry run skips reading help text (launcher.config.flags._without_help_text); --help must still have it all
+    # a parse reads no help text (launcher.config.cli builds it for --help only); --help must still have it all
     import subprocess
     import sys
 

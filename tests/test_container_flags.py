@@ -14,8 +14,8 @@ from launcher_helpers import all_problems, fixed_paths, spec_for
 from launcher import protocol
 from launcher.bundle import render
 from launcher.config import container
+from launcher.node import nodecheck
 from launcher.slurm import interactive, triage
-from launcher.train import nodecheck
 
 BASE = ["--nodes", "2", "--gpus_per_node", "2", "--dataset", "none", "--wandb_disabled", "true"]
 

@@ -14,8 +14,8 @@ from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
 from test_train_engine import door, metrics
 
-from launcher.config import dialect, schema, stages
-from launcher.config.figures import derived
+from launcher.nanotron_config import dialect, schema, stages
+from launcher.perf.figures import derived
 from launcher.report.summary import _data_note
 from launcher.train.config import to_train_config
 from launcher.train.data import StagedBatches, build_micro_batches

@@ -12,7 +12,7 @@ from conftest import DemoData
 from launcher_helpers import run_launcher
 from tokenizers import Tokenizer
 
-from launcher.config import datasize
+from launcher.perf import datasize
 
 WORDS = "the cat dog child farmer baker sailor chases watches reads draws bakes sells mends ball bird book map".split()
 

@@ -65,8 +65,8 @@ def test_slurm_syntax_is_accepted(text: str) -> None:
 
 @pytest.mark.parametrize("text", REFUSED + STRICTER)
 def test_anything_else_is_a_problem_naming_the_flag(text: str) -> None:
-    (problem,) = dependency_syntax.syntax_problems(text)
-    assert problem.flag == "dependency" and "afterok:12345" in problem.fix
+    parsed, (problem,) = dependency_syntax.read(text)
+    assert parsed is None and problem.flag == "dependency" and "afterok:12345" in problem.fix
     spec, problems = spec_for("--dependency", text, "--dataset", "none")
     assert problems + validate(spec) == [problem]
 
@@ -79,7 +79,7 @@ def test_anything_else_is_a_problem_naming_the_flag(text: str) -> None:
     ],
 )
 def test_near_misses_say_what_to_change(text: str, words: str) -> None:
-    (problem,) = dependency_syntax.syntax_problems(text)
+    _, (problem,) = dependency_syntax.read(text)
     assert words in problem.message
 
 
@@ -89,7 +89,7 @@ def test_whatever_is_accepted_is_ascii_and_parses_to_kinds_and_job_ids(text: str
     assert re.fullmatch(r"[A-Za-z0-9:_*+?,]+", text)  # nothing a shell or an #SBATCH line would read otherwise
     parsed = dependency_syntax.parse(text)
     assert parsed is not None
-    items, any_of = parsed
+    items, any_of = parsed.items, parsed.any_of
     assert any_of == ("?" in text) and not ("?" in text and "," in text)
     for item in items:
         assert item.kind in (*dependency_syntax.KINDS, "singleton") and (item.kind == "singleton") == (not item.job_ids)
@@ -97,22 +97,16 @@ def test_whatever_is_accepted_is_ascii_and_parses_to_kinds_and_job_ids(text: str
 
 
 def test_parse_keeps_kinds_and_ids() -> None:
-    assert dependency_syntax.parse("afterok:1:2_3,after:4+5") == (
-        [dependency_syntax.Item("afterok", ("1", "2_3")), dependency_syntax.Item("after", ("4",))],
-        False,
-    )
-    assert dependency_syntax.parse("singleton?afterany:9") == (
-        [dependency_syntax.Item("singleton", ()), dependency_syntax.Item("afterany", ("9",))],
-        True,
-    )
-    assert dependency_syntax.parse("AfterOK:1_*,7,SINGLETON") == (  # kinds as Slurm names them; a bare id is afterany
-        [
-            dependency_syntax.Item("afterok", ("1_*",)),
-            dependency_syntax.Item("afterany", ("7",)),
-            dependency_syntax.Item("singleton", ()),
-        ],
-        False,
-    )
+    Item, Dependency = dependency_syntax.Item, dependency_syntax.Dependency
+    parsed = dependency_syntax.parse("afterok:1:2_3,after:4+5")
+    assert parsed == Dependency((Item("afterok", ("1", "2_3")), Item("after", ("4",))), False)
+    assert parsed.job_ids == ["1", "2_3", "4"]
+    parsed = dependency_syntax.parse("singleton?afterany:9")
+    assert parsed == Dependency((Item("singleton", ()), Item("afterany", ("9",))), True)
+    parsed = dependency_syntax.parse("AfterOK:1_*,7,SINGLETON")  # kinds as Slurm names them; a bare id: afterany
+    assert parsed == Dependency((Item("afterok", ("1_*",)), Item("afterany", ("7",)), Item("singleton", ())), False)
+    assert dependency_syntax.read(None) == (None, [])
+    assert dependency_syntax.read("7") == (Dependency((Item("afterany", ("7",)),), False), [])
 
 
 @pytest.mark.parametrize(
@@ -163,7 +157,9 @@ def test_parse_keeps_kinds_and_ids() -> None:
     ],
 )
 def test_job_states(text: str, expected: list[str]) -> None:
-    problems = awaited_jobs.state_problems(text, lookup)
+    dependency = dependency_syntax.parse(text)
+    assert dependency is not None
+    problems = awaited_jobs.state_problems(dependency, lookup)
     assert len(problems) == len(expected)
     for problem, words in zip(problems, expected, strict=True):
         assert problem.flag == "dependency" and words in problem.message

@@ -67,6 +67,16 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return proc.returncode, stdout + stderr
 
 
+def steps_of_attempts(bundle_dir: Path, log: str, job_id: str) -> tuple[int, int]:
+    """(the last step the first attempt logged, the checkpoint step the second resumed from), read from the job's
+    metrics and log directly."""
+    second = log.split(f"job {job_id} attempt 2 started ")[1].split()[0]
+    boundary = datetime.fromisoformat(second).timestamp()
+    first_steps = [r["step"] for r in read_metrics(bundle_dir / "metrics.jsonl") if r["time"] < boundary]
+    resumed = int(log.split("resumed from checkpoint step ")[1].split()[0]) if "resumed from" in log else 0
+    return max(first_steps), resumed
+
+
 def bundles(tmp_path: Path, run_name: str) -> list[Path]:
     return sorted((tmp_path / "logs/configs" / run_name).iterdir())
 
@@ -241,7 +251,7 @@ PACED_TRAIN = """
 # no longer depends on how fast or loaded the machine is (the test's timing needs that, the product does not).
 import runpy, sys, time
 sys.path.insert(0, {root!r})
-from launcher.train import torch_engine
+from launcher.train.torch_engine import engine as torch_engine
 
 step = torch_engine.TorchTrainer.train_step
 

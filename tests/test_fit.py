@@ -1,4 +1,4 @@
-"""Every launch checks the memory fit (launcher.config.fit): a layout estimated not to fit is refused with fixes
+"""Every launch checks the memory fit (launcher.perf.fit): a layout estimated not to fit is refused with fixes
 that each fit, --skip_memory_check goes ahead, --layout auto takes the planner's best; the GPU comes from the
 flags, the cluster's GRES type or the default; a default warmup adapts to a short run."""
 
@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launcher_helpers import spec_for
+from launcher_helpers import all_problems, spec_for
 
 from launcher import launch
-from launcher.config import fit, gpus
-from launcher.config.memory import GIB, estimate
 from launcher.config.validate import validate
 from launcher.errors import ConfigError
+from launcher.nanotron_config import gpus
+from launcher.perf import fit
+from launcher.perf.memory import GIB, estimate
 from launcher.slurm import client, preflight
 
 EIGHT_B_ON_ONE_NODE = ("--model_size", "8b", "--nodes", "1", "--gpus_per_node", "8", "--tp", "1", "--dataset", "none")
@@ -24,7 +25,7 @@ ONE_B_LONG = ("--model_size", "1b", "--micro_batch_size", "64", "--max_seq_len",
 
 def memory_problem(*flags: str):
     spec, problems = spec_for(*flags)
-    found = [p for p in problems + validate(spec) if "needs an estimated" in p.message]
+    found = [p for p in all_problems(spec, problems) if "needs an estimated" in p.message]
     return spec, found
 
 
@@ -50,7 +51,7 @@ def test_every_fix_named_fits(flags: tuple):
         if words[:2] == ["--layout", "auto"]:
             continue  # checked below: the planner's choice
         spec, problems = spec_for(*flags, *words)
-        assert [p for p in problems + validate(spec) if "needs an estimated" in p.message] == [], fix
+        assert [p for p in all_problems(spec, problems) if "needs an estimated" in p.message] == [], fix
     assert "--tp 4" in problem.fix or "--micro_batch_size" in problem.fix
 
 
@@ -73,7 +74,7 @@ def test_auto_layout_keeps_what_you_typed():
     spec, _ = spec_for("--model_size", "8b", "--nodes", "2", "--tp", "2", "--layout", "auto")
     chosen, problems = fit.auto_layout(spec, {"tp", "layout", "model_size", "nodes"})
     assert problems == [] and chosen.args.parallelism.tp == 2
-    assert validate(chosen) == []
+    assert fit.problems(chosen, validate(chosen)) == [] and validate(chosen) == []
     t = chosen.args.training
     assert t.micro_batch_size * t.grad_accum_steps * chosen.args.parallelism.dp == fit.global_batch(spec)
 
@@ -148,8 +149,8 @@ def test_a_config_warmup_is_a_choice(tmp_path: Path):
 def test_planner_choices_reach_the_config_and_nanotrons_parser(tmp_path: Path):
     from launcher_helpers import config_of
 
-    from launcher.config import schema
-    from launcher.train.nanotron_compat import import_nanotron_config
+    from launcher.nanotron_config import schema
+    from launcher.train.nanotron_engine.compat import import_nanotron_config
 
     spec, problems = spec_for("--nodes", "1", "--tp", "2", "--pp", "2", "--zero_stage", "1", "--pp_engine", "AFAB",
                               "--tp_mode", "all_reduce", "--dataset", "none")  # fmt: skip

@@ -1,6 +1,6 @@
-"""One table maps the launcher's flags to nanotron's YAML (launcher.config.schema.FLAG_PATHS), and both directions
-read it: every mapped flag, given a value that is not its default, lands at its path in the written config, and
-`--config` of that config gives the flag back."""
+"""One table maps the launcher's flags to nanotron's YAML (launcher.nanotron_config.schema.FLAG_PATHS), and both
+directions read it: every mapped flag, given a value that is not its default, lands at its path in the written config,
+and `--config` of that config gives the flag back."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import yaml
 from launcher_helpers import config_of, spec_for
 
-from launcher.config import dialect, schema
 from launcher.config.flags import LaunchArgs, flag_names
+from launcher.nanotron_config import dialect, schema
 
 # A value for every mapped flag that differs from the flag's (and the tiny preset's) default.
 NON_DEFAULT = {

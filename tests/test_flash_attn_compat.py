@@ -11,10 +11,10 @@ from itertools import pairwise
 import pytest
 import torch
 
-from launcher.train import flash_attn_compat
-from launcher.train.flash_attn_compat.attention import flash_attn_varlen_func, flash_attn_with_kvcache
-from launcher.train.flash_attn_compat.layer_norm import layer_norm_fn
-from launcher.train.flash_attn_compat.rotary import RotaryEmbedding
+from launcher.train.nanotron_engine import flash_attn_compat
+from launcher.train.nanotron_engine.flash_attn_compat.attention import flash_attn_varlen_func, flash_attn_with_kvcache
+from launcher.train.nanotron_engine.flash_attn_compat.layer_norm import layer_norm_fn
+from launcher.train.nanotron_engine.flash_attn_compat.rotary import RotaryEmbedding
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -270,7 +270,7 @@ def test_grouped_gemm_and_triton_stand_ins_import_and_triton_leaves_again(monkey
     an importable triton for the real one), and what imported it keeps its placeholders."""
     import importlib.util
 
-    from launcher.train import triton_compat
+    from launcher.train.nanotron_engine import triton_compat
 
     real_triton = importlib.util.find_spec("triton") is not None
     for name in [n for n in sys.modules if n.split(".")[0] in ("triton", "grouped_gemm")]:

@@ -13,7 +13,7 @@ from launcher_helpers import job_log
 from launcher import jobs
 from launcher import submission as submit
 from launcher.bundle import manifest
-from launcher.config.flags import parse
+from launcher.config.cli import parse
 from launcher.slurm import client, follow
 from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState

@@ -1,5 +1,5 @@
-"""The torch engine's Llama (launcher/train/llama.py) is transformers' LlamaForCausalLM in plain torch: the same
-parameter names, the same initialisation for a seed, the same logits and gradients."""
+"""The torch engine's Llama (launcher/train/torch_engine/llama.py) is transformers' LlamaForCausalLM in plain torch: the
+same parameter names, the same initialisation for a seed, the same logits and gradients."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from launcher.config.shape import ModelShape
-from launcher.train.model import build_model, init_like_nanotron, llama_config
+from launcher.nanotron_config.shape import ModelShape
+from launcher.train.torch_engine.model import build_model, init_like_nanotron, llama_config
 
 SHAPE = ModelShape(hidden_size=64, intermediate_size=160, num_layers=2, num_heads=8, num_kv_heads=2, vocab_size=97,
                    max_seq_len=64, tie_word_embeddings=False, rms_norm_eps=1e-5, hidden_act="silu",
@@ -54,8 +54,8 @@ def test_the_engine_does_not_import_transformers_to_train():
 
     code = (
         "import sys\n"
-        "from launcher.train.model import build_model\n"
-        "from launcher.config.shape import ModelShape\n"
+        "from launcher.train.torch_engine.model import build_model\n"
+        "from launcher.nanotron_config.shape import ModelShape\n"
         f"build_model(ModelShape(**{dataclasses.asdict(SHAPE)!r}), 0.02, 0)\n"
         "print('transformers' in sys.modules)\n"
     )

@@ -1,4 +1,4 @@
-"""The per-GPU memory model (launcher.config.memory) against hand-computed cases and the published figures of
+"""The per-GPU memory model (launcher.perf.memory) against hand-computed cases and the published figures of
 docs/planning.md, whose accuracy table these tests hold to the code."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.memory import (
+from launcher.nanotron_config.shape import ModelShape
+from launcher.perf.memory import (
     GIB,
     HEADROOM_FRAGMENTATION,
     Layout,
@@ -20,7 +21,6 @@ from launcher.config.memory import (
     stage_params,
     stages,
 )
-from launcher.config.shape import ModelShape
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "planning.md"
 V = 131072

@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 from nanotron_names import as_transformers as named_as_transformers
 
-from launcher.config.layout import check_layout
-from launcher.config.shape import ModelShape
-from launcher.train import flash_attn_compat, nanotron_compat
-from launcher.train.model import llama_config
+from launcher.nanotron_config.layout import ParallelDims, check_layout
+from launcher.nanotron_config.shape import ModelShape
+from launcher.train.nanotron_engine import compat as nanotron_compat
+from launcher.train.nanotron_engine import flash_attn_compat
+from launcher.train.torch_engine.model import llama_config
 
 SHAPE = ModelShape(32, 64, 2, 4, 2, 96, 32, rms_norm_eps=1e-5)
 
@@ -160,7 +161,7 @@ def test_nanotrons_parallel_context_accepts_exactly_the_layouts_the_launcher_acc
     nanotron: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ParallelContext's world-size assertions run before it touches a GPU: stop it right after them (at
-    set_device) and compare its verdict with launcher.config.layout's on every small layout."""
+    set_device) and compare its verdict with launcher.nanotron_config.layout's on every small layout."""
 
     class Accepted(Exception):
         pass
@@ -178,5 +179,5 @@ def test_nanotrons_parallel_context_accepts_exactly_the_layouts_the_launcher_acc
         except (AssertionError, ValueError):
             theirs = False
         shape = ModelShape(96, 96, 12, 12, 12, 96, 32)  # sizes every tp divides
-        problems = check_layout(shape, world=world, dp=dp, tp=tp, pp=pp, grad_accum_steps=4)
+        problems = check_layout(shape, ParallelDims(world, dp, tp, pp, grad_accum_steps=4))
         assert theirs == (problems == []), (world, tp, pp, dp, problems)

@@ -16,16 +16,16 @@ from conftest import tiny_config
 from launcher_helpers import config_of, spec_for
 from nanotron_main import judge, python_with_main, source
 
-from launcher.config import dialect, schema
-from launcher.config.presets import preset_names
 from launcher.config.validate import validate
 from launcher.errors import TrainError
+from launcher.nanotron_config import dialect, schema
+from launcher.nanotron_config.presets import preset_names
 from launcher.train import config as train_config
-from launcher.train.nanotron_compat import import_nanotron_config
+from launcher.train.nanotron_engine.compat import import_nanotron_config
 
 PRESET_JOBS = {"70b": ("--nodes", "4"), "13b": ("--nodes", "1"), "7b": ("--nodes", "1"), "8b": ("--nodes", "1")}
 LLAMA3 = {"1b", "3b", "8b", "70b"}
-# 0.4's tensor-parallel linears are written synchronous (its async backward is wrong: launcher.config.dialect
+# 0.4's tensor-parallel linears are written synchronous (its async backward is wrong: launcher.nanotron_config.dialect
 # ASYNC_04), so their inputs are not sequence-sharded: the 70b at micro batch 2 no longer fits an H100 there
 PRESET_JOBS_04 = {**PRESET_JOBS, "70b": ("--nodes", "4", "--micro_batch_size", "1", "--grad_accum_steps", "16")}
 
@@ -102,6 +102,11 @@ def test_mains_own_example_loads_through_config_and_is_written_in_both(tmp_path:
     # NANOTRON_BENCHMARK=1 with it, main does not)
     text = "\n".join(map(str, problems + validate(spec)))
     assert "fewer than 10 steps" in text and "NANOTRON_BENCHMARK" in text
+    # the variable as the job's shell gets it (--extra_env is read once, shell-quoted), not the flag's text
+    for given, said in (("NANOTRON_BENCHMARK='1'", False), ('A=2 NANOTRON_BENCHMARK="1"', False),
+                        ("NANOTRON_BENCHMARK=10", True), ("X_NANOTRON_BENCHMARK=1", True)):  # fmt: skip
+        spec, problems = spec_for(*flags_04, "--train_steps", "9", "--extra_env", given)
+        assert ("NANOTRON_BENCHMARK" in "\n".join(map(str, problems + validate(spec)))) == said, given
     for written, steps in (("main", "2000"), ("0.4", "9")):
         flags = ("--config", str(example), "--nanotron_dialect", written, "--nodes", "1", "--train_steps", steps)
         flags += ("--extra_env", "NANOTRON_BENCHMARK=1") if written == "0.4" else ()
@@ -205,6 +210,7 @@ def test_a_run_does_not_resume_across_dialects(tmp_path: Path):
     """Refused before the queue where the launcher sees the checkpoints (the job's record, else nanotron's own
     checkpoint format), and by the job itself where it does not."""
     from launcher.slurm import preflight
+    from launcher.train.environment import JobEnvironment
     from launcher.train.main import settle_engine
 
     flags = ("--checkpoints_path", str(tmp_path / "ckpt"), "--dataset", "none")
@@ -223,7 +229,7 @@ def test_a_run_does_not_resume_across_dialects(tmp_path: Path):
     cfg = train_config.load_train_config(str(write(spec, tmp_path / "bundle")))
     cfg = dataclasses.replace(cfg, checkpoints_path=str(run))
     with pytest.raises(Exception, match="does not cross dialects"):
-        settle_engine(cfg, "nanotron", "requested")
+        settle_engine(cfg, "nanotron", "requested", JobEnvironment())
     (run / dialect.RECORD).write_text("main\n")  # the record, once a job wrote it, is what counts
     assert preflight.resume_problems(spec) == [] and len(preflight.resume_problems(spec04)) == 1
 

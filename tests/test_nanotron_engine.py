@@ -28,10 +28,13 @@ import torch.distributed as dist
 from conftest import tiny_config, write_config
 
 from launcher.errors import TrainError
-from launcher.train import flash_attn_compat, nanotron_compat, nanotron_engine, nanotron_trainer
 from launcher.train.config import load_train_config
-from launcher.train.nanotron_engine import EPOCH_MESSAGE, epochs
-from launcher.train.nanotron_trainer import POINTER, pointer_writes_dropped, write_pointer
+from launcher.train.nanotron_engine import compat as nanotron_compat
+from launcher.train.nanotron_engine import engine as nanotron_engine
+from launcher.train.nanotron_engine import flash_attn_compat
+from launcher.train.nanotron_engine import trainer as nanotron_trainer
+from launcher.train.nanotron_engine.engine import EPOCH_MESSAGE, epochs
+from launcher.train.nanotron_engine.pointer import POINTER, pointer_writes_dropped, write_pointer
 from launcher.train.stop import STOP_MESSAGE
 
 if TYPE_CHECKING:
@@ -130,7 +133,9 @@ def on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SimpleNa
     monkeypatch.setattr(nanotron.serialize.optimizer, "check_optim_state_in_sync", lambda optimizer, pg: None)
     monkeypatch.setattr(nanotron_engine, "missing", lambda: [])
     real_class = nanotron_trainer.trainer_class
-    monkeypatch.setattr(nanotron_engine, "trainer_class", lambda cfg: functools.partial(cpu_trainer, real_class(cfg)))
+    monkeypatch.setattr(
+        nanotron_engine, "trainer_class", lambda cfg, job: functools.partial(cpu_trainer, real_class(cfg, job))
+    )
     yield SimpleNamespace(trainer=trainer)
     if dist.is_initialized():
         dist.destroy_process_group()

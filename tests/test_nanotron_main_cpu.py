@@ -17,9 +17,9 @@ import yaml
 from conftest import tiny_config
 from nanotron_main import on_cpu
 
-from launcher.config import dialect, schema
+from launcher.nanotron_config import dialect, schema
 from launcher.train import packcache
-from launcher.train.nanotron_trainer import POINTER
+from launcher.train.nanotron_engine.pointer import POINTER
 from launcher.train.stop import STOP_MESSAGE
 
 if TYPE_CHECKING:
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 def test_mains_llama_trains_through_the_stand_in_like_the_torch_engines_llama() -> None:
     """Same weights, same tokens, each RoPE layout (rope_theta 500000): main's loss, logits and every gradient
-    equal the torch engine's (launcher/train/llama.py), whose attention, rotary and RMSNorm are its own; in bf16
-    (main's dtype, buffers included) the loss is near and the gradients finite."""
+    equal the torch engine's (launcher/train/torch_engine/llama.py), whose attention, rotary and RMSNorm are its own; in
+    bf16 (main's dtype, buffers included) the loss is near and the gradients finite."""
     cases = [{"rope_interleaved": False, "dtype": "float32"}, {"rope_interleaved": True, "dtype": "float32"},
              {"rope_interleaved": False, "dtype": "bfloat16"}]  # fmt: skip
     (plain, interleaved, bf16), _ = on_cpu("llamas", cases=cases)
@@ -151,7 +151,7 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
     assert sorted(straight) == [1, 4, 7, 9] and sorted(resumed) == [1, 4, 5, 7, 9]  # 5: the stop; 9: the last
     for step in straight:  # bit-exact, as 0.4's, once both of main's resume bugs are mended
-        # (launcher.train.nanotron_trainer.mend_lr_scheduler_resume): its extra scheduler step was 7e-4 off at
+        # (launcher.train.nanotron_engine.trainer.mend_lr_scheduler_resume): its extra scheduler step was 7e-4 off at
         # step 7 and 6e-3 at step 9; the schedule's peak taken from the loaded optimizer left ~1e-5 (float32)
         assert resumed[step]["lr"] == straight[step]["lr"]
         assert resumed[step]["loss"] == straight[step]["loss"], step

@@ -18,11 +18,11 @@ import yaml
 from cpu_nanotron import STEPS, launcher_config, layout_spec, torchrun, train
 from launcher_helpers import spec_for
 
-from launcher.config import dialect as dialects
-from launcher.config import memory
-from launcher.config.fit import layout_of
-from launcher.train.nanotron_mends import shape_from_text
-from launcher.train.nanotron_trainer import PARAMETERS_LINE
+from launcher.nanotron_config import dialect as dialects
+from launcher.perf import memory
+from launcher.perf.fit import layout_of
+from launcher.train.nanotron_engine.mends import shape_from_text
+from launcher.train.nanotron_engine.trainer import PARAMETERS_LINE
 
 if TYPE_CHECKING:
     from conftest import DemoData

@@ -8,11 +8,11 @@ import pytest
 import yaml
 from launcher_helpers import config_of, spec_for
 
-from launcher.config import schema
-from launcher.config.presets import preset_names
 from launcher.config.validate import validate
+from launcher.nanotron_config import schema
+from launcher.nanotron_config.presets import preset_names
 from launcher.train import config as train_config
-from launcher.train.nanotron_compat import import_nanotron_config
+from launcher.train.nanotron_engine.compat import import_nanotron_config
 
 PRESET_JOBS = {"70b": ("--nodes", "4"), "13b": ("--nodes", "1"), "7b": ("--nodes", "1"), "8b": ("--nodes", "1")}
 
@@ -98,15 +98,17 @@ def test_unreadable_config_is_a_problem(tmp_path: Path):
 def test_nanotron_engine_resumes_from_the_runs_own_checkpoints(tmp_path: Path, nanotron_config):
     """nanotron 0.4 resumes only from resume_checkpoint_path, which a generated config leaves empty: once the run
     has a checkpoint (nanotron's latest.txt), the engine hands nanotron a copy that points there."""
-    from launcher.train.nanotron_engine import resumable_config
+    from launcher.train.environment import JobEnvironment
+    from launcher.train.nanotron_engine.engine import resumable_config
 
     spec, _ = spec_for("--model_size", "tiny")
     original = write(spec, tmp_path)
-    assert resumable_config(str(original), str(tmp_path)) == str(original)  # nothing saved yet: a fresh start
+    job = JobEnvironment(tmp_dir=str(tmp_path))
+    assert resumable_config(str(original), job) == str(original)  # nothing saved yet: a fresh start
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "latest.txt").write_text("120")
-    derived = resumable_config(str(original), str(tmp_path))
+    derived = resumable_config(str(original), job)
     assert derived != str(original) and original.read_text() == write_text_of(spec, tmp_path)  # bundle untouched
     config = nanotron_config.get_config_from_file(derived)
     assert str(config.checkpoints.resume_checkpoint_path) == str(tmp_path / "ckpt")
@@ -118,10 +120,10 @@ def test_nanotron_engine_resumes_from_the_runs_own_checkpoints(tmp_path: Path, n
     # so a requeue continues rather than starting over from the given one
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text(original.read_text().replace("resume_checkpoint_path: null", "resume_checkpoint_path: /x/50"))
-    derived = resumable_config(str(pinned), str(tmp_path))
+    derived = resumable_config(str(pinned), job)
     assert yaml.safe_load(Path(derived).read_text())["checkpoints"]["resume_checkpoint_path"] == str(tmp_path / "ckpt")
     (tmp_path / "ckpt" / "latest.txt").unlink()
-    assert resumable_config(str(pinned), str(tmp_path)) == str(pinned)  # before that, the given one stands
+    assert resumable_config(str(pinned), job) == str(pinned)  # before that, the given one stands
 
 
 def write_text_of(spec, tmp_path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The node checks before training (launcher/train/nodecheck.py), here on one machine: each check, and the
+"""The node checks before training (launcher/node/nodecheck.py), here on one machine: each check, and the
 nodes meeting at the rendezvous port (threads standing in for nodes; the end-to-end tests run it on the cluster)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.train import nodecheck
+from launcher.node import nodecheck
 
 
 def free_port() -> int:
@@ -98,14 +98,16 @@ def test_the_head_reports_for_all(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def limited_head(port: int, nodes: list[str], files: int, report: Path) -> subprocess.Popen:
-    """The head as the job runs it (the script by path), with an open-file limit of `files`, soft and hard."""
+    """The head as the job runs it (a module, the project on PYTHONPATH), with an open-file limit of `files`, soft
+    and hard."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 
-    argv = [sys.executable, nodecheck.__file__, "--head", "127.0.0.1", "--port", str(port), "--nodes",
+    argv = [sys.executable, "-m", nodecheck.__name__, "--head", "127.0.0.1", "--port", str(port), "--nodes",
             ",".join(nodes), "--node", nodes[0], "--gpus", "8", "--timeout", "60", "--report", str(report)]  # fmt: skip
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=limit)
+    env = {**os.environ, "PYTHONPATH": str(Path(nodecheck.__file__).parents[2])}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=limit, env=env)
 
 
 def test_many_peers_under_a_low_file_limit_get_the_verdict_and_the_limit_is_named(tmp_path: Path):

@@ -10,7 +10,7 @@ from launcher_helpers import spec_for
 from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
 
 from launcher import protocol as P
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 from launcher.slurm import client, one_writer
 
 

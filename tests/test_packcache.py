@@ -16,9 +16,10 @@ import torch.distributed as dist
 from conftest import tiny_config, write_config
 
 from launcher.errors import TrainError
-from launcher.train import packcache, torch_engine
+from launcher.train import packcache
 from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import build_micro_batches, build_windows
+from launcher.train.torch_engine import engine as torch_engine
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The planner (launcher.config.planner) and `--plan`: every layout it offers is one nanotron accepts, those that fit
+"""The planner (launcher.perf.planner) and `--plan`: every layout it offers is one nanotron accepts, those that fit
 come first and fastest first, its step-time model against published runs (docs/planning.md's table), golden
 outputs of `--plan`, and a `--plan` that writes nothing and imports no torch."""
 
@@ -14,11 +14,11 @@ from test_dry_run import HEAVY
 from test_memory import B1, B3, B8, B80, DOC, V
 
 from launcher import launch
-from launcher.config import gpus
-from launcher.config.layout import check_layout
-from launcher.config.memory import Layout
-from launcher.config.planner import evaluate, search
-from launcher.config.shape import ModelShape
+from launcher.nanotron_config import gpus
+from launcher.nanotron_config.layout import ParallelDims, check_layout
+from launcher.nanotron_config.shape import ModelShape
+from launcher.perf.memory import Layout
+from launcher.perf.planner import evaluate, search
 
 GOLDEN = Path(__file__).parent / "golden"
 H100 = gpus.table()["h100"]
@@ -43,7 +43,7 @@ def test_every_offered_layout_is_one_nanotron_accepts():
     for plan in plans:
         lay = plan.layout
         assert lay.dp * lay.tp * lay.pp == 32 and lay.dp * lay.micro_batch * lay.grad_accum == 256
-        found = check_layout(model, world=32, dp=lay.dp, tp=lay.tp, pp=lay.pp, grad_accum_steps=lay.grad_accum)
+        found = check_layout(model, ParallelDims(32, lay.dp, lay.tp, lay.pp, lay.grad_accum))
         assert found == []
         assert plan.fits == (plan.memory.total <= H100.memory_bytes)
     fitting = [p for p in plans if p.fits]

@@ -5,6 +5,7 @@ triage looked for "preemption or time-limit signal" while the script said "time-
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -90,11 +91,10 @@ def test_triage_reads_the_hang_the_preemption_and_the_spent_requeues_the_script_
 
 def test_the_node_check_prints_its_line_and_triage_names_the_node(tmp_path: Path):
     missing = tmp_path / "no-such-dataset"
-    nodecheck = ROOT / "launcher" / "train" / "nodecheck.py"
-    run = subprocess.run(
-        [sys.executable, str(nodecheck), "--head", "127.0.0.1", "--port", "0", "--nodes", "node7", "--node", "node7",
-         "--readable", str(missing), "--timeout", "5"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    run = subprocess.run(  # as the node script runs it: a module, the project on PYTHONPATH
+        [sys.executable, "-m", "launcher.node.nodecheck", "--head", "127.0.0.1", "--port", "0", "--nodes", "node7",
+         "--node", "node7", "--readable", str(missing), "--timeout", "5"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert run.returncode == 5, run.stdout + run.stderr
     (line,) = [line for line in run.stdout.splitlines() if line.startswith(P.LINE_START)]

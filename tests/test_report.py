@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from launcher import sweep
+from launcher.bundle import sweep_record
+from launcher.bundle.manifest import load as load_manifest
+from launcher.bundle.sweep_record import SweepPoint
 from launcher.report import __main__ as report_cli
 from launcher.report import dmon, pictures
 
@@ -116,7 +119,7 @@ def bundle(tmp_path: Path, job_id: str = "4242", name: str = "20261123-144147") 
 
 def test_render_draws_both_pictures(tmp_path: Path):
     bundle_dir = bundle(tmp_path)
-    drawn = pictures.render(bundle_dir)
+    drawn = pictures.render(load_manifest(bundle_dir))
     assert drawn == {"training": bundle_dir / "training.png", "gpus": bundle_dir / "gpus.png"}
     for png in drawn.values():
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 30_000
@@ -127,7 +130,7 @@ def test_render_draws_nothing_it_has_no_data_for(tmp_path: Path):
     (bundle_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0')  # cut mid-write
     for log in (tmp_path / "logs/slurm_logs/demo").glob("gpu-77-*.log"):
         log.write_text("# gpu sample\n")  # the stand-in nvidia-smi of the end-to-end tests
-    assert pictures.render(bundle_dir) == {}
+    assert pictures.render(load_manifest(bundle_dir)) == {}
 
 
 def test_matplotlib_is_imported_only_to_draw():
@@ -146,8 +149,10 @@ def test_report_command_on_a_bundle_a_run_and_a_sweep(tmp_path: Path, capsys: py
     assert str(newer / "gpus.png") in out and f"{older}/" not in out
     record = tmp_path / "sweep"
     record.mkdir()
-    points = [{"bundle": str(older)}, {"bundle": str(newer)}]
-    (record / report_cli.SWEEP_RECORD).write_text(json.dumps({"points": points}))
+    points = [
+        SweepPoint(f"sw-{i}", {"seed": str(i)}, b, job) for i, (b, job) in enumerate([(older, "4241"), (newer, None)])
+    ]
+    sweep_record.write(record, "seed=0,1", points)
     assert report_cli.main([str(record)]) == 0
     out = capsys.readouterr().out
     assert f"{older}:" in out and f"{newer}:" in out

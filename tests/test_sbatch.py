@@ -12,8 +12,8 @@ import pytest
 from launcher_helpers import fixed_paths, spec_for
 
 from launcher.bundle import render
-from launcher.config.presets import preset_names
 from launcher.config.validate import validate
+from launcher.nanotron_config.presets import preset_names
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ SCRIPT_CASES = {
         "--constraint", "h100&ib", "--reservation", "maint", "--nodelist", "gpu[01-02]", "--exclude", "gpu07",
         "--exclusive", "true", "--dependency", "afterok:12345", "--email", "me@example.org",
         "--extra_env", "NCCL_DEBUG=INFO A='x y'", "--pre_launch_commands", "module load cuda/12.4",
-        "--time_limit", "2-00:00:00", "--signal_grace", "300", "--max_requeues", "5",
+        "--time_limit", "2-00:00:00", "--signal_grace", "300", "--max_requeues", "5", "--startup_timeout", "3600",
     ],
     "no-requeue": ["--max_requeues", "0"],
     "container": ["--container_image", "nvcr.io#nvidia/pytorch:24.01-py3", "--container_mounts", "/etc:/host-etc:ro",

@@ -12,17 +12,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from launcher.train import checkpoint, stop
+from launcher.train import stop
+from launcher.train.environment import JobEnvironment
+from launcher.train.torch_engine import checkpoint
 
 
 def rank_looks(rank: int, world: int, store_path: str, stop_file: str, counts: dict) -> None:
-    os.environ["LAUNCHER_STOP_FILE"] = stop_file
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     looks = []
     real_exists = os.path.exists
     os.path.exists = lambda p: (looks.append(p) if p == stop_file else None) or real_exists(p)  # counted, not faked
     try:
-        request = stop.StopRequest(torch_device())
+        request = stop.StopRequest(torch_device(), JobEnvironment(rank=rank, world_size=world, stop_file=stop_file))
         agreed = [request.agreed() for _ in range(200)]  # 200 steps within a second or two
         request.close()
     finally:
@@ -50,17 +51,17 @@ def test_only_rank_0_looks_for_the_stop_file_and_every_rank_learns_of_it(tmp_pat
 
 def test_progress_is_rewritten_every_few_seconds_and_at_once_on_a_change_of_phase(tmp_path: Path, monkeypatch):
     progress = tmp_path / "progress"
-    monkeypatch.setenv("LAUNCHER_PROGRESS_FILE", str(progress))
+    rank0, rank1 = (JobEnvironment(rank=rank, world_size=2, progress_file=str(progress)) for rank in (0, 1))
     monkeypatch.setattr(stop, "_last_progress", [None, float("-inf")])
     writes = []
     real_replace = os.replace
     monkeypatch.setattr(os, "replace", lambda a, b: writes.append(b) or real_replace(a, b))
     for step in range(1, 1001):
-        stop.report_progress(True, step)
-        stop.report_progress(False, step)  # other ranks write nothing
+        stop.report_progress(rank0, step)
+        stop.report_progress(rank1, step)  # other ranks write nothing
     assert len(writes) == 1 and progress.read_text().startswith("1 ")
-    stop.report_progress(True, 1000, "saving")
-    stop.report_progress(True, 1000)
+    stop.report_progress(rank0, 1000, "saving")
+    stop.report_progress(rank0, 1000)
     assert len(writes) == 3 and progress.read_text().startswith("1000 ") and progress.read_text().endswith(" step\n")
 
 
@@ -72,7 +73,7 @@ class Where:
 
 
 def rank_saves_and_resumes(rank: int, world: int, store_path: str, root: str, counts: dict) -> None:
-    from launcher.train import checkpoint, resume
+    from launcher.train.torch_engine import checkpoint, resume
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     torch.manual_seed(100 + rank)  # each rank's own RNG state
@@ -117,10 +118,9 @@ def test_one_writer_per_save_and_one_reader_per_resume(tmp_path: Path):
     assert counts[0][2:] == (True, True) and counts[1][2:] == (True, True)
 
 
-def test_a_save_that_would_not_fit_the_grace_time_is_named(monkeypatch):
-    monkeypatch.delenv("LAUNCHER_SIGNAL_GRACE", raising=False)
-    assert stop.grace_warning(500, 10) is None  # no requeue on time limits: nothing to fit
-    monkeypatch.setenv("LAUNCHER_SIGNAL_GRACE", "120")
-    assert stop.grace_warning(60, 5) is None
-    warning = stop.grace_warning(95, 12)
+def test_a_save_that_would_not_fit_the_grace_time_is_named():
+    assert stop.grace_warning(JobEnvironment.read({}), 500, 10) is None  # no requeue on time limits: nothing to fit
+    job = JobEnvironment.read({"LAUNCHER_SIGNAL_GRACE": "120"})
+    assert stop.grace_warning(job, 60, 5) is None
+    warning = stop.grace_warning(job, 95, 12)
     assert warning is not None and "needs ~107 s of the 120 s warning" in warning and "--signal_grace 190" in warning

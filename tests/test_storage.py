@@ -10,7 +10,7 @@ import pytest
 from launcher_helpers import all_problems, run_launcher, spec_for
 
 from launcher.bundle import storage
-from launcher.config import figures
+from launcher.perf import figures
 
 
 def flags_of(*flags: str) -> list[str]:

@@ -11,8 +11,9 @@ import pytest
 from launcher_helpers import ROOT, run_launcher
 
 from launcher import launch, sweep
-from launcher.config import flags as cli
-from launcher.config.problems import Problem
+from launcher.bundle import sweep_record
+from launcher.config import cli
+from launcher.problems import Problem
 
 BASE = ["--run_name", "lr", "--dataset", "none", "--learning_rate", "1e-2", "--train_steps", "20", "--warmup_steps",
         "2", "--sweep", "learning_rate=1e-3,3e-3 seed=1,2"]  # fmt: skip
@@ -63,12 +64,13 @@ def test_dry_run_writes_every_point_and_the_record(tmp_path: Path) -> None:
     out = run_launcher(*BASE, "--dry_run", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     (record_dir,) = (tmp_path / "logs/configs/lr").iterdir()
-    record = sweep.read_record(record_dir)
-    assert [e["run_name"] for e in record["points"]] == ["lr-1", "lr-2", "lr-3", "lr-4"]
-    for entry in record["points"]:
-        manifest = json.loads((Path(entry["bundle"]) / "manifest.json").read_text())
-        assert manifest["resolved"]["training"]["learning_rate"] == float(entry["values"]["learning_rate"])
-        assert "--sweep" not in manifest["command"] and f"--run_name {entry['run_name']}" in manifest["command"]
+    record = sweep_record.load(record_dir)
+    assert [p.run_name for p in record.points] == ["lr-1", "lr-2", "lr-3", "lr-4"] and record.name == "lr"
+    assert record.sweep == "learning_rate=1e-3,3e-3 seed=1,2" and record.submitted == []  # a dry run
+    for point in record.points:
+        manifest = json.loads((point.bundle / "manifest.json").read_text())
+        assert manifest["resolved"]["training"]["learning_rate"] == float(point.values["learning_rate"])
+        assert "--sweep" not in manifest["command"] and f"--run_name {point.run_name}" in manifest["command"]
     assert "lr-3: learning_rate=3e-3, seed=1" in out.stdout
 
 

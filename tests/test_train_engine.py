@@ -28,10 +28,11 @@ import yaml
 from conftest import ROOT, tiny_config, write_config
 
 from launcher.errors import TrainError
-from launcher.train import torch_engine
 from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import PackedWindows, RandomTokens, load_texts, pack
+from launcher.train.environment import JobEnvironment
 from launcher.train.stop import StopRequest
+from launcher.train.torch_engine import engine as torch_engine
 
 if TYPE_CHECKING:
     from conftest import DemoData
@@ -293,7 +294,7 @@ def signal_tree(pid: int, sig: int) -> list[int]:
 
 
 def test_two_ranks_stopped_by_sigterm_resume_to_the_same_weights(demo_data: DemoData, tmp_path: Path) -> None:
-    from launcher.train import checkpoint
+    from launcher.train.torch_engine import checkpoint
 
     ddp = {"parallelism.dp": 2, "tokens.batch_accumulation_per_replica": 1, "checkpoints.checkpoint_interval": 1000}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
@@ -441,7 +442,7 @@ def test_stop_request_by_signal_reaches_every_rank(sig: int) -> None:
     # A notice that comes while the job starts: pending, not lost. (To this thread: in the job every thread has it
     # blocked, inherited from the node script; here other tests' threads may not, and would take a process signal.)
     signal.pthread_kill(threading.main_thread().ident, sig)
-    stop = StopRequest(torch.device("cpu"))
+    stop = StopRequest(torch.device("cpu"), JobEnvironment())
     try:
         assert sig not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # unblocked by the request
         assert stop.agreed()
@@ -517,7 +518,7 @@ def test_nanotron_engine_uses_nanotron_04s_real_api() -> None:
     import ast
     import inspect
 
-    from launcher.train import nanotron_engine
+    from launcher.train.nanotron_engine import engine as nanotron_engine
 
     spec = importlib.util.find_spec("nanotron")
     assert spec is not None and spec.submodule_search_locations, "nanotron (a dependency) is not installed"
@@ -550,7 +551,7 @@ def test_nanotron_engine_packs_every_local_dataset_form(form: str, base_cfg: Tra
     """nanotron 0.4's get_datasets (load_dataset(path)) reads none of these but the DatasetDict, and its
     clm_process calls a tokenizer method transformers 5 removed: the engine packs them as the torch engine does."""
     from launcher.train.data import load_tokenizer
-    from launcher.train.nanotron_engine import packed_dataset
+    from launcher.train.nanotron_engine.engine import packed_dataset
 
     texts = [f"the {'old' if i % 2 else 'young'} cat chases the mouse at night ." for i in range(40)]
     if form == "save_to_disk":
@@ -590,7 +591,7 @@ def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, 
     ParallelContext needs NCCL; the dataloader only asks it for the pp and dp groups)."""
     import types
 
-    from launcher.train import nanotron_compat
+    from launcher.train.nanotron_engine import compat as nanotron_compat
 
     nanotron_compat.apply()
     from nanotron.dataloader import get_train_dataloader
@@ -614,8 +615,8 @@ def _check_nanotron_dataloader(packed: datasets.Dataset, micro_batch_size: int, 
 def test_the_loss_module_is_the_causal_lm_loss_and_the_gpu_wrapping_keeps_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from launcher.config.shape import ModelShape
-    from launcher.train.model import WithLoss, build_model, compile_for_gpu
+    from launcher.nanotron_config.shape import ModelShape
+    from launcher.train.torch_engine.model import WithLoss, build_model, compile_for_gpu
 
     shape = ModelShape(32, 64, 2, 4, 2, 128, 64, tie_word_embeddings=True, rms_norm_eps=1e-5)
     model = build_model(shape, init_std=0.02, seed=0)
@@ -665,7 +666,7 @@ def test_a_run_keeps_the_engine_that_wrote_its_checkpoints(
 
 
 def test_a_full_disk_is_found_behind_torch_saves_runtime_error() -> None:
-    from launcher.train import checkpoint
+    from launcher.train.torch_engine import checkpoint
 
     full = OSError(28, "No space left on device")
     try:
@@ -682,8 +683,8 @@ def test_a_full_disk_is_found_behind_torch_saves_runtime_error() -> None:
 @pytest.mark.parametrize("key", ["h100", "h100_pcie", "h100_nvl", "h200", "a100"])
 def test_the_gpu_peak_the_mfu_uses_is_the_one_of_the_gpus_whole_name(monkeypatch: pytest.MonkeyPatch, key: str):
     """configs/gpus.yaml's peak for the name torch reports: the PCIe H100 is not taken for the SXM one."""
-    from launcher.config import gpus
-    from launcher.train.model import peak_flops
+    from launcher.nanotron_config import gpus
+    from launcher.train.metrics import peak_flops
 
     listed = yaml.safe_load(gpus.GPUS_FILE.read_text())
     names = [n for entry in listed.values() for n in entry.get("device_names", [])]

@@ -85,7 +85,7 @@ def test_matches_nanotron_lambdalr_bit_for_bit(s: LRSchedule) -> None:
     """nanotron's own lr_scheduler_builder, driven as its trainer drives it (step after each optimizer step)."""
     import torch  # dependencies of the project: a missing one fails here, never skips
 
-    from launcher.train import nanotron_compat
+    from launcher.train.nanotron_engine import compat as nanotron_compat
 
     nanotron_compat.apply()
     import nanotron.config as config
@@ -126,8 +126,8 @@ def test_a_config_file_schedules_as_nanotron_parses_and_schedules_it(
     import yaml
     from conftest import BASE_CONFIG
 
-    from launcher.train import nanotron_compat
     from launcher.train.config import to_train_config
+    from launcher.train.nanotron_engine import compat as nanotron_compat
 
     nanotron_compat.apply()
     import nanotron.config as config

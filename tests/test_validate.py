@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from launcher_helpers import spec_for
 
 from launcher.config.flags import flag_names
-from launcher.config.layout import check_layout
-from launcher.config.problems import report
-from launcher.config.shape import ModelShape
 from launcher.config.slurm_values import time_limit_seconds
 from launcher.config.validate import validate
+from launcher.nanotron_config.layout import ParallelDims, check_layout
+from launcher.nanotron_config.shape import ModelShape
+from launcher.problems import report
 
 
 def problems_for(*flags: str) -> list:
@@ -198,10 +198,10 @@ def test_check_layout_is_shared_with_the_trainer():
     shape = ModelShape(
         hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=256, max_seq_len=64
     )
-    problems = check_layout(
-        shape, world=4, dp=1, tp=1, pp=1, grad_accum_steps=1, world_flags="processes started by torchrun"
-    )
+    dims = ParallelDims(world=4, dp=1, tp=1, pp=1, grad_accum_steps=1, started=True)
+    problems = check_layout(shape, dims)
     assert flags_of(problems) == ["dp"] and "torchrun" in problems[0].message
+    assert dims.problems(shape) == problems and dims.replica == 1
 
 
 @pytest.mark.parametrize(
@@ -266,13 +266,13 @@ def test_the_stop_file_interval_is_seconds_above_zero(value: str, monkeypatch: p
     (problem,) = problems_for("--extra_env", f"LAUNCHER_STOP_FILE_EVERY_S={value}")
     assert problem.flag == "extra_env" and f"LAUNCHER_STOP_FILE_EVERY_S={value} is not a number" in problem.message
     assert problems_for("--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2") == []
-    # the job, given it from elsewhere (an exported variable), keeps its default rather than failing at import
-    from launcher.train import stop
+    # the job, given it from elsewhere (an exported variable), keeps its default rather than failing at start-up
+    from launcher.train.environment import JobEnvironment
 
     monkeypatch.setenv("LAUNCHER_STOP_FILE_EVERY_S", value)
-    assert stop._seconds("LAUNCHER_STOP_FILE_EVERY_S", 5.0) == 5.0
+    assert JobEnvironment.read().stop_file_every == 5.0
     monkeypatch.setenv("LAUNCHER_STOP_FILE_EVERY_S", "0.2")
-    assert stop._seconds("LAUNCHER_STOP_FILE_EVERY_S", 5.0) == 0.2
+    assert JobEnvironment.read().stop_file_every == 0.2
 
 
 @pytest.mark.parametrize(
@@ -354,3 +354,12 @@ def test_mem_takes_every_unit_slurm_takes(value: str):
 def test_mem_refuses_the_rest(value: str):
     (problem,) = problems_for("--mem", value)
     assert problem.flag == "mem" and "500GB" in problem.fix
+
+
+def test_a_start_up_grace_needs_the_watchdog_and_time_to_start():
+    assert problems_for("--startup_timeout", "600") == []  # a slow start (compiling, loading data) is no hang
+    assert problems_for("--hang_timeout", "20", "--startup_timeout", "600") == []
+    (short,) = problems_for("--startup_timeout", "5")
+    assert short.flag == "startup_timeout" and "too short to start a run" in short.message
+    (idle,) = problems_for("--hang_timeout", "0", "--startup_timeout", "600")
+    assert idle.flag == "startup_timeout" and "no effect with --hang_timeout 0" in idle.message

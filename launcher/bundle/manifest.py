@@ -110,13 +110,10 @@ def write_manifest(path: Path, data: dict, new: bool = False) -> None:
     atomic.replace(path, text)
 
 
-def read_manifest(bundle_dir: Path) -> dict:
-    return json.loads((bundle_dir / P.MANIFEST).read_text(encoding="utf-8"))
-
-
 @dataclass(frozen=True)
 class Manifest:
-    """A written manifest, read back: what the rest of the launcher asks of it, by name (`load`)."""
+    """A written manifest, read back: what the rest of the launcher asks of it, by name (`load`). Read once and
+    handed down: what a run's end adds (`record_end`, `record_ledger`) goes into `data` and the file alike."""
 
     path: Path  # the manifest.json
     data: dict
@@ -181,25 +178,25 @@ def load(target: Path) -> Manifest:
     return Manifest(path, data)
 
 
-def record(manifest_path: Path, **slurm_fields: object) -> None:
-    """Add Slurm's side of the story (submitted, job_id, error, ...) to a written manifest."""
-    data = read_manifest(manifest_path.parent)
-    data["slurm"].update(slurm_fields)
-    write_manifest(manifest_path, data)
+def record(manifest_path: Path, **slurm_fields: object) -> Manifest:
+    """Add Slurm's side of the story (submitted, job_id, error, ...) to a written manifest; the manifest as it now
+    is, to hand down (the end of a followed run reads it no more)."""
+    run = load(manifest_path)
+    run.data["slurm"].update(slurm_fields)
+    write_manifest(run.path, run.data)
+    return run
 
 
-def record_end(manifest_path: Path, ended: dict, verdict: dict | None) -> None:
-    """What became of the run: Slurm's final word (`ended`: state, exit code, requeues) and the launcher's verdict
-    on why it ended so (cause, where, message, fix; None when it COMPLETED)."""
-    data = read_manifest(manifest_path.parent)
-    data["ended"] = ended
-    data["verdict"] = verdict
-    write_manifest(manifest_path, data)
+def record_end(run: Manifest, ended: dict, verdict: dict | None) -> None:
+    """What became of the run (in the manifest in hand, and its file): Slurm's final word (`ended`: state, exit
+    code, requeues) and the launcher's verdict on why it ended so (cause, where, message, fix; None when it
+    COMPLETED)."""
+    run.data.update(ended=ended, verdict=verdict)
+    write_manifest(run.path, run.data)
 
 
-def record_ledger(manifest_path: Path, ledger: dict) -> None:
+def record_ledger(run: Manifest, ledger: dict) -> None:
     """Where the run's GPU time went (launcher.report.ledger's record: GPU-hours allocated, trained, lost and to
-    what, every attempt), once it has ended."""
-    data = read_manifest(manifest_path.parent)
-    data["ledger"] = ledger
-    write_manifest(manifest_path, data)
+    what, every attempt), once it has ended; in the manifest in hand, and its file."""
+    run.data["ledger"] = ledger
+    write_manifest(run.path, run.data)

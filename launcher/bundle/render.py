@@ -1,5 +1,5 @@
 """The bundle's rendered files, pure functions of the resolved spec and the bundle's paths: the nanotron config
-(`config_yaml`, through the flag table of `launcher.config.schema`), the sbatch script (`sbatch_script`, from
+(`config_yaml`, through the flag table of `launcher.nanotron_config.schema`), the sbatch script (`sbatch_script`, from
 templates/sbatch.sh.j2) and the node script every node runs (`node_script`, from templates/node.sh.j2).
 
 Every value that reaches the shell goes through `shlex.quote` (the `q` filter); values on #SBATCH lines are
@@ -19,10 +19,12 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
-from launcher.config import container, mixture, schema
-from launcher.config.datasource import is_local_path
-from launcher.config.resolve import RunSpec
+from launcher.config import container
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
+from launcher.config.spec import RunSpec
+from launcher.nanotron_config import mixture, schema
+from launcher.nanotron_config.datasource import is_local_path
+from launcher.node import nodecheck, watchdog
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -52,10 +54,10 @@ def _environment() -> Environment:
 
 def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
     """The config.yaml's text: the base YAML with every flag's value at its path."""
-    return schema.dump(schema.build_config(spec.flag_values(), spec.base_config, str(paths.checkpoints)))
+    return schema.dump(schema.written(spec.config, spec.dialect.dialect, str(paths.checkpoints)))
 
 
-JOB_HELPERS = Path(__file__).resolve().parents[1] / "train"  # run by path with the job's Python: stdlib only
+PROJECT = Path(__file__).resolve().parents[2]  # the directory holding the launcher package: the node helpers' path
 
 
 def _modules(spec: RunSpec) -> str:
@@ -70,8 +72,7 @@ def _modules(spec: RunSpec) -> str:
 
 def _local_inputs(spec: RunSpec, paths: BundlePaths) -> list[str]:
     """The paths the job reads, as every node must see them."""
-    d = spec.args.data
-    local = [v for v in (*mixture.names(d.dataset), d.tokenizer) if v and is_local_path(v)]
+    local = [v for v in (*mixture.names(spec.datasets), spec.args.data.tokenizer) if v and is_local_path(v)]
     return [str(paths.config), spec.args.paths.run_train_script, *local]
 
 
@@ -83,7 +84,7 @@ def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
     if not c.container_image:
         return []
     touched = [str(paths.bundle_dir), str(paths.script.parent), str(paths.log.parent), str(paths.checkpoints)]
-    touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(JOB_HELPERS.parents[1])]
+    touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(PROJECT)]
     touched += [v for v in _local_inputs(spec, paths)[2:]]
     touched += container.python_prefixes(_python(spec))
     return container.srun_options(
@@ -117,7 +118,8 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "progress_file": paths.progress_file,
         "preflight_report": paths.preflight_report,
         "port_taken_file": paths.port_taken_file,
-        "nodecheck": JOB_HELPERS / "nodecheck.py",
+        "project": PROJECT,
+        "nodecheck": nodecheck.__name__,  # run as a module with the job's Python (standard library only)
         "preflight": a.job.preflight,
         "debug": a.job.debug,
         "signal_grace": a.slurm.signal_grace if a.slurm.max_requeues else 0,
@@ -150,8 +152,9 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             srun_status_file=paths.srun_status_file,
             requeues_file=paths.requeues_file,
             hung_file=paths.hung_file,
-            watchdog=JOB_HELPERS / "watchdog.py",
+            watchdog=watchdog.__name__,
             hang_timeout=a.job.hang_timeout,
+            startup_timeout=a.job.startup_timeout,
             hang_factor=a.job.hang_factor,
             checkpoints=paths.checkpoints,
             pre_launch_commands=a.slurm.pre_launch_commands,

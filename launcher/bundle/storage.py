@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from launcher.config.figures import MIN_BYTES_PER_PARAMETER, human_bytes
-from launcher.config.problems import Problem
+from launcher.perf.figures import MIN_BYTES_PER_PARAMETER, human_bytes
+from launcher.problems import Problem
 
 
 def nearest_existing(path: Path) -> Path:

@@ -1,6 +1,7 @@
-"""The run's configuration, pure: flags, presets and `--config`, resolved into a spec; nanotron's schema; every
-check that needs nothing but the spec and local files; figures about the run (parameters, batch, checkpoints).
+"""The command line and its checks, pure: the flags (`flags`, parsed by `cli`), resolved with presets and
+`--config` into a `RunSpec` (`resolve`, `spec`: each value read once), and every check that needs nothing but the
+spec and local files (`validate` and its helpers).
 
-Nothing here talks to Slurm or writes a file. The training job imports only `layout`, `schema`, `datasource` and
-`problems` from here (checked by import-linter, see pyproject.toml).
+Nothing here talks to Slurm or writes a file; the job never imports it (it reads nanotron's config through
+`launcher.nanotron_config`). import-linter holds both (pyproject.toml).
 """

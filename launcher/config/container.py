@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 # enroot's URI: [docker://|dockerd://|podman://][USER@][REGISTRY#]IMAGE[:TAG][@DIGEST]; pyxis also takes REGISTRY/IMAGE
 SCHEMES = ("docker://", "dockerd://", "podman://")

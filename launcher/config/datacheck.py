@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from launcher.config.datasource import DATA_FILE_BUILDERS
-from launcher.config.problems import Problem
+from launcher.nanotron_config.datasource import DATA_FILE_BUILDERS
+from launcher.problems import Problem
 
 STRING_TYPES = ("string", "large_string")  # the Value dtypes of a text column (datasets and arrow names)
 # Files AutoTokenizer builds a tokenizer from: a fast tokenizer, or a slow one's vocabulary or model.

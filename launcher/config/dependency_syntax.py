@@ -1,4 +1,5 @@
-"""--dependency's syntax (Slurm's `--dependency`, as slurmctld reads it), checked with the other flags.
+"""--dependency's syntax (Slurm's `--dependency`, as slurmctld reads it): read once (`read`) into a typed
+`Dependency` that the resolved run carries, or a problem.
 
 The jobs it names are judged by their states in the preflight phase (`launcher.slurm.awaited_jobs`).
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 KINDS = ("after", "afterany", "afterok", "afternotok", "aftercorr", "afterburstbuffer")
 # Slurm's grammar as slurmctld parses it (update_job_dependency), in ASCII: `[0-9]`, as `\d` would take '١٢'.
@@ -33,8 +34,21 @@ class Item:
     job_ids: tuple[str, ...]  # without +delay
 
 
-def parse(text: str) -> tuple[list[Item], bool] | None:
-    """The items of a dependency and whether any one suffices ('?'), or None if it is not Slurm's syntax."""
+@dataclass(frozen=True)
+class Dependency:
+    """A --dependency, read: its items, and whether any one suffices ('?') or all must hold (',')."""
+
+    items: tuple[Item, ...]
+    any_of: bool
+
+    @property
+    def job_ids(self) -> list[str]:
+        """Every job it names, in order."""
+        return [job_id for item in self.items for job_id in item.job_ids]
+
+
+def parse(text: str) -> Dependency | None:
+    """A dependency's items and whether any one suffices ('?'), or None if it is not Slurm's syntax."""
     if not SYNTAX.fullmatch(text):
         return None
     items = []
@@ -46,7 +60,17 @@ def parse(text: str) -> tuple[list[Item], bool] | None:
             items.append(Item("singleton", ()))
         else:
             items.append(Item("afterany", (part,)))  # a bare job id: Slurm's default kind
-    return items, "?" in text
+    return Dependency(tuple(items), "?" in text)
+
+
+def read(text: str | None) -> tuple[Dependency | None, list[Problem]]:
+    """--dependency, read once: the typed dependency (None without one), or the problem with its syntax."""
+    if text is None:
+        return None, []
+    parsed = parse(text)
+    if parsed is None:
+        return None, [Problem("dependency", f"{text!r} is not a Slurm dependency{_near_miss(text)}", EXAMPLES)]
+    return parsed, []
 
 
 def _near_miss(text: str) -> str:
@@ -56,9 +80,3 @@ def _near_miss(text: str) -> str:
     if "_[" in text:
         return " (task ranges like 12345_[1-3] are not taken here: name the tasks, afterok:12345_1:12345_2)"
     return ""
-
-
-def syntax_problems(text: str | None) -> list[Problem]:
-    if text is None or parse(text) is not None:
-        return []
-    return [Problem("dependency", f"{text!r} is not a Slurm dependency{_near_miss(text)}", EXAMPLES)]

@@ -1,16 +1,16 @@
 """The launcher's rules where the two nanotron dialects differ: which model a --config may hold, the RoPE theta
-0.4 can write, and what a run written in 0.4's dialect cannot carry (pure; `launcher.config.dialect` has the
+0.4 can write, and what a run written in 0.4's dialect cannot carry (pure; `launcher.nanotron_config.dialect` has the
 dialects themselves)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
-from launcher.config import dialect, schema, stages
 from launcher.config.flags import ModelArgs
-from launcher.config.problems import Problem
+from launcher.config.spec import RunSpec
+from launcher.nanotron_config import dialect, schema, stages
+from launcher.problems import Problem
 
 OTHER_MODELS = {"is_qwen2_config": "Qwen2", "is_starcoder2_config": "Starcoder2"}
 
@@ -65,9 +65,10 @@ CP_UNSOUND = (
 )
 
 
-def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
-    """What the run's config cannot say in the dialect it is written in (`values["nanotron_dialect"]`)."""
+def written_problems(spec: RunSpec) -> list[Problem]:
+    """What the run's config (`spec.config`, canonical) cannot say in the dialect it is written in."""
     out = []
+    values, config = spec.flag_values(), spec.config
     written = values["nanotron_dialect"]
     if values["cp"] > 1:
         fix = "use --cp 1 (more GPUs: a larger dp, tp or pp)"
@@ -75,7 +76,6 @@ def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
     if values["cp"] < 1:
         out.append(Problem("cp", f"must be a positive integer, got {values['cp']}", "give --cp 1"))
     if written != "0.4":
-        config = schema.build_config({**values, "nanotron_dialect": "main-canonical"}, base, "")
         return out + stages.seq_len_problems(config, values["max_seq_len"])
     why = "the job's nanotron is 0.4 (the PyPI release)"
     if values["rope_theta"] != dialect.ROPE_THETA_04:
@@ -83,19 +83,18 @@ def written_problems(values: dict[str, Any], base: dict) -> list[Problem]:
         out.append(
             Problem("rope_theta", f"--rope_theta {values['rope_theta']:g}: {why}, whose Llama has only 10000", fix)
         )
-    config = schema.build_config({**values, "nanotron_dialect": "main-canonical"}, base, "")
     benchmark = schema.get_path(config, ("general", "benchmark_csv_path"))
-    if benchmark and "NANOTRON_BENCHMARK=1" not in (values.get("extra_env") or ""):
+    if benchmark and spec.extra_env.get("NANOTRON_BENCHMARK") != "1":  # what nanotron 0.4 asserts, as the job sees it
         out.append(Problem("config", f"general.benchmark_csv_path is {benchmark!r}: nanotron 0.4 then asserts "
                            "NANOTRON_BENCHMARK=1 at start-up", "give --extra_env NANOTRON_BENCHMARK=1, or set "
                            "benchmark_csv_path: null"))  # fmt: skip
-    if values.get("data_stages"):
+    if spec.stages:
         fix = "install nanotron from git on the nodes (--nanotron_dialect main), or leave --data_stages out"
         out.append(Problem("data_stages", f"{why}, which has no data stages: one dataset (or mixture) all run", fix))
     for path, value in dialect.to_04(config)[1]:
         if path in (schema.FLAG_PATHS["rope_theta"], schema.FLAG_PATHS["cp"]):
             continue  # a flag's value: said above
-        if path[0] == "data_stages" and values.get("data_stages"):
+        if path[0] == "data_stages" and spec.stages:
             continue  # the flag's: said above
         where = ".".join(path)
         fix = "remove it from --config, or run nanotron main (--nanotron_dialect main)"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from launcher import protocol as P
-from launcher.config.problems import Problem
-from launcher.config.resolve import RunSpec
-from launcher.config.secrets_guard import is_secret_assignment
 from launcher.config.slurm_values import ENV_NAME
+from launcher.config.spec import RunSpec
+from launcher.problems import Problem
+from launcher.secrets_guard import is_secret_assignment
 
 
 def problems(spec: RunSpec) -> list[Problem]:

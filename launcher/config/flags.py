@@ -1,4 +1,4 @@
-"""The command line: one dataclass per flag group, parsed by simple-parsing.
+"""The flags: one dataclass per group, a comment under every field (the --help text, `launcher.config.cli`).
 
 Flag names and defaults follow the nanotron Slurm launcher. Fields that are derived (model shape from
 --model_size, dp from the job size) default to None, meaning "derive it"; `explicit_flags` tells which flags the
@@ -7,20 +7,9 @@ user typed, so that flags override --config, which overrides the preset.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
-import functools
-import sys
 import typing
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, NoReturn
-
-from launcher.config.secrets_guard import redact
-
-if TYPE_CHECKING:
-    from simple_parsing import ArgumentParser
 
 
 @dataclass
@@ -150,7 +139,12 @@ class JobArgs:
     """How the job guards itself on the nodes."""
 
     preflight: bool = True  # Check every node before training (GPUs, paths, Python, the rendezvous); false skips it.
-    hang_timeout: int = 1800  # Seconds with no first step (or no end of a save) that make a hang; 0: no watchdog.
+    hang_timeout: int = 1800
+    """Seconds in a checkpoint save (and, unless --startup_timeout, to an attempt's first step) that make a hang;
+    0: no watchdog."""
+    startup_timeout: int | None = None
+    """Seconds an attempt may take to its first step (start-up, data loading, compilation, a resume) before it counts
+    as hung (default: --hang_timeout)."""
     hang_factor: float = 10.0  # Between steps, a hang is this many median step times with no step (at least 60 s).
     debug: bool = False  # Trace the node side; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.
 
@@ -197,29 +191,6 @@ GROUPS = {
 }
 
 
-def build_parser() -> ArgumentParser:
-    """simple-parsing's parser of LaunchArgs: the --help text (from the fields' comments) and the error messages.
-    simple-parsing is imported here, not at the top, only for speed: its import costs a dry run ~30 ms, and a
-    command line that parses cleanly never needs it (`parse` takes `_quick_parser` first)."""
-    from simple_parsing import ArgumentParser
-
-    class _Parser(ArgumentParser):
-        """argparse's own errors (`invalid int value: '...'`) repeat what was typed: redact secrets there too."""
-
-        def error(self, message: str) -> NoReturn:
-            super().error(redact(message))
-
-    parser = _Parser(
-        prog="slurm_launcher.py",
-        description="Turn a few flags into a validated nanotron training run on Slurm: config, sbatch script, "
-        "manifest; submit it and follow it to its end.",
-        add_config_path_arg=False,
-        allow_abbrev=False,  # `--hidden 128` must not quietly mean --hidden_size (and lose to the preset)
-    )
-    parser.add_arguments(LaunchArgs, dest="args")
-    return parser
-
-
 def flag_names() -> list[str]:
     """Every flag the launcher accepts, without dashes (the interface snapshot)."""
     names = ["run_name"]
@@ -231,7 +202,7 @@ def flag_names() -> list[str]:
 def flag_types() -> dict[str, type]:
     """Each flag's value type (int, float, bool or str; None allowed aside)."""
     kinds: dict[str, type] = {}
-    for group in GROUPS.values():  # evaluated hints: simple-parsing rewrites the fields' own `type` as it parses
+    for group in GROUPS.values():  # evaluated hints: the annotations are text here (postponed)
         for name, hint in typing.get_type_hints(group).items():
             kinds[name] = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
     return kinds
@@ -243,103 +214,3 @@ def explicit_flags(argv: list[str]) -> set[str]:
     typed = {tok[2:].split("=", 1)[0] for tok in argv if tok.startswith("--")}
     negated = {name[2:] for name in typed if name.startswith("no")}
     return (typed | negated) & known
-
-
-@contextlib.contextmanager
-def _without_help_text() -> Iterator[None]:
-    """simple-parsing reads every field's comment from the source (inspect.getsource) as it builds the parser:
-    ~75 ms, spent on text only --help shows. Skip it while parsing without --help (an error's message); if a
-    future simple-parsing moves that function, nothing breaks, the message only comes slower."""
-    module = sys.modules.get("simple_parsing.docstring")
-    original = getattr(module, "get_attribute_docstring", None)
-    if module is None or original is None:
-        yield
-        return
-    module.get_attribute_docstring = lambda *args, **kwargs: module.AttributeDocString()  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        module.get_attribute_docstring = original  # type: ignore[attr-defined]
-
-
-class _Unsure(Exception):
-    """The quick parser leaves this command line to simple-parsing (an error, or a form it does not take)."""
-
-
-class _QuickParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Unsure(message)
-
-
-TRUE_WORDS = ("yes", "true", "t", "y", "1")  # simple-parsing's str2bool words (simple_parsing.utils)
-FALSE_WORDS = ("no", "false", "f", "n", "0")
-
-
-class _Boolean(argparse.Action):
-    """`--x`, `--x VALUE` (a str2bool word) and `--nox`, as simple-parsing's BooleanOptionalAction takes them."""
-
-    def __call__(self, parser: object, namespace: object, values: object, option_string: str | None = None) -> None:
-        negated = option_string == "--no" + self.dest.rsplit(".", 1)[-1]
-        word = values.strip().lower() if isinstance(values, str) else None
-        if values is None:
-            setattr(namespace, self.dest, not negated)
-        elif not negated and word in TRUE_WORDS + FALSE_WORDS:
-            setattr(namespace, self.dest, word in TRUE_WORDS)
-        else:
-            raise _Unsure(f"{option_string} {values}")
-
-
-@functools.cache
-def _quick_parser() -> _QuickParser:
-    """Plain argparse over the same fields, with simple-parsing's flags: option strings, nargs, types, defaults
-    (a field that may be None takes an optional value, and alone means None). No help text: `parse` leaves
-    --help, and every command line this parser refuses, to simple-parsing (tests/test_flags_quick.py)."""
-    parser = _QuickParser(
-        prog="slurm_launcher.py", add_help=False, allow_abbrev=False, argument_default=argparse.SUPPRESS
-    )
-    parser.add_argument("--run_name", dest="run_name", type=str, required=True)
-    for group_name, group in GROUPS.items():
-        hints = typing.get_type_hints(group)
-        for f in dataclasses.fields(group):
-            dest = f"{group_name}.{f.name}"
-            kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
-            if kind is bool:
-                parser.add_argument(f"--{f.name}", f"--no{f.name}", dest=dest, nargs="?", action=_Boolean)
-            elif kind is not hints[f.name]:  # Optional: `--x` alone means None
-                parser.add_argument(f"--{f.name}", dest=dest, type=kind, nargs="?", const=None)
-            else:
-                parser.add_argument(f"--{f.name}", dest=dest, type=kind)
-    return parser
-
-
-def _parse_quickly(argv: list[str]) -> LaunchArgs:
-    """LaunchArgs from a clean command line, without simple-parsing; raises _Unsure for anything else."""
-    given = vars(_quick_parser().parse_args(argv))  # only the flags typed: every default is SUPPRESS
-    groups: dict[str, dict[str, object]] = {name: {} for name in GROUPS}
-    for dest, value in given.items():
-        if dest != "run_name":
-            group_name, name = dest.split(".")
-            groups[group_name][name] = value
-    return LaunchArgs(given["run_name"], **{name: GROUPS[name](**fields) for name, fields in groups.items()})
-
-
-class Parsed(NamedTuple):
-    """A command line, parsed: its flags by group, and the names of those the user typed."""
-
-    args: LaunchArgs
-    explicit: set[str]
-
-
-def parse(argv: list[str]) -> Parsed:
-    """Parse argv into LaunchArgs and the set of flags given explicitly. A clean command line is parsed by plain
-    argparse (`_quick_parser`, ~2 ms); --help and any other line by simple-parsing (its import and parse cost
-    ~60 ms), which prints the help or the error and exits as it always did."""
-    wants_help = any(tok in ("-h", "--help") or tok.startswith("--help=") for tok in argv)
-    if not wants_help:
-        try:
-            return Parsed(_parse_quickly(argv), explicit_flags(argv))
-        except _Unsure:
-            pass
-    with contextlib.nullcontext() if wants_help else _without_help_text():
-        namespace = build_parser().parse_args(argv)
-    return Parsed(namespace.args, explicit_flags(argv))

@@ -11,7 +11,7 @@ import itertools
 import math
 import re
 
-from launcher.config.problems import Problem
+from launcher.problems import Problem
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?", re.ASCII)
 MAX_NODES = 100_000  # a list that expands to more is not a node list anyone means (and not worth expanding)

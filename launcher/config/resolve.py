@@ -12,21 +12,21 @@ import json
 import math
 import os
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import yaml
 
-from launcher.config import dialect, mixture, schema, stages
+from launcher.config import dependency_syntax
 from launcher.config import dialect_rules as rules
-from launcher.config.datasource import is_local_path
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
-from launcher.config.gpus import GpuChoice, from_flags
-from launcher.config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
-from launcher.config.problems import Problem
-from launcher.config.schema import get_path
-from launcher.config.shape import ModelShape, from_model_config
+from launcher.config.spec import RunSpec
+from launcher.nanotron_config import dialect, mixture, schema, stages
+from launcher.nanotron_config.datasource import is_local_path
+from launcher.nanotron_config.gpus import from_flags
+from launcher.nanotron_config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
+from launcher.nanotron_config.stages import Stage
+from launcher.problems import Problem
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -35,50 +35,6 @@ PATH_FIELDS = ("configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scr
 
 
 G = TypeVar("G", bound="DataclassInstance")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """A fully resolved launch: every flag has its final value; derived values beside them."""
-
-    args: LaunchArgs
-    tie_word_embeddings: bool
-    extra_env: dict[str, str]
-    tokenizer_vocab: int | None  # the local tokenizer's vocabulary size, when it can be read
-    base_config: dict  # the nanotron YAML the generated config starts from
-    base_config_path: str
-    gpu: GpuChoice  # what the memory check and the planner assume (the flags'; preflight may put the cluster's)
-    adapted: dict[str, str] = field(default_factory=dict)  # defaults changed to suit the run: flag -> what it became
-    dialect: dialect.Choice = dialect.Choice("0.4", "")  # the nanotron config dialect written, and why
-
-    @property
-    def padded_vocab(self) -> int:
-        """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
-        step = (self.args.parallelism.tp or 1) * int(schema.get_path(self.base_config, schema.VOCAB_MULTIPLE) or 1)
-        return -(-(self.args.model.vocab_size or 0) // step) * step
-
-    @property
-    def world_size(self) -> int:
-        return self.args.slurm.nodes * self.args.slurm.gpus_per_node
-
-    @property
-    def shape(self) -> ModelShape:
-        """The model shape: the resolved flags (a preset defines them all), the base or --config YAML's other
-        model settings."""
-        m = self.args.model
-        sizes = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "model_size"}
-        assert all(v is not None for v in sizes.values()), f"unresolved model shape {m}"
-        model_config = get_path(self.base_config, ("model", "model_config")) or {}
-        return from_model_config(model_config, **sizes, tie_word_embeddings=self.tie_word_embeddings)
-
-    def flag_values(self) -> dict[str, Any]:
-        """Every flag's resolved value by flag name, and the values derived beside the flags that the nanotron
-        config carries (`tie_word_embeddings`): what `schema.build_config` writes."""
-        values: dict[str, Any] = {"run_name": self.args.run_name, "tie_word_embeddings": self.tie_word_embeddings}
-        for name in GROUPS:
-            group = getattr(self.args, name)
-            values.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
-        return values
 
 
 def tokenizer_vocab_size(path: str) -> int | None:
@@ -216,7 +172,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     par = groups["parallelism"]
     par = dataclasses.replace(par, tp_mode=par.tp_mode.upper(), pp_engine=par.pp_engine.lower())
     training, adapted = _adapt_warmup(groups["training"], chosen)
-    data = _local_data(groups["data"], cwd)
+    data, read = _read_data(groups["data"], cwd, stages.first_name(base))
     tokenizer_vocab = tokenizer_vocab_size(data.tokenizer) if is_local_path(data.tokenizer) else None
     model = groups["model"]
     if tokenizer_vocab and "vocab_size" not in chosen:
@@ -234,6 +190,7 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     if sync_note:
         adapted["tp_linear_async_communication"] = sync_note
     extra_env, env_problems = _extra_env(groups["slurm"].extra_env)
+    dependency, dependency_problems = dependency_syntax.read(groups["slurm"].dependency)
     groups.update(
         slurm=dataclasses.replace(groups["slurm"], nanotron_dialect=choice.dialect),
         model=model,
@@ -246,8 +203,10 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     resolved = dataclasses.replace(args, **groups)  # (the job's flags are not in a YAML: --config sets none)
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
     gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
-    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice)
-    return spec, problems + preset_problems + dialect_problems + env_problems + gpu_problems
+    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice,
+                   read.datasets, read.stages, dependency)  # fmt: skip
+    problems += preset_problems + dialect_problems + env_problems + gpu_problems
+    return spec, problems + dependency_problems + read.problems
 
 
 def _dialect(asked: str, python: str | None) -> tuple[dialect.Choice, list[Problem]]:
@@ -279,24 +238,36 @@ def _preset(size: str) -> tuple[dict, list[Problem]]:
     return load_preset("tiny"), [Problem("model_size", f"unknown preset {size!r}", fix)]
 
 
-def _local_data(data: DataArgs, cwd: Path) -> DataArgs:
-    """A local --dataset or --tokenizer (~/data included) is written to the config as an absolute path, as the
-    other path flags are, and read from there: the job runs elsewhere, without the launcher's cwd or shell."""
+class _Data(NamedTuple):
+    """--dataset and --data_stages, read once."""
+
+    datasets: mixture.Datasets
+    stages: tuple[Stage, ...]
+    problems: list[Problem]
+
+
+def _read_data(data: DataArgs, cwd: Path, first_stage: str) -> tuple[DataArgs, _Data]:
+    """--dataset and --data_stages read once into typed values (with the problems of their form), and a local
+    --dataset, stage dataset or --tokenizer (~/data included) made an absolute path, as the other path flags are:
+    the job reads it from there, elsewhere, without the launcher's cwd or shell. The flags' text follows the
+    values (as typed where they do not read)."""
     if data.dataset and data.dataset.lower() == "none":
         data = dataclasses.replace(data, dataset=None)
 
     def local(name: str) -> str:
         return _absolute(name, cwd) if is_local_path(name) else name
 
-    if data.data_stages:
-        data = dataclasses.replace(data, data_stages=stages.map_datasets(data.data_stages, local))
-    if data.dataset and mixture.is_mixture(data.dataset):
-        data = dataclasses.replace(data, dataset=mixture.map_names(data.dataset, local))
-    elif data.dataset and is_local_path(data.dataset):
-        data = dataclasses.replace(data, dataset=_absolute(data.dataset, cwd))
+    datasets, problems = mixture.read(data.dataset)
+    datasets = mixture.map_names(datasets, local)
+    later, stage_problems = stages.parse(data.data_stages, first_stage)
+    later = [dataclasses.replace(s, dataset=mixture.map_names(s.dataset, local)) for s in later]
+    if not problems:
+        data = dataclasses.replace(data, dataset=mixture.to_flag(datasets))
+    if not stage_problems:
+        data = dataclasses.replace(data, data_stages=stages.to_flag(later) if data.data_stages else data.data_stages)
     if is_local_path(data.tokenizer):
         data = dataclasses.replace(data, tokenizer=_absolute(data.tokenizer, cwd))
-    return data
+    return data, _Data(datasets, tuple(later), problems + stage_problems)
 
 
 def _absolute_paths(paths: PathArgs, explicit: set[str], cwd: Path) -> PathArgs:

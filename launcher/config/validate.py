@@ -4,7 +4,7 @@ It reads the spec and local files (a dataset, a tokenizer, the training script),
 phase, `launcher.slurm.preflight`, asks the world as it is now (output directories, disk, the jobs a dependency
 names, Slurm's verdict). `launcher.launch.check` runs both and reports every problem at once.
 
-The model/parallelism rules live in `launcher.config.layout`, shared with the training job, so the launcher and
+The model/parallelism rules live in `launcher.nanotron_config.layout`, shared with the training job, so the launcher and
 the trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing
 line break is not a safe run name.
 """
@@ -17,24 +17,8 @@ import os
 import re
 import subprocess
 
-from launcher.config import (
-    container,
-    datacheck,
-    dependency_syntax,
-    dialect_rules,
-    extra_env,
-    fit,
-    hostlist,
-    mixture,
-    stages,
-)
-from launcher.config.datasource import is_local_path
+from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist
 from launcher.config.flags import GROUPS
-from launcher.config.layout import check_layout
-from launcher.config.problems import Problem
-from launcher.config.resolve import RunSpec
-from launcher.config.schema import train_split
-from launcher.config.secrets_guard import has_secret_value, secret_assignments
 from launcher.config.slurm_values import (
     EMAIL,
     NO_TIME_LIMIT,
@@ -44,6 +28,13 @@ from launcher.config.slurm_values import (
     TIME_LIMIT,
     time_limit_seconds,
 )
+from launcher.config.spec import RunSpec
+from launcher.nanotron_config import mixture, stages
+from launcher.nanotron_config.datasource import is_local_path
+from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.schema import train_split
+from launcher.problems import Problem
+from launcher.secrets_guard import has_secret_value, secret_assignments
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 SEED_MAX = 2**32 - 1  # numpy's seed range
@@ -92,7 +83,7 @@ def _check_training(spec: RunSpec) -> list[Problem]:
 
 def _check_slurm(spec: RunSpec) -> list[Problem]:
     s = spec.args.slurm
-    out = _check_allocation(spec) + _check_time(spec) + dependency_syntax.syntax_problems(s.dependency)
+    out = _check_allocation(spec) + _check_time(spec)
     out += _check_names(spec) + _check_requeue(spec) + extra_env.problems(spec) + _check_pre_launch(spec)
     if not os.path.isabs(s.tmp_dir):
         out.append(Problem("tmp_dir", f"{s.tmp_dir!r} is not an absolute path", "e.g. --tmp_dir /tmp"))
@@ -178,6 +169,13 @@ def _check_job(spec: RunSpec) -> list[Problem]:
         out.append(
             Problem("hang_timeout", f"{j.hang_timeout} s is too short to start a run", "use 0 (no watchdog) or >= 10")
         )
+    if j.startup_timeout is not None and j.hang_timeout == 0:
+        fix = "give --hang_timeout (seconds), or leave --startup_timeout out"
+        out.append(Problem("startup_timeout", "has no effect with --hang_timeout 0 (no watchdog)", fix))
+    elif j.startup_timeout is not None and j.startup_timeout < 10:
+        out.append(
+            Problem("startup_timeout", f"{j.startup_timeout} s is too short to start a run", "use >= 10, e.g. 600")
+        )
     if not j.hang_factor >= 2:  # (nan too)
         out.append(Problem("hang_factor", f"{j.hang_factor} would call a slow step a hang", "use 2 or more, e.g. 10"))
     return out
@@ -193,10 +191,8 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
                 "use letters, digits, '.', '_', '-' (at most 64, starting with a letter or digit)",
             )
         )
-    out += mixture.parse(a.data.dataset or "")[1] if mixture.is_mixture(a.data.dataset) else []
-    out += stages.problems(a.data.data_stages, stages.first_name(spec.base_config))
-    inputs = [*(("dataset", n) for n in mixture.names(a.data.dataset)), ("tokenizer", a.data.tokenizer)]
-    later = [("data_stages", n) for n in stages.dataset_names(a.data.data_stages)]
+    inputs = [*(("dataset", n) for n in mixture.names(spec.datasets)), ("tokenizer", a.data.tokenizer)]
+    later = [("data_stages", n) for n in stages.dataset_names(spec.stages)]
     later = later or [("config", n) for n in stages.config_dataset_names(spec.base_config)]  # a --config's stages
     for flag, value in [*inputs, *later]:
         if not value or (flag != "tokenizer" and value.lower() == "none"):
@@ -287,26 +283,9 @@ def _check_secrets(spec: RunSpec) -> list[Problem]:
 
 def validate(spec: RunSpec) -> list[Problem]:
     """Every problem with a resolved spec, in flag order."""
-    p = spec.args.parallelism
-    layout = (
-        check_layout(
-            spec.shape,
-            world=spec.world_size,
-            dp=p.dp if p.dp is not None else 1,  # None: not derivable, as tp or pp is not positive (said there)
-            tp=p.tp or 0,
-            pp=p.pp or 0,
-            grad_accum_steps=spec.args.training.grad_accum_steps,
-            cp=p.cp if p.cp > 0 else 1,
-            nodes_hint=spec.args.slurm.nodes,
-            gpus_per_node=spec.args.slurm.gpus_per_node,
-        )
-        if spec.world_size > 0
-        else []
-    )
-    layout += _check_modes(spec) + dialect_rules.written_problems(spec.flag_values(), spec.base_config)
+    layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 else []
+    layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
-    if fit.checkable(spec, checks):
-        checks += fit.memory_problems(spec)
     return _check_secrets(spec) + checks
 
 

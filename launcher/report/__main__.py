@@ -8,15 +8,15 @@ python -m launcher.report RUN_OR_BUNDLE   a bundle (logs/configs/RUN/STAMP), a r
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from launcher import protocol as P
+from launcher.bundle import manifest, sweep_record
 from launcher.errors import LauncherError, as_command
 from launcher.report import pictures
 
-SWEEP_RECORD = P.SWEEP_RECORD
+SWEEP_RECORD = sweep_record.RECORD
 
 
 def bundles(target: Path) -> list[Path]:
@@ -26,8 +26,7 @@ def bundles(target: Path) -> list[Path]:
     if (target / P.MANIFEST).is_file():
         return [target]
     if (target / SWEEP_RECORD).is_file():
-        points = json.loads((target / SWEEP_RECORD).read_text(encoding="utf-8"))["points"]
-        return [Path(p["bundle"]) for p in points if (Path(p["bundle"]) / P.MANIFEST).is_file()]
+        return [p.bundle for p in sweep_record.load(target).points if (p.bundle / P.MANIFEST).is_file()]
     if target.is_dir():  # a run's directory: bundles are named by launch time, so the newest sorts last
         stamps = sorted((d for d in target.iterdir() if (d / P.MANIFEST).is_file()), key=_stamp_order)
         if stamps:
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 def _draw(target: Path) -> int:
     found = bundles(target)
     for bundle in found:
-        drawn = pictures.render(bundle)
+        drawn = pictures.render(manifest.load(bundle))
         if len(found) > 1:
             print(f"{bundle}:")
         for name, png in drawn.items():

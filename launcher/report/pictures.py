@@ -269,9 +269,10 @@ def gpus_picture(log_dir: Path, job_id: str, png: Path, title: str) -> Path | No
     return cluster_png(binned_logs(log_dir, job_id), png, title)
 
 
-def render(bundle_dir: Path) -> dict[str, Path]:
-    """Draw a bundle's pictures (those it has data for) into it; returns {"training": PNG, "gpus": PNG}."""
-    run = manifest.load(bundle_dir)
+def render(run: manifest.Manifest) -> dict[str, Path]:
+    """Draw a bundle's pictures (those it has data for) into it, from its manifest in hand; returns
+    {"training": PNG, "gpus": PNG}."""
+    bundle_dir = run.bundle_dir
     title = f"{run.data.get('run_name', bundle_dir.parent.name)} ({bundle_dir.name})"
     drawn: dict[str, Path] = {}
     if run.metrics.is_file() and (png := training_png(run.metrics, bundle_dir / "training.png", title)):

@@ -3,9 +3,9 @@ spec and the planner's plans."""
 
 from __future__ import annotations
 
-from launcher.config import fit, planner
-from launcher.config.figures import human_count, parameters
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
+from launcher.perf import fit, planner
+from launcher.perf.figures import human_count, parameters
 
 ROWS = 10  # layouts shown; yours is added below them when it is not among them
 HEADER = ("#", "tp", "pp", "dp", "ZeRO", "micro", "accum", "pp engine", "tp mode", "memory/GPU", "s/step", "MFU")

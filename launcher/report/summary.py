@@ -6,10 +6,10 @@ from pathlib import Path
 
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.storage import free_bytes
-from launcher.config import mixture, stages
-from launcher.config.figures import human_bytes, human_count
-from launcher.config.presets import load_preset
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
+from launcher.nanotron_config import mixture, stages
+from launcher.nanotron_config.presets import load_preset
+from launcher.perf.figures import human_bytes, human_count
 
 
 def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
@@ -118,8 +118,11 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
             f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"
             + (", chosen by --layout auto (--plan shows why)" if a.parallelism.layout == "auto" else "")
-            + (f"; {spec.adapted['tp_linear_async_communication']}" if "tp_linear_async_communication" in spec.adapted
-               else ""),
+            + (
+                f"; {spec.adapted['tp_linear_async_communication']}"
+                if "tp_linear_async_communication" in spec.adapted
+                else ""
+            ),
         ),
         ("cpus", _cpu_note(spec)),
         ("memory", _memory_note(spec, figures)),

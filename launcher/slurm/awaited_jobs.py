@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from launcher.config.dependency_syntax import parse
-from launcher.config.problems import Problem
+from launcher.config.dependency_syntax import Dependency
+from launcher.problems import Problem
 from launcher.slurm.parse import JobState
 
 NEVER_SATISFIED = "DependencyNeverSatisfied"  # Slurm's reason for a dependency that can no longer be met
@@ -54,12 +54,10 @@ def _unknown(job_id: str, kind: str) -> Problem:
                    "check the job id (squeue --me; sacct where accounting is on)")  # fmt: skip
 
 
-def state_problems(text: str, job_states: Callable[[str], list[JobState]]) -> list[Problem]:
-    """Problems with the jobs a (well-formed) dependency names, by their current states (`job_states`: Slurm's
-    records for a job id, [] for one it does not know)."""
-    parsed = parse(text)
-    assert parsed is not None, "checked by syntax_problems first"
-    items, any_of = parsed
+def state_problems(dependency: Dependency, job_states: Callable[[str], list[JobState]]) -> list[Problem]:
+    """Problems with the jobs a dependency names, by their current states (`job_states`: Slurm's records for a job
+    id, [] for one it does not know)."""
+    items, any_of = dependency.items, dependency.any_of
     problems = []
     # Slurm judges each (kind, job id) on its own: afterok:1:2?afterany:3 is afterok:1 OR afterok:2 OR afterany:3
     never: list[str | None] = []  # for each, why it can no longer be met (None: it can)

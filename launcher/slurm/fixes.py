@@ -51,7 +51,7 @@ CAUSES = (
 def oom_fix(flags: Mapping[str, Any] | None = None, memory_note: str | None = None) -> str:
     """The fix for CUDA out of memory, from the run's flags where known (micro_batch_size, grad_accum_steps, tp, pp).
 
-    `memory_note`: the memory model's estimate for these flags (launcher/config/memory.py, once it exists), e.g.
+    `memory_note`: the memory model's estimate for these flags (launcher/perf/memory.py, once it exists), e.g.
     "the memory model puts this run at 86 GiB per GPU of 80": it goes first."""
     flags = flags or {}
     mbs, accum, tp, pp = (flags.get(k) for k in ("micro_batch_size", "grad_accum_steps", "tp", "pp"))

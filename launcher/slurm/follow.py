@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from launcher import protocol as P
-from launcher.config.problems import Problem
 from launcher.errors import LauncherError
+from launcher.problems import Problem
 from launcher.slurm import client
 from launcher.slurm.parse import JobState
 

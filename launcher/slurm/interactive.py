@@ -17,7 +17,7 @@ from launcher import protocol as P
 from launcher.bundle import files
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.render import container_options
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
 
 # #SBATCH options salloc takes as they are (the others are the batch job's own: output, signal, requeue, mail)
 SALLOC_OPTIONS = {

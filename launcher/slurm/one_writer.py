@@ -14,9 +14,8 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.bundle import manifest
-from launcher.config import dependency_syntax
-from launcher.config.problems import Problem
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
+from launcher.problems import Problem
 from launcher.slurm import client
 
 
@@ -39,8 +38,7 @@ def problems(spec: RunSpec) -> list[Problem]:
         holder = (checkpoints / P.LOCK / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
     except OSError:
         holder = ""
-    parsed = dependency_syntax.parse(a.slurm.dependency) if a.slurm.dependency else None
-    awaited = {job_id.split("_")[0] for item in (parsed[0] if parsed else []) for job_id in item.job_ids}
+    awaited = {job_id.split("_")[0] for job_id in (spec.dependency.job_ids if spec.dependency else [])}
     out = []
     for job_id, state, script in client.live_jobs(a.run_name):
         ours = job_id == holder or _bundle_checkpoints(a.paths.configs_path, a.run_name, script) == str(checkpoints)

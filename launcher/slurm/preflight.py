@@ -19,11 +19,12 @@ import dataclasses
 from pathlib import Path
 
 from launcher.bundle import storage
-from launcher.config import dependency_syntax, dialect, figures, gpus
-from launcher.config.layout import resume_relayout
-from launcher.config.problems import Problem
-from launcher.config.resolve import RunSpec
+from launcher.config.spec import RunSpec
 from launcher.errors import SlurmUnavailable
+from launcher.nanotron_config import dialect, gpus
+from launcher.nanotron_config.layout import resume_relayout
+from launcher.perf import figures
+from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
@@ -91,11 +92,10 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
 def dependency_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     """The jobs --dependency names, judged by their states now. Asked whatever else is wrong, so that every mistake
     is reported at once; only a dependency that does not parse (already a problem) is not looked up."""
-    text = spec.args.slurm.dependency
-    if not text or dependency_syntax.syntax_problems(text):
+    if spec.dependency is None:  # none, or one that does not parse (resolution said so)
         return []
     try:
-        return awaited_jobs.state_problems(text, client.job_states)
+        return awaited_jobs.state_problems(spec.dependency, client.job_states)
     except SlurmUnavailable as e:
         if not earlier:
             raise
@@ -140,7 +140,7 @@ def resume_problems(spec: RunSpec) -> list[Problem]:
 
 
 def relayout_problems(spec: RunSpec, root: Path) -> list[Problem]:
-    """A run resumed into a layout nanotron cannot re-shard its checkpoint into (launcher.config.layout)."""
+    """A run resumed into a layout nanotron cannot re-shard its checkpoint into (launcher.nanotron_config.layout)."""
     saved, where = dialect.saved_layout(root)
     p = spec.args.parallelism
     new = {"dp": p.dp or 1, "tp": p.tp or 1, "pp": p.pp or 1, "zero_stage": p.zero_stage}

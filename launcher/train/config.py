@@ -1,9 +1,9 @@
 """What the training job needs to know about a run, and how it reads that from the run's nanotron YAML.
 
-`load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.config.dialect`), into a
-`TrainConfig`; the engines (`launcher.train.torch_engine`, `launcher.train.nanotron_engine`) consume only this.
-`check_train_config` holds the config to the launcher's own layout rules (`launcher.config.layout`) against the
-processes torchrun actually started.
+`load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.nanotron_config.dialect`),
+into a `TrainConfig`; the engines (`launcher.train.torch_engine.engine`, `launcher.train.nanotron_engine.engine`)
+consume only this. `check_train_config` holds the config to the launcher's own layout rules
+(`launcher.nanotron_config.layout`) against the processes torchrun actually started.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 import yaml
 
-from launcher.config.dialect import is_main, stages_of, to_canonical
-from launcher.config.layout import check_layout
-from launcher.config.mixture import to_flag
-from launcher.config.problems import Problem
-from launcher.config.schema import VOCAB_MULTIPLE, get_path, train_split
-from launcher.config.shape import ModelShape, from_model_config
+from launcher.nanotron_config.dialect import is_main, stages_of, to_canonical
+from launcher.nanotron_config.layout import ParallelDims, check_layout
+from launcher.nanotron_config.mixture import to_flag
+from launcher.nanotron_config.schema import VOCAB_MULTIPLE, get_path, train_split
+from launcher.nanotron_config.shape import ModelShape, from_model_config
+from launcher.problems import Problem
 
 
 @dataclass(frozen=True)
@@ -190,12 +190,5 @@ def load_train_config(path: str) -> TrainConfig:
 
 def check_train_config(cfg: TrainConfig, world_size: int) -> list[Problem]:
     """The training job's start-up check: the launcher's layout rules, against the processes actually started."""
-    return check_layout(
-        cfg.model,
-        world=world_size,
-        dp=cfg.dp,
-        tp=cfg.tp,
-        pp=cfg.pp,
-        grad_accum_steps=cfg.grad_accum_steps,
-        world_flags="processes started by torchrun",
-    )
+    dims = ParallelDims(world_size, cfg.dp, cfg.tp, cfg.pp, cfg.grad_accum_steps, started=True)
+    return check_layout(cfg.model, dims)

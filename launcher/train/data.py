@@ -22,8 +22,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from launcher.config.datasource import DATA_FILE_BUILDERS, is_local_path
 from launcher.errors import TrainError
+from launcher.nanotron_config.datasource import DATA_FILE_BUILDERS, is_local_path
 from launcher.train.config import TrainConfig
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -11,9 +10,10 @@ import yaml
 
 from launcher import atomic
 from launcher import protocol as P
-from launcher.config import dialect
 from launcher.errors import ConfigError, TrainError
+from launcher.nanotron_config import dialect
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
+from launcher.train.environment import JobEnvironment
 
 ENGINES = ("auto", "torch", "nanotron")
 
@@ -40,8 +40,9 @@ def load_checked(config_file: str, world_size: int) -> TrainConfig:
 
 def choose_engine(requested: str) -> tuple[str, str]:
     """The engine to run and why: `auto` takes nanotron where it can run (CUDA, NCCL, nanotron); without
-    flash_attn its attention runs through torch SDPA (launcher.train.flash_attn_compat), and the reason says so."""
-    from launcher.train import nanotron_engine  # (lazy, as each engine below: a job imports the one it runs)
+    flash_attn its attention runs through torch SDPA (launcher.train.nanotron_engine.flash_attn_compat), and the
+    reason says so."""
+    from launcher.train.nanotron_engine import engine as nanotron_engine  # (lazy: a job imports the one it runs)
 
     if requested not in ENGINES:
         raise TrainError(f"unknown engine {requested!r}: use one of {', '.join(ENGINES)}")
@@ -84,7 +85,7 @@ def recorded_engine(checkpoints_path: str) -> str | None:
     return recorded if recorded in ENGINES else saved[0]
 
 
-def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
+def settle_engine(cfg: TrainConfig, chosen: str, why: str, job: JobEnvironment) -> None:
     """One engine per run: a later attempt that would run another engine than the one whose checkpoints the run
     holds fails with the reason, instead of restarting from step 0 beside them. Rank 0 records the engine."""
     recorded = recorded_engine(cfg.checkpoints_path)
@@ -103,7 +104,7 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
             f"but this config is in {cfg.dialect}'s dialect; a checkpoint does not cross dialects: resume with "
             f"--nanotron_dialect {saved}, or start afresh with --resume false"
         )
-    if int(os.environ.get("RANK", "0")) == 0:
+    if job.is_main:
         root = Path(cfg.checkpoints_path)
         root.mkdir(parents=True, exist_ok=True)
         for name, value in ((ENGINE_RECORD, chosen), (dialect.RECORD, cfg.dialect)):
@@ -112,21 +113,22 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str) -> None:
 
 def run(config_file: str, engine: str = "auto") -> None:
     """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone)."""
-    cfg = load_checked(config_file, int(os.environ.get("WORLD_SIZE", "1")))
+    job = JobEnvironment.read()  # the job's one look at its environment
+    cfg = load_checked(config_file, job.world_size)
     chosen, why = choose_engine(engine)
     mismatch = nanotron_mismatch(cfg.dialect) if chosen == "nanotron" else None
     if mismatch is not None:
         if engine != "auto":
             raise TrainError(mismatch)
         chosen, why = "torch", f"auto: {mismatch}"
-    if int(os.environ.get("RANK", "0")) == 0:
+    if job.is_main:
         print(f"engine: {chosen} ({why})", flush=True)
-    settle_engine(cfg, chosen, why)
+    settle_engine(cfg, chosen, why, job)
     if chosen == "nanotron":
-        from launcher.train import nanotron_engine
+        from launcher.train.nanotron_engine import engine as nanotron_engine
 
-        nanotron_engine.train(config_file, cfg)
+        nanotron_engine.train(config_file, cfg, job)
     else:
-        from launcher.train import torch_engine
+        from launcher.train.torch_engine import engine as torch_engine
 
-        torch_engine.train(cfg)
+        torch_engine.train(cfg, job)

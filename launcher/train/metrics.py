@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import protocol as P
+import torch
+
 from launcher.errors import TrainError
+from launcher.nanotron_config import gpus
 from launcher.train.config import TrainConfig
+from launcher.train.environment import JobEnvironment
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,14 @@ def append_metrics(path: str, m: StepMetrics) -> None:
 class Reporter:
     """Rank 0's sinks for step metrics; on other ranks every method does nothing."""
 
-    def __init__(self, cfg: TrainConfig, is_main: bool):
-        self.cfg, self.is_main = cfg, is_main
-        self.metrics_file = os.environ.get(P.ENV_METRICS_FILE) or None
+    def __init__(self, cfg: TrainConfig, job: JobEnvironment):
+        self.cfg, self.is_main, self.wandb_disabled = cfg, job.is_main, job.wandb_disabled
+        self.metrics_file = job.metrics_file
         self.wandb_run: Any = None
 
     def start_wandb(self) -> None:
         """Open the wandb run (rank 0), unless WANDB_MODE=disabled."""
-        if self.is_main and os.environ.get("WANDB_MODE", "").lower() != "disabled":
+        if self.is_main and not self.wandb_disabled:
             self.wandb_run = _start_wandb(self.cfg)
 
     def print(self, message: str) -> None:
@@ -86,6 +88,15 @@ class Reporter:
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak FLOP/s of this GPU, as configs/gpus.yaml gives it for the device's name; None on CPU or
+    a GPU the file does not list."""
+    if device.type != "cuda":
+        return None
+    gpu = gpus.from_device_name(torch.cuda.get_device_name(device))
+    return None if gpu is None else gpu.tflops * 1e12
 
 
 WANDB_FIX = "run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"

@@ -27,33 +27,25 @@ import torch.distributed as dist
 
 from launcher import atomic
 from launcher import protocol as P
+from launcher.train.environment import JobEnvironment
 
 STOP_MESSAGE = P.STOP_MESSAGE
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
-def _seconds(name: str, default: float) -> float:
-    """A positive number of seconds from the environment (--extra_env may set it: a short run), else the default."""
-    try:
-        value = float(os.environ.get(name) or default)
-    except ValueError:
-        return default
-    return value if 0 < value < float("inf") else default
-
-
 # On a shared filesystem every look is a metadata request to its server: rank 0 alone looks for the stop file, at
-# most this often (the time-limit warning comes minutes ahead), and rank 0 rewrites the progress file at most this
-# often (the hang watchdog allows at least 10 s); a change of phase ("saving") is written at once.
-STOP_FILE_EVERY_S = _seconds(P.ENV_STOP_FILE_EVERY, 5.0)
+# most every `JobEnvironment.stop_file_every` seconds (the time-limit warning comes minutes ahead), and rank 0
+# rewrites the progress file at most this often (the hang watchdog allows at least 10 s); a change of phase
+# ("saving") is written at once.
 PROGRESS_EVERY_S = 5.0
 
 
 class StopRequest:
     """Watches for a stop request on this rank; `agreed()` says whether any rank has one."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, job: JobEnvironment):
         self.device, self.signalled = device, False
-        self.path = os.environ.get(P.ENV_STOP_FILE) or None
+        self.path, self.every = job.stop_file, job.stop_file_every
         self.looked = float("-inf")  # when rank 0 last looked for the stop file
         self.previous_handlers: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
@@ -71,9 +63,9 @@ class StopRequest:
         return bool(flag.item())
 
     def _file_seen(self) -> bool:
-        """Rank 0 only, at most every STOP_FILE_EVERY_S: whether the stop file is there (the all_reduce tells all)."""
+        """Rank 0 only, at most every `every` seconds: whether the stop file is there (the all_reduce tells all)."""
         now = time.monotonic()
-        if self.path is None or dist.get_rank() != 0 or now - self.looked < STOP_FILE_EVERY_S:
+        if self.path is None or dist.get_rank() != 0 or now - self.looked < self.every:
             return False
         self.looked = now
         return os.path.exists(self.path)
@@ -90,40 +82,35 @@ class StopRequest:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _tell(variable: str, is_main: bool, text: str) -> None:
-    """Replace the file named by the environment `variable` with `text`, whole (rank 0 only; no file, no word)."""
-    path = os.environ.get(variable)
-    if not is_main or not path:
-        return
-    atomic.replace(Path(path), text)
+def _tell(job: JobEnvironment, path: str | None, text: str) -> None:
+    """Replace the protocol's file at `path` with `text`, whole (rank 0 only; no file, no word)."""
+    if job.is_main and path:
+        atomic.replace(Path(path), text)
 
 
-def report_outcome(is_main: bool, finished: bool, step: int) -> None:
+def report_outcome(job: JobEnvironment, finished: bool, step: int) -> None:
     """Tell the batch script how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
-    _tell(P.ENV_OUTCOME_FILE, is_main, P.OUTCOME_FORMAT.format(word=P.FINISHED if finished else P.STOPPED, step=step))
+    _tell(job, job.outcome_file, P.OUTCOME_FORMAT.format(word=P.FINISHED if finished else P.STOPPED, step=step))
 
 
 _last_progress: list = [None, float("-inf")]  # the phase last written, and when
 
 
-def report_progress(is_main: bool, step: int, phase: str = "step") -> None:
+def report_progress(job: JobEnvironment, step: int, phase: str = "step") -> None:
     """Tell the hang watchdog where training stands (rank 0 only): "STEP UNIXTIME PHASE", replaced whole, at most
     every PROGRESS_EVERY_S unless the phase changes. `phase` is "step" after a step, "saving" while a checkpoint
     is written."""
     now = time.monotonic()
-    if not is_main or (phase == _last_progress[0] and now - _last_progress[1] < PROGRESS_EVERY_S):
+    if not job.is_main or (phase == _last_progress[0] and now - _last_progress[1] < PROGRESS_EVERY_S):
         return
     _last_progress[:] = [phase, now]
-    _tell(P.ENV_PROGRESS_FILE, is_main, P.PROGRESS_FORMAT.format(step=step, time=time.time(), phase=phase))
+    _tell(job, job.progress_file, P.PROGRESS_FORMAT.format(step=step, time=time.time(), phase=phase))
 
 
-def grace_warning(save_s: float, step_s: float) -> str | None:
+def grace_warning(job: JobEnvironment, save_s: float, step_s: float) -> str | None:
     """A warning when a time-limit save would not fit the notice Slurm gives (`LAUNCHER_SIGNAL_GRACE` seconds
     before the limit): the step under way, then the save, with a fifth to spare. None when it fits."""
-    try:
-        grace = float(os.environ.get(P.ENV_SIGNAL_GRACE) or 0)
-    except ValueError:
-        return None
+    grace = job.signal_grace
     need = save_s + step_s
     if not grace or need * 1.25 <= grace:
         return None

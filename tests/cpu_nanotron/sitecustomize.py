@@ -135,7 +135,7 @@ def _patch_trainer(module: Any) -> None:
 
 
 def _recompiled(function: Any, wrong: str, right: str) -> Any:
-    from launcher.train.nanotron_mends import recompiled  # the product's own way to mend one function's text
+    from launcher.train.nanotron_engine.mends import recompiled  # the product's own way to mend one function's text
 
     return recompiled(function, wrong, right) or function
 
@@ -196,7 +196,7 @@ PATCHES = {
     "nanotron.parallel.pipeline_parallel.p2p": _patch_p2p,
     "torch.distributed": _patch_torch_distributed,
     "torch.cuda": _patch_torch_cuda,
-    "launcher.train.nanotron_engine": _patch_engine,
+    "launcher.train.nanotron_engine.engine": _patch_engine,
     "nanotron.distributed": _patch_nanotron_distributed,
     "nanotron.parallel.context": _patch_context,
     "nanotron.trainer": _patch_trainer,

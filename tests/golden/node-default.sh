@@ -23,7 +23,8 @@ LAUNCHER_PYTHON=/usr/bin/python3
 LAUNCHER_TRAIN_SCRIPT=/project/run_train.py
 LAUNCHER_CONFIG=/project/logs/configs/golden-default/20260101-000000/config.yaml
 LAUNCHER_LOG_DIR=/project/logs/slurm_logs/golden-default
-LAUNCHER_NODECHECK=/checkout/launcher/train/nodecheck.py
+LAUNCHER_PROJECT=/checkout  # on PYTHONPATH for the node check (python -m launcher.node.nodecheck)
+LAUNCHER_NODECHECK=launcher.node.nodecheck
 LAUNCHER_PREFLIGHT_REPORT=/project/logs/configs/golden-default/20260101-000000/preflight
 LAUNCHER_PORT_TAKEN=/project/logs/configs/golden-default/20260101-000000/port-taken
 export LAUNCHER_STOP_FILE=/project/logs/configs/golden-default/20260101-000000/stop-requested
@@ -87,7 +88,7 @@ trap '[[ -n "$monitor_pid" ]] && kill "$monitor_pid" 2>/dev/null; rm -f "$status
 # Slurm's SIGTERM is for the training processes (they checkpoint and exit); this script waits for them.
 trap 'true' TERM
 
-"$LAUNCHER_PYTHON" "$LAUNCHER_NODECHECK" --head "${rdzv%:*}" --port "${rdzv##*:}" --nodes "$job_nodes" \
+PYTHONPATH="$LAUNCHER_PROJECT" "$LAUNCHER_PYTHON" -m "$LAUNCHER_NODECHECK" --head "${rdzv%:*}" --port "${rdzv##*:}" --nodes "$job_nodes" \
   --node "$node" --gpus 8 --report "$LAUNCHER_PREFLIGHT_REPORT" --modules torch,numpy,yaml,transformers \
   --writable /project/checkpoints/golden-default \
   --writable /project/logs/slurm_logs/golden-default \

@@ -1,0 +1,128 @@
+"""Figures about a run, pure: parameters, batch, tokens, and its checkpoints' size and count.
+
+Checkpoint sizes: nanotron 0.4 writes bf16 weights, their fp32 master copies and AdamW's two fp32 moments
+(14 bytes a parameter); the torch engine fp32 weights and the moments (12). Neither prunes old checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from launcher.config.spec import RunSpec
+from launcher.nanotron_config import stages
+from launcher.nanotron_config.schema import train_split
+from launcher.nanotron_config.shape import ModelShape
+from launcher.perf import datasize, fit
+from launcher.perf.memory import estimate
+
+BYTES_PER_PARAMETER = 14  # nanotron's checkpoint: what the summary plans with
+MIN_BYTES_PER_PARAMETER = 12  # what either engine writes at least: what a refusal is based on
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """Parameters of a Llama with grouped-query attention (RMSNorm weights included, no biases)."""
+    hidden, heads = shape.hidden_size, shape.num_heads
+    attention = 2 * hidden * hidden + 2 * hidden * shape.num_kv_heads * (hidden // heads)  # q, o; k, v
+    mlp = 3 * hidden * shape.intermediate_size  # gate, up, down
+    per_layer = attention + mlp + 2 * hidden  # two RMSNorms
+    embeddings = shape.vocab_size * hidden * (1 if shape.tie_word_embeddings else 2)
+    return shape.num_layers * per_layer + embeddings + hidden  # final norm
+
+
+def parameters(spec: RunSpec) -> int:
+    """The run's model's parameter count."""
+    return parameter_count(dataclasses.replace(spec.shape, vocab_size=spec.padded_vocab))  # what nanotron builds
+
+
+def checkpoint_count(train_steps: int, save_interval: int, save_initial_state: bool) -> int:
+    """Saves over a whole run: every interval, the last step when it is not one, and the initial state."""
+    if save_interval > 0:
+        count = train_steps // save_interval + int(train_steps % save_interval != 0)
+    else:
+        count = 1
+    return count + int(save_initial_state)
+
+
+def derived(spec: RunSpec) -> dict:
+    """The numbers the summary shows, also stored in the manifest."""
+    s, t, p, paths = spec.shape, spec.args.training, spec.args.parallelism, spec.args.paths
+    params = parameters(spec)
+    sequences = t.micro_batch_size * t.grad_accum_steps * (p.dp or 0)
+    return {
+        "parameters": params,
+        "world_size": spec.world_size,
+        "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp},
+        "nanotron_dialect": {"dialect": spec.dialect.dialect, "why": spec.dialect.why},
+        "padded_vocab": spec.padded_vocab,
+        "global_batch_sequences": sequences,
+        "global_batch_tokens": sequences * s.max_seq_len,
+        "total_training_tokens": sequences * s.max_seq_len * t.train_steps,
+        "checkpoint_bytes": params * BYTES_PER_PARAMETER,  # estimated: nanotron's 14 bytes a parameter
+        "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
+        "memory": memory(spec),
+        **data_volume(spec, sequences * s.max_seq_len * t.train_steps),
+        **data_stages(spec),
+    }
+
+
+def data_stages(spec: RunSpec) -> dict:
+    """The run's data stages where it has more than one (nanotron main's): name, first step, dataset of each."""
+    listed = stages.listed(spec.config, spec.args.data.dataset)
+    return {"data_stages": listed} if listed else {}
+
+
+def memory(spec: RunSpec) -> dict:
+    """The memory estimate per GPU (bytes) against the GPU's memory, as the summary and the manifest say it."""
+    est = estimate(spec.shape, fit.layout_of(spec))
+    gpu = spec.gpu.gpu
+    return {
+        "gpu": gpu.name,
+        "gpu_origin": spec.gpu.origin,
+        "gpu_bytes": gpu.memory_bytes,
+        "estimate_bytes": est.total,
+        "parts": {**est.parts, "headroom": est.headroom},
+        "stage": est.stage,
+        "fits": est.total <= gpu.memory_bytes,
+    }
+
+
+def data_volume(spec: RunSpec, run_tokens: int) -> dict:
+    """How many tokens a local dataset holds (estimated) and how many times the run reads it."""
+    d = spec.args.data
+    if isinstance(spec.datasets, dict):
+        return _mixture_volume(spec, spec.datasets, run_tokens)
+    size = datasize.estimate(d.dataset, d.text_column, train_split(spec.base_config), d.tokenizer)
+    if size is None or size.tokens <= 0:
+        return {}
+    return {"dataset_tokens": size.tokens, "dataset_tokens_how": size.how, "epochs": run_tokens / size.tokens}
+
+
+def _mixture_volume(spec: RunSpec, mix: dict[str, float], run_tokens: int) -> dict:
+    """A mixture's datasets, nanotron's fraction of each and their estimated tokens (where local); the tokens of
+    the mix (what nanotron keeps of each) and the epochs where every part's size is known."""
+    d = spec.args.data
+    sizes = {name: datasize.estimate(name, d.text_column, train_split(spec.base_config), d.tokenizer) for name in mix}
+    tokens = {name: size.tokens for name, size in sizes.items() if size is not None and size.tokens > 0}
+    out: dict = {"dataset_mixture": {name: {"weight": w, "tokens": tokens.get(name)} for name, w in mix.items()}}
+    kept = sum(w * tokens[name] for name, w in mix.items() if name in tokens)
+    if len(tokens) == len(mix) and kept > 0:
+        how = next(size.how for size in sizes.values() if size is not None)
+        out.update(dataset_tokens=int(kept), dataset_tokens_how=how, epochs=run_tokens / kept)
+    return out
+
+
+def human_count(n: float) -> str:
+    """1.05M, 3.21B: a count with its order of magnitude."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def human_bytes(n: float) -> str:
+    """45.0 GB, 847 GB: three significant digits."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.{max(0, 2 - int(math.log10(n / scale)))}f} {unit}"
+    return f"{int(n)} B"

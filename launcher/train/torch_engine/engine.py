@@ -1,0 +1,312 @@
+"""The portable engine: transformers' Llama under torch DistributedDataParallel, on CPU (gloo) or GPU (nccl).
+
+It trains what a nanotron 0.4 config describes, data parallel only (tp = pp = 1), with nanotron's init, AdamW and
+LR schedule, so a run can be tried on a CPU machine or a GPU node without nanotron's CUDA-only dependencies.
+
+A run resumes from `<checkpoints_path>/latest` when there is one, and honours stop requests
+(`launcher.train.stop`) at the next step boundary with a checkpoint. On CPU, a resumed run's losses equal an
+uninterrupted run's: the data stream is indexed by position, and model, optimizer and RNG states are restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.errors import TrainError
+from launcher.train import packcache
+from launcher.train.config import TrainConfig
+from launcher.train.data import MicroBatches, StagedBatches, build_micro_batches, build_windows
+from launcher.train.environment import JobEnvironment
+from launcher.train.metrics import Reporter, StepMetrics, peak_flops
+from launcher.train.schedule import lr_at
+from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
+from launcher.train.torch_engine import checkpoint
+from launcher.train.torch_engine.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token
+from launcher.train.torch_engine.resume import resume
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in the job."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+def check_supported(cfg: TrainConfig, world_size: int) -> None:
+    """Refuse what this engine cannot train, before any process group exists."""
+    if cfg.tp > 1 or cfg.pp > 1:
+        raise TrainError(
+            f"the torch engine is data parallel only, but tp={cfg.tp} pp={cfg.pp}: use the nanotron engine "
+            "(--engine nanotron, on GPU nodes with flash_attn), or --tp 1 --pp 1"
+        )
+    if world_size != cfg.dp:
+        raise TrainError(
+            f"{world_size} process(es) started but the config has dp={cfg.dp}: start dp processes "
+            f"(torchrun --nproc_per_node ...) or set --dp {world_size}"
+        )
+    if cfg.init_path:
+        raise TrainError(
+            f"the torch engine cannot start from nanotron weights (model.init_method.path: {cfg.init_path}): use "
+            "the nanotron engine (--engine nanotron, on GPU nodes), or model.init_method.std for a fresh model"
+        )
+    if torch.cuda.is_available() and cfg.dtype == "float16":
+        raise TrainError("the torch engine trains in bfloat16 or float32, not float16: set model.dtype to bfloat16")
+
+
+def init_distributed(job: JobEnvironment) -> Rank:
+    """Join torchrun's process group (env://), or make a one-process group when started without torchrun."""
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", job.local_rank)
+        torch.cuda.set_device(device)  # before the process group, so NCCL binds each rank to its own GPU
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if job.distributed:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Rank(dist.get_rank(), dist.get_world_size(), device)
+
+
+def train(cfg: TrainConfig, job: JobEnvironment | None = None) -> None:
+    """Train the run described by `cfg` to `train_steps`, or until a stop request. Every rank calls it. `job`: the
+    process's environment (read now where not given)."""
+    job = job or JobEnvironment.read()
+    check_supported(cfg, job.world_size)
+    where = init_distributed(job)
+    try:
+        TorchTrainer(cfg, where, job).train()
+    finally:
+        dist.destroy_process_group()
+
+
+HEARTBEAT_S = 30.0  # while rank 0 packs the data, it tells the waiting ranks this often (far inside any timeout)
+
+
+def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
+    """The dataset's packed windows, tokenized once for all ranks (`packcache`): rank 0 builds and caches them
+    unless the cache has them, the others wait for it and map the file. None where there is no dataset, the data
+    is not cached (a hub name), or this rank cannot read the cache (a checkpoint directory not shared with rank
+    0's node): the rank then builds its own. A data error on rank 0 is raised on every rank.
+
+    Rank 0 builds in a thread and broadcasts "still working" every HEARTBEAT_S seconds, so that the waiting ranks
+    are never in one collective longer than that: a corpus that takes longer to tokenize than the process group's
+    timeout (10 minutes for NCCL) must not end the run."""
+    if cfg.dataset is None:
+        return None
+    cached = packcache.path_for(cfg)
+    built: list = [None, None]  # rank 0: the windows it built, the error it met
+    done = threading.Event()
+    if dist.get_rank() == 0 and cached is not None and packcache.load(cached) is None:
+
+        def build() -> None:
+            try:
+                built[0] = build_windows(cfg)
+                packcache.save(cached, built[0])
+            except OSError as e:  # not fatal: rank 0 keeps what it built, the others build their own
+                print(f"warning: the packed data could not be cached in {cached.parent}: {e.strerror or e}", flush=True)
+            except Exception as e:  # noqa: BLE001  raised below, on every rank
+                built[1] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=build, name="pack-data", daemon=True).start()
+    else:
+        done.set()
+    while True:
+        working: list[bool | None] = [None]
+        if dist.get_rank() == 0:
+            working[0] = not done.wait(HEARTBEAT_S)
+        dist.broadcast_object_list(working, src=0)
+        if not working[0]:
+            break
+    failure = built[1]
+    told = [failure if failure is None or isinstance(failure, TrainError) else
+            TrainError(f"rank 0 could not prepare the data: {type(failure).__name__}: {failure}")]  # fmt: skip
+    dist.broadcast_object_list(told, src=0)
+    if failure is not None:
+        raise failure  # rank 0: the original, with its traceback
+    if told[0] is not None:
+        raise told[0]
+    loaded = packcache.load(cached) if cached is not None else None
+    return loaded if loaded is not None else built[0]
+
+
+def _batches(cfg: TrainConfig, where: Rank) -> MicroBatches:
+    """This rank's micro-batches: the run's data, and each later data stage's from its first step on."""
+
+    def stream(data: TrainConfig) -> MicroBatches:
+        return build_micro_batches(data, where.rank, where.world_size, _shared_windows(data))
+
+    if not cfg.stages:
+        return stream(cfg)
+    later = [(s.name, (s.start - 1) * cfg.grad_accum_steps, stream(s.data)) for s in cfg.stages]
+    return StagedBatches(stream(cfg), later)
+
+
+class TorchTrainer:
+    """One rank's model, optimizer, data stream and position in the run."""
+
+    def __init__(self, cfg: TrainConfig, where: Rank, job: JobEnvironment):
+        self.cfg, self.where, self.job = cfg, where, job
+        self.reporter = Reporter(cfg, job)
+        self.batches = _batches(cfg, where)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.model: nn.Module = build_model(cfg.model, cfg.init_std, cfg.seed).to(where.device)  # seeds torch
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=lr_at(1, cfg.lr),
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            fused=where.device.type == "cuda",  # one kernel per step over all parameters: MFU 29.7% -> 32.8% (H100)
+        )
+        self.compute_dtype = torch.float32
+        if where.device.type == "cuda" and cfg.dtype == "bfloat16":
+            self.compute_dtype = torch.bfloat16
+        # optimizer steps done; micro-batches consumed by this rank (the newest readable checkpoint's, or 0)
+        self.step_s, self.grace_warned = 0.0, False  # the last step's time; whether a save outgrew the grace
+        self.step, self.position = resume(
+            cfg, where.world_size, where.device, self.model, self.optimizer, self.reporter
+        )
+
+    def train(self) -> None:
+        """Steps `step + 1 .. train_steps`, logging, checkpointing and honouring stop requests."""
+        cfg, job = self.cfg, self.job
+        if self.step >= cfg.train_steps:
+            report_outcome(job, finished=True, step=self.step)
+            self.reporter.print(f"run already finished: checkpoint step {self.step}, train_steps {cfg.train_steps}")
+            return
+        self._announce()
+        ddp, stop = self.wrap(), StopRequest(self.where.device, job)
+        self.reporter.start_wandb()
+        try:
+            if self._steps(ddp, stop):
+                report_outcome(job, finished=True, step=self.step)
+                self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
+        finally:
+            stop.close()
+            self.reporter.close()
+
+    def _announce(self) -> None:
+        cfg, where = self.cfg, self.where
+        if where.device.type == "cpu" and cfg.dtype != "float32":
+            self.reporter.print(f"note: model.dtype is {cfg.dtype}; on CPU the torch engine trains in float32")
+        self.reporter.print(
+            f"engine torch | world size {where.world_size} | device {where.device} | dtype {self.compute_dtype} | "
+            f"parameters {count_parameters(self.model):,} | global batch {cfg.global_batch_size} sequences "
+            f"({cfg.global_batch_size * cfg.sequence_length:,} tokens) | steps {self.step + 1}..{cfg.train_steps}"
+        )
+
+    def _steps(self, ddp: DistributedDataParallel, stop: StopRequest) -> bool:
+        """The steps to the last, saving where due; False when a stop request ended them before it."""
+        cfg, job = self.cfg, self.job
+        if self.step == 0 and cfg.save_initial_state:
+            checkpoint.save(cfg, 0, self.model, self.optimizer, self.position)
+        window_start, window_steps = time.perf_counter(), 0  # the steps whose throughput the next log line gives
+        while self.step < cfg.train_steps:
+            self.step += 1
+            stepping = time.perf_counter()
+            loss_sum, grad_norm = self.train_step(ddp)
+            self.step_s = time.perf_counter() - stepping
+            window_steps += 1
+            if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
+                self._log(loss_sum, grad_norm, window_steps, window_start)
+                window_start, window_steps = time.perf_counter(), 0
+            stopping = stop.agreed()
+            report_progress(job, self.step)
+            periodic = cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0
+            if periodic or stopping or self.step == cfg.train_steps:
+                self._save()
+                window_start = time.perf_counter()  # saving is not training time
+            if stopping:
+                stop.consume(job.is_main)
+                if self.step < cfg.train_steps:
+                    report_outcome(job, finished=False, step=self.step)
+                    self.reporter.print(STOP_MESSAGE.format(step=self.step))
+                    return False
+        return True
+
+    def _save(self) -> None:
+        """A checkpoint of the step just done, announced to the launcher while it is written."""
+        report_progress(self.job, self.step, "saving")
+        saving = time.perf_counter()
+        checkpoint.save(self.cfg, self.step, self.model, self.optimizer, self.position)
+        report_progress(self.job, self.step)
+        if not self.grace_warned and (warning := grace_warning(self.job, time.perf_counter() - saving, self.step_s)):
+            self.reporter.print(warning)  # once: a time-limit save would not fit --signal_grace
+            self.grace_warned = True
+
+    def wrap(self) -> DistributedDataParallel:
+        """The model with its loss under DDP; compiled on a GPU (see model.compile_for_gpu)."""
+        on_gpu = self.where.device.type == "cuda"
+        module = compile_for_gpu(self.model) if on_gpu else WithLoss(self.model)
+        # gradient_as_bucket_view: gradients live in DDP's buckets, no copy in and out of them each step
+        return DistributedDataParallel(
+            module, device_ids=[self.where.device] if on_gpu else None, gradient_as_bucket_view=True
+        )
+
+    def train_step(self, ddp: DistributedDataParallel) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over grad_accum_steps micro-batches; returns (sum of their losses, grad norm)."""
+        device, accum = self.where.device, self.cfg.grad_accum_steps
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, self.cfg.lr)
+        autocast = torch.autocast(device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            if isinstance(self.batches, StagedBatches) and (stage := self.batches.begins(self.position)):
+                self.reporter.print(f"data: stage {stage} begins at step {self.step}")
+            elif self.batches.epoch(self.position) > self.batches.epoch(max(self.position - 1, 0)):
+                epoch = self.batches.epoch(self.position)
+                self.reporter.print(f"data: the dataset is exhausted; epoch {epoch + 1} begins at step {self.step}")
+            tokens = self.batches.micro_batch(self.position).to(device)
+            self.position += 1
+            # gradients are all-reduced once, on the last micro-batch
+            with ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext():
+                with autocast:
+                    loss = ddp(tokens)
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad or math.inf)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm
+
+    def _log(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, steps: int, since: float) -> None:
+        """Report the step just done, and the throughput of the `steps` steps done since `since`.
+
+        A collective: the loss is averaged over the dp ranks.
+        """
+        cfg, where = self.cfg, self.where
+        loss = loss_sum / (cfg.grad_accum_steps * where.world_size)
+        dist.all_reduce(loss)
+        loss_value = loss.item()  # waits for the GPU: the step's kernels precede the all_reduce on the stream
+        tokens_per_s = steps * cfg.global_batch_size * cfg.sequence_length / (time.perf_counter() - since)
+        per_gpu = tokens_per_s / where.world_size
+        peak = peak_flops(where.device)
+        mfu = None if peak is None else per_gpu * flops_per_token(self.model, cfg.model, cfg.sequence_length) / peak
+        self.reporter.log(
+            StepMetrics(
+                step=self.step,
+                loss=loss_value,
+                lr=lr_at(self.step, cfg.lr),
+                grad_norm=grad_norm.item(),
+                tokens_per_s=tokens_per_s,
+                tokens_per_s_per_gpu=per_gpu,
+                mfu=mfu,
+                time=time.time(),
+            )
+        )

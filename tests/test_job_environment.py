@@ -1,0 +1,43 @@
+"""The job's environment, read in one place into one typed value (launcher.train.environment.JobEnvironment)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from launcher import protocol as P
+from launcher.train.environment import STOP_FILE_EVERY_S, JobEnvironment
+
+TRAIN = Path(__file__).resolve().parent.parent / "launcher" / "train"
+
+
+def test_torchruns_ranks_and_the_protocols_files_are_read_typed():
+    job = JobEnvironment.read(
+        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", P.ENV_STOP_FILE: "/b/stop", P.ENV_OUTCOME_FILE: "/b/o",
+         P.ENV_METRICS_FILE: "/b/m.jsonl", P.ENV_PROGRESS_FILE: "/b/p", P.ENV_SIGNAL_GRACE: "120",
+         P.ENV_STOP_FILE_EVERY: "0.5", "TMPDIR": "/scratch", "WANDB_MODE": "Disabled"}
+    )  # fmt: skip
+    assert job == JobEnvironment(3, 1, 8, True, "/b/stop", "/b/o", "/b/m.jsonl", "/b/p", 120.0, 0.5, "/scratch", True)
+    assert not job.is_main
+
+
+def test_a_process_started_alone_is_rank_0_of_1_with_no_files():
+    job = JobEnvironment.read({})
+    assert (job.rank, job.local_rank, job.world_size, job.distributed, job.is_main) == (0, 0, 1, False, True)
+    assert (job.stop_file, job.outcome_file, job.metrics_file, job.progress_file) == (None, None, None, None)
+    assert (job.signal_grace, job.stop_file_every, job.tmp_dir, job.wandb_disabled) == (0.0, STOP_FILE_EVERY_S,
+                                                                                          "/tmp", False)  # fmt: skip
+    assert not JobEnvironment.read({"RANK": "0"}).distributed  # torchrun sets both
+
+
+def test_values_that_are_not_numbers_keep_the_defaults_rather_than_failing_the_job():
+    job = JobEnvironment.read({P.ENV_SIGNAL_GRACE: "soon", P.ENV_STOP_FILE_EVERY: "-1", "LOCAL_RANK": "x"})
+    assert (job.signal_grace, job.stop_file_every, job.local_rank) == (0.0, STOP_FILE_EVERY_S, 0)
+
+
+def test_the_job_reads_its_environment_nowhere_else():
+    readers = {
+        str(path.relative_to(TRAIN)): len(re.findall(r"os\.environ|os\.getenv", path.read_text()))
+        for path in TRAIN.rglob("*.py")
+    }
+    assert {name: n for name, n in readers.items() if n and name != "environment.py"} == {}
