@@ -14,7 +14,8 @@ import pytest
 from launcher_helpers import END, SRUN_KILL, START, TRIAGE_FIXTURES, job_log
 
 from launcher import protocol as P
-from launcher.slurm import failures, fixes, triage
+from launcher.node import failures
+from launcher.slurm import fixes, triage
 from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
 from launcher.submission import read_log

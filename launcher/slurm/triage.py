@@ -3,7 +3,8 @@ STATE" (by `--show_logs`, `jobs attach` and `jobs status`) and recorded in the m
 
 Pure: Slurm's view of the job (state, reason, nodes, exit code) and the text of its log in, a `Verdict` out. The
 log is read by the caller through `excerpt`, which keeps the last attempt's first failure and its tail whatever
-the log's size. What the log itself says (tracebacks, torchrun's summaries, NCCL) is read by `failures`.
+the log's size. What the log itself says (tracebacks, torchrun's summaries, NCCL) is read by `launcher.node.failures`
+(shared with the batch script's restart decision).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher import protocol as P
-from launcher.slurm import failures
+from launcher.node import failures
 from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.fixes import FIXES, RESUME, oom_fix
 from launcher.slurm.parse import JobState
