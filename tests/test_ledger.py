@@ -84,7 +84,8 @@ LOG = """\
 [launcher 10:00:01.250] job 77 attempt 1 started 2026-11-24T10:00:01+00:00 on node[1-2]
 resumed from checkpoint step 0 (x)
 [launcher 10:00:09.000] hung at step 4: no progress for 30 s (limit 20 s); stacks in /s
-[launcher 10:00:20.500] requeueing once without node1; the next attempt resumes from the latest checkpoint
+[launcher 10:00:20.500] no healthy nodes left for the layout after a hang (suspected: node1): requeueing without \
+node1; the next attempt resumes from the latest checkpoint
 [launcher 10:00:20.750] job 77 attempt 1 ended 2026-11-24T10:00:20+00:00, exit code 0
 [launcher 10:00:40.000] job 77 attempt 2 started 2026-11-24T10:00:40+00:00 on node2
 resumed from checkpoint step 3 (/c/3); rng digest 1

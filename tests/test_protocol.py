@@ -27,6 +27,9 @@ BASH_STATE = (
     "LAUNCHER_CHECKPOINTS=/ck head_node=node1 port=20048 rdzv=127.0.0.1:20048 rdzv_port=20048 "
     "LAUNCHER_PYTHON=/usr/bin/python3 preempt_time=2026-11-24T08:00:00 saved=520 time_limits=0 "
     "LAUNCHER_MAX_REQUEUES=3 notice=warned pre_launch_command='source /no/venv/bin/activate' outcome='stopped 520' "
+    "count=1 LAUNCHER_MAX_RESTARTS=10 said='a failure (rank 1 on node1: died of SIGKILL (exit code -9), with no "
+    "traceback)' blamed=node1 nodes_csv=node2 checkpoint=20 reason='the same exception at step 21 as the failure "
+    "before (ValueError: bad)' fix='correct what its traceback points at' "
     "; set -- preemption node2"
 )
 

@@ -12,7 +12,7 @@ and counts time since it last changed, by its own clock (the file's writer may b
 - between steps: `--factor` x the median step time seen so far, at least min(60 s, floor).
 
 Past the limit it writes "STEP IDLE LIMIT" to `--hung-file` and sends SIGUSR2 to the batch script, which dumps every
-rank's stacks, ends the training and requeues the run once without the suspected node.
+rank's stacks, ends the training and starts it again without the suspected node (launcher/node/restart.py).
 
 `--suspects DIR` reads the stack dumps (py-spy's, one file a process, named NODE-PID.txt) and prints the nodes
 whose processes do something other than the great majority (where a hang starts, the others only wait for it),
