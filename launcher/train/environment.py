@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from launcher import protocol as P
 
 STOP_FILE_EVERY_S = 5.0  # rank 0's looks for the stop file, at most this often (P.ENV_STOP_FILE_EVERY changes it)
+STRAGGLER_EVERY = 100  # steps between rank 0's looks at every rank's step time (P.ENV_STRAGGLER_EVERY changes it)
 
 
 def _seconds(text: str | None, default: float) -> float:
@@ -50,6 +51,10 @@ class JobEnvironment:
     stop_file_every: float = STOP_FILE_EVERY_S  # P.ENV_STOP_FILE_EVERY
     tmp_dir: str = "/tmp"  # TMPDIR
     wandb_disabled: bool = False  # WANDB_MODE=disabled: wandb is never imported
+    node: str = ""  # the node this process runs on, as Slurm names it (P.ENV_NODE_TAG's "JOB:NODE"); "" alone
+    ranks_file: str | None = None  # P.ENV_RANKS_FILE: which node holds which ranks (rank 0 writes it)
+    stragglers_file: str | None = None  # P.ENV_STRAGGLERS_FILE: the ranks named slower than the others
+    straggler_every: int = STRAGGLER_EVERY  # P.ENV_STRAGGLER_EVERY: steps between looks at every rank's step time
 
     @property
     def is_main(self) -> bool:
@@ -73,4 +78,8 @@ class JobEnvironment:
             stop_file_every=_seconds(env.get(P.ENV_STOP_FILE_EVERY), STOP_FILE_EVERY_S),
             tmp_dir=env.get("TMPDIR") or "/tmp",
             wandb_disabled=env.get("WANDB_MODE", "").lower() == "disabled",
+            node=env.get(P.ENV_NODE_TAG, "").partition(":")[2],
+            ranks_file=env.get(P.ENV_RANKS_FILE) or None,
+            stragglers_file=env.get(P.ENV_STRAGGLERS_FILE) or None,
+            straggler_every=max(_int(env.get(P.ENV_STRAGGLER_EVERY), STRAGGLER_EVERY), 1),
         )

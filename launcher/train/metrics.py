@@ -4,19 +4,28 @@
   `step 12/30 | loss 5.1234 | lr 3.0000e-04 | grad_norm 1.234 | tokens/s 12345 | tokens/s/gpu 3086 | mfu -`
 - `LAUNCHER_METRICS_FILE`, if set: one JSON object per logged step, appended (a resumed run appends again, so a
   step logged before a crash can appear twice: readers keep the last line of each step).
-- wandb, unless `WANDB_MODE=disabled` (then wandb is never imported); offline mode needs no network.
+- wandb, unless `WANDB_MODE=disabled` (then wandb is never imported); offline mode needs no network. One wandb run
+  per training run: its id is kept beside the checkpoints (`protocol.WANDB_RUN_ID_FILE`, made by the first attempt)
+  and every attempt, restart and relaunch opens it with `resume="allow"`, so that they append to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
+import os
+import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from launcher import atomic
+from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.nanotron_config import gpus
 from launcher.train.config import TrainConfig
@@ -102,10 +111,43 @@ def peak_flops(device: torch.device) -> float | None:
 WANDB_FIX = "run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"
 
 
+def wandb_run_id(checkpoints_path: str) -> str:
+    """The run's wandb id, kept beside its checkpoints: read, or made by the first process to ask (a new file is
+    linked into place, never replaced, so that two askers agree on one id)."""
+    path = Path(checkpoints_path) / P.WANDB_RUN_ID_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        temporary = atomic.temporary_name(path)
+        temporary.write_text(secrets.token_hex(4) + "\n", encoding="utf-8")  # wandb's ids: 8 of [0-9a-z]
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process made it first: its id is the run's
+        finally:
+            temporary.unlink()
+    return path.read_text(encoding="utf-8").strip()
+
+
+@contextlib.contextmanager
+def one_wandb_run(wandb: Any, checkpoints_path: str) -> Iterator[None]:
+    """While inside, `wandb.init` opens the run's own wandb run (`wandb_run_id`, resume="allow") whoever calls it:
+    nanotron's trainer calls `wandb.init` itself, with a name of its own for each attempt."""
+    if wandb is None:
+        yield
+        return
+    init = wandb.init
+    wandb.init = functools.partial(init, id=wandb_run_id(checkpoints_path), resume="allow")
+    try:
+        yield
+    finally:
+        wandb.init = init
+
+
 def _start_wandb(cfg: TrainConfig) -> Any:
     import wandb
 
     try:
-        return wandb.init(project=cfg.project, name=cfg.run_name, config=dataclasses.asdict(cfg))
+        return wandb.init(project=cfg.project, name=cfg.run_name, config=dataclasses.asdict(cfg),
+                          id=wandb_run_id(cfg.checkpoints_path), resume="allow")  # fmt: skip
     except wandb.errors.Error as e:
         raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None
