@@ -101,11 +101,12 @@ LINES = {
     "{most}); the next attempt resumes",
     "no_requeue_left": "stopped at the checkpoint of step {step} with no requeue left (--max_requeues {most}): launch "
     "the same command again to resume",
-    "requeue_without": "no healthy nodes left for the layout after {why}: requeueing{without}; the next attempt "
-    "resumes from the latest checkpoint",
-    "restart": "restart {count} of {most} in the allocation after {why}{without}: training again on {nodes} from the "
-    "checkpoint of step {step}",
-    "no_restart": "not restarting or requeueing after {why}: {reason}; fix: {fix}",
+    # (the free-text `why` of a failure comes last: its words may hold anything but a line break)
+    "requeue_without": "no healthy nodes left for the layout: requeueing{without}; the next attempt resumes from the "
+    "latest checkpoint; after {why}",
+    "restart": "restart {count} of {most} in the allocation, leaving out {left}: training again on {nodes} from the "
+    "checkpoint of step {step}, after {why}",
+    "no_restart": "not restarting or requeueing: {reason}; fix: {fix}; after {why}",
     "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
     "to resume",
     "late_notice": "the {notice} notice came as training ended: nothing to resume",

@@ -33,7 +33,12 @@ RANK_LINE = re.compile(P._regex(P.RANKS_FORMAT.strip()))
 NO_PROGRESS_STEPS = 3  # node steps in a row without a newer checkpoint: the run cannot progress
 SLICE = 4 << 20  # bytes of the step's log read from its start and from its end (a failure's first signs, its end)
 MISSING_FILE = re.compile(r"FileNotFoundError|No such file or directory")
-REPEATS = ("exception", "nanotron", "cuda_oom", "host_oom")  # failures a retry cannot fix when they come again at the same step
+REPEATS = (
+    "exception",
+    "nanotron",
+    "cuda_oom",
+    "host_oom",
+)  # failures a retry cannot fix when they come again at the same step
 SEPARATOR = "\x1f"  # ASCII's unit separator: bash reads the fields with IFS=$'\x1f' (a tab would merge empty ones)
 RETRY = "launch the same command again once it is fixed: it resumes from the checkpoint of step {step}"
 

@@ -32,6 +32,8 @@ STOP_FILE = P.pattern("stop_file")
 WARNED = P.pattern("warned")
 PRE_LAUNCH = P.pattern("pre_launch_ended")
 OUTCOME = P.pattern("outcome")
+RESTART = P.pattern("restart")
+NO_RESTART = P.pattern("no_restart")
 STEP = P.step_pattern()
 NODE_FAILURE = re.compile(r"srun: error: Node failure on (?P<node>\S+)")
 
@@ -83,7 +85,7 @@ def excerpt(lines: Iterable[str]) -> str:
     windows, open_until = WINDOWS, -1
     for n, line in enumerate(lines):
         line = line.rstrip("\n")[:LINE_CHARS]
-        if ATTEMPT.match(line):  # a new attempt: what the last one said is over
+        if ATTEMPT.match(line) or RESTART.match(line):  # a new attempt or node step: what the last one said is over
             kept, windows, open_until = [], WINDOWS, -1
             tail.clear()
         if n > open_until and windows and FIRST_SIGNS.search(line):
@@ -310,7 +312,21 @@ def verdict(state: str, log_text: str, **known: Any) -> Verdict | None:
     ending = Ending(state, log_text.splitlines(), **known)
     if state == "COMPLETED":  # a success only if training said it finished
         return _pre_launch(ending) or _not_trained(ending)
-    return next(v for rule in RULES if (v := rule(ending)) is not None)
+    found = next(v for rule in RULES if (v := rule(ending)) is not None)
+    return _not_restarted(ending, found) or found
+
+
+def _not_restarted(e: Ending, found: Verdict) -> Verdict | None:
+    """The batch script would neither restart the run nor requeue it (launcher/node/restart.py): what failed, why
+    no retry (a refused config, a missing file, the same failure at the same step, no progress, restarts spent),
+    and the script's fix."""
+    if not (said := e.last(NO_RESTART)):
+        return None
+    cause = found.cause if found.cause != "unknown" else "not_restarted"
+    message = (found.message if cause != "not_restarted" else f"training failed after {said['why']}") + (
+        f"\nnot restarted: {said['reason']}"
+    )
+    return Verdict(cause, message, said["fix"], found.rank, found.node)
 
 
 def for_job(job: JobState, log_text: str, **known: Any) -> Verdict | None:

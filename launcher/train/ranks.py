@@ -64,6 +64,7 @@ class Straggler:
     seconds: float  # its own work per step (mean since the last look)
     median: float  # the median rank's
     looks: int  # looks in a row it has been slow
+    since: int  # the first step of the looks it has been slow at
     time: float
 
     def words(self) -> str:
@@ -118,12 +119,16 @@ class StragglerWatch:
             mine = [r for r in lagging if self.nodes[r] == node]
             if mine == held and len(held) > 1 and len(held) < len(self.nodes):  # the whole node (not all of the run)
                 mean = sum(seconds[r] for r in held) / len(held)
-                found.append(Straggler(step, None, node, f"{held[0]}-{held[-1]}", mean / median, mean, median,
-                                       min(self.streak[r] for r in held), now))  # fmt: skip
+                looks = min(self.streak[r] for r in held)
+                found.append(Straggler(step, None, node, f"{held[0]}-{held[-1]}", mean / median, mean, median, looks,
+                                       self._since(step, looks), now))  # fmt: skip
                 continue
-            found += [Straggler(step, r, node, str(r), seconds[r] / median, seconds[r], median, self.streak[r], now)
-                      for r in mine]  # fmt: skip
+            found += [Straggler(step, r, node, str(r), seconds[r] / median, seconds[r], median, self.streak[r],
+                                self._since(step, self.streak[r]), now) for r in mine]  # fmt: skip
         return found
+
+    def _since(self, step: int, looks: int) -> int:
+        return max(step - looks * self.every + 1, 1)
 
     def _keep(self, found: list[Straggler]) -> None:
         """Print each straggler the first time it is named; record every look at it."""
