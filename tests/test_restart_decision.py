@@ -148,3 +148,24 @@ def test_the_batch_script_reads_one_answer_and_the_record_is_kept(tmp_path: Path
 def test_a_hang_and_a_failed_check_blame_the_nodes_the_script_names(verdict: str, expected: str):
     found = find(step(verdict=verdict, suspects=["node2"]), "", {}, 2, 7)
     assert (found.why, found.nodes, found.at) == (expected, ["node2"], 7)
+
+
+LOST = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/x/engine.py", line 290, in train_step
+[rank0]:     (loss / accum).backward()
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5
+srun: error: node1: task 0: Exited with exit code 1
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+"""
+
+
+def test_a_node_gone_before_slurm_noticed_is_the_one_srun_never_heard_from():
+    """A node dies (power, kernel): the others' ranks only lose their peers and fail first, before Slurm marks the
+    node DOWN; the node whose task srun never heard end is blamed, not the survivors."""
+    found = find(step(), LOST, {}, 2, 40)
+    assert found.nodes == ["node2"] and "no word from node2" in found.said
+    assert decide(step(), found, [], 30).nodes == ["node2"]
+    # every node's task was heard: no one node to blame, the same nodes again
+    heard = LOST + "srun: error: node2: task 1: Killed\n"
+    assert find(step(), heard, {}, 2, 40).nodes == []  # a rank that only lost its peers blames no node

@@ -5,7 +5,8 @@ step (`python -m launcher.node.restart ...`) and acts on its one line of answer;
 - **Which node**: a node that left the allocation (Slurm excised it: the job runs `--no-kill`), the hang's suspects,
   the nodes that failed their check, or the node of the rank whose failure came first in the step's part of the
   log (`failures.first_failure`), by the rank map training wrote as the step started (`RANKS_FILE`; without one,
-  ranks in the order of the step's nodes).
+  ranks in the order of the step's nodes). Where the ranks only lost their peers (a node died before Slurm noticed
+  it), the nodes whose tasks srun never heard end.
 - **Stop** when a retry cannot help: the job refused its data or config, a file is missing, the same exception (or
   out-of-memory) at the same step as the failure before; when three steps in a row ended without a checkpoint newer
   than the one they started from; or when `--max_restarts` restarts and failure requeues are spent.
@@ -224,6 +225,12 @@ def find(step: Step, log_text: str, ranks: dict[int, str], gpus: int, at: int | 
     if gone:
         return Found("node-failure", f"a node failure ({', '.join(gone)} left the allocation)", gone, at=at)
     failure = failures.first_failure(log_text)
+    if failure is None or failure.detail == failures.LOST_PEERS:  # the ranks only lost their peers: whose?
+        ended = {m["node"] for m in map(failures.SRUN_TASK.match, log_text.splitlines()) if m}
+        silent = [n for n in step.step_nodes if n not in ended]
+        if ended and silent:  # srun heard every other node's task end, never these: a node gone (not yet DOWN)
+            said = f"a failure (no word from {', '.join(silent)}: its tasks never ended as the others' did)"
+            return Found("failure", said, silent, failure, at)
     if failure is None:
         return Found("failure", "a failure the log does not explain", [], at=at)
     node = ranks.get(failure.rank) if failure.rank is not None else None
@@ -231,6 +238,8 @@ def find(step: Step, log_text: str, ranks: dict[int, str], gpus: int, at: int | 
         node = step.step_nodes[failure.rank // gpus]  # no rank map: ranks in the order of the step's nodes
     where = f"rank {failure.rank}" if failure.rank is not None else "a rank"
     said = f"a failure ({where}{f' on {node}' if node else ''}: {failure.summary})"
+    if failure.detail == failures.LOST_PEERS:  # a consequence, and no first cause: no one node to blame
+        return Found("failure", f"{said[:-1]}; {failures.LOST_PEERS}, no first cause found)"[:400], [], failure, at)
     return Found("failure", said[:400], [node] if node else [], failure, at)
 
 
