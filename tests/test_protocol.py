@@ -28,8 +28,8 @@ BASH_STATE = (
     "LAUNCHER_PYTHON=/usr/bin/python3 preempt_time=2026-11-24T08:00:00 saved=520 time_limits=0 "
     "LAUNCHER_MAX_REQUEUES=3 notice=warned pre_launch_command='source /no/venv/bin/activate' outcome='stopped 520' "
     "count=1 LAUNCHER_MAX_RESTARTS=10 said='a failure (rank 1 on node1: died of SIGKILL (exit code -9), with no "
-    "traceback)' blamed=node1 nodes_csv=node2 checkpoint=20 reason='the same exception at step 21 as the failure "
-    "before (ValueError: bad)' fix='correct what its traceback points at' "
+    "traceback)' blamed=node1 nodes_csv=node2 checkpoint=20 reason='the same exception as the failure before, at "
+    "the same point of the run (after step 21): ValueError: bad' fix='correct what its traceback points at' "
     "; set -- preemption node2"
 )
 
@@ -92,7 +92,7 @@ def test_triage_reads_the_hang_the_preemption_and_the_spent_requeues_the_script_
     assert stopped.cause == "stopped" and "step 520" in stopped.message
     not_restarted = judged("no_restart")
     assert not_restarted.cause == "not_restarted" and not_restarted.fix == "correct what its traceback points at"
-    assert "not restarted: the same exception at step 21 as the failure before" in not_restarted.message
+    assert "not restarted: the same exception as the failure before, at the same point" in not_restarted.message
 
 
 def test_triage_judges_the_last_node_step_of_a_restarted_attempt():

@@ -78,12 +78,13 @@ def test_what_a_retry_cannot_fix_stops_at_once():
 def test_the_same_exception_at_the_same_step_stops_and_another_step_does_not():
     before = past((0, 10), failure=f"exception: {VALUE.summary}", at="12")
     same = decide(step(), failed(failure=VALUE, at=12), before, 10)
-    assert same.action == "stop" and "the same exception at step 12" in same.reason
+    assert same.action == "stop" and "the same exception as the failure before, at the same point of the run (after " \
+        "step 12)" in same.reason  # fmt: skip
     assert "traceback" in same.fix
     assert decide(step(), failed(failure=VALUE, at=15), before, 10).action == "restart"
     oom = failures.Failure("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory", 1, None)
     again = decide(step(), failed(failure=oom, at=12), past((0, 10), failure=f"cuda_oom: {oom.summary}"), 10)
-    assert again.action == "stop" and "the same out-of-memory" in again.reason and "--micro_batch_size" in again.fix
+    assert again.action == "stop" and "the same out-of-memory as" in again.reason and "--micro_batch_size" in again.fix
     # a crash (SIGKILL, SIGSEGV) may be the node's: retried however often it comes, within the bounds below
     assert decide(step(), failed(at=12), past((0, 10), failure=f"crash: {CRASH.summary}"), 10).action == "restart"
 

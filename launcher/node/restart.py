@@ -122,7 +122,8 @@ def stop_for(step: Step, found: Found, past: list[dict[str, str]], checkpoint: i
             what = "out-of-memory" if f.kind.endswith("oom") else "exception"
             fix = "fit the step in memory (a smaller --micro_batch_size)" if what != "exception" else \
                 "correct what its traceback points at"  # fmt: skip
-            return f"the same {what} at step {found.at} as the failure before ({f.summary})", f"{fix}; {resume}", 1
+            said = f"the same {what} as the failure before, at the same point of the run (after step {found.at})"
+            return f"{said}: {f.summary}", f"{fix}; {resume}", 1
     steps = [(_number(r["start"]) or 0, _number(r["end"]) or 0) for r in past] + [(step.started_from, checkpoint)]
     if len(steps) >= NO_PROGRESS_STEPS and all(end <= start for start, end in steps[-NO_PROGRESS_STEPS:]):
         return (f"{NO_PROGRESS_STEPS} node steps in a row ended without a checkpoint newer than step {checkpoint}",
