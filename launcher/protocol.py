@@ -41,6 +41,7 @@ POINTERS = {TORCH_POINTER: "torch", NANOTRON_POINTER: "nanotron"}  # pointer -> 
 DATA_CACHE = ".data-cache"  # the torch engine's packed windows
 DIALECT_RECORD = "nanotron-dialect"  # the config dialect ("0.4" | "main") the run's checkpoints were written from
 WANDB_RUN_ID_FILE = "wandb-run-id"  # the run's one experiment-tracker run: every attempt and restart appends to it
+WANDB_LOGGED_FILE = "wandb-logged-to"  # the last step that wandb run holds for certain (written as a run finishes)
 NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
 
 # What the job reads from its environment (set by the node script).

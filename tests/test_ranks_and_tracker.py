@@ -1,5 +1,5 @@
 """Which node holds which ranks, the stragglers rank 0 names (launcher/train/ranks.py), and the one wandb run a
-training run keeps (launcher/train/metrics.py). The torch engine's two ranks under torchrun, one slowed on purpose
+training run keeps (launcher/train/tracker.py). The torch engine's two ranks under torchrun, one slowed on purpose
 by this test's own wrapper; tests/test_goodput.py shows the names in a Slurm job's summary and picture."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from test_train_engine import TORCHRUN_AS_THE_NODE_SCRIPT_DOES
 
 from launcher import protocol as P
 from launcher.node.restart import ranks_map
-from launcher.train import metrics, ranks
+from launcher.train import ranks, tracker
 from launcher.train.environment import JobEnvironment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,11 +71,11 @@ def test_a_whole_slow_node_is_named_as_the_node(tmp_path: Path):
 
 
 def test_the_wandb_run_id_is_made_once_and_kept_beside_the_checkpoints(tmp_path: Path):
-    first = metrics.wandb_run_id(str(tmp_path / "ckpt"))
-    assert first == metrics.wandb_run_id(str(tmp_path / "ckpt")) and len(first) == 8
+    first = tracker.wandb_run_id(str(tmp_path / "ckpt"))
+    assert first == tracker.wandb_run_id(str(tmp_path / "ckpt")) and len(first) == 8
     assert (tmp_path / "ckpt" / P.WANDB_RUN_ID_FILE).read_text().strip() == first
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == [P.WANDB_RUN_ID_FILE]  # no temporary left behind
-    assert metrics.wandb_run_id(str(tmp_path / "other")) != first
+    assert tracker.wandb_run_id(str(tmp_path / "other")) != first
 
 
 def test_whoever_calls_wandb_init_opens_the_runs_one_run(tmp_path: Path):
@@ -86,11 +86,37 @@ def test_whoever_calls_wandb_init_opens_the_runs_one_run(tmp_path: Path):
         def init(**kwargs):
             calls.append(kwargs)
 
-    with metrics.one_wandb_run(FakeWandb, str(tmp_path)):
+    with tracker.one_wandb_run(FakeWandb, str(tmp_path)):
         FakeWandb.init(project="p", name="20261126_run")  # as nanotron's trainer calls it
     FakeWandb.init(project="p")
     run_id = (tmp_path / P.WANDB_RUN_ID_FILE).read_text().strip()
     assert calls == [{"project": "p", "name": "20261126_run", "id": run_id, "resume": "allow"}, {"project": "p"}]
+
+
+def test_the_steps_wandb_may_have_lost_are_given_again_and_those_it_holds_recorded(tmp_path: Path):
+    """wandb's service dies with a preemption's SIGTERM (it writes its offline file at the end): the next start
+    gives it again, from the job's metrics file, every step after the last one a finished run held, up to the
+    checkpoint it resumes from; the last line of a step wins, as the launcher reads the file."""
+    metrics_file = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 1.0 / s, "time": 0.0} for s in (1, 2, 3, 4, 3, 4, 5, 6)]  # 3 and 4 done twice
+    metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lost = tracker.lost_steps(str(metrics_file), after=2, up_to=5)
+    assert [r["step"] for r in lost] == [3, 4, 5] and lost[0] is not rows[2]  # the later lines of 3 and 4
+    assert tracker.lost_steps(str(metrics_file), after=6, up_to=6) == [] == tracker.lost_steps(None, 0, 9)
+
+    class Run:
+        def __init__(self, fails: bool):
+            self.fails = fails
+
+        def finish(self):
+            if self.fails:
+                raise ConnectionResetError("Connection lost")
+
+    assert tracker.logged_to(str(tmp_path)) == 0
+    tracker.finish(Run(fails=False), str(tmp_path), 40)
+    assert tracker.logged_to(str(tmp_path)) == 40
+    tracker.finish(Run(fails=True), str(tmp_path), 55)  # a warning, and nothing recorded: 41..55 come again
+    assert tracker.logged_to(str(tmp_path)) == 40
 
 
 def test_a_slowed_rank_is_named_in_the_log_and_the_stragglers_file(demo_data: DemoData, tmp_path: Path):

@@ -5,29 +5,21 @@
 - `LAUNCHER_METRICS_FILE`, if set: one JSON object per logged step, appended (a resumed run appends again, so a
   step logged before a crash can appear twice: readers keep the last line of each step).
 - wandb, unless `WANDB_MODE=disabled` (then wandb is never imported); offline mode needs no network. One wandb run
-  per training run: its id is kept beside the checkpoints (`protocol.WANDB_RUN_ID_FILE`, made by the first attempt)
-  and every attempt, restart and relaunch opens it with `resume="allow"`, so that they append to it.
+  per training run (`launcher.train.tracker`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import json
-import os
-import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from launcher import atomic
-from launcher import protocol as P
-from launcher.errors import TrainError
 from launcher.nanotron_config import gpus
+from launcher.train import tracker
 from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
 
@@ -70,11 +62,16 @@ class Reporter:
         self.cfg, self.is_main, self.wandb_disabled = cfg, job.is_main, job.wandb_disabled
         self.metrics_file = job.metrics_file
         self.wandb_run: Any = None
+        self.wandb_step = 0  # the last step given to wandb
 
-    def start_wandb(self) -> None:
-        """Open the wandb run (rank 0), unless WANDB_MODE=disabled."""
+    def start_wandb(self, resumed_from: int = 0) -> None:
+        """Open the run's wandb run (rank 0), unless WANDB_MODE=disabled, and give it again the steps up to
+        `resumed_from` (the checkpoint training resumes from) that it may have lost (`tracker.lost_steps`)."""
         if self.is_main and not self.wandb_disabled:
-            self.wandb_run = _start_wandb(self.cfg)
+            self.wandb_run = tracker.start(self.cfg)
+            self.wandb_step = tracker.logged_to(self.cfg.checkpoints_path)
+            for row in tracker.lost_steps(self.metrics_file, self.wandb_step, resumed_from):
+                self._to_wandb(row)
 
     def print(self, message: str) -> None:
         """A line on rank 0's stdout, flushed so Slurm's log shows it at once."""
@@ -89,13 +86,17 @@ class Reporter:
         if self.metrics_file:
             append_metrics(self.metrics_file, m)
         if self.wandb_run is not None:
-            values = {k: v for k, v in dataclasses.asdict(m).items() if k not in ("step", "time") and v is not None}
-            self.wandb_run.log(values, step=m.step)
+            self._to_wandb(dataclasses.asdict(m))
+
+    def _to_wandb(self, row: dict) -> None:
+        values = {k: v for k, v in row.items() if k not in ("step", "time") and v is not None}
+        self.wandb_run.log(values, step=row["step"])
+        self.wandb_step = row["step"]
 
     def close(self) -> None:
-        """Finish the wandb run (flushes offline data)."""
+        """Finish the wandb run (it writes out its data then); the steps it holds recorded (`tracker.finished`)."""
         if self.wandb_run is not None:
-            self.wandb_run.finish()
+            tracker.finish(self.wandb_run, self.cfg.checkpoints_path, self.wandb_step)
             self.wandb_run = None
 
 
@@ -106,48 +107,3 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     gpu = gpus.from_device_name(torch.cuda.get_device_name(device))
     return None if gpu is None else gpu.tflops * 1e12
-
-
-WANDB_FIX = "run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"
-
-
-def wandb_run_id(checkpoints_path: str) -> str:
-    """The run's wandb id, kept beside its checkpoints: read, or made by the first process to ask (a new file is
-    linked into place, never replaced, so that two askers agree on one id)."""
-    path = Path(checkpoints_path) / P.WANDB_RUN_ID_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.is_file():
-        temporary = atomic.temporary_name(path)
-        temporary.write_text(secrets.token_hex(4) + "\n", encoding="utf-8")  # wandb's ids: 8 of [0-9a-z]
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            pass  # another process made it first: its id is the run's
-        finally:
-            temporary.unlink()
-    return path.read_text(encoding="utf-8").strip()
-
-
-@contextlib.contextmanager
-def one_wandb_run(wandb: Any, checkpoints_path: str) -> Iterator[None]:
-    """While inside, `wandb.init` opens the run's own wandb run (`wandb_run_id`, resume="allow") whoever calls it:
-    nanotron's trainer calls `wandb.init` itself, with a name of its own for each attempt."""
-    if wandb is None:
-        yield
-        return
-    init = wandb.init
-    wandb.init = functools.partial(init, id=wandb_run_id(checkpoints_path), resume="allow")
-    try:
-        yield
-    finally:
-        wandb.init = init
-
-
-def _start_wandb(cfg: TrainConfig) -> Any:
-    import wandb
-
-    try:
-        return wandb.init(project=cfg.project, name=cfg.run_name, config=dataclasses.asdict(cfg),
-                          id=wandb_run_id(cfg.checkpoints_path), resume="allow")  # fmt: skip
-    except wandb.errors.Error as e:
-        raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None

@@ -18,7 +18,7 @@ that. The subclass from `trainer_class` adds:
   logged step (grad_norm is null when clipping is off: nanotron computes it only while clipping);
 - wandb: nanotron's `wandb.init` is unguarded (no key and no WANDB_MODE: a traceback); here, as in the torch
   engine, a one-line error that says what to do (`WANDB_MODE=offline` or `disabled` both work without network),
-  and the run's one wandb run opened (`metrics.one_wandb_run`); the rank map written (`launcher.train.ranks`);
+  and the run's one wandb run opened (`tracker.one_wandb_run`); the rank map written (`launcher.train.ranks`);
 - the `latest.txt` pointer written once per filesystem, atomically (a temporary file, fsync, os.replace, fsync of
   the directory), after every rank's files are on disk. nanotron 0.4 rewrites it from every rank with a
   truncating `open(..., "w")` as soon as that rank is done, so a reader (a resuming job) could see it empty, or
@@ -37,10 +37,11 @@ import torch.distributed as dist
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
-from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics, one_wandb_run, peak_flops
+from launcher.train.metrics import StepMetrics, append_metrics, peak_flops
 from launcher.train.nanotron_engine.pointer import pointer_writes_dropped, write_pointer
 from launcher.train.ranks import nodes_of_ranks, write_rank_map
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
+from launcher.train.tracker import WANDB_FIX, one_wandb_run
 
 
 def is_main_trainer(trainer: Any) -> bool:

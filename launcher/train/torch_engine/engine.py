@@ -11,10 +11,12 @@ uninterrupted run's: the data stream is indexed by position, and model, optimize
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -92,6 +94,13 @@ def train(cfg: TrainConfig, job: JobEnvironment | None = None) -> None:
         dist.destroy_process_group()
 
 
+# torch 2.13 names it forward_sync_buffers (broadcast_buffers, deprecated, warns); earlier releases broadcast_buffers
+NO_FORWARD_BUFFER_SYNC: dict[str, Any] = {
+    "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else "broadcast_buffers": False
+}  # fmt: skip
+
+
 class TorchTrainer:
     """One rank's model, optimizer, data stream and position in the run."""
 
@@ -132,14 +141,14 @@ class TorchTrainer:
             return
         self._announce()
         ddp, stop = self.wrap(), StopRequest(self.where.device, job)
-        self.reporter.start_wandb()
+        self.reporter.start_wandb(resumed_from=self.step)
         try:
             if self._steps(ddp, stop):
                 report_outcome(job, finished=True, step=self.step)
                 self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
-        finally:
+        finally:  # wandb first, while SIGTERM only asks to stop: after a peer's death torchrun sends it to this rank
+            self.reporter.close()  # as wandb writes its run out (offline, it keeps nothing until then)
             stop.close()
-            self.reporter.close()
 
     def _announce(self) -> None:
         cfg, where = self.cfg, self.where
@@ -197,13 +206,13 @@ class TorchTrainer:
         on_gpu = self.where.device.type == "cuda"
         module = compile_for_gpu(self.model) if on_gpu else WithLoss(self.model)
         # gradient_as_bucket_view: gradients live in DDP's buckets, no copy in and out of them each step;
-        # broadcast_buffers off: the only buffers (RoPE's frequencies) are computed alike on every rank, and without
-        # that broadcast at each forward a rank's forward passes are its own work (launcher.train.ranks)
+        # no buffer broadcast at each forward: the only buffers (RoPE's frequencies) are computed alike on every rank,
+        # and without it a rank's forward passes are its own work (launcher.train.ranks)
         return DistributedDataParallel(
             module,
             device_ids=[self.where.device] if on_gpu else None,
             gradient_as_bucket_view=True,
-            broadcast_buffers=False,
+            **NO_FORWARD_BUFFER_SYNC,
         )
 
     def train_step(self, ddp: DistributedDataParallel) -> tuple[torch.Tensor, torch.Tensor]:
