@@ -149,6 +149,23 @@ def test_restarts_in_the_allocation_are_node_steps_and_each_ones_cost_is_kept(tm
     assert ledger.allocated == pytest.approx(6 * 38.75 + 4 * 20)
 
 
+def test_a_step_logged_just_before_a_restart_is_the_failed_steps(tmp_path: Path):
+    """Training that fails fast is restarted within a second of its last step: that step is the failed node
+    step's (the restart's line comes after its training ended), not the next one's."""
+    seen = records.read_log(RESTARTS.splitlines(keepends=True), "78")
+    chain = records.split(records.attempts(seen, 6, "COMPLETED"), seen, 2)
+    restart = chain[1].start
+    rows = [(restart - 0.9 + s / 10, s) for s in range(1, 9)]  # steps 1-8, the last 0.1 s before the restart
+    rows += [(restart + 5 + s, 10 + s) for s in range(1, 5)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "time": t}) + "\n" for t, s in rows))
+    works = records.works(seen, metrics, records.spans(chain))
+    assert [s for _, s in works[(1, 0)].steps] == list(range(1, 9)) and [s for _, s in works[(1, 1)].steps] == [
+        11, 12, 13, 14]  # fmt: skip
+    (first, _) = compute(chain, works, 10, "job records").restart_costs
+    assert first["seconds"] == pytest.approx(6.1)  # step 8 at restart - 0.1 s, step 11 at restart + 6 s
+
+
 def test_sacct_lagging_behind_the_controller_is_waited_for_then_left(monkeypatch: pytest.MonkeyPatch):
     """slurmdbd records a job's end after the controller knows it: the ledger waits (bounded) for sacct to agree,
     and where it does not, it is not used (the job's records are). sacct's answers are recorded ones, replayed."""

@@ -135,11 +135,12 @@ Key = tuple[int, int]  # (attempt number, segment): a node step of an attempt
 
 
 def steps_by_attempt(rows: list[dict], spans: list[tuple[Key, float, float]]) -> dict[Key, list[tuple[float, int]]]:
-    """metrics.jsonl's rows, each to the attempt's node step (key, start, end) it was logged in: from 1 s before its
-    start (the log's stamps are whole seconds) to the next one's start. Not to its end: training can outlive the
-    batch script by Slurm's KillWait, and a checkpoint it saves then is one the next attempt resumes from."""
+    """metrics.jsonl's rows, each to the attempt's node step (key, start, end) it was logged in: from its start (an
+    attempt's: 1 s before, its start line's date is whole seconds; a restart's: its line, written after the failed
+    step's training ended) to the next one's start. Not to its end: training can outlive the batch script by
+    Slurm's KillWait, and a checkpoint it saves then is one the next attempt resumes from."""
     out: dict[Key, list[tuple[float, int]]] = {n: [] for n, _, _ in spans}
-    starts = [start - 1 for _, start, _ in spans] + [float("inf")]
+    starts = [start - (1 if segment == 0 else 0) for (_, segment), start, _ in spans] + [float("inf")]
     for row in rows:
         t, step = row.get("time"), row.get("step")
         if not isinstance(t, (int, float)) or not isinstance(step, int):
