@@ -43,7 +43,7 @@ class ClusterSpec:
     send_user_signal: bool = False
     slurmd_timeout_s: int = 60  # how long slurmctld waits for a silent slurmd before the node is DOWN (NODE_FAIL)
     # the credentials' lifetime (munge's cred_expire): a requeued job cannot start for this long and 1 s more; 10 s
-    # keeps the tests short, Slurm's default is 120 (tests/test_goodput.py measures a requeue's wait with it)
+    # keeps the tests short, Slurm's default is 120 (bench/bench_goodput.py measures a requeue's wait with it)
     cred_expire_s: int = 10
     read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
     containers: bool = False  # pyxis + enroot on every node (srun --container-image): launcher.localcluster.containers
