@@ -1,6 +1,6 @@
 """After a node step that training did not survive on its own (a process died, a node failed, a hang, a node check
 failed): restart it inside the allocation, requeue the job, or stop, and why. The batch script runs it once per such
-step (`python -m launcher.node.restart ...`) and acts on its one line of answer; docs/operations.md tells the rules.
+step (`python -m launcher.node.restart ...`) and acts on its one line of answer; docs/preemption.md tells the rules.
 
 - **Which node**: a node that left the allocation (Slurm excised it: the job runs `--no-kill`), the hang's suspects,
   the nodes that failed their check, or the node of the rank whose failure came first in the step's part of the
