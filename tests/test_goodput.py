@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import ROOT
+from launcher_helpers import wrapped_script
 from test_e2e_training import (
     assert_continuous,
     bundles,
@@ -34,39 +34,6 @@ from wandb_records import offline_runs
 from launcher import protocol as P
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
-
-# run_train.py itself, with what a test asks of it through the job's environment (--extra_env), test-side only:
-# SLOW_RANK/SLOW_S: that rank sleeps SLOW_S before each step (a straggler); STEP_S: every rank sleeps STEP_S before
-# each step (a run slow enough to outlast Slurm's notice of a dead node); CRASH_AT/RAISE_AT: rank 1 dies of
-# SIGKILL, or raises, at that step, in every node step (a run that cannot progress).
-WRAPPED = """
-import os, runpy, signal, sys, time
-sys.path.insert(0, {root!r})
-from launcher.train.torch_engine import engine as torch_engine
-
-step = torch_engine.TorchTrainer.train_step
-
-def wrapped(self, ddp):
-    env = os.environ
-    if str(self.where.rank) == env.get("SLOW_RANK"):
-        time.sleep(float(env["SLOW_S"]))
-    time.sleep(float(env.get("STEP_S", "0")))
-    if self.where.rank == 1 and str(self.step) == env.get("CRASH_AT"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    if self.where.rank == 1 and str(self.step) == env.get("RAISE_AT"):
-        raise ValueError("bad shard 7 in the data")
-    return step(self, ddp)
-
-torch_engine.TorchTrainer.train_step = wrapped
-sys.argv[0] = {script!r}
-runpy.run_path({script!r}, run_name="__main__")
-"""
-
-
-def wrapped_script(where: Path) -> str:
-    script = where / "wrapped.py"
-    script.write_text(WRAPPED.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
-    return str(script)
 
 
 def job_fields(job_id: str, env: dict) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Which node holds which ranks, the stragglers rank 0 names (launcher/train/ranks.py), and the one wandb run a
 training run keeps (launcher/train/tracker.py). The torch engine's two ranks under torchrun, one slowed on purpose
-by this test's own wrapper; tests/test_goodput.py shows the names in a Slurm job's summary and picture."""
+by the tests' wrapper (launcher_helpers.wrapped_script); tests/test_goodput.py shows the names in a Slurm job's
+summary and picture."""
 
 from __future__ import annotations
 
@@ -13,38 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import DemoData, tiny_config, write_config
+from launcher_helpers import wrapped_script
 from test_train_engine import TORCHRUN_AS_THE_NODE_SCRIPT_DOES
 
 from launcher import protocol as P
 from launcher.node.restart import ranks_map
 from launcher.train import ranks, tracker
 from launcher.train.environment import JobEnvironment
-
-ROOT = Path(__file__).resolve().parent.parent
-# run_train.py itself, except that the rank the test names in SLOW_RANK sleeps SLOW_S before each of its steps: a
-# straggler as its peers see it (they wait for it in every step's all-reduce). Test-side only.
-SLOWED = """
-import os, runpy, sys, time
-sys.path.insert(0, {root!r})
-from launcher.train.torch_engine import engine as torch_engine
-
-step = torch_engine.TorchTrainer.train_step
-
-def slowed(self, ddp):
-    if str(self.where.rank) == os.environ.get("SLOW_RANK"):
-        time.sleep(float(os.environ["SLOW_S"]))
-    return step(self, ddp)
-
-torch_engine.TorchTrainer.train_step = slowed
-sys.argv[0] = {script!r}
-runpy.run_path({script!r}, run_name="__main__")
-"""
-
-
-def slowed_script(where: Path) -> Path:
-    script = where / "slowed.py"
-    script.write_text(SLOWED.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
-    return script
 
 
 def test_the_rank_map_names_each_nodes_ranks_and_reads_back(tmp_path: Path):
@@ -126,7 +102,7 @@ def test_a_slowed_rank_is_named_in_the_log_and_the_stragglers_file(demo_data: De
            P.ENV_STRAGGLER_EVERY: "4", P.ENV_STRAGGLERS_FILE: str(tmp_path / "stragglers.jsonl"),
            P.ENV_RANKS_FILE: str(tmp_path / "ranks"), P.ENV_NODE_TAG: "48:node7"}  # fmt: skip
     argv = [sys.executable, "-c", TORCHRUN_AS_THE_NODE_SCRIPT_DOES, "--nproc_per_node", "2", "--standalone",
-            str(slowed_script(tmp_path)), "--config-file", str(write_config(tmp_path / "c.yaml", config))]  # fmt: skip
+            wrapped_script(tmp_path), "--config-file", str(write_config(tmp_path / "c.yaml", config))]  # fmt: skip
     run = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     (line,) = [line for line in run.stdout.splitlines() if line.startswith("straggler:")]  # named once
