@@ -15,6 +15,10 @@ to the training loop.
   built anyway, and its fp32 gradient hook raises NotImplementedError for ZeRO in the first backward (every such
   run: the launcher's defaults with `--zero_stage 1`). Compiled again with the parentheses meant (0.4's own line
   has them), so the gradient accumulator reduces the gradients, as in 0.4.
+- **main, several nodes with 8 GPUs or fewer in all.** `ParallelContext` takes the ranks a node holds as
+  `LOCAL_WORLD_SIZE` only when the world is larger than 8, and as the whole world otherwise: a job of 2 nodes x 4
+  (or 2 x 2) builds its node groups across nodes and dies at start-up ("Local rank mismatch"). torchrun always sets
+  `LOCAL_WORLD_SIZE`: it is read whenever it is set.
 - **0.4 and main, an optimizer resumed into another tp or pp.** `load_optimizer` finds the saved shards with
   `optimizer_pp-*-of-{pp}_tp-*-of-{tp}.pt`, but nanotron names them `..._tp-R-of-T_exp-E-of-X.pt`: the pattern
   matches only where the saved tp equals the expert-parallel size (1), so resuming a tp > 1 run with another tp
@@ -130,10 +134,33 @@ def mend_optimizer_shards() -> bool:
     return True
 
 
+LOCAL_WRONG = 'int(os.environ.get("LOCAL_WORLD_SIZE", "8")) if world_size > 8 else world_size'
+LOCAL_RIGHT = (
+    'int(os.environ.get("LOCAL_WORLD_SIZE", "8")) if world_size > 8 or "LOCAL_WORLD_SIZE" in os.environ else world_size'
+)
+
+
+def mend_local_world_size() -> bool:
+    """main's ParallelContext.__init__ reading torchrun's LOCAL_WORLD_SIZE whenever it is set; False where there is
+    nothing to mend."""
+    from nanotron.parallel.context import ParallelContext
+
+    function = ParallelContext.__init__
+    if getattr(function, "_launcher_mended", False):
+        return True
+    mended = recompiled(function, LOCAL_WRONG, LOCAL_RIGHT)
+    if mended is None:
+        return False
+    mended._launcher_mended = True
+    ParallelContext.__init__ = mended
+    return True
+
+
 def apply(dialect: str) -> None:
     """The mends of `dialect`'s nanotron (imported already, its trainer included)."""
     mend_optimizer_shards()
     if dialect == "main":
         mend_make_ddp()
+        mend_local_world_size()
     else:
         mend_checkpoint_shapes()
