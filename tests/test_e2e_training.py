@@ -230,7 +230,12 @@ def test_a_mixture_of_two_local_datasets_trains(tmp_path: Path, slurm_env: dict,
 
 
 def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
-    proc = launch(tmp_path, slurm_env, demo_data, "preempt", "--train_steps", "120", "--max_requeues", "2")
+    # Steps paced to 0.15 s and the stop file looked for every 0.2 s: the notice lands with 110 steps (16 s) to go
+    # on any machine (unpaced, a quiet machine finished the run before rank 0 looked for the stop file).
+    paced = tmp_path / "paced_train.py"
+    paced.write_text(PACED_TRAIN.format(pace=0.15, root=str(ROOT), script=str(ROOT / "run_train.py")))
+    proc = launch(tmp_path, slurm_env, demo_data, "preempt", "--train_steps", "120", "--max_requeues", "2",
+                  "--run_train_script", str(paced), "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
     (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/preempt").glob("*")), timeout=30)
     job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
     wait_for(lambda: latest_step(tmp_path / "checkpoints/preempt") >= 10, timeout=120)
