@@ -91,6 +91,20 @@ def recompiled(function: Any, wrong: str, right: str) -> Any:
     return mended
 
 
+def mend_in_place(owner: Any, name: str, wrong: str, right: str) -> bool:
+    """`owner.name` replaced by itself `recompiled` with `wrong` read as `right`, once; False where its source does
+    not hold `wrong`."""
+    function = getattr(owner, name)
+    if getattr(function, "_launcher_mended", False):
+        return True
+    mended = recompiled(function, wrong, right)
+    if mended is None:
+        return False
+    mended._launcher_mended = True
+    setattr(owner, name, mended)
+    return True
+
+
 MAKE_DDP_WRONG = "parallel_context.data_parallel_size > 1 or parallel_context.context_parallel_size > 1 and not ("
 MAKE_DDP_RIGHT = "(parallel_context.data_parallel_size > 1 or parallel_context.context_parallel_size > 1) and not ("
 
@@ -99,15 +113,7 @@ def mend_make_ddp() -> bool:
     """main's DistributedTrainer._init_model with `make_ddp`'s parentheses; False where there is nothing to mend."""
     from nanotron.trainer import DistributedTrainer
 
-    function = DistributedTrainer._init_model
-    if getattr(function, "_launcher_mended", False):
-        return True
-    mended = recompiled(function, MAKE_DDP_WRONG, MAKE_DDP_RIGHT)
-    if mended is None:
-        return False
-    mended._launcher_mended = True
-    DistributedTrainer._init_model = mended
-    return True
+    return mend_in_place(DistributedTrainer, "_init_model", MAKE_DDP_WRONG, MAKE_DDP_RIGHT)
 
 
 SHARDS_WRONG = '_tp-*-of-{ckp_tp_size}.pt"'
@@ -122,15 +128,11 @@ def mend_optimizer_shards() -> bool:
     from nanotron.serialize import optimizer as serialize_optimizer
 
     function = serialize_optimizer.load_optimizer
-    if getattr(function, "_launcher_mended", False):
-        return True
-    mended = recompiled(function, SHARDS_WRONG, SHARDS_RIGHT)
-    if mended is None:
+    if not mend_in_place(serialize_optimizer, "load_optimizer", SHARDS_WRONG, SHARDS_RIGHT):
         return False
-    mended._launcher_mended = True
     for module in [m for name, m in list(sys.modules.items()) if name.startswith("nanotron") and m is not None]:
-        if getattr(module, "load_optimizer", None) is function:
-            module.load_optimizer = mended  # type: ignore[attr-defined]
+        if getattr(module, "load_optimizer", None) is function:  # imported by name elsewhere (the trainer)
+            module.load_optimizer = serialize_optimizer.load_optimizer  # type: ignore[attr-defined]
     return True
 
 
@@ -145,15 +147,7 @@ def mend_local_world_size() -> bool:
     nothing to mend."""
     from nanotron.parallel.context import ParallelContext
 
-    function = ParallelContext.__init__
-    if getattr(function, "_launcher_mended", False):
-        return True
-    mended = recompiled(function, LOCAL_WRONG, LOCAL_RIGHT)
-    if mended is None:
-        return False
-    mended._launcher_mended = True
-    ParallelContext.__init__ = mended
-    return True
+    return mend_in_place(ParallelContext, "__init__", LOCAL_WRONG, LOCAL_RIGHT)
 
 
 def apply(dialect: str) -> None:
