@@ -93,6 +93,11 @@ def submitted_job_id(bundle_dir: Path) -> str | None:
         return None
 
 
+def saved_by_the_stop(log: str) -> int:
+    """The step a stop request's checkpoint saved, as the job's log says it."""
+    return int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+
+
 def wait_for(predicate, timeout: float, every: float = 0.2):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -243,7 +248,7 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: 
     code, out = finish(proc, timeout=400)
     assert code == 0, out
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
-    saved = int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+    saved = saved_by_the_stop(log)
     assert saved >= 10
     assert "requeueing after the time-limit notice (1 of 2)" in log and f"job {job_id} attempt 2 started" in log
     assert f"resumed from checkpoint step {saved}" in log

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from cpu_nanotron import launcher_config, python, train
 from launcher_helpers import ROOT
-from test_e2e_training import bundles, finish, manifest, submitted_job_id, wait_for
+from test_e2e_training import bundles, finish, manifest, saved_by_the_stop, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
 from launcher.localcluster import ClusterSpec, down, up
@@ -79,6 +79,15 @@ def assert_as_the_reference(bundle_dir: Path, ref: dict[int, dict]) -> None:
         assert r["grad_norm"] == pytest.approx(ref[step]["grad_norm"], rel=1e-2), step
 
 
+def training(tmp_path: Path, run_name: str) -> tuple[Path, str]:
+    """The bundle and job id of a launched run, once its ranks have logged step 4."""
+    (bundle_dir,) = wait_for(lambda: bundles(tmp_path, run_name) if (tmp_path / "logs/configs" / run_name).exists()
+                             else [], timeout=60)  # fmt: skip
+    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
+    wait_for(lambda: last_logged_step(bundle_dir) >= 4, timeout=400)
+    return bundle_dir, job_id
+
+
 @pytest.mark.parametrize("dialect", ["0.4", "main"])
 def test_8_ranks_of_nanotron_through_the_launcher_train_as_one_process(
     dialect: str, tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any
@@ -104,17 +113,14 @@ def test_a_preempted_8_rank_nanotron_run_saves_its_shards_requeues_and_resumes_e
     init, ref = reference(tmp_path, demo_data, "0.4", steps)
     proc = launch(tmp_path, four_slots, demo_data, "0.4", "preempted", init, steps, "--save_interval", "100000",
                   "--max_requeues", "2", "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
-    (bundle_dir,) = wait_for(lambda: bundles(tmp_path, "preempted") if (tmp_path / "logs/configs/preempted").exists()
-                             else [], timeout=60)  # fmt: skip
-    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
-    wait_for(lambda: last_logged_step(bundle_dir) >= 4, timeout=400)
+    bundle_dir, job_id = training(tmp_path, "preempted")
     urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "4",
               "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
     subprocess.run(urgent, env=four_slots, capture_output=True, text=True, check=True)
     code, out = finish(proc, timeout=900)
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0 and "stop requested: checkpoint saved at step " in log, out + log[-6000:]
-    saved = int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+    saved = saved_by_the_stop(log)
     assert 4 <= saved < steps and f"job {job_id} attempt 2 started" in log
     assert f"resuming from the run's own checkpoints in {Path(manifest(bundle_dir)['outputs']['checkpoints'])}" in log
     assert f"(latest: {saved})" in log and "ended COMPLETED" in out and "requeued 1x" in out
@@ -132,15 +138,12 @@ def test_the_time_limit_notice_stops_an_8_rank_main_run_through_its_stop_file(
     init, ref = reference(tmp_path, demo_data, "main", steps)
     proc = launch(tmp_path, four_slots, demo_data, "main", "warned", init, steps, "--save_interval", "100000",
                   "--max_requeues", "2", "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
-    (bundle_dir,) = wait_for(lambda: bundles(tmp_path, "warned") if (tmp_path / "logs/configs/warned").exists()
-                             else [], timeout=60)  # fmt: skip
-    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
-    wait_for(lambda: last_logged_step(bundle_dir) >= 4, timeout=400)
+    bundle_dir, job_id = training(tmp_path, "warned")
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=four_slots, check=True)
     code, out = finish(proc, timeout=900)
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0 and "stop requested: checkpoint saved at step " in log, out + log[-6000:]
-    saved = int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+    saved = saved_by_the_stop(log)
     assert "requeueing after the time-limit notice (1 of 2)" in log and f"(latest: {saved})" in log
     assert "ended COMPLETED" in out
     assert_as_the_reference(bundle_dir, ref)
