@@ -323,10 +323,13 @@ def _not_restarted(e: Ending, found: Verdict) -> Verdict | None:
     if not (said := e.last(NO_RESTART)):
         return None
     cause = found.cause if found.cause != "unknown" else "not_restarted"
-    message = (found.message if cause != "not_restarted" else f"training failed after {said['why']}") + (
-        f"\nnot restarted: {said['reason']}"
-    )
-    return Verdict(cause, message, said["fix"], found.rank, found.node)
+    why = found.message if cause != "not_restarted" else f"training failed after {said['why']}"
+    # two lines of why at most: after a two-line message (nanotron's frame), on its second line
+    message = why + ("; " if "\n" in why else "\n") + f"not restarted: {said['reason']}"
+    # a failure in nanotron's own code: its fix (where the fault may be nanotron's: report it, --engine torch) says
+    # more than the script's, which knows only that a failure came again or the run made no progress
+    fix = found.fix if cause == "nanotron" else said["fix"]
+    return Verdict(cause, message, fix, found.rank, found.node)
 
 
 def for_job(job: JobState, log_text: str, **known: Any) -> Verdict | None:
