@@ -35,9 +35,11 @@ from pathlib import Path
 from launcher import protocol as P  # standard library only, like this module
 
 STEP_FLOOR_S = 60.0
-# What a rank waiting for its peers shows in its stack (torch.distributed's Python API and NCCL/gloo waits).
-COLLECTIVE = ("all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
-              "recv", "send", "_wait", "wait_tensor", "synchronize", "ProcessGroup")  # fmt: skip
+# What a rank waiting for its peers shows in its stack (torch.distributed's Python API and NCCL/gloo waits; a DDP
+# rank idle in autograd's backward waits for the gradient all-reduce, which DDP's reducer runs inside backward, in
+# C++: no Python frame of its own).
+COLLECTIVE = ("all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "recv",
+              "send", "_wait", "wait_tensor", "synchronize", "ProcessGroup", "_engine_run_backward")  # fmt: skip
 
 
 def read_progress(path: Path) -> tuple[int, str] | None:
