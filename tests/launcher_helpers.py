@@ -95,7 +95,8 @@ def job_log(fixture: str, slurm: str = SRUN_KILL) -> str:
 # run_train.py itself, with what a test asks of it through the job's environment (--extra_env), test-side only:
 # SLOW_RANK/SLOW_S: that rank sleeps SLOW_S before each step (a straggler); STEP_S: every rank sleeps STEP_S before
 # each step (a run slow enough to outlast Slurm's notice of a dead node); CRASH_AT/RAISE_AT: rank 1 dies of
-# SIGKILL, or raises, at that step, in every node step (a run that cannot progress).
+# SIGKILL, or raises, at that step, in every node step (a run that cannot progress); HANG_AT: rank 1 stops
+# answering at that step, once (the file HANG_ONCE marks it done).
 WRAPPED = """
 import os, runpy, signal, sys, time
 sys.path.insert(0, {root!r})
@@ -112,6 +113,10 @@ def wrapped(self, ddp):
         os.kill(os.getpid(), signal.SIGKILL)
     if self.where.rank == 1 and str(self.step) == env.get("RAISE_AT"):
         raise ValueError("bad shard 7 in the data")
+    if self.where.rank == 1 and str(self.step) == env.get("HANG_AT") and not os.path.exists(env["HANG_ONCE"]):
+        open(env["HANG_ONCE"], "w").close()
+        while True:
+            time.sleep(1)  # what a hung rank looks like from the outside
     return step(self, ddp)
 
 torch_engine.TorchTrainer.train_step = wrapped

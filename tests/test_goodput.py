@@ -104,6 +104,28 @@ def test_a_killed_training_process_restarts_on_the_spare_in_the_same_job(tmp_pat
     assert "restarts     after failure at step " in out and f"without {failed}" in out
 
 
+def test_a_hung_rank_restarts_on_the_spare_in_the_same_job(tmp_path: Path, slurm_env: dict, demo_data):
+    """The watchdog catches the hang, its stacks name the node, and training goes on on the spare: the restart
+    after a hang starts the next step's watchdog with the first one's gone."""
+    proc = launch(tmp_path, slurm_env, demo_data, "hung", "--train_steps", "30", "--save_interval", "3",
+                  "--hang_timeout", "20", "--startup_timeout", "300", "--spare_nodes", "1", "--run_train_script",
+                  wrapped_script(tmp_path), "--extra_env", f"HANG_AT=5 HANG_ONCE={tmp_path / 'hung-once'}",
+                  nodes="1")  # fmt: skip
+    code, out = finish(proc, timeout=600)
+    (bundle_dir,) = bundles(tmp_path, "hung")
+    log, job_id = log_of(bundle_dir), submitted_job_id(bundle_dir)
+    assert code == 0, out[-3000:] + log[-3000:]
+    suspected = next(line for line in log.splitlines() if P.pattern("suspected").match(line))
+    node = suspected.split("suspected: ")[1].split(" (")[0]
+    spare = ({"node1", "node2"} - {node}).pop()
+    restart = next(line for line in log.splitlines() if P.pattern("restart").match(line))
+    assert f"restart 1 of 10 in the allocation, leaving out {node}: training again on {spare} from the checkpoint " \
+        "of step 3, after a hang" in restart, restart  # fmt: skip
+    assert (bundle_dir / P.RANKS_FILE).read_text() == f"{spare} 0 1\n"  # the last step ran on the spare
+    assert_continuous(bundle_dir, 30)
+    assert_restarted_in_the_same_job(bundle_dir, job_id, slurm_env, out, "hang")
+
+
 @pytest.fixture(scope="module")
 def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], ClusterSpec]]:
     """A 3-node cluster that notices a silent slurmd after 10 s."""
