@@ -37,6 +37,7 @@ class BundlePaths:
     preflight_report: Path  # the node checks' problems, one "NODE: WHAT" a line
     port_taken_file: Path  # left by the first node when its rendezvous port was taken
     metrics: Path
+    runtime: Path  # one line per attempt, appended by the job's rank 0: what it really ran (P.RUNTIME_RECORD)
     checkpoints: Path
 
     @property
@@ -62,6 +63,7 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         preflight_report=bundle_dir / P.PREFLIGHT_REPORT,
         port_taken_file=bundle_dir / P.PORT_TAKEN_FILE,
         metrics=bundle_dir / P.METRICS,
+        runtime=bundle_dir / P.RUNTIME_RECORD,
         checkpoints=checkpoints,
     )
 
