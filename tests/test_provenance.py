@@ -170,7 +170,7 @@ def test_every_dataset_of_a_mixture_and_of_later_stages_is_fingerprinted(tmp_pat
     out = record.record(cfg, JobEnvironment.read({"HF_HUB_CACHE": str(tmp_path)}), "torch")
     assert out["data"]["org/hub-data"] == {"hub": "org/hub-data", "revision": None}
     none = to_train_config({**tiny_config(demo_data, tmp_path), "data": {"dataset": None, "seed": 1}})
-    assert list(record.record(none, JobEnvironment.read({}), "torch")["data"]) == [record.RANDOM]
+    assert list(record.record(none, JobEnvironment.read({}), "torch")["data"]) == [pv.RANDOM]
 
 
 def test_an_unwritable_record_is_a_warning_not_a_failed_job(tmp_path: Path, demo_data, capsys):

@@ -49,7 +49,7 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _versions() -> dict[str, str | None]:
+def versions() -> dict[str, str | None]:
     """Versions of the packages that shape a run. One pass over the dist-info directory names on sys.path
     (`name-version.dist-info`): importlib.metadata's per-package lookups cost a tenth of a dry run."""
     found: dict[str, str] = {}
@@ -92,9 +92,17 @@ def inputs(model_size: str, config: str | None) -> dict[str, dict]:
     return {name: {"path": str(path), "sha256": _sha256(path)} for name, path in files.items()}
 
 
+def project_state() -> dict[str, Any]:
+    """The launcher's git commit and whether its checkout has uncommitted changes (None, None: not a checkout)."""
+    described = _git("describe", "--always", "--dirty", "--abbrev=40")  # "<commit>[-dirty]", one call
+    return {
+        "commit": described.removesuffix("-dirty") if described else None,
+        "dirty": described.endswith("-dirty") if described else None,
+    }
+
+
 def at_launch(args: object, argv: list[str], paths: BundlePaths, hashes: dict[str, str], derived: dict) -> dict:
     """The manifest as the launch writes it (Slurm's side is added by `record`)."""
-    described = _git("describe", "--always", "--dirty", "--abbrev=40")  # "<commit>[-dirty]", one call
     return {
         "run_name": paths.bundle_dir.parent.name,
         "bundle_id": paths.bundle_id,
@@ -110,12 +118,9 @@ def at_launch(args: object, argv: list[str], paths: BundlePaths, hashes: dict[st
             "node_script": {"path": str(paths.node_script), "sha256": hashes["node_script"]},
         },
         "outputs": {"log": str(paths.log), "checkpoints": str(paths.checkpoints), "metrics": str(paths.metrics)},
-        "project": {
-            "commit": described.removesuffix("-dirty") if described else None,
-            "dirty": described.endswith("-dirty") if described else None,
-        },
+        "project": project_state(),
         "host": {"hostname": platform.node(), "user": os.environ.get("USER")},
-        "versions": _versions(),
+        "versions": versions(),
         "slurm": {"submitted": False},
     }
 

@@ -23,6 +23,7 @@ from launcher.nanotron_config.datasource import is_local_path
 
 EDGE_BYTES = 1 << 20  # the first and the last MiB of each file
 MAX_FILES_HASHED = 64  # files hashed per dataset, spread evenly over them in name order; the others by size only
+RANDOM = "(random tokens)"  # the name a run without a dataset records its data under
 MAX_FILES_LISTED = 100_000  # a directory with more is fingerprinted by its first this many files, and says so
 
 

@@ -25,8 +25,6 @@ from launcher.nanotron_config import provenance
 from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
 
-RANDOM = "(random tokens)"
-
 
 def slurm_release() -> str | None:
     """The Slurm release of this node's commands (`scontrol --version`: "slurm 22.05.8" -> "22.05.8")."""
@@ -68,7 +66,9 @@ def datasets_of(cfg: TrainConfig) -> list[str | None]:
 def record(cfg: TrainConfig, job: JobEnvironment, engine: str) -> dict[str, Any]:
     """This attempt's record (see the module's docstring)."""
     started = time.perf_counter()
-    data = {name or RANDOM: provenance.fingerprint(name, "datasets", job.hub_cache) for name in datasets_of(cfg)}
+    data = {
+        name or provenance.RANDOM: provenance.fingerprint(name, "datasets", job.hub_cache) for name in datasets_of(cfg)
+    }
     out: dict[str, Any] = {
         "job_id": job.job_id,
         "attempt": job.attempt,
