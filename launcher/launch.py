@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
-from launcher.config import cli, container, validate
+from launcher.config import cli, container, ranges, validate
 from launcher.config.flags import LaunchArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
@@ -78,8 +78,8 @@ def plan_run(parsed: cli.Parsed) -> int:
 
     args, explicit = parsed
     spec, problems = _resolved(args, explicit)
-    if not fit.checkable(spec, problems):
-        raise ConfigError(report(problems))
+    if not fit.checkable(spec, problems):  # a value no run takes among them: said, as the planner waits for it
+        raise ConfigError(report(list(dict.fromkeys(problems + ranges.problems(spec.args)))))
     fixed = {k: v for k, v in fit.current_values(spec).items() if k in explicit}
     found = fit.plans(spec, fixed)
     if not found:

@@ -88,9 +88,9 @@ def local_fingerprint(path: Path) -> dict[str, Any]:
 def hub_cache(environ: Mapping[str, str]) -> Path:
     """Where huggingface_hub keeps its downloads: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
     if environ.get("HF_HUB_CACHE"):
-        return Path(environ["HF_HUB_CACHE"]).expanduser()
+        return Path(os.path.expanduser(environ["HF_HUB_CACHE"]))
     home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-    return Path(home).expanduser() / "hub"
+    return Path(os.path.expanduser(home)) / "hub"
 
 
 def hub_fingerprint(name: str, kind: str, cache: Path) -> dict[str, Any]:
