@@ -146,6 +146,8 @@ def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
 
 def _write(draft: _Draft, forecast: str | None) -> Prepared:
     derived = figures.derived(draft.spec)
+    backend, why = draft.spec.rendezvous
+    derived["rendezvous"] = {"backend": backend, "why": why}
     paths = draft.paths
     try:
         image = draft.spec.args.container.container_image

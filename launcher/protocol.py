@@ -77,7 +77,7 @@ LINES = {
     "does not train beside it. Cancel one of them, or chain them: --dependency afterany:{holder}",
     "heartbeat": "heartbeat",
     "no_free_port": "no free port for the rendezvous on {node} (tried {ports})",
-    "rendezvous": "rendezvous {endpoint}, {nodes} nodes x {gpus} processes, python {python}",
+    "rendezvous": "rendezvous {endpoint} ({backend}), {nodes} nodes x {gpus} processes, python {python}",
     "port_taken": "rendezvous port {port} was taken on {node} before torchrun could listen on it: trying another",
     "preemption": "preemption notice: {what}",
     "preflight_failed": "preflight failed on {node}: {what}",

@@ -87,14 +87,18 @@ def assert_caught_fast_and_named(log: str, bundle_dir: Path, job_id: str, at: in
     assert allowed == limit and limit <= idle <= limit + 10, found.group(0)
 
 
-def test_a_hang_is_caught_dumped_and_the_run_goes_on_without_the_node(tmp_path: Path, slurm_env: dict, demo_data):
+@pytest.mark.parametrize("rdzv", ["c10d", "static"])
+def test_a_hang_is_caught_dumped_and_the_run_goes_on_without_the_node(
+    rdzv: str, tmp_path: Path, slurm_env: dict, demo_data
+):
+    """Under either rendezvous (auto takes c10d at this size; static is what thousands of nodes get)."""
     script = tmp_path / "hangs.py"
     script.write_text(HANGS_ON.format(root=str(ROOT), at=5, script=str(ROOT / "run_train.py")))
     # 20 s without a step between steps is a hang; start-up (each attempt's, to its first step) has 300 s: on a
     # loaded machine it takes longer than 20 (torch's import, data, the resume), which is no hang
     proc = launch(tmp_path, slurm_env, demo_data, "hang", "--train_steps", "30", "--hang_timeout", "20",
                   "--startup_timeout", "300", "--save_interval", "3", "--run_train_script", str(script),
-                  nodes="1")  # fmt: skip
+                  "--rdzv_backend", rdzv, nodes="1")  # fmt: skip
     code, out = finish(proc, timeout=600)
     (bundle_dir,) = bundles(tmp_path, "hang")
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
@@ -110,6 +114,7 @@ def test_a_hang_is_caught_dumped_and_the_run_goes_on_without_the_node(tmp_path: 
     assert sum("broadcast" in text or "all_reduce" in text for text in dumps.values()) == 1
     assert f"suspected: {first}" in log and f"requeueing once without {first}" in log
     assert f"job {job_id} attempt 2 started" in log and "resumed from checkpoint step 3 " in log
+    assert f"({rdzv}), 1 nodes x 2 processes" in log  # the rendezvous line says which
     assert fields(job_id, slurm_env)["ExcNodeList"] == first and "ended COMPLETED" in out
     ledger = manifest(bundle_dir)["ledger"]  # the hang's cost: step 4 done again, the hang until the watchdog fired
     assert ledger["causes"] == {"hang": 1} and ledger["steps_thrown_away"] == 1

@@ -43,6 +43,7 @@ SCRIPT_CASES = {
         "--exclusive", "true", "--dependency", "afterok:12345", "--email", "me@example.org",
         "--extra_env", "NCCL_DEBUG=INFO A='x y'", "--pre_launch_commands", "module load cuda/12.4",
         "--time_limit", "2-00:00:00", "--signal_grace", "300", "--max_requeues", "5", "--startup_timeout", "3600",
+        "--rdzv_backend", "static", "--engine", "nanotron",
     ],
     "no-requeue": ["--max_requeues", "0"],
     "container": ["--container_image", "nvcr.io#nvidia/pytorch:24.01-py3", "--container_mounts", "/etc:/host-etc:ro",
@@ -184,8 +185,9 @@ def test_script_holds_the_operational_basics():
         "set -euo pipefail",
         "trap cleanup EXIT",
         "CUDA_DEVICE_MAX_CONNECTIONS=1",
-        '--node_rank="$node_rank" --master_addr="${rdzv%:*}"',
-        '--master_port="${rdzv##*:}"',
+        '--rdzv_backend=c10d --rdzv_endpoint="$rdzv"',  # torchrun's c10d rendezvous at 2 nodes (auto)
+        '--rdzv_id="$SLURM_JOB_ID"',
+        "--engine auto",
         "--nproc_per_node=8",
         "WANDB_MODE=disabled",
         "#SBATCH --ntasks-per-node=1",
@@ -193,7 +195,31 @@ def test_script_holds_the_operational_basics():
         "#SBATCH --open-mode=append",
     ):
         assert needle in text
-    assert "printenv" not in text and "env |" not in text
+    assert "printenv" not in text and "env |" not in text and "--node_rank" not in text
+    static = golden_node_script("every-option")  # --rdzv_backend static --engine nanotron
+    assert '--node_rank="$node_rank" --master_addr="${rdzv%:*}"' in static and "--rdzv_backend=" not in static
+    assert '--master_port="${rdzv##*:}"' in static and "--engine nanotron" in static
+
+
+@pytest.mark.parametrize(("nodes", "flag", "backend"), [(2, "auto", "c10d"), (256, "auto", "c10d"),
+                                                         (257, "auto", "static"), (4000, "c10d", "c10d"),
+                                                         (2, "static", "static")])  # fmt: skip
+def test_the_rendezvous_is_c10d_up_to_what_its_keep_alive_serves(nodes: int, flag: str, backend: str, tmp_path: Path):
+    spec = golden_spec("r", "--nodes", str(nodes), "--rdzv_backend", flag)
+    node = render.node_script(spec, fixed_paths("r", tmp_path))
+    assert ("--rdzv_backend=c10d" in node) == (backend == "c10d") and ("--node_rank=" in node) == (backend == "static")
+    chosen, why = spec.rendezvous
+    assert chosen == backend and (flag != "auto" or str(nodes) in why)
+    if flag == "auto" and backend == "static":
+        assert "more than the 256" in why
+    lint(render.sbatch_script(spec, fixed_paths("r", tmp_path)), tmp_path)
+
+
+def test_engine_and_rendezvous_values_are_checked():
+    for flags, flag in ((("--engine", "jax"), "engine"), (("--rdzv_backend", "etcd"), "rdzv_backend"),
+                        (("--engine", "torch", "--tp", "2"), "engine")):  # fmt: skip
+        spec, problems = spec_for(*GOLDEN_FLAGS, *flags)
+        assert flag in [p.flag for p in problems + validate(spec)], flags
 
 
 def test_extra_env_values_with_spaces_and_lines(tmp_path: Path):

@@ -271,3 +271,31 @@ def test_a_big_log_is_read_from_its_end_only(tmp_path: Path):
     assert lines[0].startswith("step ") and lines[-1].startswith("RuntimeError") and sum(map(len, lines)) <= 10_000
     assert lines == log.read_text().splitlines(keepends=True)[-len(lines) :]  # whole lines, the file's last ones
     assert "RuntimeError: CUDA error: an illegal memory access" in read_log(log)
+
+
+NANOTRON_RAISES = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/home/u/run_train.py", line 40, in <module>
+[rank1]:     code = main()
+[rank1]:   File "/home/u/venv/lib/python3.11/site-packages/nanotron/trainer.py", line 559, in train
+[rank1]:     outputs, loss_avg = self.training_step(dataloader=self.current_dataloader)
+[rank1]:   File "/v/site-packages/nanotron/parallel/pipeline_parallel/engine.py", line 292, in train_batch_iter
+[rank1]:     output = self.forward(context=context, state=state, micro_batch=micro_batch, model=model)
+[rank1]:   File "/home/u/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1751, in _call_impl
+[rank1]:     return forward_call(*args, **kwargs)
+[rank1]: RuntimeError: shape '[2, 64, 4, 16]' is invalid for input of size 4096
+"""
+
+
+def test_an_exception_inside_nanotron_is_named_so():
+    """A traceback whose frames run through nanotron's own package: the verdict names nanotron's frame (not only
+    torch's innermost one) and says what to do about a failure in nanotron itself."""
+    v = judge(START + NANOTRON_RAISES + END, exit_code=1)
+    assert (v.cause, v.rank) == ("nanotron", 1)
+    assert "raised RuntimeError: shape '[2, 64, 4, 16]' is invalid" in v.message
+    assert "inside nanotron's own code, at nanotron/parallel/pipeline_parallel/engine.py:292 in train_batch_iter" in (
+        v.message
+    )
+    assert "(innermost: module.py:1751 in _call_impl)" in v.message
+    assert "report it to nanotron" in v.fix and "--engine torch" in v.fix
+    launcher_only = NANOTRON_RAISES.replace("site-packages/nanotron/", "site-packages/launcher/train/nanotron_engine/")
+    assert judge(START + launcher_only + END, exit_code=1).cause == "exception"  # the launcher's own engine: not it

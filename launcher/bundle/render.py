@@ -123,6 +123,8 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "nodecheck": nodecheck.__name__,  # run as a module with the job's Python (standard library only)
         "preflight": a.job.preflight,
         "debug": a.job.debug,
+        "engine": a.job.engine,
+        "rdzv_backend": spec.rendezvous[0],
         "signal_grace": a.slurm.signal_grace if a.slurm.max_requeues else 0,
         "container": container_options(spec, paths),
         "image": a.container.container_image,

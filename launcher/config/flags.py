@@ -147,6 +147,8 @@ class JobArgs:
     as hung (default: --hang_timeout)."""
     hang_factor: float = 10.0  # Between steps, a hang is this many median step times with no step (at least 60 s).
     debug: bool = False  # Trace the node side; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.
+    engine: str = "auto"  # Training engine: auto (nanotron where CUDA and nanotron are, else torch), nanotron, torch.
+    rdzv_backend: str = "auto"  # torchrun's rendezvous: auto (c10d up to 256 nodes, static beyond), c10d or static.
 
 
 @dataclass

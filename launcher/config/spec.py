@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config import runtime
 from launcher.config.dependency_syntax import Dependency
 from launcher.config.flags import GROUPS, LaunchArgs
 from launcher.nanotron_config import dialect, mixture, schema
@@ -63,6 +64,11 @@ class RunSpec:
         """The vocabulary nanotron builds: padded to a multiple of tp x make_vocab_size_divisible_by."""
         step = (self.args.parallelism.tp or 1) * int(schema.get_path(self.base_config, schema.VOCAB_MULTIPLE) or 1)
         return -(-(self.args.model.vocab_size or 0) // step) * step
+
+    @property
+    def rendezvous(self) -> tuple[str, str]:
+        """(the rendezvous torchrun uses: c10d or static, why): --rdzv_backend, auto by the node count."""
+        return runtime.choose(self.args.job.rdzv_backend, self.args.slurm.nodes)
 
     @property
     def world_size(self) -> int:

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist, ranges
+from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist, ranges, runtime
 from launcher.config.flags import GROUPS
 from launcher.config.slurm_values import (
     EMAIL,
@@ -178,7 +178,7 @@ def _check_job(spec: RunSpec) -> list[Problem]:
         )
     if not j.hang_factor >= 2:  # (nan too)
         out.append(Problem("hang_factor", f"{j.hang_factor} would call a slow step a hang", "use 2 or more, e.g. 10"))
-    return out
+    return out + runtime.problems(j, spec.args.parallelism)
 
 
 def _check_data_and_paths(spec: RunSpec) -> list[Problem]:

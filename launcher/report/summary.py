@@ -89,6 +89,13 @@ def _vocab(spec: RunSpec) -> str:
     )
 
 
+def _engine(spec: RunSpec) -> str:
+    engine = spec.args.job.engine
+    if engine == "auto":
+        return "auto (nanotron's trainer where the nodes have CUDA and nanotron, else the torch engine)"
+    return f"{engine} (--engine)"
+
+
 def _theta(spec: RunSpec) -> str:
     return f"; rope_theta: {spec.adapted['rope_theta']}" if "rope_theta" in spec.adapted else ""
 
@@ -124,6 +131,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
                 else ""
             ),
         ),
+        ("rendezvous", "torchrun's {} ({}); engine: {}".format(*spec.rendezvous, _engine(spec))),
         ("cpus", _cpu_note(spec)),
         ("memory", _memory_note(spec, figures)),
         (

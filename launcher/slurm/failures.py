@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+NANOTRON_PACKAGE = "/nanotron/"  # a frame in nanotron's own package (not the launcher's nanotron_engine)
 RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:[ ]?")  # torch's excepthook (and C++ log) prefix after init_process_group
 TRACEBACK = "Traceback (most recent call last):"
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
@@ -55,6 +56,7 @@ class Raised:
     detail: tuple[str, ...]  # the lines that continue the message (an NCCL error's "Last error: ...")
     frame: str | None  # the innermost frame, "fail.py:70 in main"
     line: int  # where its traceback starts in the text
+    nanotron: str | None = None  # the innermost frame in nanotron's own package, "nanotron/trainer.py:559 in train"
 
     @property
     def secondary(self) -> bool:
@@ -92,11 +94,14 @@ def _strip(lines: list[str]) -> list[tuple[int | None, str]]:
 def _exception_at(body: list[str], start: int) -> tuple[int, Raised | None]:
     """Read one traceback of one stream from body[start] ("Traceback ..."); return where it ends and what it
     raised (its rank filled in by the caller)."""
-    frame, i = None, start + 1
+    frame, in_nanotron, i = None, None, start + 1
     while i < len(body) and (body[i].startswith(" ") or not body[i].strip()):
         m = FRAME.match(body[i])
         if m:
             frame = f"{m.group('file').rsplit('/', 1)[-1]}:{m.group('line')} in {m.group('func')}"
+            package = m.group("file").rpartition(NANOTRON_PACKAGE)
+            if package[1]:  # .../site-packages/nanotron/trainer.py, or a source tree's src/nanotron/...
+                in_nanotron = f"nanotron/{package[2]}:{m.group('line')} in {m.group('func')}"
         i += 1
     if i >= len(body):
         return i, None
@@ -108,7 +113,8 @@ def _exception_at(body: list[str], start: int) -> tuple[int, Raised | None]:
     while j < len(body) and len(detail) < 4 and body[j].strip() and not body[j].startswith((TRACEBACK, *CHAINED)):
         detail.append(body[j].strip())
         j += 1
-    return j, Raised(None, m.group("type"), (m.group("message") or "").strip(), tuple(detail), frame, start)
+    message = (m.group("message") or "").strip()
+    return j, Raised(None, m.group("type"), message, tuple(detail), frame, start, in_nanotron)
 
 
 def tracebacks(lines: list[str]) -> list[Raised]:
@@ -178,7 +184,7 @@ def child_failures(lines: list[str]) -> list[ChildFailure]:
 class Failure:
     """The failure that came first: what it was, where, and the line that says so."""
 
-    kind: str  # "exception", "cuda_oom", "nccl", "nccl_timeout", "bad_input", "crash", "host_oom", "exited"
+    kind: str  # "exception", "nanotron", "cuda_oom", "nccl", "nccl_timeout", "bad_input", "crash", "host_oom", "exited"
     summary: str  # one line: "ValueError: shard 7 ..." / "collective ALLREDUCE ... timed out after 600 s"
     rank: int | None
     node: str | None
@@ -224,9 +230,14 @@ def _first(lines: list[str], failures: list[ChildFailure]) -> Failure | None:
         if raised.secondary:
             continue
         where = f"at {raised.frame}" if raised.frame else ""
+        kind = _kind(raised)
+        if kind == "exception" and raised.nanotron:  # raised inside nanotron's trainer (or below it, in torch)
+            kind, where = "nanotron", f"inside nanotron's own code, at {raised.nanotron}" + (
+                f" (innermost: {raised.frame})" if raised.frame and not raised.nanotron.endswith(raised.frame) else ""
+            )
         detail = "; ".join(x for x in (where, _last_error(raised.detail)) if x)
         summary = f"{raised.type}: {raised.message}" if raised.message else raised.type
-        failure = Failure(_kind(raised), summary, raised.rank, node(raised.rank), detail)
+        failure = Failure(kind, summary, raised.rank, node(raised.rank), detail)
         candidates.append((when(raised.rank), raised.line, failure))
     for n, line in enumerate(lines):
         rank_m = RANK_PREFIX.match(line)

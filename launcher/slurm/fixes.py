@@ -9,6 +9,10 @@ from typing import Any
 RESUME = "launch the same command again: it resumes from the last checkpoint"
 FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
     "exception": "correct what its traceback ({trace}) points at, then " + RESUME,
+    "nanotron": "read its traceback ({trace}): where it names your config or data, correct that (--config, the "
+    "flags) and " + RESUME + "; otherwise it is nanotron's own failure, which the launcher does not mend "
+    "(docs/engines.md lists those it does): report it to nanotron with that traceback, and --engine torch trains a "
+    "data-parallel layout (--tp 1 --pp 1) meanwhile",
     "nccl": "most often a network or node fault, not the run: " + RESUME + "; if it fails again on that node, "
     "--exclude it; --extra_env NCCL_DEBUG=INFO logs NCCL's details",
     "nccl_timeout": "one rank never reached that collective: look for a rank that failed, hung or lagged first (data "
@@ -43,8 +47,9 @@ FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
     "not_trained": "nothing failed that Slurm saw: read the job's log above its last lines; " + RESUME,
 }
 CAUSES = (
-    "exception", "cuda_oom", "nccl", "node_fail", "time_limit", "preempted", "bad_input", "dependency", "hung",
-    "preflight", "container", "cancelled", "host_oom", "crash", "stopped", "pre_launch", "not_trained", "unknown",
+    "exception", "nanotron", "cuda_oom", "nccl", "node_fail", "time_limit", "preempted", "bad_input", "dependency",
+    "hung", "preflight", "container", "cancelled", "host_oom", "crash", "stopped", "pre_launch", "not_trained",
+    "unknown",
 )  # fmt: skip
 
 

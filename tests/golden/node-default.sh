@@ -116,15 +116,8 @@ if [[ "${SLURM_LOCALID:-0}" == 0 ]] && command -v nvidia-smi >/dev/null 2>&1; th
   monitor_pid=$!
 fi
 
-# The rendezvous is static: this node's rank is its place in the job's node list (the first node, where the store
-# listens, is 0). The run is never elastic (a fixed node count, no restarts), and c10d's rendezvous would have every
-# agent re-read and compare-and-set one state of ~125 bytes a node for the whole run (docs/performance.md).
-node_rank=$(tr ',' '\n' <<< "$job_nodes" | grep -nxF -- "$node" | head -n 1 | cut -d: -f1)
-if [[ -z "$node_rank" ]]; then
-  echo "[launcher $(date +%H:%M:%S.%3N)] node ${node} is not in the job's node list (${job_nodes:0:200}): no rank" >&2
-  exit 1
-fi
-node_rank=$(( node_rank - 1 ))
+# torchrun's c10d rendezvous (--rdzv_backend; docs/running.md): the agent on the first node hosts its store at the
+# job's port, the others join it there; the node ranks are the order they joined in.
 
 # torchrun starts with SIGTERM blocked (a blocked signal stays blocked through exec and into the processes it
 # starts, whatever handler torchrun installs), so that it does not stop the training processes the moment Slurm
@@ -134,8 +127,9 @@ node_rank=$(( node_rank - 1 ))
   "$LAUNCHER_PYTHON" -c 'import os, signal, sys
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *sys.argv[1:]])' \
-    --nnodes=2 --nproc_per_node=8 --node_rank="$node_rank" --master_addr="${rdzv%:*}" \
-    --master_port="${rdzv##*:}" --max_restarts=0 "$LAUNCHER_TRAIN_SCRIPT" --config-file "$LAUNCHER_CONFIG"
+    --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint="$rdzv" \
+    --rdzv_id="$SLURM_JOB_ID" \
+    --max_restarts=0 "$LAUNCHER_TRAIN_SCRIPT" --config-file "$LAUNCHER_CONFIG" --engine auto
   echo "$?" > "$status_file"
 } &
 torchrun_pid=$!

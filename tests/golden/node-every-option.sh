@@ -118,9 +118,10 @@ if [[ "${SLURM_LOCALID:-0}" == 0 ]] && command -v nvidia-smi >/dev/null 2>&1; th
   monitor_pid=$!
 fi
 
-# The rendezvous is static: this node's rank is its place in the job's node list (the first node, where the store
-# listens, is 0). The run is never elastic (a fixed node count, no restarts), and c10d's rendezvous would have every
-# agent re-read and compare-and-set one state of ~125 bytes a node for the whole run (docs/performance.md).
+# The rendezvous is static (--rdzv_backend; auto beyond the nodes c10d's keep-alive serves: docs/running.md): this
+# node's rank is its place in the job's node list (the first node, where the store listens, is 0), and each agent
+# joins the store once, where c10d would have every agent re-read and compare-and-set one state of ~125 bytes a node
+# every second for the whole run.
 node_rank=$(tr ',' '\n' <<< "$job_nodes" | grep -nxF -- "$node" | head -n 1 | cut -d: -f1)
 if [[ -z "$node_rank" ]]; then
   echo "[launcher $(date +%H:%M:%S.%3N)] node ${node} is not in the job's node list (${job_nodes:0:200}): no rank" >&2
@@ -137,7 +138,8 @@ node_rank=$(( node_rank - 1 ))
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *sys.argv[1:]])' \
     --nnodes=2 --nproc_per_node=8 --node_rank="$node_rank" --master_addr="${rdzv%:*}" \
-    --master_port="${rdzv##*:}" --max_restarts=0 "$LAUNCHER_TRAIN_SCRIPT" --config-file "$LAUNCHER_CONFIG"
+    --master_port="${rdzv##*:}" \
+    --max_restarts=0 "$LAUNCHER_TRAIN_SCRIPT" --config-file "$LAUNCHER_CONFIG" --engine nanotron
   echo "$?" > "$status_file"
 } &
 torchrun_pid=$!
