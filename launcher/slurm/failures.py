@@ -232,8 +232,14 @@ def _first(lines: list[str], failures: list[ChildFailure]) -> Failure | None:
         where = f"at {raised.frame}" if raised.frame else ""
         kind = _kind(raised)
         if kind == "exception" and raised.nanotron:  # raised inside nanotron's trainer (or below it, in torch)
-            kind, where = "nanotron", f"inside nanotron's own code, at {raised.nanotron}" + (
-                f" (innermost: {raised.frame})" if raised.frame and not raised.nanotron.endswith(raised.frame) else ""
+            kind, where = (
+                "nanotron",
+                f"inside nanotron's own code, at {raised.nanotron}"
+                + (
+                    f" (innermost: {raised.frame})"
+                    if raised.frame and not raised.nanotron.endswith(raised.frame)
+                    else ""
+                ),
             )
         detail = "; ".join(x for x in (where, _last_error(raised.detail)) if x)
         summary = f"{raised.type}: {raised.message}" if raised.message else raised.type
