@@ -125,5 +125,29 @@ def test_a_name_longer_than_the_filesystem_allows_is_said_for_every_path_flag(fl
     assert f"--{flag}: a name in it is {ranges.NAME_MAX + 1} bytes long" in err, err
 
 
+SAID = [  # (what is typed, each problem's line, as said)
+    ([("nodes", "9" * 30, True), ("tp", "4", True)],
+     ["--nodes: a number of 30 digits is beyond any run (at most 100,000 here); give --nodes a realistic value"]),
+    ([("learning_rate", "nan", False), ("rope_theta", "1e999", True)],
+     ["--rope_theta: must be a finite number, got inf; give a number to --rope_theta",  # (the model's flags first)
+      "--learning_rate: must be a finite number, got nan; give a number to --learning_rate"]),
+    ([("tp", "-" + "9" * 13, True), ("plan", "true", True)],
+     ["--tp: -9999999999999 is beyond any run (at least -1,099,511,627,776 here); give --tp a realistic value"]),
+    ([("pre_launch_commands", os.fsdecode(b"echo \xff"), True)],
+     ["--pre_launch_commands: it holds bytes that are not UTF-8 (at character 6); give --pre_launch_commands as "
+      "UTF-8 text"]),
+    ([("run_name", "a\nb", True)],
+     ["--run_name: 'a\\nb' is not safe as a file and job name; use letters, digits, '.', '_', '-' (at most 64, "
+      "starting with a letter or digit)"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("typed,said", SAID)
+def test_what_no_run_takes_is_said_once_each_on_a_line_of_its_own(typed, said):
+    code, out, err, where = dry_run(typed)
+    holds(code, out, err, where, [flag for flag, _, _ in typed])
+    assert err.splitlines()[1:] == [f"  - {line}" for line in said], err
+
+
 def test_every_flag_of_help_is_tried():
     assert len(FLAGS) > 80 and {"run_name", "configs_path", "dry_run", "noresume", "sweep"} <= set(FLAGS)

@@ -284,12 +284,13 @@ def _check_secrets(spec: RunSpec) -> list[Problem]:
 
 def validate(spec: RunSpec) -> list[Problem]:
     """Every problem with a resolved spec, in flag order; values no run takes first (`ranges`: the layout's
-    rules wait until they are fixed), each problem once."""
+    rules wait until they are fixed, and what other checks say of such a flag is left unsaid), each problem once."""
     bounded = ranges.problems(spec.args)
     layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 and not bounded else []
     layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
-    return list(dict.fromkeys(_check_secrets(spec) + bounded + checks))
+    said = {p.flag for p in bounded}
+    return list(dict.fromkeys(_check_secrets(spec) + bounded + [p for p in checks if p.flag not in said]))
 
 
 MODES = {  # flag -> (what nanotron 0.4 takes, the fix)
