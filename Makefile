@@ -29,10 +29,11 @@ test: setup
 
 # The tests that use the local cluster (-m slurm), again on Debian 13's Slurm 24.11 (docs/slurm-versions.md):
 # scripts/slurm24.sh builds its root filesystem once (about a minute), then runs pytest inside it. Accounting
-# (Debian 12's slurmdbd) and containers (pyxis built against 22.05's libslurm) run on the 22.05 cluster only.
+# (Debian 12's slurmdbd), containers (pyxis built against 22.05's libslurm) and nanotron's trainer on CPU through
+# Slurm (nothing of it depends on the release) run on the 22.05 cluster only.
 test-slurm24: setup
 	PYTHON=$(PYTHON) bash scripts/slurm24.sh $(PYTHON) -m pytest -q -n 2 --dist loadfile \
-	  -m "slurm and not accounting and not containers"
+	  -m "slurm and not accounting and not containers and not nanotron_cpu"
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

@@ -93,6 +93,11 @@ def submitted_job_id(bundle_dir: Path) -> str | None:
         return None
 
 
+def saved_by_the_stop(log: str) -> int:
+    """The step a stop request's checkpoint saved, as the job's log says it."""
+    return int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+
+
 def wait_for(predicate, timeout: float, every: float = 0.2):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -230,7 +235,12 @@ def test_a_mixture_of_two_local_datasets_trains(tmp_path: Path, slurm_env: dict,
 
 
 def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
-    proc = launch(tmp_path, slurm_env, demo_data, "preempt", "--train_steps", "120", "--max_requeues", "2")
+    # Steps paced to 0.15 s and the stop file looked for every 0.2 s: the notice lands with 110 steps (16 s) to go
+    # on any machine (unpaced, a quiet machine finished the run before rank 0 looked for the stop file).
+    paced = tmp_path / "paced_train.py"
+    paced.write_text(PACED_TRAIN.format(pace=0.15, root=str(ROOT), script=str(ROOT / "run_train.py")))
+    proc = launch(tmp_path, slurm_env, demo_data, "preempt", "--train_steps", "120", "--max_requeues", "2",
+                  "--run_train_script", str(paced), "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
     (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/preempt").glob("*")), timeout=30)
     job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
     wait_for(lambda: latest_step(tmp_path / "checkpoints/preempt") >= 10, timeout=120)
@@ -238,7 +248,7 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: 
     code, out = finish(proc, timeout=400)
     assert code == 0, out
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
-    saved = int(log.split("stop requested: checkpoint saved at step ")[1].split(";")[0])
+    saved = saved_by_the_stop(log)
     assert saved >= 10
     assert "requeueing after the time-limit notice (1 of 2)" in log and f"job {job_id} attempt 2 started" in log
     assert f"resumed from checkpoint step {saved}" in log

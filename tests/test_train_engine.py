@@ -26,12 +26,13 @@ import torch
 import torch.distributed as dist
 import yaml
 from conftest import ROOT, tiny_config, write_config
+from torch.utils.data import DataLoader
 
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import PackedWindows, RandomTokens, load_texts, pack
 from launcher.train.environment import JobEnvironment
-from launcher.train.stop import StopRequest
+from launcher.train.stop import StopRequest, deaf_to_the_notice
 from launcher.train.torch_engine import engine as torch_engine
 
 if TYPE_CHECKING:
@@ -450,6 +451,24 @@ def test_stop_request_by_signal_reaches_every_rank(sig: int) -> None:
         stop.close()
         dist.destroy_process_group()
     assert signal.getsignal(sig) is before  # the handler that was there is back
+
+
+def test_a_loader_worker_leaves_slurms_notice_to_its_training_process() -> None:
+    """Slurm's SIGTERM reaches every process of the step: a loader worker keeps loading through it (the training
+    process saves, then ends), and goes when its own training process terminates it, as torch's shutdown does."""
+    loader = DataLoader(range(4000), batch_size=2, num_workers=1, worker_init_fn=deaf_to_the_notice(None))
+    batches = iter(loader)
+    first = next(batches)
+    worker = batches._workers[0]  # type: ignore[attr-defined]
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # another sender, as slurmstepd
+    assert [int(b[0]) for b in [first, *batches]] == list(range(0, 4000, 2))  # every batch, none lost
+    again = iter(loader)
+    next(again)
+    worker = again._workers[0]  # type: ignore[attr-defined]
+    os.kill(worker.pid, signal.SIGTERM)  # from its training process
+    worker.join(timeout=120)
+    assert worker.exitcode == 0
+    del again
 
 
 def test_windows_overlap_by_one_token_like_nanotron() -> None:

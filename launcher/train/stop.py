@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -119,3 +120,28 @@ def grace_warning(job: JobEnvironment, save_s: float, step_s: float) -> str | No
         f"of the {grace:.0f} s warning Slurm gives; launch again with --signal_grace {int(need * 1.5) + 30} or the "
         f"time-limit save may be cut short (the run then resumes from the save before)"
     )
+
+
+def deaf_to_the_notice(init: Callable[[int], None] | None) -> Callable[[int], None]:
+    """A DataLoader worker's init that leaves Slurm's SIGTERM to the training process, then runs `init`.
+
+    Slurm's notice reaches every process of the job step, and torch's loader workers die of a SIGTERM that is not
+    their training process's: the rank then failed with "DataLoader worker ... is killed by signal: Terminated"
+    instead of saving (seen on the local cluster with nanotron's one loading worker). The worker blocks SIGTERM and
+    a thread takes each one: its training process's (torch's own shutdown of a stuck worker) ends the worker, as
+    torch's handler would; any other sender's is left to the training process. Slurm's SIGKILL still ends it."""
+
+    def init_deaf(worker_id: int) -> None:
+        parent = os.getppid()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+        def answer_only_the_parent() -> None:
+            while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
+                pass
+            os._exit(0)  # what torch's worker handler does on its parent's SIGTERM
+
+        threading.Thread(target=answer_only_the_parent, name="sigterm-from-parent", daemon=True).start()
+        if init is not None:
+            init(worker_id)
+
+    return init_deaf

@@ -15,6 +15,10 @@ to the training loop.
   built anyway, and its fp32 gradient hook raises NotImplementedError for ZeRO in the first backward (every such
   run: the launcher's defaults with `--zero_stage 1`). Compiled again with the parentheses meant (0.4's own line
   has them), so the gradient accumulator reduces the gradients, as in 0.4.
+- **main, several nodes with 8 GPUs or fewer in all.** `ParallelContext` takes the ranks a node holds as
+  `LOCAL_WORLD_SIZE` only when the world is larger than 8, and as the whole world otherwise: a job of 2 nodes x 4
+  (or 2 x 2) builds its node groups across nodes and dies at start-up ("Local rank mismatch"). torchrun always sets
+  `LOCAL_WORLD_SIZE`: it is read whenever it is set.
 - **0.4 and main, an optimizer resumed into another tp or pp.** `load_optimizer` finds the saved shards with
   `optimizer_pp-*-of-{pp}_tp-*-of-{tp}.pt`, but nanotron names them `..._tp-R-of-T_exp-E-of-X.pt`: the pattern
   matches only where the saved tp equals the expert-parallel size (1), so resuming a tp > 1 run with another tp
@@ -87,6 +91,20 @@ def recompiled(function: Any, wrong: str, right: str) -> Any:
     return mended
 
 
+def mend_in_place(owner: Any, name: str, wrong: str, right: str) -> bool:
+    """`owner.name` replaced by itself `recompiled` with `wrong` read as `right`, once; False where its source does
+    not hold `wrong`."""
+    function = getattr(owner, name)
+    if getattr(function, "_launcher_mended", False):
+        return True
+    mended = recompiled(function, wrong, right)
+    if mended is None:
+        return False
+    mended._launcher_mended = True
+    setattr(owner, name, mended)
+    return True
+
+
 MAKE_DDP_WRONG = "parallel_context.data_parallel_size > 1 or parallel_context.context_parallel_size > 1 and not ("
 MAKE_DDP_RIGHT = "(parallel_context.data_parallel_size > 1 or parallel_context.context_parallel_size > 1) and not ("
 
@@ -95,15 +113,7 @@ def mend_make_ddp() -> bool:
     """main's DistributedTrainer._init_model with `make_ddp`'s parentheses; False where there is nothing to mend."""
     from nanotron.trainer import DistributedTrainer
 
-    function = DistributedTrainer._init_model
-    if getattr(function, "_launcher_mended", False):
-        return True
-    mended = recompiled(function, MAKE_DDP_WRONG, MAKE_DDP_RIGHT)
-    if mended is None:
-        return False
-    mended._launcher_mended = True
-    DistributedTrainer._init_model = mended
-    return True
+    return mend_in_place(DistributedTrainer, "_init_model", MAKE_DDP_WRONG, MAKE_DDP_RIGHT)
 
 
 SHARDS_WRONG = '_tp-*-of-{ckp_tp_size}.pt"'
@@ -118,16 +128,26 @@ def mend_optimizer_shards() -> bool:
     from nanotron.serialize import optimizer as serialize_optimizer
 
     function = serialize_optimizer.load_optimizer
-    if getattr(function, "_launcher_mended", False):
-        return True
-    mended = recompiled(function, SHARDS_WRONG, SHARDS_RIGHT)
-    if mended is None:
+    if not mend_in_place(serialize_optimizer, "load_optimizer", SHARDS_WRONG, SHARDS_RIGHT):
         return False
-    mended._launcher_mended = True
     for module in [m for name, m in list(sys.modules.items()) if name.startswith("nanotron") and m is not None]:
-        if getattr(module, "load_optimizer", None) is function:
-            module.load_optimizer = mended  # type: ignore[attr-defined]
+        if getattr(module, "load_optimizer", None) is function:  # imported by name elsewhere (the trainer)
+            module.load_optimizer = serialize_optimizer.load_optimizer  # type: ignore[attr-defined]
     return True
+
+
+LOCAL_WRONG = 'int(os.environ.get("LOCAL_WORLD_SIZE", "8")) if world_size > 8 else world_size'
+LOCAL_RIGHT = (
+    'int(os.environ.get("LOCAL_WORLD_SIZE", "8")) if world_size > 8 or "LOCAL_WORLD_SIZE" in os.environ else world_size'
+)
+
+
+def mend_local_world_size() -> bool:
+    """main's ParallelContext.__init__ reading torchrun's LOCAL_WORLD_SIZE whenever it is set; False where there is
+    nothing to mend."""
+    from nanotron.parallel.context import ParallelContext
+
+    return mend_in_place(ParallelContext, "__init__", LOCAL_WRONG, LOCAL_RIGHT)
 
 
 def apply(dialect: str) -> None:
@@ -135,5 +155,6 @@ def apply(dialect: str) -> None:
     mend_optimizer_shards()
     if dialect == "main":
         mend_make_ddp()
+        mend_local_world_size()
     else:
         mend_checkpoint_shapes()
