@@ -64,6 +64,9 @@ def dry_run(typed: list[tuple[str, str, bool]]) -> tuple[int, str, str, Path]:
             code = as_command(lambda: launch.main(argv))
     except SystemExit as e:  # argparse's refusal
         code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # the traceback a user would see: the test fails with it, leaving nothing in /tmp
+        shutil.rmtree(where, ignore_errors=True)
+        raise
     finally:
         os.chdir(cwd)
         os.environ.update({"HOME": home} if home is not None else {})
