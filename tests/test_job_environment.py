@@ -21,6 +21,18 @@ def test_torchruns_ranks_and_the_protocols_files_are_read_typed():
     assert not job.is_main
 
 
+def test_the_runtime_records_place_and_the_jobs_attempt_and_nodes():
+    job = JobEnvironment.read(
+        {P.ENV_RUNTIME_FILE: "/b/runtime.jsonl", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "2",
+         "SLURM_JOB_NODELIST": "node[1-2]", "HF_HOME": "/hf"}
+    )  # fmt: skip
+    assert (job.runtime_file, job.job_id, job.attempt, job.nodelist) == ("/b/runtime.jsonl", "42", 3, "node[1-2]")
+    assert job.hub_cache == Path("/hf/hub")
+    assert JobEnvironment.read({"HF_HUB_CACHE": "/c", "HF_HOME": "/hf"}).hub_cache == Path("/c")
+    alone = JobEnvironment.read({})
+    assert (alone.runtime_file, alone.job_id, alone.attempt, alone.nodelist) == (None, None, 1, None)
+
+
 def test_a_process_started_alone_is_rank_0_of_1_with_no_files():
     job = JobEnvironment.read({})
     assert (job.rank, job.local_rank, job.world_size, job.distributed, job.is_main) == (0, 0, 1, False, True)

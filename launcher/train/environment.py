@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from launcher import protocol as P
+from launcher.nanotron_config.provenance import hub_cache
 
 STOP_FILE_EVERY_S = 5.0  # rank 0's looks for the stop file, at most this often (P.ENV_STOP_FILE_EVERY changes it)
 
@@ -50,6 +52,11 @@ class JobEnvironment:
     stop_file_every: float = STOP_FILE_EVERY_S  # P.ENV_STOP_FILE_EVERY
     tmp_dir: str = "/tmp"  # TMPDIR
     wandb_disabled: bool = False  # WANDB_MODE=disabled: wandb is never imported
+    runtime_file: str | None = None  # P.ENV_RUNTIME_FILE: rank 0 appends what this attempt runs with
+    job_id: str | None = None  # SLURM_JOB_ID
+    attempt: int = 1  # SLURM_RESTART_COUNT + 1: the batch script's count of this job's attempts
+    nodelist: str | None = None  # SLURM_JOB_NODELIST (a hostlist)
+    hub_cache: Path = field(default_factory=lambda: hub_cache({}))  # huggingface_hub's (HF_HUB_CACHE, HF_HOME)
 
     @property
     def is_main(self) -> bool:
@@ -73,4 +80,9 @@ class JobEnvironment:
             stop_file_every=_seconds(env.get(P.ENV_STOP_FILE_EVERY), STOP_FILE_EVERY_S),
             tmp_dir=env.get("TMPDIR") or "/tmp",
             wandb_disabled=env.get("WANDB_MODE", "").lower() == "disabled",
+            runtime_file=env.get(P.ENV_RUNTIME_FILE) or None,
+            job_id=env.get("SLURM_JOB_ID") or None,
+            attempt=_int(env.get("SLURM_RESTART_COUNT"), 0) + 1,
+            nodelist=env.get("SLURM_JOB_NODELIST") or None,
+            hub_cache=hub_cache(env),
         )
