@@ -244,8 +244,8 @@ def node_shapes(partition: str | None) -> list[tuple[int, int]]:
 
 
 def live_jobs(name: str) -> list[tuple[str, str, str]]:
-    """This user's jobs named `name` that Slurm still holds (pending, running, requeued, ...): (job id, state,
-    batch script path)."""
+    """This user's jobs named `name` (or any of its comma-separated names) that Slurm still holds (pending,
+    running, requeued, ...): (job id, state, batch script path)."""
     out = _query("squeue", "-h", "--me", "--name", name, "-o", SQUEUE_JOBS)
     return parse_squeue_jobs(out) if out is not None else []
 

@@ -125,7 +125,7 @@ def resume_problems(spec: RunSpec) -> list[Problem]:
     a = spec.args
     if not a.paths.resume:
         return []
-    root = Path(a.paths.checkpoints_path) / a.run_name
+    root = spec.checkpoints_dir
     saved, how = dialect.of_checkpoints(root)
     if saved is None or saved == spec.dialect.dialect:
         return relayout_problems(spec, root)
