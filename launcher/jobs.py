@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from pathlib import Path
 from launcher import protocol as P
 from launcher import rerun, sweep
 from launcher.bundle import manifest, sweep_record
-from launcher.errors import LauncherError, SlurmUnavailable, SubmissionError, as_command
+from launcher.config import ranges
+from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.gpu_hours import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
 from launcher.slurm import client, follow
@@ -156,15 +158,46 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("a", help="a run's bundle directory or job id")
     diff.add_argument("b", help="another run's bundle directory or job id")
     diff.add_argument("--json", action="store_true", help="the differences as JSON, for scripts")
-    diff.add_argument("--tolerance", type=float, default=compare.TOLERANCE,
+    diff.add_argument("--tolerance", type=_tolerance, default=compare.TOLERANCE,
                       help="losses part where |a - b| > this x max(1, |a|, |b|) (default: %(default)g)")  # fmt: skip
     for sub in (ledger, rerun_, diff):
         sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
     return parser
 
 
+def _unusable_paths(args: argparse.Namespace) -> int:
+    """The runs named and --configs_path, where no filesystem holds them: one line each, before any look."""
+    lines = []
+    for name, shown in (("target", "BUNDLE"), ("a", "A"), ("b", "B"), ("configs_path", "--configs_path")):
+        value = getattr(args, name, None)
+        if isinstance(value, list):  # argparse's reading of `--configs_path=--`: nothing
+            lines.append(f"{shown}: no path given; give one")
+            continue
+        problem = None if value is None else ranges.unusable_path(name, str(value))
+        if problem is not None:
+            lines.append(f"{shown}: {problem.message}; {problem.fix.replace(f'--{name}', shown)}")
+    if lines:
+        raise ConfigError("\n".join(lines))
+    return 0
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finite number of 0 or more (the default is {compare.TOLERANCE:g})"
+        )
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    problem = as_command(lambda: _unusable_paths(args))
+    if problem:
+        return problem
     if args.action == "ledger":
         return as_command(lambda: ledger_command(args.target, args.since, args.configs_path))
     if args.action == "diff":

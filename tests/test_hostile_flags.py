@@ -23,9 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher import launch
+from launcher import jobs, launch
 from launcher.config import cli, ranges
 from launcher.errors import as_command
+from launcher.slurm import client
 
 FLAGS = sorted(set(re.findall(r"(?<![\w-])--([a-z][a-z_]*)", cli.help_text(width=200))) - {"help"})
 # What a command line can hold: any text but NUL and the surrogates that no bytes decode to (os.fsdecode gives
@@ -135,7 +136,7 @@ SAID = [  # (what is typed, each problem's line, as said)
      ["--rope_theta: must be a finite number, got inf; give a number to --rope_theta",  # (the model's flags first)
       "--learning_rate: must be a finite number, got nan; give a number to --learning_rate"]),
     ([("tp", "-" + "9" * 13, True), ("plan", "true", True)],
-     ["--tp: -9999999999999 is beyond any run (at least -1,099,511,627,776 here); give --tp a realistic value"]),
+     ["--tp: -9999999999999 is beyond any run; give --tp a realistic value"]),
     ([("pre_launch_commands", os.fsdecode(b"echo \xff"), True)],
      ["--pre_launch_commands: it holds bytes that are not UTF-8 (at character 6); give --pre_launch_commands as "
       "UTF-8 text"]),
@@ -150,6 +151,45 @@ def test_what_no_run_takes_is_said_once_each_on_a_line_of_its_own(typed, said):
     code, out, err, where = dry_run(typed)
     holds(code, out, err, where, [flag for flag, _, _ in typed])
     assert err.splitlines()[1:] == [f"  - {line}" for line in said], err
+
+
+def jobs_argv(action: str, where: str, value: str) -> list[str]:
+    """`python -m launcher.jobs` with `value` as the run(s) it names, its --configs_path, or diff's --tolerance."""
+    runs = {"diff": [value, value], "rerun": [value, "--dry_run"], "ledger": [value], "status": [value]}
+    if where == "target":
+        return [action, *runs[action]]
+    if where == "tolerance":
+        return ["diff", "a", "b", f"--tolerance={value}"]
+    return [
+        action,
+        *(["a", "b"] if action == "diff" else ["a"] if action == "rerun" else []),
+        f"--configs_path={value}",
+    ]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    action=st.sampled_from(["diff", "rerun", "ledger", "status"]),
+    where=st.sampled_from(["target", "configs_path", "tolerance"]),
+    value=HOSTILE.filter(lambda v: not client.JOB_ID.match(v.strip())),
+)  # (a job id asks Slurm: tested there)
+def test_the_jobs_commands_take_any_value_without_a_traceback(action, where, value):  # fmt: skip
+    where_to = Path(tempfile.mkdtemp(prefix="hostile-jobs-"))
+    out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(where_to)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = as_command(lambda: jobs.main(jobs_argv(action, where, value)))
+    except SystemExit as e:  # argparse's refusal: a usage line and one error line
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(cwd)
+        left = sorted(p.name for p in where_to.rglob("*"))
+        shutil.rmtree(where_to, ignore_errors=True)
+    said = err.getvalue()
+    assert code in (0, 1, 2) and "Traceback" not in said, said
+    assert code == 0 or said.startswith(("error: ", "usage: ")), said
+    assert left == [], left
 
 
 def test_every_flag_of_help_is_tried():

@@ -55,8 +55,8 @@ def _number(flag: str, value: float) -> Problem | None:
         return Problem(flag, f"must be a finite number, got {value}", f"give a number to --{flag}")
     if most is not None and not LEAST <= value <= most:
         shown = str(value) if len(str(value)) <= 24 else f"a number of {len(str(abs(int(value))))} digits"
-        bound = f"at most {_plain(most)}" if value > most else f"at least {_plain(LEAST)}"
-        return Problem(flag, f"{shown} is beyond any run ({bound} here)", f"give --{flag} a realistic value")
+        bound = f" (at most {_plain(most)} here)" if value > most else ""  # (below: no flag's own bound is that)
+        return Problem(flag, f"{shown} is beyond any run{bound}", f"give --{flag} a realistic value")
     return None
 
 
@@ -88,6 +88,11 @@ def _text(flag: str, value: str) -> Problem | None:
         return Problem(flag, f"it holds bytes that are not UTF-8 (at character {e.start + 1})",
                        f"give --{flag} as UTF-8 text{renamed}")  # fmt: skip
     return None
+
+
+def unusable_path(flag: str, value: str) -> Problem | None:
+    """A path that no filesystem holds or that is not UTF-8 text (`python -m launcher.jobs` asks it too)."""
+    return _text(flag, value) or _path(flag, value)
 
 
 def problems(args: LaunchArgs) -> list[Problem]:
