@@ -96,5 +96,5 @@ def append(cfg: TrainConfig, job: JobEnvironment, engine: str) -> None:
         line = json.dumps(record(cfg, job, engine), sort_keys=False) + "\n"
         with open(job.runtime_file, "a", encoding="utf-8") as f:
             f.write(line)
-    except (OSError, ValueError, RuntimeError) as e:
+    except Exception as e:  # a record is worth no training run: whatever fails here is said, and training goes on
         print(f"warning: this attempt's runtime record was not written ({job.runtime_file}): {e}", flush=True)
