@@ -153,7 +153,8 @@ def now(spec: RunSpec) -> env.Facets:
     out: env.Facets = {"launcher": env.launcher_facet(manifest.project_state())}
     out.update({f"package {k}": env.Facet(v, "-" if v is None else str(v)) for k, v in manifest.versions().items()})
     out["gpu planned for"] = env.Facet(spec.gpu.gpu.name, spec.gpu.gpu.name)
-    job = job_python(spec.args.slurm.python)
+    # the job's Python as this login node sees it; in a container, the image's: not seen here (unconfirmed)
+    job = {} if spec.args.container.container_image else job_python(spec.args.slurm.python)
     if "nanotron" in job:
         out["nanotron (job)"] = env.nanotron_facet(job["nanotron"])
         out["torch (job)"] = env.Facet(job.get("torch"), str(job.get("torch")))
@@ -163,7 +164,7 @@ def now(spec: RunSpec) -> env.Facets:
         release = None
     if release:
         out["slurm"] = env.Facet(release, release)
-    cache = provenance.hub_cache(os.environ)
+    cache = provenance.hub_cache({**os.environ, **spec.extra_env})  # the job's HF_HOME where --extra_env sets it
     names: list[str | None] = [*mixture.names(spec.datasets)] or [None]
     names += [n for s in spec.stages for n in mixture.names(s.dataset)]
     for name in dict.fromkeys(names):
@@ -211,7 +212,7 @@ def rerun(run: manifest.Manifest, run_name: str | None, dry_run: bool, strict: b
             + "\nNothing was written or submitted."
         )
     prepared = launch.prepare_all([argv], parsed=[parsed], checked=[(spec, problems)])[0]
-    origin = {"bundle": str(run.bundle_dir), "bundle_id": run.data.get("bundle_id"), "job_id": run.job_id,
+    origin = {"bundle": str(run.bundle_dir.absolute()), "bundle_id": run.data.get("bundle_id"), "job_id": run.job_id,
               "differs": differ, "unconfirmed": unconfirmed, "changed_inputs": changed_inputs(run)}  # fmt: skip
     manifest.record_origin(manifest.load(prepared.paths.bundle_dir), origin)
     return launch.submit_prepared(prepared)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from launcher_helpers import spec_for
 
 from launcher import jobs, launch, rerun
 from launcher.bundle import manifest
@@ -188,3 +189,14 @@ def test_a_rerun_is_named_as_asked_and_found_by_job_id(workdir: Path, capsys):
     assert manifest.load(new).rerun_of["job_id"] == "4242"  # type: ignore[index]
     assert jobs.main(["rerun", str(workdir / "nothing-here"), "--dry_run"]) == 1
     assert "neither a bundle directory nor a job id" in capsys.readouterr().err
+
+
+def test_what_the_job_sees_is_not_guessed_from_the_login_node(workdir: Path, monkeypatch: pytest.MonkeyPatch):
+    """In a container the job's nanotron and torch are the image's: not compared (unconfirmed), where this node's
+    would make --strict refuse for nothing; the hub cache is the one the job's --extra_env names."""
+    caches: list[Path] = []
+    monkeypatch.setattr(provenance, "fingerprint", lambda name, kind, cache: caches.append(cache) or {})
+    here, _ = spec_for("--dataset", "org/data", "--extra_env", f"HF_HOME={workdir / 'hf'}", cwd=workdir)
+    assert "nanotron (job)" in rerun.now(here) and caches[0] == workdir / "hf" / "hub"
+    boxed, _ = spec_for("--dataset", "org/data", "--container_image", str(workdir / "image.sqsh"), cwd=workdir)
+    assert "nanotron (job)" not in rerun.now(boxed) and "torch (job)" not in rerun.now(boxed)

@@ -88,7 +88,7 @@ def inputs(model_size: str, config: str | None) -> dict[str, dict]:
     --config YAML (path and sha256; a rerun says which of them has changed since)."""
     files = {"preset": PRESETS_DIR / f"{model_size}.yaml", "base_config": BASE_CONFIG}
     if config:
-        files["config"] = Path(os.path.expanduser(config))
+        files["config"] = Path(os.path.expanduser(config)).absolute()  # (a rerun may start in another directory)
     return {name: {"path": str(path), "sha256": _sha256(path)} for name, path in files.items()}
 
 
