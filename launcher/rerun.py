@@ -73,6 +73,14 @@ def not_carried(run: manifest.Manifest) -> list[str]:
     return [name for name in flag_names() if name not in recorded | skipped | {"run_name"}]
 
 
+def no_longer_flags(run: manifest.Manifest) -> list[str]:
+    """Flags the bundle recorded that today's launcher no longer has: the rerun cannot set them as the original."""
+    resolved = run.data.get("resolved") or {}
+    known = set(flag_names())
+    return [k for group, values in resolved.items() if group not in DROPPED and isinstance(values, dict)
+            for k in values if k not in known]  # fmt: skip
+
+
 def parsed_line(argv: list[str]) -> cli.Parsed:
     """The rerun's command line parsed. --model_size only labels the run: the bundle's values are all typed, and
     the preset must not win over the bundle's config for what no flag sets (tie_word_embeddings)."""
@@ -200,6 +208,8 @@ def rerun(run: manifest.Manifest, run_name: str | None, dry_run: bool, strict: b
     lines = [f"Rerun of {run.bundle_dir}" + (f" (job {run.job_id})" if run.job_id else "") + f" as {name}:"]
     lines += _lines("from", [f"the bundle's resolved flags and {run.bundle_dir / P.CONFIG}, not today's presets"])
     lines += _lines("the same", [f"{len(compared.agree)} of the original's facets (launcher, packages, data, ...)"])
+    if gone := no_longer_flags(run):
+        differ.append(", ".join(f"--{n}" for n in gone) + ": recorded by the original, no flag of today's launcher")
     lines += _lines("differs", differ) + _lines("unconfirmed", unconfirmed)
     lines += _lines("changed", changed_inputs(run)) + _lines("today", today_would(run))
     if missing := not_carried(run):

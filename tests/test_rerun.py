@@ -200,3 +200,11 @@ def test_what_the_job_sees_is_not_guessed_from_the_login_node(workdir: Path, mon
     assert "nanotron (job)" in rerun.now(here) and caches[0] == workdir / "hf" / "hub"
     boxed, _ = spec_for("--dataset", "org/data", "--container_image", str(workdir / "image.sqsh"), cwd=workdir)
     assert "nanotron (job)" not in rerun.now(boxed) and "torch (job)" not in rerun.now(boxed)
+
+
+def test_a_flag_the_launcher_no_longer_has_is_a_difference(workdir: Path, capsys):
+    first = original("--dataset", "none")
+    older = _copy_with(first, "older", lambda d: d["resolved"]["training"].update(label_smoothing=0.1))
+    with pytest.raises(ConfigError) as refused:
+        rerun.rerun(older, None, dry_run=True, strict=True, resume=False, show_logs=False)
+    assert "--label_smoothing: recorded by the original, no flag of today's launcher" in str(refused.value)

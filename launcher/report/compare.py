@@ -192,7 +192,8 @@ def render(d: Diff) -> str:
     for group in GROUPS:
         rows, agree = d.groups.get(group, []), d.same.get(group, 0)
         if not rows:
-            lines.append(f"{TITLES[group]}: the same ({agree} compared)")
+            said = f"the same ({agree} compared)" if agree else "recorded by neither run"
+            lines.append(f"{TITLES[group]}: {said}")
             continue
         lines.append(f"{TITLES[group]}: {len(rows)} differ{'s' if len(rows) == 1 else ''}, {agree} the same")
         lines += _table([Row("", "A", "B"), *rows])
