@@ -69,7 +69,8 @@ def ledger_command(target: str | None, since: str | None, configs_path: Path) ->
     if not (directory / P.MANIFEST).is_file():
         raise LauncherError(f"{target} is neither a bundle nor a sweep directory")
     run = manifest.load(directory)
-    from_sacct, from_records = usage.ledgers(run)
+    final, unconfirmed = usage.final_state(run) if run.job_id else (None, [])
+    from_sacct, from_records = usage.ledgers(run, final, ask_sacct=not unconfirmed, asked=True)
     if from_sacct is None and from_records is None:
         raise LauncherError(f"{directory}: no attempt of its job has started yet (or it was never submitted)")
     usage.kept(run, from_sacct or from_records)  # type: ignore[arg-type]
@@ -79,4 +80,6 @@ def ledger_command(target: str | None, since: str | None, configs_path: Path) ->
             print(table(found))
     if from_sacct is not None and from_records is not None and (off := usage.agree(from_sacct, from_records)):
         print("  sacct and the job's records disagree beyond the tolerance: " + "; ".join(off))
+    if unconfirmed:
+        print("Not confirmed:\n" + "\n".join(f"  - {note}" for note in unconfirmed))
     return 0

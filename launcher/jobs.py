@@ -1,21 +1,28 @@
-"""Submitted runs, later: re-attach to a run or a sweep, show its status, cancel it, or say where its GPU-hours
-went.
+"""Submitted runs, later: re-attach to a run or a sweep, show its status, cancel it, say where its GPU-hours went,
+run it again, or compare two runs.
 
 python -m launcher.jobs status|attach|cancel BUNDLE_DIR_OR_JOB_ID
 python -m launcher.jobs ledger [BUNDLE_OR_SWEEP_DIR] [--since 2026-11-01] [--configs_path logs/configs]
+python -m launcher.jobs rerun BUNDLE_DIR_OR_JOB_ID [--run_name NAME] [--dry_run] [--strict] [--resume] [--show_logs]
+python -m launcher.jobs diff A B [--json] [--tolerance 1e-6]      (bundle directories or job ids)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import shlex
 import sys
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher import sweep
+from launcher import rerun, sweep
 from launcher.bundle import manifest, sweep_record
-from launcher.errors import LauncherError, SubmissionError, as_command
+from launcher.config import ranges
+from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.gpu_hours import ledger_command, run_ledger_line, sweep_ledger_line
+from launcher.report import compare
 from launcher.slurm import client, follow
 from launcher.submission import follow_to_end, report_end
 
@@ -78,18 +85,134 @@ def _status(job_id: str, log: Path, run: manifest.Manifest | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def bundle_of(target: str, configs_path: Path) -> manifest.Manifest:
+    """A run's manifest, from its bundle directory (or manifest), or its job id: the newest bundle under
+    `configs_path` that names the job, else the bundle of the script Slurm runs for it."""
+    path = Path(target)
+    path = path.parent if path.name == P.MANIFEST else path
+    unasked = ""
+    if not (path / P.MANIFEST).is_file() and client.JOB_ID.match(target):
+        found = [b for b in configs_path.glob(f"*/*/{P.MANIFEST}") if _job_of(b) == target]
+        try:
+            script = None if found else client.job_script(target)
+        except SlurmUnavailable as e:
+            script, unasked = None, f" (and Slurm could not be asked: {e})"
+        if found:
+            path = max(found, key=lambda b: b.stat().st_mtime).parent
+        elif script is not None:
+            path = _bundle_of_script(script) or path
+    if not (path / P.MANIFEST).is_file():
+        raise LauncherError(
+            f"{target} is neither a bundle directory nor a job id with a bundle under {configs_path}{unasked}: give "
+            "the run's bundle directory (logs/configs/RUN/STAMP), or --configs_path"
+        )
+    try:
+        return manifest.load(path)
+    except (OSError, ValueError) as e:
+        raise LauncherError(f"cannot read the manifest of {path}: {e}") from None
+
+
+def _job_of(manifest_path: Path) -> str | None:
+    try:
+        return manifest.load(manifest_path).job_id
+    except (OSError, ValueError):
+        return None
+
+
+def _bundle_of_script(script: Path) -> Path | None:
+    """The bundle directory a launcher's batch script runs (its node script lies there)."""
+    try:
+        for line in script.read_text(encoding="utf-8").splitlines():
+            if line.startswith("LAUNCHER_NODE_SCRIPT="):
+                return Path(shlex.split(line.partition("=")[2], comments=True)[0]).parent
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _diff(a: str, b: str, configs_path: Path, as_json: bool, tolerance: float) -> int:
+    runs = bundle_of(a, configs_path), bundle_of(b, configs_path)
+    found = compare.diff(*runs, (compare.name_of(runs[0], a), compare.name_of(runs[1], b)), tolerance)
+    print(json.dumps(found.record(), indent=2) if as_json else compare.render(found))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launcher.jobs", description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=("status", "attach", "cancel", "ledger"))
-    parser.add_argument("target", nargs="?", help="a bundle or sweep directory (logs/configs/RUN/STAMP) or a Slurm "
-                        "job id; ledger without one: every run under --configs_path since --since")  # fmt: skip
-    parser.add_argument("--since", help="ledger: runs launched since this date (YYYY-MM-DD[THH:MM]; default: 7 days)")
-    parser.add_argument("--configs_path", default="logs/configs", help="ledger: where the runs' bundles are")
-    args = parser.parse_args(argv)
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    target = "a bundle or sweep directory (logs/configs/RUN/STAMP) or a Slurm job id"
+    for name, what in (("status", "a run's or a sweep's state"), ("attach", "follow it to its end"),
+                       ("cancel", "cancel its job(s)")):  # fmt: skip
+        actions.add_parser(name, help=what).add_argument("target", help=target)
+    ledger = actions.add_parser("ledger", help="where the GPU-hours of a run, a sweep or a period's runs went")
+    ledger.add_argument("target", nargs="?", help=target + "; none: every run under --configs_path since --since")
+    ledger.add_argument("--since", help="runs launched since this date (YYYY-MM-DD[THH:MM]; default: 7 days)")
+    rerun_ = actions.add_parser("rerun", help="the run again, from its bundle's own config and resolved flags")
+    rerun_.add_argument("target", help="a run's bundle directory or job id")
+    rerun_.add_argument("--run_name", help="the rerun's name (default: the original's)")
+    rerun_.add_argument("--dry_run", action="store_true", help="write the rerun's bundle, do not submit")
+    rerun_.add_argument("--strict", action="store_true", help="refuse where the environment differs at all")
+    rerun_.add_argument("--resume", action="store_true", help="continue the original's checkpoints")
+    rerun_.add_argument("--show_logs", action="store_true", help="follow the rerun to its end")
+    diff = actions.add_parser("diff", help="what differs between two runs, and where their losses part")
+    diff.add_argument("a", help="a run's bundle directory or job id")
+    diff.add_argument("b", help="another run's bundle directory or job id")
+    diff.add_argument("--json", action="store_true", help="the differences as JSON, for scripts")
+    diff.add_argument("--tolerance", type=_tolerance, default=compare.TOLERANCE,
+                      help="losses part where |a - b| > this x max(1, |a|, |b|) (default: %(default)g)")  # fmt: skip
+    for sub in (ledger, rerun_, diff):
+        sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
+    return parser
+
+
+def _unusable_paths(args: argparse.Namespace) -> int:
+    """The runs named and --configs_path, where no filesystem holds them: one line each, before any look."""
+    lines = []
+    for name, shown in (("target", "BUNDLE"), ("a", "A"), ("b", "B"), ("configs_path", "--configs_path")):
+        value = getattr(args, name, None)
+        if isinstance(value, list):  # argparse's reading of `--configs_path=--`: nothing
+            lines.append(f"{shown}: no path given; give one")
+            continue
+        problem = None if value is None else ranges.unusable_path(name, str(value))
+        if problem is not None:
+            lines.append(f"{shown}: {problem.message}; {problem.fix.replace(f'--{name}', shown)}")
+    if lines:
+        raise ConfigError("\n".join(lines))
+    return 0
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finite number of 0 or more (the default is {compare.TOLERANCE:g})"
+        )
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    problem = as_command(lambda: _unusable_paths(args))
+    if problem:
+        return problem
     if args.action == "ledger":
-        return as_command(lambda: ledger_command(args.target, args.since, Path(args.configs_path)))
-    if args.target is None:
-        parser.error(f"{args.action} needs a target: a bundle or sweep directory, or a job id")
+        return as_command(lambda: ledger_command(args.target, args.since, args.configs_path))
+    if args.action == "diff":
+        return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
+    if args.action == "rerun":
+        return as_command(
+            lambda: rerun.rerun(
+                bundle_of(args.target, args.configs_path),
+                args.run_name,
+                args.dry_run,
+                args.strict,
+                args.resume,
+                args.show_logs,
+            )  # fmt: skip
+        )
     return as_command(lambda: _act(args.action, args.target))
 
 

@@ -4,13 +4,14 @@ them together, for one run or for every point of a sweep (all or none)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
-from launcher.config import cli, container, validate
+from launcher.config import cli, container, ranges, validate
 from launcher.config.flags import LaunchArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
@@ -40,15 +41,17 @@ class Prepared(NamedTuple):
     forecast: str | None  # Slurm's answer to `sbatch --test-only` (None for a dry run)
 
 
-def check(argv: list[str], parsed: cli.Parsed | None = None) -> tuple[RunSpec, list[Problem]]:
+def check(argv: list[str], parsed: cli.Parsed | None = None, **placed: Any) -> tuple[RunSpec, list[Problem]]:
     """One run's flags resolved and validated: what "every problem at once" means, in one place. The pure phase
     (resolution and `config.validate`: the spec and local files, the memory fit), then the preflight phase (the
     output directories and disk, and, unless a dry run, the jobs a --dependency names). Before them, unless a dry
     run, the cluster's GPU type (for the memory check), and `--layout auto`'s choice. Slurm's verdict on the
     script comes once there is a script: in `prepare_all`, when these found nothing. `parsed`: argv's flags,
-    where the caller has parsed them already."""
+    where the caller has parsed them already; `placed`: where a rerun puts its checkpoints (RunSpec's
+    `checkpoints`, `fresh`), before anything checks them."""
     args, explicit = parsed or cli.parse(argv)
     spec, problems = _resolved(args, explicit)
+    spec = dataclasses.replace(spec, **placed) if placed else spec
     if spec.args.parallelism.layout == "auto" and fit.checkable(spec, problems):
         spec, chosen = fit.auto_layout(spec, explicit)
         problems += chosen
@@ -75,8 +78,8 @@ def plan_run(parsed: cli.Parsed) -> int:
 
     args, explicit = parsed
     spec, problems = _resolved(args, explicit)
-    if not fit.checkable(spec, problems):
-        raise ConfigError(report(problems))
+    if not fit.checkable(spec, problems):  # a value no run takes among them: said, as the planner waits for it
+        raise ConfigError(report(list(dict.fromkeys(problems + ranges.problems(spec.args)))))
     fixed = {k: v for k, v in fit.current_values(spec).items() if k in explicit}
     found = fit.plans(spec, fixed)
     if not found:
@@ -118,8 +121,7 @@ class _Draft(NamedTuple):
 def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
     """Claim the run's bundle directory and render its files (nothing written into it yet)."""
     a = spec.args
-    run_ckpt = Path(a.paths.checkpoints_path) / a.run_name
-    fresh = not a.paths.resume and latest_checkpoint_step(run_ckpt) is not None
+    fresh = not a.paths.resume and (spec.fresh or latest_checkpoint_step(spec.checkpoints_dir) is not None)
     try:  # validation checked the directories; a full disk, a quota or root on /proc can still say no
         paths = files.claim(
             a.run_name,
@@ -128,6 +130,7 @@ def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
             a.paths.slurm_logs_path,
             a.paths.checkpoints_path,
             fresh,
+            checkpoints_dir=spec.checkpoints_dir,
         )
     except OSError as e:
         raise ConfigError(f"cannot create the bundle's directories: {e}; {OUTPUT_FLAGS}") from None
@@ -164,12 +167,17 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
 
 
 def prepare_all(
-    points: list[list[str]], labels: list[str] | None = None, parsed: list[cli.Parsed | None] | None = None
+    points: list[list[str]],
+    labels: list[str] | None = None,
+    parsed: list[cli.Parsed | None] | None = None,
+    checked: list[tuple[RunSpec, list[Problem]]] | None = None,
 ) -> list[Prepared]:
     """Several runs' bundles (a sweep's points), all or none: every point is checked, then every point's script
     is put to Slurm (unless a dry run), and only then is anything written. Raises ConfigError listing every
-    problem of every point, or Slurm's refusal of any. `parsed`: the points' flags, where parsed already."""
-    checked = [check(argv, p) for argv, p in zip(points, parsed or [None] * len(points), strict=True)]
+    problem of every point, or Slurm's refusal of any. `parsed`: the points' flags, where parsed already;
+    `checked`: what `check` made of them, where the caller has checked them already."""
+    if checked is None:
+        checked = [check(argv, p) for argv, p in zip(points, parsed or [None] * len(points), strict=True)]
     problems = labelled([p for _, p in checked], labels or [f"point {i + 1}" for i in range(len(points))])
     if problems:
         raise ConfigError(report(problems))
@@ -195,7 +203,12 @@ def prepare(argv: list[str], parsed: cli.Parsed | None = None) -> Prepared:
 
 def launch_run(argv: list[str], parsed: cli.Parsed) -> int:
     """One run: its bundle written, summarised, submitted and (--show_logs) followed; returns the exit code."""
-    spec, paths, derived, forecast = prepare(argv, parsed)
+    return submit_prepared(prepare(argv, parsed))
+
+
+def submit_prepared(prepared: Prepared) -> int:
+    """A written bundle summarised, then submitted and (--show_logs) followed, unless a dry run; the exit code."""
+    spec, paths, derived, forecast = prepared
     print(f"Run {spec.args.run_name}: bundle written")
     print(summary.render(spec, paths, derived))
     if forecast:

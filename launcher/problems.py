@@ -20,7 +20,13 @@ class Problem:
         return f"--{self.flag}: {self.message}; {self.fix}"
 
 
+def one_line(text: str) -> str:
+    """`text` with what a terminal would not show as it is (a newline, a control character, a byte that is not
+    UTF-8 in a value quoted into a message) escaped, as Python writes it: one line, shown as typed."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def report(problems: list[Problem]) -> str:
-    """All problems as one message, one per line; a value that looks like a secret is never repeated."""
+    """All problems as one message, one line each; a value that looks like a secret is never repeated."""
     head = f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found, nothing was written or submitted:"
-    return "\n".join([head, *(f"  - {redact(str(p))}" for p in problems)])
+    return "\n".join([head, *(f"  - {one_line(redact(str(p)))}" for p in problems)])

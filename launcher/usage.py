@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.bundle import manifest
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, SlurmUnavailable
 from launcher.report import attempts as records
 from launcher.report import ledger_png
 from launcher.report.ledger import COMPLETED, Attempt, Ledger, compute, hours, summary
@@ -72,14 +72,45 @@ def _from_sacct(recs: list[SacctRecord], seen: dict, final: JobState | None, now
     return out
 
 
-def ledgers(run: manifest.Manifest, final: JobState | None = None) -> tuple[Ledger | None, Ledger | None]:
+def final_state(run: manifest.Manifest) -> tuple[JobState | None, list[str]]:
+    """Slurm's word on the run's job; where the controller cannot be reached, the run's own records' (the end the
+    manifest recorded when the run was followed to it, else the job's log's), with what that leaves unconfirmed.
+    (None, []) for a job Slurm no longer knows; (None, [...]) where nothing says whether it ended."""
+    assert run.job_id is not None
+    try:
+        return client.job_state(run.job_id), []
+    except SlurmUnavailable as e:
+        unreachable = f"the Slurm controller cannot be reached ({str(e).splitlines()[0]})"
+    notes = [f"{unreachable}: this ledger is the job's own records', and sacct was not asked"]
+    ended = run.data.get("ended") or {}
+    if ended.get("state"):
+        state = JobState(
+            run.job_id, str(ended["state"]), "", ended.get("exit_code"), None, ended.get("restarts") or 0, ""
+        )
+        return state, [*notes, f"the job's end ({state.state}) is the manifest's record, made when the run was "
+                       "followed to its end: Slurm did not confirm it now"]  # fmt: skip
+    seen = records.read_log(records.read_lines(run.log), run.job_id)
+    last = seen[max(seen)] if seen else None
+    if last is None or last.end is None:
+        return None, [*notes, "the job's log says no end of its last attempt, and nothing recorded one: the "
+                      "attempt is counted as running until now (it may have ended)"]  # fmt: skip
+    word = "COMPLETED" if last.code == 0 else "FAILED"
+    return JobState(run.job_id, word, "", last.code, None, max(len(seen) - 1, 0), ""), [
+        *notes, f"the job's end ({word}) is read from its log (its last attempt ended with exit code {last.code}): "
+        "Slurm did not confirm it"]  # fmt: skip
+
+
+def ledgers(
+    run: manifest.Manifest, final: JobState | None = None, ask_sacct: bool = True, asked: bool = False
+) -> tuple[Ledger | None, Ledger | None]:
     """(from sacct, from the job's records) for a submitted bundle, its manifest in hand; either None where it
     cannot be had (no accounting; a bundle never submitted). `final`: the job's state if the caller has it (else
-    asked)."""
+    asked, unless `asked`: the caller asked, and Slurm no longer knows the job); `ask_sacct`: false where Slurm
+    cannot be reached (`final_state`)."""
     job_id = run.job_id
     if not job_id:
         return None, None
-    if final is None:
+    if final is None and ask_sacct and not asked:
         final = client.job_state(job_id)
     flags, now = run.flags, time.time()
     seen = records.read_log(records.read_lines(run.log), job_id)
@@ -91,7 +122,7 @@ def ledgers(run: manifest.Manifest, final: JobState | None = None) -> tuple[Ledg
     own = records.split(records.attempts(seen, gpus, ended_state, now), seen, per_node)
     works = records.works(seen, metrics, records.spans(own))
     from_records = compute(own, works, save_interval, "job records") if own else None
-    recs = _settled(job_id, final, _created(run.data))
+    recs = _settled(job_id, final, _created(run.data)) if ask_sacct else None
     from_sacct = None
     if recs:
         acct = records.split(_from_sacct(recs, seen, final, now, gpus), seen, per_node)
@@ -101,9 +132,13 @@ def ledgers(run: manifest.Manifest, final: JobState | None = None) -> tuple[Ledg
 
 
 def ledger(run: manifest.Manifest, final: JobState | None = None, keep: bool = True) -> Ledger | None:
-    """The run's ledger, from sacct where the cluster keeps accounting, else from the job's records; recorded in
-    the manifest (`keep`) once the job has ended."""
-    from_sacct, from_records = ledgers(run, final)
+    """The run's ledger, from sacct where the cluster keeps accounting, else from the job's records (those alone
+    where the controller cannot be reached); recorded in the manifest (`keep`) once the job has ended."""
+    unconfirmed: list[str] = []
+    asked = final is None and run.job_id is not None
+    if asked:
+        final, unconfirmed = final_state(run)
+    from_sacct, from_records = ledgers(run, final, ask_sacct=not unconfirmed, asked=asked)
     chosen = from_sacct or from_records
     if keep and chosen is not None:
         kept(run, chosen)

@@ -10,8 +10,10 @@ import pytest
 
 from launcher import launch
 from launcher.bundle import files as bundle
+from launcher.bundle import manifest
 from launcher.errors import ConfigError
 
+ROOT = Path(__file__).resolve().parent.parent
 SECRET = "hf_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token
 
 
@@ -107,6 +109,23 @@ def test_manifest_describes_the_launch(workdir: Path):
     assert data["versions"]["pyyaml"] and "commit" in data["project"] and "dirty" in data["project"]
     assert data["slurm"] == {"submitted": False}
     assert data["outputs"]["log"] == str(paths.log)
+    preset = ROOT / "configs" / "presets" / "tiny.yaml"  # the files the flags were resolved from, as they were
+    assert data["inputs"]["preset"] == {"path": str(preset), "sha256": hashlib.sha256(preset.read_bytes()).hexdigest()}
+    assert data["inputs"]["base_config"]["sha256"] and "config" not in data["inputs"]
+
+
+def test_the_jobs_runtime_record_is_read_beside_the_manifest(workdir: Path):
+    _, paths, _, _ = launch.prepare(flags())
+    run = manifest.load(paths.bundle_dir)
+    assert run.runtime == [] and run.rerun_of is None
+    lines = [{"job_id": "5", "attempt": 1, "slurm": "a"}, {"job_id": "5", "attempt": 2, "slurm": "b"},
+             {"job_id": "5", "attempt": 1, "slurm": "c"}]  # fmt: skip
+    text = "".join(json.dumps(x) + "\n" for x in lines) + '{"job_id": "5", "att'  # a line cut by a kill
+    paths.runtime.write_text(text)
+    assert [r["slurm"] for r in run.runtime] == ["b", "c"]  # one per attempt, its last record
+    manifest.record_origin(run, {"bundle": "/x"})
+    assert manifest.load(paths.bundle_dir).rerun_of == {"bundle": "/x"}
+    assert json.loads(paths.manifest.read_text())["files"] == run.data["files"]  # the rest as it was
 
 
 def test_no_secret_reaches_the_bundle(workdir: Path):

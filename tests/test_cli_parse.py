@@ -4,12 +4,13 @@ own messages for what it refuses (secrets redacted), exit 2, and no simple-parsi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from launcher_helpers import run_launcher
+from launcher_helpers import run_launcher, spec_for
 
 from launcher.config import cli, flags
 
@@ -38,7 +39,18 @@ REFUSED = [  # (argv, argparse's words for it)
     (["--run_name", "x", "--noresume", "yes"], "argument --noresume: takes no value"),
     (["--run_name", "x", "--nodes", "hf_" + "a" * 30], "argument --nodes: invalid int value: '<redacted>'"),
     (["--run_name=--"], "argument --run_name: expected one argument"),  # argparse read it as [] (hypothesis found)
+    (
+        ["--run_name", "x", "--partition", "-x"],
+        "argument --partition: its value '-x' starts with a dash: give it as --partition=-x",
+    ),  # an optional value read as --partition alone, then a stray -x
+    (
+        ["--run_name", "x", "--tp", "-help"],
+        "argument --tp: its value '-help' starts with a dash: give it as --tp=-help",
+    ),  # not argparse's -h given 'elp' (hypothesis found)
 ]
+
+
+DEFAULTS = {f.name: f.default for group in flags.GROUPS.values() for f in dataclasses.fields(group)}
 
 
 def values(args: flags.LaunchArgs) -> dict:
@@ -53,7 +65,8 @@ def test_a_clean_command_line_reads_as_typed(argv, expected):
     args, explicit = cli.parse(argv)
     got = values(args)
     assert {k: got[k] for k in expected} == expected
-    assert explicit == flags.explicit_flags(argv) and set(expected) <= explicit
+    alone = {k for k, v in expected.items() if v is None and DEFAULTS[k] is None}  # "derive it": not a choice
+    assert explicit == flags.explicit_flags(argv) - alone and set(expected) - alone <= explicit
 
 
 @pytest.mark.parametrize("argv,words", REFUSED)
@@ -99,6 +112,13 @@ def test_whatever_is_accepted_has_each_flags_type_and_whatever_is_refused_exits_
         return
     for name, value in values(args).items():
         assert value is None or type(value) is KINDS.get(name, str), (name, value)
+
+
+@pytest.mark.parametrize("flag", ["hidden_size", "num_layers", "vocab_size", "tp"])
+def test_a_derived_flag_typed_alone_is_derived_as_if_not_typed(flag):
+    spec, problems = spec_for("--model_size", "small", f"--{flag}")
+    assert getattr(spec.args.model if flag != "tp" else spec.args.parallelism, flag) is not None, problems
+    assert spec.shape.resolved and values(spec.args) == values(spec_for("--model_size", "small")[0].args)
 
 
 def test_a_dry_run_never_imports_simple_parsing_nor_does_a_mistake(tmp_path: Path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
 from launcher import protocol as P
@@ -21,6 +21,18 @@ def test_torchruns_ranks_and_the_protocols_files_are_read_typed():
     assert not job.is_main
 
 
+def test_the_runtime_records_place_and_the_jobs_attempt_and_nodes():
+    job = JobEnvironment.read(
+        {P.ENV_RUNTIME_FILE: "/b/runtime.jsonl", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "2",
+         "SLURM_JOB_NODELIST": "node[1-2]", "HF_HOME": "/hf"}
+    )  # fmt: skip
+    assert (job.runtime_file, job.job_id, job.attempt, job.nodelist) == ("/b/runtime.jsonl", "42", 3, "node[1-2]")
+    assert job.hub_cache == Path("/hf/hub")
+    assert JobEnvironment.read({"HF_HUB_CACHE": "/c", "HF_HOME": "/hf"}).hub_cache == Path("/c")
+    alone = JobEnvironment.read({})
+    assert (alone.runtime_file, alone.job_id, alone.attempt, alone.nodelist) == (None, None, 1, None)
+
+
 def test_a_process_started_alone_is_rank_0_of_1_with_no_files():
     job = JobEnvironment.read({})
     assert (job.rank, job.local_rank, job.world_size, job.distributed, job.is_main) == (0, 0, 1, False, True)
@@ -35,9 +47,16 @@ def test_values_that_are_not_numbers_keep_the_defaults_rather_than_failing_the_j
     assert (job.signal_grace, job.stop_file_every, job.local_rank) == (0.0, STOP_FILE_EVERY_S, 0)
 
 
+def environment_reads(source: str) -> int:
+    """The `os.environ` and `os.getenv` in a module's code (not in its strings: the mends quote nanotron's)."""
+    return sum(
+        isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+        and node.attr in ("environ", "getenv")
+        for node in ast.walk(ast.parse(source))
+    )  # fmt: skip
+
+
 def test_the_job_reads_its_environment_nowhere_else():
-    readers = {
-        str(path.relative_to(TRAIN)): len(re.findall(r"os\.environ|os\.getenv", path.read_text()))
-        for path in TRAIN.rglob("*.py")
-    }
+    assert environment_reads('import os\nos.environ["A"]; os.getenv("B"); x = "os.environ"') == 2
+    readers = {str(path.relative_to(TRAIN)): environment_reads(path.read_text()) for path in TRAIN.rglob("*.py")}
     assert {name: n for name, n in readers.items() if n and name != "environment.py"} == {}

@@ -192,3 +192,49 @@ def test_sacct_lagging_behind_the_controller_is_waited_for_then_left(monkeypatch
     assert usage._settled("7", final, 0.0) is None  # no accounting
     monkeypatch.setattr(client, "accounting_records", lambda job_id: ended)
     assert usage._settled("7", final, ended[0].submit.timestamp() + 3600) is None  # an older job of the same id
+
+
+def _bundle_without_controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log: str, ended: dict | None):
+    """A submitted bundle whose job's log is `log`, with Slurm's controller unreachable (its client says so, as
+    it does when scontrol cannot connect: tests/test_rerun_e2e.py makes it so on the local cluster)."""
+    from launcher import usage
+    from launcher.bundle import manifest
+    from launcher.errors import SlurmUnavailable
+
+    def unreachable(job_id: str):
+        raise SlurmUnavailable("scontrol cannot reach the Slurm controller: Connection refused")
+
+    monkeypatch.setattr(usage.client, "job_state", unreachable)
+    monkeypatch.setattr(usage.client, "accounting_records", lambda job_id: pytest.fail("sacct asked"))
+    (tmp_path / "job.out").write_text(log)
+    data = {"slurm": {"job_id": "77"}, "outputs": {"log": str(tmp_path / "job.out")},
+            "created": "2026-11-24T09:00:00+0000",
+            "resolved": {"slurm": {"nodes": 2, "gpus_per_node": 2}, "paths": {"save_interval": 1000}}}  # fmt: skip
+    if ended is not None:
+        data["ended"] = ended
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    return usage, manifest.load(tmp_path)
+
+
+def test_without_a_controller_the_ledger_is_the_records_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    usage, run = _bundle_without_controller(tmp_path, monkeypatch, LOG, {"state": "COMPLETED", "exit_code": 0})
+    final, notes = usage.final_state(run)
+    assert final is not None and final.state == "COMPLETED" and "the manifest's record" in notes[1]
+    assert "cannot be reached" in notes[0] and "sacct was not asked" in notes[0]
+    found = usage.ledger(run)
+    assert found is not None and [a.ended for a in found.attempts] == ["hang", "completed"]
+
+
+def test_without_a_controller_or_a_recorded_end_the_log_says_how_it_ended(tmp_path, monkeypatch):
+    usage, run = _bundle_without_controller(tmp_path, monkeypatch, LOG, None)
+    final, notes = usage.final_state(run)
+    assert final is not None and (final.state, final.restarts) == ("COMPLETED", 1) and "read from its log" in notes[1]
+    failed = LOG.replace(
+        "attempt 2 ended 2026-11-24T10:00:50+00:00, exit code 0",
+        "attempt 2 ended 2026-11-24T10:00:50+00:00, exit code 3",
+    )
+    usage, run = _bundle_without_controller(tmp_path, monkeypatch, failed, None)
+    assert usage.final_state(run)[0].state == "FAILED"  # type: ignore[union-attr]
+    usage, run = _bundle_without_controller(tmp_path, monkeypatch, "".join(LOG.splitlines(True)[:6]), None)
+    final, notes = usage.final_state(run)
+    assert final is None and "counted as running until now" in notes[1]

@@ -3,6 +3,7 @@ script submitted twice by hand) refuses to train beside the first (the lock unde
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -23,11 +24,18 @@ def test_a_live_job_of_the_run_is_named_unless_awaited(tmp_path: Path, monkeypat
     monkeypatch.setattr(client, "live_jobs", lambda name: [("41", "RUNNING", "/x/logs/slurm_scripts/r/s.sbatch")])
     (problem,) = one_writer.problems(spec)
     assert isinstance(problem, Problem) and problem.flag == "run_name"
-    assert "job 41 of run r is RUNNING" in problem.message and "--dependency afterany:41" in problem.fix
+    assert f"job 41 is RUNNING and trains into {ckpt}" in problem.message
+    assert "--dependency afterany:41" in problem.fix
     waiting, _ = spec_for("--run_name", "r", "--dataset", "none", "--dependency", "afterok:41", cwd=tmp_path)
     assert one_writer.problems(waiting) == []
     fresh, _ = spec_for("--run_name", "r", "--dataset", "none", "--resume", "false", cwd=tmp_path)
     assert one_writer.problems(fresh) == []
+    # a rerun named otherwise that resumes r's directory (jobs rerun --resume): r's job is asked for and named
+    asked: list[str] = []
+    monkeypatch.setattr(client, "live_jobs", lambda name: asked.append(name) or [("41", "RUNNING", "/x/s.sbatch")])
+    rerun, _ = spec_for("--run_name", "b", "--dataset", "none", cwd=tmp_path)
+    (problem,) = one_writer.problems(dataclasses.replace(rerun, checkpoints=ckpt))
+    assert asked == ["b,r"] and f"job 41 is RUNNING and trains into {ckpt}" in problem.message
     monkeypatch.setattr(client, "live_jobs", lambda name: [("52", "PENDING", "/elsewhere/job.sbatch")])
     assert one_writer.problems(spec) == []  # a job of that name that is not this run's
 
@@ -38,7 +46,7 @@ def test_a_second_launch_of_a_live_run_is_refused(tmp_path: Path, slurm_env: dic
     job_id = submitted_job_id(bundles(tmp_path, "twice")[0])
     try:
         code, out = finish(launch(tmp_path, slurm_env, demo_data, "twice", follow=False, nodes="1"), timeout=60)
-        assert code == 2 and f"--run_name: job {job_id} of run twice is" in out, out
+        assert code == 2 and f"--run_name: job {job_id} is" in out, out
         assert len(bundles(tmp_path, "twice")) == 1  # nothing written
         chained = launch(tmp_path, slurm_env, demo_data, "twice", "--dependency", f"afterany:{job_id}",
                          "--dry_run", "true", nodes="1", follow=False)  # fmt: skip

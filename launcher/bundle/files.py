@@ -40,6 +40,7 @@ class BundlePaths:
     preflight_report: Path  # the node checks' problems, one "NODE: WHAT" a line
     port_taken_file: Path  # left by the first node when its rendezvous port was taken
     metrics: Path
+    runtime: Path  # one line per attempt, appended by the job's rank 0: what it really ran (P.RUNTIME_RECORD)
     checkpoints: Path
 
     @property
@@ -68,6 +69,7 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         preflight_report=bundle_dir / P.PREFLIGHT_REPORT,
         port_taken_file=bundle_dir / P.PORT_TAKEN_FILE,
         metrics=bundle_dir / P.METRICS,
+        runtime=bundle_dir / P.RUNTIME_RECORD,
         checkpoints=checkpoints,
     )
 
@@ -90,16 +92,25 @@ def claim_dir(parent: Path, now: float | None = None, free: Callable[[str], bool
 
 
 def claim(
-    run_name: str, configs: str, scripts: str, logs: str, checkpoints: str, fresh: bool, now: float | None = None
+    run_name: str,
+    configs: str,
+    scripts: str,
+    logs: str,
+    checkpoints: str,
+    fresh: bool,
+    now: float | None = None,
+    checkpoints_dir: Path | None = None,
 ) -> BundlePaths:
     """Create a new, empty bundle directory and return the paths of its files.
 
-    `fresh` starts a run afresh beside existing checkpoints: it gets its own checkpoint directory.
+    `fresh` starts a run afresh beside existing checkpoints: it gets its own checkpoint directory. The run's
+    checkpoints are `<checkpoints>/<run_name>`, or `checkpoints_dir` where the caller chose them (a rerun that
+    resumes the run it reruns).
     """
-    ckpt = Path(checkpoints) / run_name
+    ckpt = checkpoints_dir or Path(checkpoints) / run_name
 
     def paths_of(stamp: str) -> BundlePaths:
-        fresh_ckpt = ckpt.with_name(f"{run_name}-{stamp}") if fresh else ckpt
+        fresh_ckpt = ckpt.with_name(f"{ckpt.name}-{stamp}") if fresh else ckpt
         return paths_for(run_name, stamp, Path(configs), Path(scripts), Path(logs), fresh_ckpt)
 
     def free(stamp: str) -> bool:  # the script and log of another launch of that stamp

@@ -4,6 +4,7 @@ versions, host) and what became of it (Slurm's job id, or its refusal; the run's
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -19,6 +20,7 @@ from typing import Any
 from launcher import atomic
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, write_new
+from launcher.nanotron_config.presets import BASE_CONFIG, PRESETS_DIR
 
 LAUNCHER_SCRIPT = Path(__file__).resolve().parents[2] / "slurm_launcher.py"
 PACKAGES = (
@@ -47,7 +49,7 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _versions() -> dict[str, str | None]:
+def versions() -> dict[str, str | None]:
     """Versions of the packages that shape a run. One pass over the dist-info directory names on sys.path
     (`name-version.dist-info`): importlib.metadata's per-package lookups cost a tenth of a dry run."""
     found: dict[str, str] = {}
@@ -74,9 +76,33 @@ def _versions() -> dict[str, str | None]:
     return versions
 
 
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def inputs(model_size: str, config: str | None) -> dict[str, dict]:
+    """The files the flags were resolved from, as they were: the --model_size preset, the base config and the
+    --config YAML (path and sha256; a rerun says which of them has changed since)."""
+    files = {"preset": PRESETS_DIR / f"{model_size}.yaml", "base_config": BASE_CONFIG}
+    if config:
+        files["config"] = Path(os.path.expanduser(config)).absolute()  # (a rerun may start in another directory)
+    return {name: {"path": str(path), "sha256": _sha256(path)} for name, path in files.items()}
+
+
+def project_state() -> dict[str, Any]:
+    """The launcher's git commit and whether its checkout has uncommitted changes (None, None: not a checkout)."""
+    described = _git("describe", "--always", "--dirty", "--abbrev=40")  # "<commit>[-dirty]", one call
+    return {
+        "commit": described.removesuffix("-dirty") if described else None,
+        "dirty": described.endswith("-dirty") if described else None,
+    }
+
+
 def at_launch(args: object, argv: list[str], paths: BundlePaths, hashes: dict[str, str], derived: dict) -> dict:
     """The manifest as the launch writes it (Slurm's side is added by `record`)."""
-    described = _git("describe", "--always", "--dirty", "--abbrev=40")  # "<commit>[-dirty]", one call
     return {
         "run_name": paths.bundle_dir.parent.name,
         "bundle_id": paths.bundle_id,
@@ -85,18 +111,16 @@ def at_launch(args: object, argv: list[str], paths: BundlePaths, hashes: dict[st
         "cwd": os.getcwd(),
         "resolved": dataclasses.asdict(args),  # type: ignore[call-overload]
         "derived": derived,
+        "inputs": inputs(args.model.model_size, args.execution.config),  # type: ignore[attr-defined]
         "files": {
             "config": {"path": str(paths.config), "sha256": hashes["config"]},
             "script": {"path": str(paths.script), "sha256": hashes["script"]},
             "node_script": {"path": str(paths.node_script), "sha256": hashes["node_script"]},
         },
         "outputs": {"log": str(paths.log), "checkpoints": str(paths.checkpoints), "metrics": str(paths.metrics)},
-        "project": {
-            "commit": described.removesuffix("-dirty") if described else None,
-            "dirty": described.endswith("-dirty") if described else None,
-        },
+        "project": project_state(),
         "host": {"hostname": platform.node(), "user": os.environ.get("USER")},
-        "versions": _versions(),
+        "versions": versions(),
         "slurm": {"submitted": False},
     }
 
@@ -168,6 +192,32 @@ class Manifest:
         verdict = self.data.get("verdict")
         return verdict if isinstance(verdict, dict) else None
 
+    @property
+    def runtime(self) -> list[dict]:
+        """What each attempt of the job really ran with (`P.RUNTIME_RECORD`, beside the manifest: rank 0 appends a
+        line as each attempt starts), in order; an attempt recorded twice (its rendezvous retried) by its last
+        line. [] before the job's first attempt, or for a bundle from before the record."""
+        try:
+            text = (self.bundle_dir / P.RUNTIME_RECORD).read_text(encoding="utf-8")
+        except OSError:
+            return []
+        found: dict[tuple, dict] = {}
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill mid-write
+            if isinstance(rec, dict):
+                found.pop(key := (rec.get("job_id"), rec.get("attempt")), None)
+                found[key] = rec
+        return list(found.values())
+
+    @property
+    def rerun_of(self) -> dict | None:
+        """The bundle this run reruns (`python -m launcher.jobs rerun`), and what differed then; None otherwise."""
+        origin = self.data.get("rerun_of")
+        return origin if isinstance(origin, dict) else None
+
 
 def load(target: Path) -> Manifest:
     """The manifest of a bundle directory (or the manifest file itself). Raises OSError or ValueError."""
@@ -199,4 +249,10 @@ def record_ledger(run: Manifest, ledger: dict) -> None:
     """Where the run's GPU time went (launcher.report.ledger's record: GPU-hours allocated, trained, lost and to
     what, every attempt), once it has ended; in the manifest in hand, and its file."""
     run.data["ledger"] = ledger
+    write_manifest(run.path, run.data)
+
+
+def record_origin(run: Manifest, origin: dict) -> None:
+    """A rerun's manifest names the bundle it reruns, and what differed from it when it was launched."""
+    run.data["rerun_of"] = origin
     write_manifest(run.path, run.data)

@@ -110,6 +110,7 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "stop_file": paths.stop_file,
         "outcome_file": paths.outcome_file,
         "metrics_file": paths.metrics,
+        "runtime_file": paths.runtime,
         "tmp_dir": a.slurm.tmp_dir,
         "wandb_disabled": a.logging.wandb_disabled,
         "extra_env": spec.extra_env,

@@ -18,7 +18,7 @@ from launcher.problems import Problem
 
 def nearest_existing(path: Path) -> Path:
     """`path` or its closest ancestor that exists (what a `mkdir -p` of `path` starts from)."""
-    while not path.exists() and path != path.parent:
+    while not os.path.exists(path) and path != path.parent:  # (os.path's: False for a name too long, not OSError)
         path = path.parent
     return path
 

@@ -112,7 +112,8 @@ def build_parser(with_help: bool = False, width: int | None = None) -> argparse.
         argument_default=argparse.SUPPRESS,
         formatter_class=lambda prog: _Formatter(prog, max_help_position=30, width=width),
     )  # fmt: skip
-    parser.add_argument("-h", "--help", action="help", help="show this help and exit")
+    if with_help:  # (parsing, `parse` answers -h and --help itself: argparse would read `--tp -help` as -h's)
+        parser.add_argument("-h", "--help", action="help", help="show this help and exit")
     required = parser.add_argument_group("required")
     what = _help(LaunchArgs, "run_name", None) if with_help else None
     required.add_argument("--run_name", dest="run_name", type=str, required=True, metavar="NAME", help=what)
@@ -160,7 +161,10 @@ def parse(argv: Sequence[str]) -> Parsed:
         print(help_text(), end="")
         sys.exit(0)
     parser = _parser()
-    given = vars(parser.parse_args(argv))  # only the flags typed: every default is SUPPRESS
+    namespace, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(parser, argv, extras)
+    given = vars(namespace)  # only the flags typed: every default is SUPPRESS
     for dest, value in given.items():
         if isinstance(value, list):  # argparse's reading of `--x=--`: the '--' taken away, nothing left
             parser.error(f"argument --{dest.rsplit('.', 1)[-1]}: expected one argument")
@@ -170,4 +174,23 @@ def parse(argv: Sequence[str]) -> Parsed:
             group_name, name = dest.split(".")
             groups[group_name][name] = value
     args = LaunchArgs(given["run_name"], **{name: GROUPS[name](**fields) for name, fields in groups.items()})
-    return Parsed(args, explicit_flags(argv))
+    return Parsed(args, explicit_flags(argv) - _derived_alone(given))
+
+
+def _derived_alone(given: dict[str, object]) -> set[str]:
+    """The flags typed alone (None) whose default is None, "derive it" (`--hidden_size` alone: the preset's): no
+    choice, so that the preset, the --config YAML or the job's size still decide them."""
+    defaults = {f"{g}.{f.name}": f.default for g, group in GROUPS.items() for f in dataclasses.fields(group)}
+    return {dest.rsplit(".", 1)[-1] for dest, value in given.items() if value is None and defaults.get(dest) is None}
+
+
+def _unrecognized(parser: argparse.ArgumentParser, argv: list[str], extras: list[str]) -> NoReturn:
+    """argparse's refusal of what it could not place, naming the flag where the stray word is a value that starts
+    with a dash given after a flag whose value is optional (`--partition -x` reads as `--partition` alone, then
+    `-x`): the way to give it is `--partition=-x`."""
+    stray = extras[0]
+    at = argv.index(stray) if stray in argv else -1
+    before = argv[at - 1] if at > 0 else ""
+    if before.startswith("--") and "=" not in before and stray.startswith("-"):
+        parser.error(f"argument {before}: its value {stray!r} starts with a dash: give it as {before}={stray}")
+    parser.error(f"unrecognized arguments: {' '.join(extras)}")

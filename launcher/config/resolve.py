@@ -106,7 +106,7 @@ def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, l
     assert not problems, problems  # the project's own file
     if not path:
         return base, {}, str(BASE_CONFIG), []
-    target = Path(path).expanduser()
+    target = Path(os.path.expanduser(path))  # (os.path's: `~nobody/x` stays as typed, not RuntimeError)
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems

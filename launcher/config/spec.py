@@ -39,6 +39,10 @@ class RunSpec:
     datasets: mixture.Datasets = None  # --dataset: a name, a mixture {name: weight}, or None (random tokens)
     stages: tuple[Stage, ...] = ()  # --data_stages: the later data stages (none: a --config's, if any, stand)
     dependency: Dependency | None = None  # --dependency (None: none, or one that does not parse)
+    # Where a rerun places its checkpoints (`launcher.rerun`): the directory it resumes (None: the run's own), and
+    # whether it starts in a directory of its own even where the run's holds no checkpoint yet.
+    checkpoints: Path | None = None
+    fresh: bool = False
 
     @functools.cached_property
     def config(self) -> dict:
@@ -51,8 +55,9 @@ class RunSpec:
 
     @property
     def checkpoints_dir(self) -> Path:
-        """The run's checkpoints: <checkpoints_path>/<run_name> (a fresh start's bundle may get its own)."""
-        return Path(self.args.paths.checkpoints_path) / self.args.run_name
+        """The run's checkpoints: <checkpoints_path>/<run_name>, or the directory a rerun resumes (a fresh start's
+        bundle may get its own)."""
+        return self.checkpoints or Path(self.args.paths.checkpoints_path) / self.args.run_name
 
     @property
     def padded_vocab(self) -> int:

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist, runtime
+from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist, ranges, runtime
 from launcher.config.flags import GROUPS
 from launcher.config.slurm_values import (
     EMAIL,
@@ -261,8 +261,9 @@ def _check_shell(commands: str) -> list[Problem]:
     """`bash -n` on --pre_launch_commands: a syntax error is found now, not when the job starts. A warning is a
     problem too: an unterminated here-document (`cat <<EOF` without its EOF) parses, with a warning, and swallows
     the rest of the batch script, so the job would end COMPLETED without training."""
-    out = subprocess.run(["bash", "-n"], input=commands, capture_output=True, text=True)
-    said = out.stderr.strip()
+    text = commands.encode("utf-8", "surrogateescape")  # bytes typed that are not UTF-8: as typed (`ranges` says)
+    out = subprocess.run(["bash", "-n"], input=text, capture_output=True)
+    said = out.stderr.decode("utf-8", "replace").strip()
     if out.returncode == 0 and not said:
         return []
     first = said.splitlines()[0].removeprefix("bash: ") if said else "syntax error"
@@ -288,11 +289,14 @@ def _check_secrets(spec: RunSpec) -> list[Problem]:
 
 
 def validate(spec: RunSpec) -> list[Problem]:
-    """Every problem with a resolved spec, in flag order."""
-    layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 else []
+    """Every problem with a resolved spec, in flag order; values no run takes first (`ranges`: the layout's
+    rules wait until they are fixed, and what other checks say of such a flag is left unsaid), each problem once."""
+    bounded = ranges.problems(spec.args)
+    layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 and not bounded else []
     layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
-    return _check_secrets(spec) + checks
+    said = {p.flag for p in bounded}
+    return list(dict.fromkeys(_check_secrets(spec) + bounded + [p for p in checks if p.flag not in said]))
 
 
 MODES = {  # flag -> (what nanotron 0.4 takes, the fix)

@@ -208,6 +208,21 @@ def job_log_path(job_id: str) -> Path | None:
     return Path(path) if path else None
 
 
+def job_script(job_id: str) -> Path | None:
+    """The batch script Slurm runs for the job (Command), while the controller knows the job."""
+    out = _query("scontrol", "show", "job", "-o", job_id)
+    path = parse_scontrol(out).get("Command") if out is not None else None
+    return Path(path) if path else None
+
+
+def release() -> str | None:
+    """The Slurm release of this machine's commands (`sbatch --version`: "slurm 22.05.8" -> "22.05.8"); asks no
+    controller."""
+    out = _run([_command("sbatch"), "--version"])
+    words = out.stdout.split()
+    return words[-1] if out.returncode == 0 and words else None
+
+
 def cancel(job_id: str) -> None:
     out = _run([_command("scancel"), job_id])
     if out.returncode != 0:
@@ -229,8 +244,8 @@ def node_shapes(partition: str | None) -> list[tuple[int, int]]:
 
 
 def live_jobs(name: str) -> list[tuple[str, str, str]]:
-    """This user's jobs named `name` that Slurm still holds (pending, running, requeued, ...): (job id, state,
-    batch script path)."""
+    """This user's jobs named `name` (or any of its comma-separated names) that Slurm still holds (pending,
+    running, requeued, ...): (job id, state, batch script path)."""
     out = _query("squeue", "-h", "--me", "--name", name, "-o", SQUEUE_JOBS)
     return parse_squeue_jobs(out) if out is not None else []
 

@@ -33,20 +33,23 @@ def problems(spec: RunSpec) -> list[Problem]:
     a = spec.args
     if not a.paths.resume:
         return []  # a fresh start gets a checkpoint directory of its own
-    checkpoints = Path(a.paths.checkpoints_path) / a.run_name
+    checkpoints = spec.checkpoints_dir  # a rerun may resume another run's directory, under another name
     try:
         holder = (checkpoints / P.LOCK / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
     except OSError:
         holder = ""
     awaited = {job_id.split("_")[0] for job_id in (spec.dependency.job_ids if spec.dependency else [])}
     out = []
-    for job_id, state, script in client.live_jobs(a.run_name):
-        ours = job_id == holder or _bundle_checkpoints(a.paths.configs_path, a.run_name, script) == str(checkpoints)
+    names = sorted({a.run_name, checkpoints.name})  # the jobs of this run, and of the run whose directory it is
+    for job_id, state, script in client.live_jobs(",".join(names)):
+        ours = job_id == holder or any(
+            _bundle_checkpoints(a.paths.configs_path, name, script) == str(checkpoints) for name in names
+        )
         if ours and job_id not in awaited:
             out.append(
                 Problem(
                     "run_name",
-                    f"job {job_id} of run {a.run_name} is {state} and trains into {checkpoints}; a second job would "
+                    f"job {job_id} is {state} and trains into {checkpoints}; a second job would "
                     "write the same checkpoints",
                     f"queue this one after it with --dependency afterany:{job_id}, cancel it (scancel {job_id}), or "
                     "give another --run_name or --checkpoints_path",

@@ -19,6 +19,7 @@ import dataclasses
 from pathlib import Path
 
 from launcher.bundle import storage
+from launcher.config import ranges
 from launcher.config.spec import RunSpec
 from launcher.errors import SlurmUnavailable
 from launcher.nanotron_config import dialect, gpus
@@ -84,7 +85,7 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
     if a.logging.profiler_export_path:
         out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     said = {p.flag for p in earlier + out}
-    if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"}:
+    if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"} and not ranges.problems(a):
         out += storage.space_problems(figures.parameters(spec), a.paths.checkpoints_path)
     return out
 
@@ -124,7 +125,7 @@ def resume_problems(spec: RunSpec) -> list[Problem]:
     a = spec.args
     if not a.paths.resume:
         return []
-    root = Path(a.paths.checkpoints_path) / a.run_name
+    root = spec.checkpoints_dir
     saved, how = dialect.of_checkpoints(root)
     if saved is None or saved == spec.dialect.dialect:
         return relayout_problems(spec, root)

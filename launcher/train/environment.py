@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from launcher import protocol as P
+from launcher.nanotron_config.provenance import hub_cache
 
 STOP_FILE_EVERY_S = 5.0  # rank 0's looks for the stop file, at most this often (P.ENV_STOP_FILE_EVERY changes it)
 STRAGGLER_EVERY = 100  # steps between rank 0's looks at every rank's step time (P.ENV_STRAGGLER_EVERY changes it)
@@ -55,6 +57,11 @@ class JobEnvironment:
     ranks_file: str | None = None  # P.ENV_RANKS_FILE: which node holds which ranks (rank 0 writes it)
     stragglers_file: str | None = None  # P.ENV_STRAGGLERS_FILE: the ranks named slower than the others
     straggler_every: int = STRAGGLER_EVERY  # P.ENV_STRAGGLER_EVERY: steps between looks at every rank's step time
+    runtime_file: str | None = None  # P.ENV_RUNTIME_FILE: rank 0 appends what this attempt runs with
+    job_id: str | None = None  # SLURM_JOB_ID
+    attempt: int = 1  # SLURM_RESTART_COUNT + 1: the batch script's count of this job's attempts
+    nodelist: str | None = None  # SLURM_JOB_NODELIST (a hostlist)
+    hub_cache: Path = field(default_factory=lambda: hub_cache({}))  # huggingface_hub's (HF_HUB_CACHE, HF_HOME)
 
     @property
     def is_main(self) -> bool:
@@ -82,4 +89,9 @@ class JobEnvironment:
             ranks_file=env.get(P.ENV_RANKS_FILE) or None,
             stragglers_file=env.get(P.ENV_STRAGGLERS_FILE) or None,
             straggler_every=max(_int(env.get(P.ENV_STRAGGLER_EVERY), STRAGGLER_EVERY), 1),
+            runtime_file=env.get(P.ENV_RUNTIME_FILE) or None,
+            job_id=env.get("SLURM_JOB_ID") or None,
+            attempt=_int(env.get("SLURM_RESTART_COUNT"), 0) + 1,
+            nodelist=env.get("SLURM_JOB_NODELIST") or None,
+            hub_cache=hub_cache(env),
         )

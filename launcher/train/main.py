@@ -14,6 +14,7 @@ from launcher.errors import ConfigError, TrainError
 from launcher.nanotron_config import dialect
 from launcher.train.config import TrainConfig, check_train_config, load_train_config
 from launcher.train.environment import JobEnvironment
+from launcher.train.record import append as record_attempt
 
 ENGINES = ("auto", "torch", "nanotron")
 
@@ -124,6 +125,7 @@ def run(config_file: str, engine: str = "auto") -> None:
     if job.is_main:
         print(f"engine: {chosen} ({why})", flush=True)
     settle_engine(cfg, chosen, why, job)
+    record_attempt(cfg, job, chosen)  # rank 0: what this attempt runs with, in the bundle's runtime record
     if chosen == "nanotron":
         from launcher.train.nanotron_engine import engine as nanotron_engine
 

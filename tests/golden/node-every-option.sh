@@ -30,6 +30,7 @@ LAUNCHER_PORT_TAKEN=/project/logs/configs/golden-every-option/20260101-000000/po
 export LAUNCHER_STOP_FILE=/project/logs/configs/golden-every-option/20260101-000000/stop-requested
 export LAUNCHER_OUTCOME_FILE=/project/logs/configs/golden-every-option/20260101-000000/outcome
 export LAUNCHER_METRICS_FILE=/project/logs/configs/golden-every-option/20260101-000000/metrics.jsonl
+export LAUNCHER_RUNTIME_FILE=/project/logs/configs/golden-every-option/20260101-000000/runtime.jsonl
 export LAUNCHER_PROGRESS_FILE=/project/logs/configs/golden-every-option/20260101-000000/progress
 export LAUNCHER_SIGNAL_GRACE=300  # seconds a time-limit save has (training warns if saves take longer)
 export TMPDIR=/tmp
