@@ -73,7 +73,8 @@ def ledger_command(target: str | None, since: str | None, configs_path: Path) ->
     from_sacct, from_records = usage.ledgers(run, final, ask_sacct=not unconfirmed, asked=True)
     if from_sacct is None and from_records is None:
         raise LauncherError(f"{directory}: no attempt of its job has started yet (or it was never submitted)")
-    usage.kept(run, from_sacct or from_records)  # type: ignore[arg-type]
+    if not unconfirmed:  # (a ledger Slurm could not confirm is said, not recorded)
+        usage.kept(run, from_sacct or from_records)  # type: ignore[arg-type]
     print(f"GPU-hours of {directory} (GPU-hours per attempt):")
     for found in (from_sacct, from_records):
         if found is not None:

@@ -134,15 +134,23 @@ def ledgers(
 def ledger(run: manifest.Manifest, final: JobState | None = None, keep: bool = True) -> Ledger | None:
     """The run's ledger, from sacct where the cluster keeps accounting, else from the job's records (those alone
     where the controller cannot be reached); recorded in the manifest (`keep`) once the job has ended."""
+    return confirmed_ledger(run, final, keep)[0]
+
+
+def confirmed_ledger(
+    run: manifest.Manifest, final: JobState | None = None, keep: bool = True
+) -> tuple[Ledger | None, list[str]]:
+    """`ledger`, and what of it Slurm could not confirm (the controller unreachable: the job's end read from its
+    records). An unconfirmed ledger is not recorded in the manifest: a later look, with Slurm, may say otherwise."""
     unconfirmed: list[str] = []
     asked = final is None and run.job_id is not None
     if asked:
         final, unconfirmed = final_state(run)
     from_sacct, from_records = ledgers(run, final, ask_sacct=not unconfirmed, asked=asked)
     chosen = from_sacct or from_records
-    if keep and chosen is not None:
+    if keep and chosen is not None and not unconfirmed:
         kept(run, chosen)
-    return chosen
+    return chosen, unconfirmed
 
 
 def kept(run: manifest.Manifest, found: Ledger) -> None:
@@ -186,10 +194,12 @@ def bundles_since(configs_path: Path, since: float) -> list[Path]:
 def line(run: manifest.Manifest, final: JobState | None = None) -> str:
     """The run's ledger in one line, for the end summary and `jobs status` (recorded in the manifest once ended)."""
     try:
-        found = ledger(run, final)
+        found, unconfirmed = confirmed_ledger(run, final)
     except (OSError, ValueError, KeyError, LauncherError) as e:  # a damaged bundle, Slurm not answering
         return f"no ledger: {e}"
-    return summary(found) if found else "no ledger yet: the job has not started"
+    if found is None:
+        return "no ledger yet: the job has not started"
+    return summary(found) + (f" (not confirmed: {unconfirmed[0]})" if unconfirmed else "")
 
 
 def several(bundles: list[tuple[str, Path]], png: Path | None, title: str) -> list[str]:
@@ -197,7 +207,7 @@ def several(bundles: list[tuple[str, Path]], png: Path | None, title: str) -> li
     lines, drawn = [], []
     for label, bundle in bundles:
         try:
-            found = ledger(manifest.load(bundle))
+            found, unconfirmed = confirmed_ledger(manifest.load(bundle))
         except (OSError, ValueError, KeyError, LauncherError) as e:
             lines.append(f"  {label}: no ledger ({e})")
             continue
@@ -205,7 +215,7 @@ def several(bundles: list[tuple[str, Path]], png: Path | None, title: str) -> li
             lines.append(f"  {label}: not started")
             continue
         drawn.append((label, found))
-        lines.append(f"  {label}: {summary(found)}")
+        lines.append(f"  {label}: {summary(found)}" + (f" (not confirmed: {unconfirmed[0]})" if unconfirmed else ""))
     total = sum(x.allocated for _, x in drawn)
     lost = sum(x.lost for _, x in drawn)
     lines.append(f"  total: {hours(total)} GPU-hours over {len(drawn)} run(s), {hours(lost)} lost")

@@ -223,6 +223,11 @@ def test_without_a_controller_the_ledger_is_the_records_and_says_so(tmp_path: Pa
     assert "cannot be reached" in notes[0] and "sacct was not asked" in notes[0]
     found = usage.ledger(run)
     assert found is not None and [a.ended for a in found.attempts] == ["hang", "completed"]
+    assert "ledger" not in json.loads((tmp_path / "manifest.json").read_text())  # said, not recorded
+    said = usage.line(run)
+    assert said.endswith(f"(not confirmed: {notes[0]})") and usage.several([("r", tmp_path)], None, "t")[0] == (
+        f"  r: {said}"
+    )
 
 
 def test_without_a_controller_or_a_recorded_end_the_log_says_how_it_ended(tmp_path, monkeypatch):

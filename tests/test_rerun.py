@@ -208,3 +208,11 @@ def test_a_flag_the_launcher_no_longer_has_is_a_difference(workdir: Path, capsys
     with pytest.raises(ConfigError) as refused:
         rerun.rerun(older, None, dry_run=True, strict=True, resume=False, show_logs=False)
     assert "--label_smoothing: recorded by the original, no flag of today's launcher" in str(refused.value)
+
+
+def test_a_damaged_manifest_is_one_line(workdir: Path, capsys):
+    (workdir / "y").mkdir()
+    (workdir / "y" / "manifest.json").write_text('{"resolved": 5}')
+    assert jobs.main(["rerun", str(workdir / "y"), "--dry_run"]) == 1
+    assert jobs.main(["diff", str(workdir / "y"), str(workdir / "y")]) == 1
+    assert capsys.readouterr().err.count("is not a launcher manifest (damaged") == 2

@@ -223,8 +223,9 @@ def load(target: Path) -> Manifest:
     """The manifest of a bundle directory (or the manifest file itself). Raises OSError or ValueError."""
     path = target if target.name == P.MANIFEST else target / P.MANIFEST
     data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a launcher manifest")
+    sections = ("slurm", "resolved", "outputs", "files", "inputs", "derived", "versions", "ended")
+    if not isinstance(data, dict) or any(not isinstance(data.get(k, {}), dict | None) for k in sections):
+        raise ValueError(f"{path} is not a launcher manifest (damaged: a section of it is not a mapping)")
     return Manifest(path, data)
 
 
