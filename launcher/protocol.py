@@ -22,6 +22,9 @@ STOP_FILE = "stop-requested"  # the batch script's word to training: checkpoint 
 OUTCOME_FILE = "outcome"  # training's word to the batch script: OUTCOME_FORMAT
 SRUN_STATUS_FILE = "srun-exit-code"  # the training step's exit code, through a file (see the batch script)
 REQUEUES_FILE = "requeues"  # one REQUEUE_FORMAT line per requeue the job asked for
+RESTARTS_FILE = "restarts"  # one RESTART_FORMAT line per failure the job went on from (a restart, or a requeue)
+RANKS_FILE = "ranks"  # training's rank 0, as each node step starts: RANKS_FORMAT, a line a node
+STRAGGLERS_FILE = "stragglers.jsonl"  # training's rank 0: one JSON object per rank it names as slower than the others
 PROGRESS_FILE = "progress"  # PROGRESS_FORMAT, written by training's rank 0, read by the hang watchdog
 HUNG_FILE = "hung"  # the watchdog's finding: HUNG_FILE_FORMAT
 PREFLIGHT_REPORT = "preflight"  # the node checks' problems, one "NODE: WHAT" a line
@@ -38,6 +41,8 @@ NANOTRON_POINTER = "latest.txt"  # nanotron's
 POINTERS = {TORCH_POINTER: "torch", NANOTRON_POINTER: "nanotron"}  # pointer -> the engine that writes it
 DATA_CACHE = ".data-cache"  # the torch engine's packed windows
 DIALECT_RECORD = "nanotron-dialect"  # the config dialect ("0.4" | "main") the run's checkpoints were written from
+WANDB_RUN_ID_FILE = "wandb-run-id"  # the run's one experiment-tracker run: every attempt and restart appends to it
+WANDB_LOGGED_FILE = "wandb-logged-to"  # the last step that wandb run holds for certain (written as a run finishes)
 NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
 
 # What the job reads from its environment (set by the node script).
@@ -49,6 +54,9 @@ ENV_RUNTIME_FILE = "LAUNCHER_RUNTIME_FILE"  # RUNTIME_RECORD's path (unset: the 
 ENV_SIGNAL_GRACE = "LAUNCHER_SIGNAL_GRACE"  # seconds the time-limit warning comes early (where the job requeues)
 ENV_STOP_FILE_EVERY = "LAUNCHER_STOP_FILE_EVERY_S"  # seconds between rank 0's looks for the stop file (default 5)
 ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE", marks a node's training processes (for stack dumps and stop)
+ENV_RANKS_FILE = "LAUNCHER_RANKS_FILE"  # where rank 0 writes which node holds which ranks (RANKS_FILE)
+ENV_STRAGGLERS_FILE = "LAUNCHER_STRAGGLERS_FILE"  # where rank 0 records the stragglers it names (STRAGGLERS_FILE)
+ENV_STRAGGLER_EVERY = "LAUNCHER_STRAGGLER_EVERY"  # steps between rank 0's looks at every rank's step time (100)
 
 # Training's words as it ends (OUTCOME_FILE), read by the batch script's end-of-attempt table.
 FINISHED, STOPPED = "finished", "stopped"
@@ -56,7 +64,11 @@ OUTCOME_FORMAT = "{word} {step}\n"
 PROGRESS_FORMAT = "{step} {time:.3f} {phase}\n"
 HUNG_FILE_FORMAT = "{step} {idle} {limit}\n"
 REQUEUE_FORMAT = "{why} attempt {attempt} step {step} nodes {nodes}"  # why: one of REQUEUE_WHY
-REQUEUE_WHY = ("preemption", "time-limit", "hang", "preflight")
+REQUEUE_WHY = ("preemption", "time-limit", "hang", "preflight", "node-failure", "failure")
+RANKS_FORMAT = "{node} {first} {last}\n"  # the global ranks first..last run on node (torchrun gives a node's in a row)
+# why: hang | preflight | node-failure | failure; action: restart (in the allocation) | requeue; checkpoint steps at
+# the step's start and end; step: the last step training logged (- for none); failure: "KIND: SUMMARY" or -
+RESTART_FORMAT = "{why} {action} attempt {attempt} checkpoint {start} {end} step {at} nodes {nodes} failure {failure}"
 
 # The job's own lines in its log. The batch script and the node check print them behind LINE_PREFIX; each names
 # its fields in braces. Static text stays inside bash double quotes: none of  " $ ` \  (a test holds it so).
@@ -72,7 +84,6 @@ LINES = {
     "attempt ends",
     "hung": "hung at step {step}: no progress for {idle} s (limit {limit} s); stacks in {stacks}",
     "suspected": "suspected: {nodes} (its training processes' stacks differ from the others')",
-    "not_excluded": "not leaving out {count} nodes (at most {most}; the partition can spare {spare})",
     "two_writers": "two jobs of one run: job {holder} ({state}) holds {lock} and trains into {checkpoints}; this job "
     "does not train beside it. Cancel one of them, or chain them: --dependency afterany:{holder}",
     "heartbeat": "heartbeat",
@@ -93,7 +104,12 @@ LINES = {
     "{most}); the next attempt resumes",
     "no_requeue_left": "stopped at the checkpoint of step {step} with no requeue left (--max_requeues {most}): launch "
     "the same command again to resume",
-    "requeue_once": "requeueing once{without}; the next attempt resumes from the latest checkpoint",
+    # (the free-text `why` of a failure comes last: its words may hold anything but a line break)
+    "requeue_without": "no healthy nodes left for the layout: requeueing{without}; the next attempt resumes from the "
+    "latest checkpoint; after {why}",
+    "restart": "restart {count} of {most} in the allocation, leaving out {left}: training again on {nodes} from the "
+    "checkpoint of step {step}, after {why}",
+    "no_restart": "not restarting or requeueing: {reason}; fix: {fix}; after {why}",
     "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
     "to resume",
     "late_notice": "the {notice} notice came as training ended: nothing to resume",
@@ -107,7 +123,7 @@ CONTAINER_LACKS = CONTAINER_START + "{image}: {python} lacks {modules}"
 # What a field matches where a pattern needs more than "anything" (the default).
 FIELD_PATTERNS = {
     "step": r"\S+", "steps": r"\d+", "attempt": r"\d+", "job": r"\S+", "node": r"[^:\s]+", "idle": r"[\d.?]+",
-    "limit": r"[\d.?]+",
+    "limit": r"[\d.?]+", "count": r"\d+", "most": r"\d+",
 }  # fmt: skip
 STAMP_PATTERN = r"\d\d:\d\d:\d\d(?:\.\d+)?"
 # training's line for each logged step, and its last words

@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from launcher import protocol as P
 from launcher import usage
 from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
-from launcher.report import pictures, plots, summary
+from launcher.node import restart
+from launcher.report import pictures, plots, stragglers, summary
 from launcher.slurm import client, follow, logread, triage
 from launcher.slurm.parse import JobState
 
@@ -61,7 +63,8 @@ def judge_end(final: JobState, log: Path, run: manifest.Manifest | None = None) 
     the second value says why it could not be recorded, or is ""."""
     verdict = triage.for_job(final, read_log(log), flags=run.flags if run else None, memory_note=memory_note(run))
     if run is not None and run.path.is_file():
-        ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts}
+        ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts,
+                 "restarts_in_allocation": len(restarts_of(run))}  # fmt: skip
         try:
             manifest.record_end(run, ended, verdict.record() if verdict else None)
         except OSError as e:
@@ -69,12 +72,18 @@ def judge_end(final: JobState, log: Path, run: manifest.Manifest | None = None) 
     return verdict, ""
 
 
+def restarts_of(run: manifest.Manifest) -> list[dict[str, str]]:
+    """The restarts of training inside the job's allocation, as its batch script recorded them (oldest first)."""
+    return [r for r in restart.records(run.bundle_dir / P.RESTARTS_FILE) if r["action"] == "restart"]
+
+
 def report_end(final: JobState, log: Path, run: manifest.Manifest | None = None) -> triage.Verdict | None:
     """Say how the job ended and, unless it COMPLETED, why and what to do; record both in the manifest (if any)."""
     code = "" if final.exit_code is None else f", exit code {final.exit_code}"
-    print(
-        f"Job {final.job_id} ended {final.state}{code}" + (f" (requeued {final.restarts}x)" if final.restarts else "")
-    )
+    again = [f"requeued {final.restarts}x"] if final.restarts else []
+    if run is not None and (inside := len(restarts_of(run))):
+        again.append(f"restarted {inside}x in its allocation")
+    print(f"Job {final.job_id} ended {final.state}{code}" + (f" ({'; '.join(again)})" if again else ""))
     verdict, unrecorded = judge_end(final, log, run)
     if verdict is not None:
         print("\n".join(verdict.lines()))
@@ -92,6 +101,14 @@ def outputs(run: manifest.Manifest, final: JobState | None = None) -> dict[str, 
         found["loss curve"] = plots.loss_curve(run.metrics, run.bundle_dir / "loss.png")
     found.update(pictures.render(run))
     found["gpu-hours"] = usage.line(run, final)  # the ledger (launcher.usage), kept in the manifest
+    if restarted := restarts_of(run):
+        found["restarts"] = "; ".join(
+            f"after {r['why'].replace('-', ' ')} at step {r['at']}" + (f", without {r['nodes']}" if r["nodes"] != "-"
+                                                                      else ", on the same nodes")
+            for r in restarted
+        )  # fmt: skip
+    if named := stragglers.named(run):
+        found["stragglers"] = "; ".join(named)
     return found
 
 

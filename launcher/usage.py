@@ -116,17 +116,18 @@ def ledgers(
     seen = records.read_log(records.read_lines(run.log), job_id)
     metrics = run.metrics
     save_interval = int(flags.get("save_interval") or 0)
-    gpus = int(flags.get("nodes") or 1) * int(flags.get("gpus_per_node") or 0)
+    per_node = int(flags.get("gpus_per_node") or 0)
+    gpus = (int(flags.get("nodes") or 1) + int(flags.get("spare_nodes") or 0)) * per_node  # the spares' held too
     ended_state = final.state if final is not None and final.terminal else None
-    own = records.attempts(seen, gpus, ended_state, now)
-    spans = [(a.number, a.start, a.end) for a in own]
-    from_records = compute(own, records.works(seen, metrics, spans), save_interval, "job records") if own else None
+    own = records.split(records.attempts(seen, gpus, ended_state, now), seen, per_node)
+    works = records.works(seen, metrics, records.spans(own))
+    from_records = compute(own, works, save_interval, "job records") if own else None
     recs = _settled(job_id, final, _created(run.data)) if ask_sacct else None
     from_sacct = None
     if recs:
-        acct = _from_sacct(recs, seen, final, now, gpus)
-        spans = [(a.number, a.start, a.end) for a in acct]
-        from_sacct = compute(acct, records.works(seen, metrics, spans), save_interval, "sacct") if acct else None
+        acct = records.split(_from_sacct(recs, seen, final, now, gpus), seen, per_node)
+        works = records.works(seen, metrics, records.spans(acct))
+        from_sacct = compute(acct, works, save_interval, "sacct") if acct else None
     return from_sacct, from_records
 
 

@@ -90,3 +90,43 @@ END = P.line("attempt_ended", "14:43:03.101", job=48, attempt=1, when="2026-11-2
 def job_log(fixture: str, slurm: str = SRUN_KILL) -> str:
     """A job's log around a recorded torchrun log: the batch script's first line, torchrun, srun, the last line."""
     return START + (TRIAGE_FIXTURES / fixture).read_text() + slurm + END
+
+
+# run_train.py itself, with what a test asks of it through the job's environment (--extra_env), test-side only:
+# SLOW_RANK/SLOW_S: that rank sleeps SLOW_S before each step (a straggler); STEP_S: every rank sleeps STEP_S before
+# each step (a run slow enough to outlast Slurm's notice of a dead node); CRASH_AT/RAISE_AT: rank 1 dies of
+# SIGKILL, or raises, at that step, in every node step (a run that cannot progress); HANG_AT: rank 1 stops
+# answering at that step, once (the file HANG_ONCE marks it done).
+WRAPPED = """
+import os, runpy, signal, sys, time
+sys.path.insert(0, {root!r})
+from launcher.train.torch_engine import engine as torch_engine
+
+step = torch_engine.TorchTrainer.train_step
+
+def wrapped(self, ddp):
+    env = os.environ
+    if str(self.where.rank) == env.get("SLOW_RANK"):
+        time.sleep(float(env["SLOW_S"]))
+    time.sleep(float(env.get("STEP_S", "0")))
+    if self.where.rank == 1 and str(self.step) == env.get("CRASH_AT"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if self.where.rank == 1 and str(self.step) == env.get("RAISE_AT"):
+        raise ValueError("bad shard 7 in the data")
+    if self.where.rank == 1 and str(self.step) == env.get("HANG_AT") and not os.path.exists(env["HANG_ONCE"]):
+        open(env["HANG_ONCE"], "w").close()
+        while True:
+            time.sleep(1)  # what a hung rank looks like from the outside
+    return step(self, ddp)
+
+torch_engine.TorchTrainer.train_step = wrapped
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def wrapped_script(where: Path) -> str:
+    """run_train.py wrapped as WRAPPED says, written into `where`: its path."""
+    script = where / "wrapped.py"
+    script.write_text(WRAPPED.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
+    return str(script)

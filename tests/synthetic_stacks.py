@@ -26,6 +26,11 @@ IN_COLLECTIVE = (
     "    agreed (launcher/train/stop.py:51)\n    train (launcher/train/torch_engine/engine.py:252)\n"
     "    run (launcher/train/main.py:88)\n    <module> (run_train.py:30)\n"
 )
+IN_DDP_BACKWARD = (  # waiting for DDP's gradient all-reduce: py-spy shows only autograd's frame
+    'Thread {pid} (idle): "MainThread"\n    _engine_run_backward (torch/autograd/graph.py:{line})\n'
+    "    backward (torch/autograd/__init__.py:395)\n    Tensor.backward (torch/_tensor.py:623)\n"
+    "    TorchTrainer.train_step (launcher/train/torch_engine/engine.py:239)\n    <module> (run_train.py:30)\n"
+)
 STUCK = (
     'Thread {pid} (active): "MainThread"\n    read (multiprocessing/connection.py:{line})\n'
     "    next_batch (launcher/train/data.py:140)\n    train (launcher/train/torch_engine/engine.py:245)\n"

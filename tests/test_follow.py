@@ -16,7 +16,7 @@ from launcher import protocol as P
 from launcher.errors import LauncherError
 from launcher.localcluster.sdiag import parse_rpc_counts, rpc_counts, served
 from launcher.slurm import client
-from launcher.slurm.follow import Cadence, LogTail, Watched, poll_problem
+from launcher.slurm.follow import Cadence, LogTail, Watched, describe, poll_problem
 from launcher.slurm.parse import JobState, parse_squeue_states
 
 SQUEUE = (  # `squeue -h -t all -j ... -O SQUEUE_STATES` on Slurm 22.05; the last line as a version may pad it
@@ -25,6 +25,8 @@ SQUEUE = (  # `squeue -h -t all -j ... -O SQUEUE_STATES` on Slurm 22.05; the las
     "5|CANCELLED|None|15|1|node[1-2]|(null)|\n"
     "6|FAILED|NonZeroExitCode|7:0|0|node2|(null)|\n"
     "  8 |RUNNING   |None        |0   |2 |node1   |(null)   |\n"
+    "9|PENDING|Resources|0|0||(null)|2026-11-26T05:20:46|\n"  # with StartTime: the scheduler's estimate
+    "10|PENDING|Priority|0|0||(null)|N/A|\n"  # none yet
 )
 
 
@@ -35,6 +37,9 @@ def test_squeue_states_read_as_scontrol_says_them() -> None:
     assert (states["5"].exit_code, states["5"].signal, states["5"].restarts) == (0, 15, 1)  # killed by SIGTERM
     assert (states["6"].exit_code, states["6"].signal) == (7, 0)
     assert states["8"] == JobState("8", "RUNNING", "None", 0, 0, 2, "node1", "")
+    assert (states["9"].start, states["10"].start) == ("2026-11-26T05:20:46", "")
+    expected = "job 9 PENDING (reason: Resources, Slurm expects it to start at 2026-11-26 05:20:46)"
+    assert describe(states["9"]) == expected
 
 
 def test_attempt_lines_are_found_across_reads(tmp_path: Path) -> None:
@@ -163,6 +168,51 @@ def test_following_a_quiet_job_costs_no_query_until_its_log_says_it_ended(tmp_pa
     assert noticed < 5, f"the end was noticed {noticed:.1f} s after the job's log said it"
     after = served(quiet_start, rpc_counts(slurm_env))
     assert after["REQUEST_JOB_INFO_SINGLE"] >= 1  # the query that confirmed the end: the counts do see the follower
+
+
+PENDING_WINDOW, PENDING_POLL = 30.0, 10
+
+
+def test_a_pending_job_says_why_it_waits_and_when_it_may_start_and_is_asked_politely(
+    tmp_path: Path, slurm_env: dict
+) -> None:
+    """A job that waits for GPUs another job holds: --show_logs and `jobs status` say Slurm's reason and its
+    estimate of the start (the one `squeue --start` prints), and the follower asks the controller at most once a
+    poll interval while it waits (backing off), counted with sdiag; the job then runs once the GPUs are free."""
+    blocker = sbatch(slurm_env, "--nodes", "2", "--gpus-per-node", "2", "--time", "10", "--wrap", "sleep 600")
+    nap = tmp_path / "nap.py"
+    nap.write_text(NAP.format(seconds=1))
+    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "waits", "--nodes", "1",
+            "--gpus_per_node", "1", "--run_train_script", str(nap), "--dataset", "none", "--time_limit", "5:00",
+            "--show_logs"]  # fmt: skip
+    err = tmp_path / "follower.err"
+    try:
+        with open(err, "w") as stderr:
+            proc = subprocess.Popen(argv, cwd=tmp_path, env={**slurm_env, "LAUNCHER_POLL_SECONDS": str(PENDING_POLL)},
+                                    stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
+        wait_until(lambda: "Slurm expects it to start at" in err.read_text(), timeout=120)
+        before = rpc_counts(slurm_env)
+        time.sleep(PENDING_WINDOW)
+        asked = served(before, rpc_counts(slurm_env))
+        said = next(line for line in err.read_text().splitlines() if "Slurm expects it to start at" in line)
+        job_id = said.split()[2]
+        (bundle,) = (tmp_path / "logs/configs/waits").iterdir()
+        status = subprocess.run([sys.executable, "-m", "launcher.jobs", "status", str(bundle)], cwd=ROOT,
+                                env=slurm_env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        start = subprocess.run(["squeue", "--start", "-h", "-j", job_id, "-o", "%S"], env=slurm_env,
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        client.cancel(blocker)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        subprocess.run(["scancel", blocker], env=slurm_env, check=False)
+        proc.kill()
+    assert f"job {job_id} PENDING (reason: Resources, Slurm expects it to start at " in said, said
+    assert start[:1].isdigit() and start.replace("T", " ")[:16] in status.stdout, (start, status.stdout)
+    assert f"job {job_id} PENDING (reason: Resources, Slurm expects it to start at" in status.stdout
+    # while it waited: one controller query (scontrol show job) per poll interval at most, none from anyone else
+    queries = asked["REQUEST_JOB_INFO_SINGLE"] + asked["REQUEST_JOB_INFO"]
+    assert 1 <= queries <= PENDING_WINDOW / PENDING_POLL + 1, asked
+    assert " ended COMPLETED" in stdout, stdout + err.read_text()  # it started once the GPUs were free
 
 
 def test_a_bad_poll_setting_is_refused_before_submission(tmp_path: Path, slurm_env: dict) -> None:

@@ -48,7 +48,7 @@ def test_a_failed_job_ends_with_its_verdict_printed_and_recorded(tmp_path: Path,
     assert out[2].startswith("       at fail.py:72 in main; exit code 143 is srun stopping the other ranks")
     assert out[3].startswith("  fix: correct what its traceback") and len(out) == 4
     data = json.loads(path.read_text())
-    assert data["ended"] == {"state": "FAILED", "exit_code": 143, "restarts": 0}
+    assert data["ended"] == {"state": "FAILED", "exit_code": 143, "restarts": 0, "restarts_in_allocation": 0}
     assert verdict is not None and data["verdict"] == verdict.record()
     assert data["verdict"]["cause"] == "exception" and data["verdict"]["where"] == {"rank": 3, "node": "node2"}
     assert data["slurm"] == {"submitted": True, "job_id": "48"}  # Slurm's side stays as it was

@@ -84,7 +84,8 @@ LOG = """\
 [launcher 10:00:01.250] job 77 attempt 1 started 2026-11-24T10:00:01+00:00 on node[1-2]
 resumed from checkpoint step 0 (x)
 [launcher 10:00:09.000] hung at step 4: no progress for 30 s (limit 20 s); stacks in /s
-[launcher 10:00:20.500] requeueing once without node1; the next attempt resumes from the latest checkpoint
+[launcher 10:00:20.500] no healthy nodes left for the layout: requeueing without node1; the next attempt resumes \
+from the latest checkpoint; after a hang (suspected: node1)
 [launcher 10:00:20.750] job 77 attempt 1 ended 2026-11-24T10:00:20+00:00, exit code 0
 [launcher 10:00:40.000] job 77 attempt 2 started 2026-11-24T10:00:40+00:00 on node2
 resumed from checkpoint step 3 (/c/3); rng digest 1
@@ -100,12 +101,69 @@ def test_the_jobs_own_records(tmp_path: Path):
     metrics = tmp_path / "metrics.jsonl"
     rows = [(chain[0].start + 2 + s, s) for s in range(1, 5)] + [(chain[1].start + 3 + s, s) for s in range(4, 8)]
     metrics.write_text("".join(json.dumps({"step": s, "time": t}) + "\n" for t, s in rows))
-    works = records.works(seen, metrics, [(a.number, a.start, a.end) for a in chain])
+    works = records.works(seen, metrics, records.spans(chain))
     ledger = compute(chain, works, 1000, "job records")
     assert ledger.steps_thrown_away == 1 and ledger.causes == {"hang": 1}  # step 4, after checkpoint 3
     assert ledger.lost_to["hang"] == pytest.approx(4 * (1.0 + (chain[0].end - rows[3][0]) + 7.0))
     running = records.attempts(records.read_log(LOG.splitlines()[:3], "77"), 4, None, now=chain[0].start + 5)
     assert running[0].ended == "running" and running[0].end == chain[0].start + 5
+
+
+RESTARTS = """\
+[launcher 10:00:01.250] job 78 attempt 1 started 2026-11-24T10:00:01+00:00 on node[1-3]
+resumed from checkpoint step 0 (x)
+[launcher 10:00:20.000] restart 1 of 10 in the allocation, leaving out node1: training again on node3 from the \
+checkpoint of step 10, after a failure (rank 1 on node1: died of SIGKILL (exit code -9), with no traceback)
+resumed from checkpoint step 10 (/c/10); rng digest 1
+[launcher 10:00:40.000] restart 2 of 10 in the allocation, leaving out node2: training again on node3 from the \
+checkpoint of step 20, after a node failure (node2 left the allocation)
+resumed from checkpoint step 20 (/c/20); rng digest 1
+[launcher 10:01:00.000] job 78 attempt 1 ended 2026-11-24T10:01:00+00:00, exit code 0
+"""
+
+
+def test_restarts_in_the_allocation_are_node_steps_and_each_ones_cost_is_kept(tmp_path: Path):
+    """An attempt that restarted training twice is three node steps: each restart charged with its step's wind-down
+    and thrown-away steps and the next step's start-up; the node that left the allocation holds no GPU after."""
+    seen = records.read_log(RESTARTS.splitlines(keepends=True), "78")
+    chain = records.split(records.attempts(seen, 6, "COMPLETED"), seen, 2)
+    assert [(a.number, a.segment, a.ended, a.restarted, a.gpus) for a in chain] == [
+        (1, 0, "failure", True, 6), (1, 1, "node failure", True, 6), (1, 2, "completed", False, 4)]  # fmt: skip
+    start = chain[0].start
+    rows = [(start + 2 + s, s) for s in range(1, 13)]  # step 12 at +14 s; killed; back at 10 (its checkpoint)
+    rows += [(start + 22 + s, 10 + s) for s in range(1, 13)]  # steps 11..22; node2 fails after 22
+    rows += [(start + 43 + s, 20 + s) for s in range(1, 11)]  # steps 21..30
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "time": t}) + "\n" for t, s in rows))
+    ledger = compute(chain, records.works(seen, metrics, records.spans(chain)), 10, "job records")
+    assert ledger.restarts == {"failure": 1, "node failure": 1} and ledger.causes == {}
+    assert ledger.steps_thrown_away == 4  # 11-12 and 21-22, done twice
+    first, second = ledger.restart_costs
+    assert first["cause"] == "failure" and first["seconds"] == pytest.approx(9.0)  # step 12 at +14, 11 at +23
+    assert first["gpu_seconds"] == pytest.approx(6 * (4.75 + 2 + 4.25)) and second["seconds"] == \
+        pytest.approx(10.0)  # fmt: skip
+    assert "to 1 failure (restarted in the allocation)" in summary(ledger)
+    record = ledger.record()
+    assert record["restarts"] == {"failure": 1, "node failure": 1}
+    assert [r["failure_to_next_step_s"] for r in record["lost_per_restart"]] == [9.0, 10.0]
+    assert ledger.allocated == pytest.approx(6 * 38.75 + 4 * 20)
+
+
+def test_a_step_logged_just_before_a_restart_is_the_failed_steps(tmp_path: Path):
+    """Training that fails fast is restarted within a second of its last step: that step is the failed node
+    step's (the restart's line comes after its training ended), not the next one's."""
+    seen = records.read_log(RESTARTS.splitlines(keepends=True), "78")
+    chain = records.split(records.attempts(seen, 6, "COMPLETED"), seen, 2)
+    restart = chain[1].start
+    rows = [(restart - 0.9 + s / 10, s) for s in range(1, 9)]  # steps 1-8, the last 0.1 s before the restart
+    rows += [(restart + 5 + s, 10 + s) for s in range(1, 5)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "time": t}) + "\n" for t, s in rows))
+    works = records.works(seen, metrics, records.spans(chain))
+    assert [s for _, s in works[(1, 0)].steps] == list(range(1, 9)) and [s for _, s in works[(1, 1)].steps] == [
+        11, 12, 13, 14]  # fmt: skip
+    (first, _) = compute(chain, works, 10, "job records").restart_costs
+    assert first["seconds"] == pytest.approx(6.1)  # step 8 at restart - 0.1 s, step 11 at restart + 6 s
 
 
 def test_sacct_lagging_behind_the_controller_is_waited_for_then_left(monkeypatch: pytest.MonkeyPatch):

@@ -19,7 +19,7 @@ from launcher.errors import TrainError
 from launcher.train import packcache
 from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import build_micro_batches, build_windows
-from launcher.train.torch_engine import engine as torch_engine
+from launcher.train.torch_engine import shared_data
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_rank_0_packs_once_and_later_attempts_read_the_cache(
     cfg: TrainConfig, one_rank: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built = build_windows(cfg)
-    first = torch_engine._shared_windows(cfg)
+    first = shared_data.shared_windows(cfg)
     cached = packcache.path_for(cfg)
     assert cached is not None and cached.parent == Path(cfg.checkpoints_path) / ".data-cache"
     assert first is not None and np.array_equal(first, built)
@@ -80,8 +80,8 @@ def test_rank_0_packs_once_and_later_attempts_read_the_cache(
     def no_second_time(_cfg: TrainConfig) -> np.ndarray:
         raise AssertionError("tokenized again although the cache has the windows")
 
-    monkeypatch.setattr(torch_engine, "build_windows", no_second_time)
-    again = torch_engine._shared_windows(cfg)  # a requeued attempt
+    monkeypatch.setattr(shared_data, "build_windows", no_second_time)
+    again = shared_data.shared_windows(cfg)  # a requeued attempt
     assert again is not None and np.array_equal(again, built)
     from_cache = build_micro_batches(cfg, 0, 1, again)
     from_data = build_micro_batches(cfg, 0, 1, built)
@@ -93,7 +93,7 @@ def test_rank_0_packs_once_and_later_attempts_read_the_cache(
 def test_a_data_error_on_rank_0_is_raised_and_nothing_cached(cfg: TrainConfig, one_rank: None) -> None:
     small_vocab = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=16))
     with pytest.raises(TrainError, match="vocab_size is 16"):
-        torch_engine._shared_windows(small_vocab)
+        shared_data.shared_windows(small_vocab)
     assert not list((Path(cfg.checkpoints_path) / ".data-cache").glob("*"))
 
 
@@ -101,7 +101,7 @@ def test_the_waiting_ranks_hear_from_rank_0_while_it_packs(
     cfg: TrainConfig, one_rank: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A corpus that takes longer to tokenize than a collective may wait: rank 0 broadcasts every HEARTBEAT_S."""
-    slow_build = torch_engine.build_windows
+    slow_build = shared_data.build_windows
 
     def slow(c: TrainConfig) -> np.ndarray:
         time.sleep(0.5)
@@ -114,10 +114,10 @@ def test_the_waiting_ranks_hear_from_rank_0_while_it_packs(
         broadcast(objects, src=src)
         said.append(objects[0])
 
-    monkeypatch.setattr(torch_engine, "HEARTBEAT_S", 0.05)
-    monkeypatch.setattr(torch_engine, "build_windows", slow)
-    monkeypatch.setattr(torch_engine.dist, "broadcast_object_list", counted)
-    windows = torch_engine._shared_windows(cfg)
+    monkeypatch.setattr(shared_data, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(shared_data, "build_windows", slow)
+    monkeypatch.setattr(shared_data.dist, "broadcast_object_list", counted)
+    windows = shared_data.shared_windows(cfg)
     assert windows is not None and np.array_equal(windows, slow_build(cfg))
     heartbeats = [s for s in said if s is True]
     assert len(heartbeats) >= 5 and said[-2:] == [False, None], said  # working..., done, no error
@@ -127,7 +127,7 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_rank_0_builds_once(
     cfg: TrainConfig, one_rank: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls: list[int] = []
-    real_build = torch_engine.build_windows
+    real_build = shared_data.build_windows
 
     def counted(c: TrainConfig) -> np.ndarray:
         calls.append(1)
@@ -136,8 +136,8 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_rank_0_builds_once(
     def full_disk(path: Path, windows: np.ndarray) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(torch_engine, "build_windows", counted)
+    monkeypatch.setattr(shared_data, "build_windows", counted)
     monkeypatch.setattr(packcache, "save", full_disk)
-    windows = torch_engine._shared_windows(cfg)
+    windows = shared_data.shared_windows(cfg)
     assert windows is not None and np.array_equal(windows, real_build(cfg)) and len(calls) == 1
     assert "warning: the packed data could not be cached" in capsys.readouterr().out

@@ -27,6 +27,9 @@ BASH_STATE = (
     "LAUNCHER_CHECKPOINTS=/ck head_node=node1 port=20048 rdzv=127.0.0.1:20048 rdzv_port=20048 "
     "LAUNCHER_PYTHON=/usr/bin/python3 preempt_time=2026-11-24T08:00:00 saved=520 time_limits=0 "
     "LAUNCHER_MAX_REQUEUES=3 notice=warned pre_launch_command='source /no/venv/bin/activate' outcome='stopped 520' "
+    "count=1 LAUNCHER_MAX_RESTARTS=10 said='a failure (rank 1 on node1: died of SIGKILL (exit code -9), with no "
+    "traceback)' blamed=node1 nodes_csv=node2 checkpoint=20 reason='the same exception as the failure before, at "
+    "the same point of the run (after step 21): ValueError: bad' fix='correct what its traceback points at' "
     "; set -- preemption node2"
 )
 
@@ -87,6 +90,22 @@ def test_triage_reads_the_hang_the_preemption_and_the_spent_requeues_the_script_
     assert spent.cause == "time_limit" and "resume from step 520" in spent.fix
     stopped = judged("stop_file")
     assert stopped.cause == "stopped" and "step 520" in stopped.message
+    not_restarted = judged("no_restart")
+    assert not_restarted.cause == "not_restarted" and not_restarted.fix == "correct what its traceback points at"
+    assert "not restarted: the same exception as the failure before, at the same point" in not_restarted.message
+
+
+def test_triage_judges_the_last_node_step_of_a_restarted_attempt():
+    """A restart line starts a new node step: the verdict is on the step that ended the job, with why the script
+    did not restart it, not on an earlier step's failure it went on from."""
+    lines = printed_lines(_script())
+    started, restart, stop = (next(line for line in lines if names_of(line) == [name])
+                              for name in ("attempt_started", "restart", "no_restart"))  # fmt: skip
+    first = (ROOT / "tests/fixtures/triage/cuda-oom.log").read_text()
+    last = (ROOT / "tests/fixtures/triage/exception-2nodes.log").read_text()
+    verdict = triage.verdict("FAILED", triage.excerpt(f"{started}\n{first}{restart}\n{last}{stop}\n".splitlines()))
+    assert verdict is not None and verdict.cause == "exception" and "ValueError" in verdict.message
+    assert "out of memory" not in verdict.message and "not restarted: the same exception" in verdict.message
 
 
 def test_the_node_check_prints_its_line_and_triage_names_the_node(tmp_path: Path):

@@ -249,7 +249,7 @@ def test_node_placement_lines(tmp_path: Path):
     lint(text, tmp_path)
     plain = golden_script("default")
     for option in ("--nodelist", "--exclude", "--constraint", "--reservation", "--mem", "--exclusive"):
-        assert option not in plain
+        assert f"#SBATCH {option}" not in plain
 
 
 @pytest.mark.parametrize("flag", ["nodelist", "exclude", "constraint", "reservation", "mem"])

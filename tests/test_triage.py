@@ -14,7 +14,8 @@ import pytest
 from launcher_helpers import END, SRUN_KILL, START, TRIAGE_FIXTURES, job_log
 
 from launcher import protocol as P
-from launcher.slurm import failures, fixes, triage
+from launcher.node import failures
+from launcher.slurm import fixes, triage
 from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
 from launcher.submission import read_log
@@ -299,3 +300,19 @@ def test_an_exception_inside_nanotron_is_named_so():
     assert "report it to nanotron" in v.fix and "--engine torch" in v.fix
     launcher_only = NANOTRON_RAISES.replace("site-packages/nanotron/", "site-packages/launcher/train/nanotron_engine/")
     assert judge(START + launcher_only + END, exit_code=1).cause == "exception"  # the launcher's own engine: not it
+
+
+def test_a_failure_inside_nanotron_that_stopped_the_restarts_keeps_its_own_fix():
+    """The batch script stopped restarting after the same failure came again: the verdict says so, and its fix is
+    still what to do about a failure in nanotron itself, not only to correct what the traceback points at."""
+    stop = P.line(
+        "no_restart",
+        reason="the same exception as the failure before, at the same point of the run (after "
+        "step 2): RuntimeError: shape",
+        fix="correct what its traceback points at",
+        why="a failure (rank 1)",
+    )
+    v = judge(START + NANOTRON_RAISES + stop + "\n" + END, exit_code=1)
+    assert v.cause == "nanotron" and "in train_batch_iter" in v.message
+    assert "; not restarted: the same exception as the failure before" in v.lines()[1]
+    assert "report it to nanotron" in v.fix and "--engine torch" in v.fix

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from synthetic_stacks import IN_COLLECTIVE, node_name, write_dumps
+from synthetic_stacks import IN_COLLECTIVE, IN_DDP_BACKWARD, node_name, write_dumps
 
 from launcher.node import watchdog
 
@@ -41,6 +41,9 @@ def test_a_few_processes_the_one_outside_a_collective(tmp_path: Path):
     # collective, while the other waits in one, is the one
     write_dumps(tmp_path, nodes=2, per_node=1, stuck={1}, majority=IN_COLLECTIVE)
     assert watchdog.suspects(tmp_path, max_suspects=1) == ([node_name(1)], "")
+    (tmp_path / "ddp").mkdir()  # the other waits for DDP's gradient all-reduce, inside autograd's backward
+    write_dumps(tmp_path / "ddp", nodes=2, per_node=1, stuck={0}, majority=IN_DDP_BACKWARD)
+    assert watchdog.suspects(tmp_path / "ddp", max_suspects=1) == ([node_name(0)], "")
     (tmp_path / "all").mkdir()
     write_dumps(tmp_path / "all", nodes=3, per_node=2, stuck=set())
     assert watchdog.suspects(tmp_path / "all") == ([], "no node's processes stand out (1 kinds of stacks, none rare)")

@@ -32,6 +32,9 @@ class BundlePaths:
     outcome_file: Path
     srun_status_file: Path
     requeues_file: Path  # one line per requeue the job asked for: "WHY attempt N step S nodes EXCLUDED"
+    restarts_file: Path  # one line per failure the job went on from (P.RESTART_FORMAT): a restart, or a requeue
+    ranks_file: Path  # which node holds which ranks, as the node step started (training's rank 0)
+    stragglers_file: Path  # the ranks training named as slower than the others (JSON lines)
     progress_file: Path  # "STEP UNIXTIME PHASE", written by training's rank 0, read by the hang watchdog
     hung_file: Path  # the watchdog's finding: "STEP IDLE_S LIMIT_S"
     preflight_report: Path  # the node checks' problems, one "NODE: WHAT" a line
@@ -58,6 +61,9 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         outcome_file=bundle_dir / P.OUTCOME_FILE,
         srun_status_file=bundle_dir / P.SRUN_STATUS_FILE,
         requeues_file=bundle_dir / P.REQUEUES_FILE,
+        restarts_file=bundle_dir / P.RESTARTS_FILE,
+        ranks_file=bundle_dir / P.RANKS_FILE,
+        stragglers_file=bundle_dir / P.STRAGGLERS_FILE,
         progress_file=bundle_dir / P.PROGRESS_FILE,
         hung_file=bundle_dir / P.HUNG_FILE,
         preflight_report=bundle_dir / P.PREFLIGHT_REPORT,

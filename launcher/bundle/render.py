@@ -24,7 +24,7 @@ from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
-from launcher.node import nodecheck, watchdog
+from launcher.node import nodecheck, restart, watchdog
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -154,6 +154,12 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             log_path=paths.log,
             srun_status_file=paths.srun_status_file,
             requeues_file=paths.requeues_file,
+            restarts_file=paths.restarts_file,
+            ranks_file=paths.ranks_file,
+            stragglers_file=paths.stragglers_file,
+            restart=restart.__name__,
+            spare_nodes=a.slurm.spare_nodes,
+            max_restarts=a.slurm.max_restarts,
             hung_file=paths.hung_file,
             watchdog=watchdog.__name__,
             hang_timeout=a.job.hang_timeout,

@@ -37,6 +37,10 @@ class SlurmArgs:
     python: str | None = None  # Python that runs torchrun on the nodes (default: the launcher's own).
     nanotron_dialect: str = "auto"  # Config dialect: auto (the --python's nanotron, by its schema), 0.4 or main.
     max_requeues: int = 3  # Times a preempted or timed-out job is requeued to resume; 0 disables.
+    spare_nodes: int = 0  # Nodes beyond the layout's, idle until one fails: training goes on there, in the same job.
+    max_restarts: int = 10
+    """Times training starts again in the allocation (or the job requeues) after a hang, a failed process or node;
+    0: none (such a failure ends the job)."""
     signal_grace: int = 120  # Seconds before the time limit at which the job checkpoints and requeues.
     gpu_type: str | None = None  # GPU to plan for, e.g. h100, a100_80gb (default: the cluster's GRES type or h100).
     gpu_memory_gb: float | None = None  # GPU memory in GB (2^30 bytes) to plan for, e.g. 40 (default: the GPU type's).

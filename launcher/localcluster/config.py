@@ -42,6 +42,9 @@ class ClusterSpec:
     preempt_grace_s: int = 60
     send_user_signal: bool = False
     slurmd_timeout_s: int = 60  # how long slurmctld waits for a silent slurmd before the node is DOWN (NODE_FAIL)
+    # the credentials' lifetime (munge's cred_expire): a requeued job cannot start for this long and 1 s more; 10 s
+    # keeps the tests short, Slurm's default is 120 (bench/bench_goodput.py measures a requeue's wait with it)
+    cred_expire_s: int = 10
     read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
     containers: bool = False  # pyxis + enroot on every node (srun --container-image): launcher.localcluster.containers
     accounting: bool = False  # slurmdbd on a MariaDB of the cluster's own (launcher/localcluster/accounting.py)
@@ -99,7 +102,7 @@ SlurmdUser=root
 # A private munged; AuthInfo's socket is used by both auth/munge and cred/munge.
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={spec.munge_dir}/munge.socket.2,cred_expire=10
+AuthInfo=socket={spec.munge_dir}/munge.socket.2,cred_expire={spec.cred_expire_s}
 # Plain processes, no cgroups; finished jobs stay in scontrol/squeue MinJobAge seconds (and in sacct, with accounting).
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

@@ -84,6 +84,8 @@ NOT_IN_CONFIG = frozenset(
         "python",
         "nanotron_dialect",
         "max_requeues",
+        "spare_nodes",
+        "max_restarts",
         "signal_grace",
         "gpu_type",
         "gpu_memory_gb",

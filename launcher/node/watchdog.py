@@ -12,7 +12,7 @@ and counts time since it last changed, by its own clock (the file's writer may b
 - between steps: `--factor` x the median step time seen so far, at least min(60 s, floor).
 
 Past the limit it writes "STEP IDLE LIMIT" to `--hung-file` and sends SIGUSR2 to the batch script, which dumps every
-rank's stacks, ends the training and requeues the run once without the suspected node.
+rank's stacks, ends the training and starts it again without the suspected node (launcher/node/restart.py).
 
 `--suspects DIR` reads the stack dumps (py-spy's, one file a process, named NODE-PID.txt) and prints the nodes
 whose processes do something other than the great majority (where a hang starts, the others only wait for it),
@@ -35,9 +35,11 @@ from pathlib import Path
 from launcher import protocol as P  # standard library only, like this module
 
 STEP_FLOOR_S = 60.0
-# What a rank waiting for its peers shows in its stack (torch.distributed's Python API and NCCL/gloo waits).
-COLLECTIVE = ("all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
-              "recv", "send", "_wait", "wait_tensor", "synchronize", "ProcessGroup")  # fmt: skip
+# What a rank waiting for its peers shows in its stack (torch.distributed's Python API and NCCL/gloo waits; a DDP
+# rank idle in autograd's backward waits for the gradient all-reduce, which DDP's reducer runs inside backward, in
+# C++: no Python frame of its own).
+COLLECTIVE = ("all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "recv",
+              "send", "_wait", "wait_tensor", "synchronize", "ProcessGroup", "_engine_run_backward")  # fmt: skip
 
 
 def read_progress(path: Path) -> tuple[int, str] | None:

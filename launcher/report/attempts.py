@@ -1,7 +1,9 @@
-"""A run's attempts as the job itself records them: the batch script's lines in the job's log (each attempt's start
-and end, to the second, and why it requeued) and training's (the checkpoint it resumed from, one saved on a
-notice), and the steps in metrics.jsonl (each with its time). The ledger's source where Slurm keeps no accounting,
-and what its steps are measured by where it does. Reads the log line by line: bounded memory whatever its size.
+"""A run's attempts as the job itself records them: the batch script's lines in the job's log (each attempt's start and
+end, to the second, why it requeued, and each restart of training inside its allocation) and training's (the
+checkpoint it resumed from, one saved on a notice), and the steps in metrics.jsonl (each with its time). An attempt
+that restarted training in its allocation is split at each restart: its parts (segments) are the ledger's rows. The
+ledger's source where Slurm keeps no accounting, and what its steps are measured by where it does. Reads the log line
+by line: bounded memory whatever its size.
 """
 
 from __future__ import annotations
@@ -28,11 +30,25 @@ CAUSES = (  # the batch script's lines -> why an attempt ended (the first that m
     (P.pattern("preemption", whole=False), "preemption"),
 )
 TERMINATED = P.pattern("terminated", whole=False)
+RESTARTED = P.pattern("restart")
+RESTART_CAUSES = (("a node failure", "node failure"), ("a hang", "hang"), ("a failed node check", "node check"),
+                  ("a failure", "failure"))  # the restart line's why -> the ledger's cause  # fmt: skip
 FINAL = {  # Slurm's final state -> why the last attempt ended
     "COMPLETED": COMPLETED, "FAILED": "failure", "OUT_OF_MEMORY": "failure", "CANCELLED": "cancel",
     "TIMEOUT": "time limit", "DEADLINE": "time limit", "NODE_FAIL": "node failure", "PREEMPTED": "preemption",
     "BOOT_FAIL": "node failure", "REQUEUED": "requeue",
 }  # fmt: skip
+
+
+class _Segment:
+    """One node step of an attempt: from the attempt's start, or a restart in its allocation."""
+
+    def __init__(self, start: float, cause: str | None = None, excised: int = 0) -> None:
+        self.start = start
+        self.cause = cause  # why the step before it ended (None for the attempt's first)
+        self.excised = excised  # nodes that left the allocation before it (node failures)
+        self.resumed_from: int | None = None
+        self.saved: int | None = None
 
 
 class _Seen:
@@ -44,8 +60,20 @@ class _Seen:
         self.code: int | None = None
         self.cause: str | None = None
         self.terminated = False  # a termination signal reached the batch script (cancel, time limit, grace's end)
-        self.resumed_from: int | None = None
-        self.saved: int | None = None
+        self.segments = [_Segment(start)]
+
+    @property
+    def resumed_from(self) -> int | None:
+        return self.segments[0].resumed_from
+
+    @property
+    def saved(self) -> int | None:
+        return self.segments[-1].saved
+
+
+def restart_cause(said: str) -> str:
+    """The ledger's cause for a restart line's `why`."""
+    return next((cause for start, cause in RESTART_CAUSES if said.startswith(start)), "failure")
 
 
 def _clock(when: float, clock: str) -> float:
@@ -86,23 +114,33 @@ def read_log(lines: Iterable[str], job_id: str) -> dict[int, _Seen]:
             if m := ENDED.match(line):
                 current.end = _clock(datetime.fromisoformat(m["when"]).timestamp(), clock)
                 current.code = int(m["code"]) if m["code"].isdigit() else None
+            if m := RESTARTED.match(line):
+                cause = restart_cause(m["why"])
+                gone = len([n for n in m["left"].split(",") if n and m["left"] != "none"])
+                excised = current.segments[-1].excised + (gone if cause == "node failure" else 0)
+                current.segments.append(_Segment(_clock(current.start, clock), cause, excised))
+                continue
             for pattern, cause in CAUSES:
                 if current.cause is None and pattern.match(line):
                     current.cause = cause
             current.terminated |= TERMINATED.match(line) is not None
         if m := RESUMED.match(line):
-            current.resumed_from = int(m["step"])
+            current.segments[-1].resumed_from = int(m["step"])
         if m := SAVED.search(line):
-            current.saved = int(m["step"])
+            current.segments[-1].saved = int(m["step"])
     return seen
 
 
-def steps_by_attempt(rows: list[dict], spans: list[tuple[int, float, float]]) -> dict[int, list[tuple[float, int]]]:
-    """metrics.jsonl's rows, each to the attempt (number, start, end) it was logged in: from 1 s before its start
-    (the log's stamps are whole seconds) to the next attempt's start. Not to its end: training can outlive the
-    batch script by Slurm's KillWait, and a checkpoint it saves then is one the next attempt resumes from."""
-    out: dict[int, list[tuple[float, int]]] = {n: [] for n, _, _ in spans}
-    starts = [start - 1 for _, start, _ in spans] + [float("inf")]
+Key = tuple[int, int]  # (attempt number, segment): a node step of an attempt
+
+
+def steps_by_attempt(rows: list[dict], spans: list[tuple[Key, float, float]]) -> dict[Key, list[tuple[float, int]]]:
+    """metrics.jsonl's rows, each to the attempt's node step (key, start, end) it was logged in: from its start (an
+    attempt's: 1 s before, its start line's date is whole seconds; a restart's: its line, written after the failed
+    step's training ended) to the next one's start. Not to its end: training can outlive the batch script by
+    Slurm's KillWait, and a checkpoint it saves then is one the next attempt resumes from."""
+    out: dict[Key, list[tuple[float, int]]] = {n: [] for n, _, _ in spans}
+    starts = [start - (1 if segment == 0 else 0) for (_, segment), start, _ in spans] + [float("inf")]
     for row in rows:
         t, step = row.get("time"), row.get("step")
         if not isinstance(t, (int, float)) or not isinstance(step, int):
@@ -114,15 +152,37 @@ def steps_by_attempt(rows: list[dict], spans: list[tuple[int, float, float]]) ->
     return {n: sorted(v, key=lambda ts: ts[0]) for n, v in out.items()}
 
 
-def works(seen: dict[int, _Seen], metrics: Path, spans: list[tuple[int, float, float]]) -> dict[int, Work]:
-    """What training did in each attempt (its steps by time within `spans`, its resume, its last save)."""
+def works(seen: dict[int, _Seen], metrics: Path, spans: list[tuple[Key, float, float]]) -> dict[Key, Work]:
+    """What training did in each node step (its steps by time within `spans`, its resume, its last save)."""
     steps = steps_by_attempt(read_metrics(metrics) if metrics.is_file() else [], spans)
-    return {
-        n: Work(tuple(steps.get(n, [])), s.resumed_from, s.saved)
-        if (s := seen.get(n))
-        else Work(tuple(steps.get(n, [])))
-        for n, _, _ in spans
-    }
+    out = {}
+    for (n, k), _, _ in spans:
+        segments = seen[n].segments if n in seen else []
+        done = tuple(steps.get((n, k), []))
+        out[(n, k)] = Work(done, segments[k].resumed_from, segments[k].saved) if k < len(segments) else Work(done)
+    return out
+
+
+def spans(chain: list[Attempt]) -> list[tuple[Key, float, float]]:
+    """The node steps' (key, start, end), for `works`."""
+    return [((a.number, a.segment), a.start, a.end) for a in chain]
+
+
+def split(chain: list[Attempt], seen: dict[int, _Seen], gpus_per_node: int) -> list[Attempt]:
+    """Each attempt that restarted training in its allocation, split into its node steps at the restarts: every
+    part but the last ended by its restart's cause (`restarted`); a node that left the allocation (a node failure)
+    no longer counts in the GPUs of the parts after it."""
+    out = []
+    for a in chain:
+        segments = seen[a.number].segments if a.number in seen else []
+        starts = [min(max(s.start, a.start), a.end) for s in segments[1:]]
+        bounds = [a.start, *starts, a.end]
+        for k in range(len(bounds) - 1):
+            last = k == len(bounds) - 2
+            ended = a.ended if last else segments[k + 1].cause or "failure"
+            gpus = max(a.gpus - (segments[k].excised * gpus_per_node if segments else 0), 0)
+            out.append(Attempt(a.number, bounds[k], bounds[k + 1], gpus, ended, k, restarted=not last))
+    return out
 
 
 def attempts(seen: dict[int, _Seen], gpus: int, final_state: str | None, now: float | None = None) -> list[Attempt]:

@@ -15,29 +15,39 @@ thrown-away steps and wind-down, and the next attempt's start-up, to why the att
 hang, node check, node failure, failure, cancel); an attempt that never reached a step, to why it ended; the first
 start-up and a completed run's wind-down to "start-up and wind-down",
 which every run pays once. docs/ledger.md says the same with examples.
+
+An attempt that restarted training inside its allocation comes as its node steps (`Attempt.segment`), each ended
+by its restart's cause (`restarted`): a restart's cost is its step's wind-down and thrown-away steps and the next
+step's start-up (`restart_costs`: GPU-seconds, and the seconds from the failed step's last step to the next step).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 HOUR = 3600.0
 OVERHEAD = "start-up and wind-down"
 COMPLETED = "completed"
+RESTARTED = " (restarted in the allocation)"  # a lost_to key: a cause of restarts, not of requeues
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt: when it held its GPUs, how many, and why it ended ("completed", "preemption", "time limit",
-    "hang", "node check", "node failure", "failure", "cancel", "requeue", "running")."""
+    """One attempt (or one node step of it, where training restarted in its allocation): when it held its GPUs, how
+    many, and why it ended ("completed", "preemption", "time limit", "hang", "node check", "node failure",
+    "failure", "cancel", "requeue", "running")."""
 
     number: int
     start: float  # unix time
     end: float  # unix time (now, for a running attempt)
     gpus: int
     ended: str
+    segment: int = 0  # the node step of the attempt (0: its first; k: after its k-th restart in the allocation)
+    restarted: bool = False  # it ended in a restart in the allocation, not with the attempt
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,8 @@ class Work:
 @dataclass(frozen=True)
 class AttemptLedger:
     number: int
+    segment: int
+    restarted: bool
     gpus: int
     ended: str
     allocated: float  # GPU-seconds, as every figure here
@@ -71,6 +83,8 @@ class Ledger:
     attempts: list[AttemptLedger]
     lost_to: dict[str, float] = field(default_factory=dict)  # cause -> GPU-seconds
     causes: dict[str, int] = field(default_factory=dict)  # cause -> attempts it ended (not "completed")
+    restarts: dict[str, int] = field(default_factory=dict)  # cause -> restarts in the allocation after it
+    restart_costs: list[dict] = field(default_factory=list)  # per restart: cause, GPU-seconds, seconds to a step
 
     def total(self, part: str) -> float:
         return sum(getattr(a, part) for a in self.attempts)
@@ -100,6 +114,15 @@ class Ledger:
             "gpu_hours": {**hours, "useful": round(self.useful / HOUR, 6), "lost": round(self.lost / HOUR, 6)},
             "lost_to_gpu_hours": {k: round(v / HOUR, 6) for k, v in self.lost_to.items()},
             "causes": self.causes,
+            "restarts": self.restarts,
+            "lost_per_restart": [
+                {
+                    "cause": c["cause"],
+                    "gpu_hours": round(c["gpu_seconds"] / HOUR, 6),
+                    "failure_to_next_step_s": None if c["seconds"] is None else round(c["seconds"], 1),
+                }
+                for c in self.restart_costs
+            ],  # fmt: skip
             "steps_thrown_away": self.steps_thrown_away,
             "attempts": [asdict(a) for a in self.attempts],
         }
@@ -128,14 +151,20 @@ def _kept_until(work: Work, next_work: Work | None, ended: str, save_interval: i
     return max(periodic, work.resumed_from or 0, work.saved or 0)
 
 
-def compute(attempts: list[Attempt], works: dict[int, Work], save_interval: int, source: str) -> Ledger:
-    """The ledger of a requeue chain: `attempts` in order, `works[number]` what training did in each."""
+def _work(works: Mapping[Any, Work], a: Attempt) -> Work:
+    """What training did in `a`: `works` by (number, segment), or by number for an attempt not split."""
+    return works.get((a.number, a.segment)) or (works.get(a.number) if a.segment == 0 else None) or Work()
+
+
+def compute(attempts: list[Attempt], works: Mapping[Any, Work], save_interval: int, source: str) -> Ledger:
+    """The ledger of a requeue chain: `attempts` in order (node steps where training restarted in an allocation),
+    `works[(number, segment)]` (or `works[number]`) what training did in each."""
     rows: list[AttemptLedger] = []
     lost_to: dict[str, float] = {}
-    causes = Counter[str]()
+    causes, restarts = Counter[str](), Counter[str]()
     for i, a in enumerate(attempts):
-        work = works.get(a.number, Work())
-        nxt = works.get(attempts[i + 1].number, Work()) if i + 1 < len(attempts) else None
+        work = _work(works, a)
+        nxt = _work(works, attempts[i + 1]) if i + 1 < len(attempts) else None
         allocated = max(a.end - a.start, 0.0) * a.gpus
         steps = tuple((min(max(t, a.start), a.end), s) for t, s in work.steps)
         if steps:
@@ -143,23 +172,43 @@ def compute(attempts: list[Attempt], works: dict[int, Work], save_interval: int,
             kept = _kept_until(Work(steps, work.resumed_from, work.saved), nxt, a.ended, save_interval)
             thrown_s = 0.0 if kept is None or kept >= steps[-1][1] else (last_t - _time_at(steps, kept)) * a.gpus
             thrown_steps = 0 if kept is None else max(steps[-1][1] - max(kept, work.resumed_from or 0), 0)
-            row = AttemptLedger(a.number, a.gpus, a.ended, allocated, (first_t - a.start) * a.gpus,
+            row = AttemptLedger(a.number, a.segment, a.restarted, a.gpus, a.ended, allocated,
+                                (first_t - a.start) * a.gpus,
                                 (last_t - first_t) * a.gpus, (a.end - last_t) * a.gpus, thrown_s, steps[0][1],
                                 steps[-1][1], work.resumed_from, thrown_steps)  # fmt: skip
         else:  # no step at all: all of it start-up
-            row = AttemptLedger(a.number, a.gpus, a.ended, allocated, allocated, 0.0, 0.0, 0.0, None, None,
-                                work.resumed_from, 0)  # fmt: skip
+            row = AttemptLedger(a.number, a.segment, a.restarted, a.gpus, a.ended, allocated, allocated, 0.0, 0.0,
+                                0.0, None, None, work.resumed_from, 0)  # fmt: skip
         rows.append(row)
-        if a.ended not in (COMPLETED, "running"):
+        if a.restarted:
+            restarts[a.ended] += 1
+        elif a.ended not in (COMPLETED, "running"):
             causes[a.ended] += 1
         # start-up is the cost of the previous attempt's end; an attempt that never stepped is its own end's cost
         before = _cause(a) if not steps and _cause(a) != OVERHEAD else OVERHEAD if i == 0 else _cause(attempts[i - 1])
         lost_to[before] = lost_to.get(before, 0.0) + row.start_up
         lost_to[_cause(a)] = lost_to.get(_cause(a), 0.0) + row.wind_down + row.thrown_away
-    return Ledger(source, rows, {k: v for k, v in lost_to.items() if v > 0}, dict(causes))
+    charged = {k: v for k, v in lost_to.items() if v > 0}
+    return Ledger(source, rows, charged, dict(causes), dict(restarts), _restart_costs(attempts, rows, works))
+
+
+def _restart_costs(attempts: list[Attempt], rows: list[AttemptLedger], works: Mapping[Any, Work]) -> list[dict]:
+    """Each restart in an allocation: its cause, the GPU-seconds it cost (the step's wind-down and thrown-away steps,
+    the next step's start-up) and the seconds from the failed step's last step to the next step's first."""
+    costs = []
+    for i, (a, row) in enumerate(zip(attempts, rows, strict=True)):
+        if not a.restarted or i + 1 >= len(attempts):
+            continue
+        before, after = _work(works, a).steps, _work(works, attempts[i + 1]).steps
+        seconds = after[0][0] - before[-1][0] if before and after else None
+        gpu_seconds = row.wind_down + row.thrown_away + rows[i + 1].start_up
+        costs.append({"cause": a.ended, "gpu_seconds": gpu_seconds, "seconds": seconds})
+    return costs
 
 
 def _cause(attempt: Attempt) -> str:
+    if attempt.restarted:
+        return attempt.ended + RESTARTED
     return attempt.ended if attempt.ended not in (COMPLETED, "running") else OVERHEAD
 
 
@@ -178,16 +227,21 @@ def plural(count: int, cause: str) -> str:
 
 def summary(ledger: Ledger) -> str:
     """One line: "12.3 GPU-hours, 11.6 trained; 0.7 lost: 0.4 to 1 preemption, 0.3 to start-up and wind-down"."""
-    lost = ", ".join(
-        f"{hours(v)} to {plural(ledger.causes[k], k) if k in ledger.causes else k}"
-        for k, v in sorted(ledger.lost_to.items(), key=lambda kv: -kv[1])
-    )
+    lost = ", ".join(f"{hours(v)} to {_to_what(ledger, k)}" for k, v in sorted(ledger.lost_to.items(),
+                                                                              key=lambda kv: -kv[1]))  # fmt: skip
     steps = f" ({ledger.steps_thrown_away} steps done again)" if ledger.steps_thrown_away else ""
     return (
         f"{hours(ledger.allocated)} GPU-hours, {hours(ledger.useful)} trained; {hours(ledger.lost)} lost"
         + (f": {lost}" if lost else "")
         + steps
     )
+
+
+def _to_what(ledger: Ledger, key: str) -> str:
+    """A lost_to key in words: "1 preemption", "2 failures (restarted in the allocation)", "start-up and wind-down"."""
+    base = key.removesuffix(RESTARTED)
+    counts = ledger.restarts if key.endswith(RESTARTED) else ledger.causes
+    return plural(counts[base], base) + key[len(base) :] if base in counts else key
 
 
 def table(ledger: Ledger) -> str:
@@ -197,8 +251,9 @@ def table(ledger: Ledger) -> str:
     lines = [head]
     for a in ledger.attempts:
         steps = "-" if a.first_step is None else f"{a.first_step}..{a.last_step}"
+        number = f"{a.number}.{a.segment}" if a.segment or a.restarted else str(a.number)
         lines.append(
-            f"  {a.number:>7} {a.gpus:>4}  {a.ended:<12} {steps:>11}  {hours(a.allocated):>9} {hours(a.start_up):>9} "
+            f"  {number:>7} {a.gpus:>4}  {a.ended:<12} {steps:>11}  {hours(a.allocated):>9} {hours(a.start_up):>9} "
             f"{hours(a.trained):>9} {hours(a.wind_down):>9} {hours(a.thrown_away):>9}"
         )
     lines.append(f"  from {ledger.source}: {summary(ledger)}")

@@ -1,6 +1,7 @@
-"""A run's pictures, as PNGs in its bundle: training.png (loss, learning rate, gradient norm and throughput over
-steps, from metrics.jsonl) and gpus.png (utilisation, memory, power and temperature of every GPU over time, one
-colour a node, from the `nvidia-smi dmon` logs the job writes beside its log). matplotlib is imported only to draw.
+"""A run's pictures, as PNGs in its bundle: training.png (loss, learning rate, gradient norm and throughput over steps,
+from metrics.jsonl; the ranks training named as stragglers marked on the throughput) and gpus.png (utilisation,
+memory, power and temperature of every GPU over time, one colour a node, from the `nvidia-smi dmon` logs the job
+writes beside its log). matplotlib is imported only to draw.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from launcher import protocol as P
 from launcher.bundle import manifest
-from launcher.report import dmon
+from launcher.report import dmon, stragglers
 from launcher.report.plots import read_metrics
 
 TRAINING = (  # metrics.jsonl field -> panel title, y label
@@ -49,8 +51,9 @@ def steps_and_resumes(rows: list[dict]) -> tuple[dict[int, dict], list[int]]:
     return by_step, resumes
 
 
-def training_png(metrics: Path, png: Path, title: str) -> Path | None:
-    """Loss, learning rate, gradient norm and tokens/s against step; None when the file has no step yet."""
+def training_png(metrics: Path, png: Path, title: str, slow: list[dict] | None = None) -> Path | None:
+    """Loss, learning rate, gradient norm and tokens/s against step, the stragglers (`slow`: the stragglers file's
+    records) shaded on the throughput over the steps they were slow; None when the file has no step yet."""
     by_step, resumes = steps_and_resumes(read_metrics(metrics))
     if not by_step:
         return None
@@ -79,6 +82,12 @@ def training_png(metrics: Path, png: Path, title: str) -> Path | None:
             ax.yaxis.set_major_formatter(EngFormatter(sep=""))
             values = sorted(v for _, v in points)
             ax.set_ylim(0, values[int(0.95 * (len(values) - 1))] * 1.25)  # a slow first step must not flatten it
+            for n, (who, rows) in enumerate(stragglers.by_who(slow or []).items()):
+                label = f"straggler: {who}, {stragglers.ratio(rows):.1f}x"
+                ax.axvspan(max(rows[0].get("since", rows[0]["step"]), steps[0]), rows[-1]["step"], alpha=0.2,
+                           color=f"C{(n + 1) % 10}", label=label)  # fmt: skip
+            if slow:
+                ax.legend(frameon=False, fontsize=8, loc="lower right")
     if resumes:
         axes.flat[0].legend(frameon=False, fontsize=9)
     for ax in axes[1]:
@@ -275,7 +284,8 @@ def render(run: manifest.Manifest) -> dict[str, Path]:
     bundle_dir = run.bundle_dir
     title = f"{run.data.get('run_name', bundle_dir.parent.name)} ({bundle_dir.name})"
     drawn: dict[str, Path] = {}
-    if run.metrics.is_file() and (png := training_png(run.metrics, bundle_dir / "training.png", title)):
+    slow = stragglers.rows(bundle_dir / P.STRAGGLERS_FILE)
+    if run.metrics.is_file() and (png := training_png(run.metrics, bundle_dir / "training.png", title, slow)):
         drawn["training"] = png
     log = run.data.get("outputs", {}).get("log")
     if run.job_id and log and (png := gpus_picture(Path(log).parent, run.job_id, bundle_dir / "gpus.png", title)):

@@ -82,6 +82,19 @@ def _cpu_note(spec: RunSpec) -> str:
     return f"{cpus} per node: {per_process} per process (OMP_NUM_THREADS={per_process}); {origin}"
 
 
+def _restart_note(spec: RunSpec) -> str:
+    s = spec.args.slurm
+    if not s.max_restarts:
+        return "none: a hang, a failed process or node ends the job (--max_restarts 0)"
+    spares = (
+        f"{s.spare_nodes} spare node{'s' if s.spare_nodes > 1 else ''} beyond the layout's {s.nodes} (the job holds "
+        f"{s.nodes + s.spare_nodes}, the spares idle until a node fails)"
+        if s.spare_nodes
+        else "no spare node (--spare_nodes): a failed node is left out by a requeue"
+    )
+    return f"up to {s.max_restarts} in the allocation after a hang, a failed process or node; {spares}"
+
+
 def _vocab(spec: RunSpec) -> str:
     vocab, padded = spec.args.model.vocab_size, spec.padded_vocab
     return (
@@ -133,6 +146,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
         ),
         ("rendezvous", "torchrun's {} ({}); engine: {}".format(*spec.rendezvous, _engine(spec))),
         ("cpus", _cpu_note(spec)),
+        ("restarts", _restart_note(spec)),
         ("memory", _memory_note(spec, figures)),
         (
             "batch",

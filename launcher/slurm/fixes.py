@@ -45,11 +45,12 @@ FIXES = {  # what to do, by cause, in the launcher's own words (its flags)
     "pre_launch": "correct --pre_launch_commands (they run in the batch script before training, under `set -e`: a "
     "failing command or an `exit` ends the job there), then launch again",
     "not_trained": "nothing failed that Slurm saw: read the job's log above its last lines; " + RESUME,
+    "not_restarted": "read the log of the last node steps; " + RESUME,
 }
 CAUSES = (
     "exception", "nanotron", "cuda_oom", "nccl", "node_fail", "time_limit", "preempted", "bad_input", "dependency",
     "hung", "preflight", "container", "cancelled", "host_oom", "crash", "stopped", "pre_launch", "not_trained",
-    "unknown",
+    "not_restarted", "unknown",
 )  # fmt: skip
 
 

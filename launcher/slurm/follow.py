@@ -1,5 +1,6 @@
-"""Follow jobs to their real end (their state and reason while pending, the log from the first byte as it grows,
-across requeues, until a terminal state) at a rate of controller queries sites allow (docs/running.md):
+"""Follow jobs to their real end (their state; while pending, Slurm's reason and its estimate of the start, the one
+`squeue --start` prints, read in the same query; the log from the first byte as it grows, across requeues, until a
+terminal state) at a rate of controller queries sites allow (docs/running.md):
 
 - a running job: one query every `quiet` seconds while nothing changes (LAUNCHER_POLL_SECONDS, default 30);
 - the job's own log says when an attempt starts and ends (the batch script's `[launcher ...] job N attempt K
@@ -155,9 +156,13 @@ class Watched:
 
 
 def describe(state: JobState) -> str:
+    """The job's state in one line; a pending job's with Slurm's reason and its estimate of the start."""
     text = f"job {state.job_id} {state.state}"
-    if state.state == "PENDING" and state.reason not in ("None", ""):
-        text += f" (reason: {state.reason}" + (f", waiting for {state.dependency})" if state.dependency else ")")
+    if state.state == "PENDING":
+        why = [f"reason: {state.reason}"] if state.reason not in ("None", "") else []
+        why += [f"waiting for {state.dependency}"] if state.dependency else []
+        why += [f"Slurm expects it to start at {state.start.replace('T', ' ')}"] if state.start else []
+        text += f" ({', '.join(why)})" if why else ""
     if state.state == "RUNNING" and state.nodes:
         text += f" on {state.nodes}"
     if state.restarts:

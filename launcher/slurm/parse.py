@@ -35,6 +35,7 @@ class JobState:
     restarts: int  # how many times the job was requeued
     nodes: str
     dependency: str = ""  # what it waits for, as scontrol says it: "afterok:15(failed)"; "" when none or unknown
+    start: str = ""  # a pending job's expected start, as `squeue --start` says it (the scheduler's estimate); ""
 
     @property
     def terminal(self) -> bool:
@@ -148,9 +149,16 @@ def parse_job_records(job_id: str, text: str) -> list[JobState]:
                 int(f.get("Restarts", "0") or 0),
                 f.get("NodeList", ""),
                 "" if f.get("Dependency", "(null)") == "(null)" else f["Dependency"],
+                expected_start(f["JobState"], f.get("StartTime", "")),
             )
         )
     return states
+
+
+def expected_start(state: str, start: str) -> str:
+    """A pending job's StartTime is the scheduler's estimate of its start (what `squeue --start` prints): kept for a
+    pending job where there is one; "" otherwise (Unknown, N/A, or a job no longer pending)."""
+    return start if state == "PENDING" and start[:1].isdigit() else ""
 
 
 GRES_ITEM = re.compile(r",(?![^()]*\))")  # commas between GRES items, not inside "(S:0-1,3)"
@@ -200,7 +208,7 @@ def parse_node_shapes(text: str, partition: str | None = None) -> list[tuple[int
 
 # Many jobs' states in one query (`squeue -j ID,ID,... -t all -h -O ...`): one field per column, each ending in |
 # (no width given: squeue pads nothing); exit_code is the raw wait status (512 = exit code 2; 9 = signal 9).
-SQUEUE_STATES = "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:|,Dependency:|"
+SQUEUE_STATES = "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,NodeList:|,Dependency:|,StartTime:|"
 
 
 def _wait_status(text: str) -> tuple[int | None, int | None]:
@@ -219,7 +227,7 @@ def parse_squeue_states(text: str) -> dict[str, JobState]:
         fields = [f.strip() for f in line.split("|")]
         if len(fields) < 7 or not fields[0] or not fields[1]:
             continue
-        job_id, state, reason, code, restarts, nodes, dependency = fields[:7]
+        job_id, state, reason, code, restarts, nodes, dependency, start = (fields + [""])[:8]
         status, sig = _wait_status(code)
         found[job_id] = JobState(
             job_id,
@@ -230,6 +238,7 @@ def parse_squeue_states(text: str) -> dict[str, JobState]:
             int(restarts) if restarts.isdigit() else 0,
             nodes,
             "" if dependency in ("(null)", "") else dependency,
+            expected_start(state, start),
         )
     return found
 

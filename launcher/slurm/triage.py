@@ -3,7 +3,8 @@ STATE" (by `--show_logs`, `jobs attach` and `jobs status`) and recorded in the m
 
 Pure: Slurm's view of the job (state, reason, nodes, exit code) and the text of its log in, a `Verdict` out. The
 log is read by the caller through `excerpt`, which keeps the last attempt's first failure and its tail whatever
-the log's size. What the log itself says (tracebacks, torchrun's summaries, NCCL) is read by `failures`.
+the log's size. What the log itself says (tracebacks, torchrun's summaries, NCCL) is read by `launcher.node.failures`
+(shared with the batch script's restart decision).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher import protocol as P
-from launcher.slurm import failures
+from launcher.node import failures
 from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.fixes import FIXES, RESUME, oom_fix
 from launcher.slurm.parse import JobState
@@ -31,6 +32,8 @@ STOP_FILE = P.pattern("stop_file")
 WARNED = P.pattern("warned")
 PRE_LAUNCH = P.pattern("pre_launch_ended")
 OUTCOME = P.pattern("outcome")
+RESTART = P.pattern("restart")
+NO_RESTART = P.pattern("no_restart")
 STEP = P.step_pattern()
 NODE_FAILURE = re.compile(r"srun: error: Node failure on (?P<node>\S+)")
 
@@ -82,7 +85,7 @@ def excerpt(lines: Iterable[str]) -> str:
     windows, open_until = WINDOWS, -1
     for n, line in enumerate(lines):
         line = line.rstrip("\n")[:LINE_CHARS]
-        if ATTEMPT.match(line):  # a new attempt: what the last one said is over
+        if ATTEMPT.match(line) or RESTART.match(line):  # a new attempt or node step: what the last one said is over
             kept, windows, open_until = [], WINDOWS, -1
             tail.clear()
         if n > open_until and windows and FIRST_SIGNS.search(line):
@@ -309,7 +312,24 @@ def verdict(state: str, log_text: str, **known: Any) -> Verdict | None:
     ending = Ending(state, log_text.splitlines(), **known)
     if state == "COMPLETED":  # a success only if training said it finished
         return _pre_launch(ending) or _not_trained(ending)
-    return next(v for rule in RULES if (v := rule(ending)) is not None)
+    found = next(v for rule in RULES if (v := rule(ending)) is not None)
+    return _not_restarted(ending, found) or found
+
+
+def _not_restarted(e: Ending, found: Verdict) -> Verdict | None:
+    """The batch script would neither restart the run nor requeue it (launcher/node/restart.py): what failed, why
+    no retry (a refused config, a missing file, the same failure at the same step, no progress, restarts spent),
+    and the script's fix."""
+    if not (said := e.last(NO_RESTART)):
+        return None
+    cause = found.cause if found.cause != "unknown" else "not_restarted"
+    why = found.message if cause != "not_restarted" else f"training failed after {said['why']}"
+    # two lines of why at most: after a two-line message (nanotron's frame), on its second line
+    message = why + ("; " if "\n" in why else "\n") + f"not restarted: {said['reason']}"
+    # a failure in nanotron's own code: its fix (where the fault may be nanotron's: report it, --engine torch) says
+    # more than the script's, which knows only that a failure came again or the run made no progress
+    fix = found.fix if cause == "nanotron" else said["fix"]
+    return Verdict(cause, message, fix, found.rank, found.node)
 
 
 def for_job(job: JobState, log_text: str, **known: Any) -> Verdict | None:

@@ -18,6 +18,7 @@ from launcher import protocol as P
 from launcher.nanotron_config.provenance import hub_cache
 
 STOP_FILE_EVERY_S = 5.0  # rank 0's looks for the stop file, at most this often (P.ENV_STOP_FILE_EVERY changes it)
+STRAGGLER_EVERY = 100  # steps between rank 0's looks at every rank's step time (P.ENV_STRAGGLER_EVERY changes it)
 
 
 def _seconds(text: str | None, default: float) -> float:
@@ -52,6 +53,10 @@ class JobEnvironment:
     stop_file_every: float = STOP_FILE_EVERY_S  # P.ENV_STOP_FILE_EVERY
     tmp_dir: str = "/tmp"  # TMPDIR
     wandb_disabled: bool = False  # WANDB_MODE=disabled: wandb is never imported
+    node: str = ""  # the node this process runs on, as Slurm names it (P.ENV_NODE_TAG's "JOB:NODE"); "" alone
+    ranks_file: str | None = None  # P.ENV_RANKS_FILE: which node holds which ranks (rank 0 writes it)
+    stragglers_file: str | None = None  # P.ENV_STRAGGLERS_FILE: the ranks named slower than the others
+    straggler_every: int = STRAGGLER_EVERY  # P.ENV_STRAGGLER_EVERY: steps between looks at every rank's step time
     runtime_file: str | None = None  # P.ENV_RUNTIME_FILE: rank 0 appends what this attempt runs with
     job_id: str | None = None  # SLURM_JOB_ID
     attempt: int = 1  # SLURM_RESTART_COUNT + 1: the batch script's count of this job's attempts
@@ -80,6 +85,10 @@ class JobEnvironment:
             stop_file_every=_seconds(env.get(P.ENV_STOP_FILE_EVERY), STOP_FILE_EVERY_S),
             tmp_dir=env.get("TMPDIR") or "/tmp",
             wandb_disabled=env.get("WANDB_MODE", "").lower() == "disabled",
+            node=env.get(P.ENV_NODE_TAG, "").partition(":")[2],
+            ranks_file=env.get(P.ENV_RANKS_FILE) or None,
+            stragglers_file=env.get(P.ENV_STRAGGLERS_FILE) or None,
+            straggler_every=max(_int(env.get(P.ENV_STRAGGLER_EVERY), STRAGGLER_EVERY), 1),
             runtime_file=env.get(P.ENV_RUNTIME_FILE) or None,
             job_id=env.get("SLURM_JOB_ID") or None,
             attempt=_int(env.get("SLURM_RESTART_COUNT"), 0) + 1,

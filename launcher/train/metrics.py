@@ -4,7 +4,8 @@
   `step 12/30 | loss 5.1234 | lr 3.0000e-04 | grad_norm 1.234 | tokens/s 12345 | tokens/s/gpu 3086 | mfu -`
 - `LAUNCHER_METRICS_FILE`, if set: one JSON object per logged step, appended (a resumed run appends again, so a
   step logged before a crash can appear twice: readers keep the last line of each step).
-- wandb, unless `WANDB_MODE=disabled` (then wandb is never imported); offline mode needs no network.
+- wandb, unless `WANDB_MODE=disabled` (then wandb is never imported); offline mode needs no network. One wandb run
+  per training run (`launcher.train.tracker`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 
 import torch
 
-from launcher.errors import TrainError
 from launcher.nanotron_config import gpus
+from launcher.train import tracker
 from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
 
@@ -61,11 +62,16 @@ class Reporter:
         self.cfg, self.is_main, self.wandb_disabled = cfg, job.is_main, job.wandb_disabled
         self.metrics_file = job.metrics_file
         self.wandb_run: Any = None
+        self.wandb_step = 0  # the last step given to wandb
 
-    def start_wandb(self) -> None:
-        """Open the wandb run (rank 0), unless WANDB_MODE=disabled."""
+    def start_wandb(self, resumed_from: int = 0) -> None:
+        """Open the run's wandb run (rank 0), unless WANDB_MODE=disabled, and give it again the steps up to
+        `resumed_from` (the checkpoint training resumes from) that it may have lost (`tracker.lost_steps`)."""
         if self.is_main and not self.wandb_disabled:
-            self.wandb_run = _start_wandb(self.cfg)
+            self.wandb_run = tracker.start(self.cfg)
+            self.wandb_step = tracker.logged_to(self.cfg.checkpoints_path)
+            for row in tracker.lost_steps(self.metrics_file, self.wandb_step, resumed_from):
+                self._to_wandb(row)
 
     def print(self, message: str) -> None:
         """A line on rank 0's stdout, flushed so Slurm's log shows it at once."""
@@ -80,13 +86,17 @@ class Reporter:
         if self.metrics_file:
             append_metrics(self.metrics_file, m)
         if self.wandb_run is not None:
-            values = {k: v for k, v in dataclasses.asdict(m).items() if k not in ("step", "time") and v is not None}
-            self.wandb_run.log(values, step=m.step)
+            self._to_wandb(dataclasses.asdict(m))
+
+    def _to_wandb(self, row: dict) -> None:
+        values = {k: v for k, v in row.items() if k not in ("step", "time") and v is not None}
+        self.wandb_run.log(values, step=row["step"])
+        self.wandb_step = row["step"]
 
     def close(self) -> None:
-        """Finish the wandb run (flushes offline data)."""
+        """Finish the wandb run (it writes out its data then); the steps it holds recorded (`tracker.finished`)."""
         if self.wandb_run is not None:
-            self.wandb_run.finish()
+            tracker.finish(self.wandb_run, self.cfg.checkpoints_path, self.wandb_step)
             self.wandb_run = None
 
 
@@ -97,15 +107,3 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     gpu = gpus.from_device_name(torch.cuda.get_device_name(device))
     return None if gpu is None else gpu.tflops * 1e12
-
-
-WANDB_FIX = "run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"
-
-
-def _start_wandb(cfg: TrainConfig) -> Any:
-    import wandb
-
-    try:
-        return wandb.init(project=cfg.project, name=cfg.run_name, config=dataclasses.asdict(cfg))
-    except wandb.errors.Error as e:
-        raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None

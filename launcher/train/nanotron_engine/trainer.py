@@ -17,7 +17,8 @@ that. The subclass from `trainer_class` adds:
 - `LAUNCHER_METRICS_FILE`: the first rank that holds the loss (nanotron's logger rank) appends one JSON line per
   logged step (grad_norm is null when clipping is off: nanotron computes it only while clipping);
 - wandb: nanotron's `wandb.init` is unguarded (no key and no WANDB_MODE: a traceback); here, as in the torch
-  engine, a one-line error that says what to do (`WANDB_MODE=offline` or `disabled` both work without network);
+  engine, a one-line error that says what to do (`WANDB_MODE=offline` or `disabled` both work without network),
+  and the run's one wandb run opened (`tracker.one_wandb_run`); the rank map written (`launcher.train.ranks`);
 - the `latest.txt` pointer written once per filesystem, atomically (a temporary file, fsync, os.replace, fsync of
   the directory), after every rank's files are on disk. nanotron 0.4 rewrites it from every rank with a
   truncating `open(..., "w")` as soon as that rank is done, so a reader (a resuming job) could see it empty, or
@@ -36,9 +37,11 @@ import torch.distributed as dist
 from launcher.errors import TrainError
 from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
-from launcher.train.metrics import WANDB_FIX, StepMetrics, append_metrics, peak_flops
+from launcher.train.metrics import StepMetrics, append_metrics, peak_flops
 from launcher.train.nanotron_engine.pointer import pointer_writes_dropped, write_pointer
+from launcher.train.ranks import nodes_of_ranks, write_rank_map
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
+from launcher.train.tracker import WANDB_FIX, one_wandb_run
 
 
 def is_main_trainer(trainer: Any) -> bool:
@@ -213,6 +216,7 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
             self.last_saved_step = start_step(self) if self.init_checkpoint_path is not None else None
             self.stop_at_end = False
             say_parameters_per_rank(self, device)
+            write_rank_map(job, nodes_of_ranks(job))  # for the batch script's restart decision
 
         def is_main(self) -> bool:
             return dist.get_rank(self.parallel_context.world_pg) == 0
@@ -221,7 +225,8 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
             wandb = nanotron.trainer.wandb  # None where wandb is not installed: nanotron then logs without it
             errors: tuple[type[Exception], ...] = () if wandb is None else (wandb.errors.Error,)
             try:
-                super().pre_training(*args, **kwargs)  # nanotron's wandb.init, on its logger rank
+                with one_wandb_run(wandb, self.config.checkpoints.checkpoints_path):  # one run, every attempt's
+                    super().pre_training(*args, **kwargs)  # nanotron's wandb.init, on its logger rank
             except errors as e:
                 raise TrainError(f"wandb could not start ({e}): {WANDB_FIX}") from None
 

@@ -11,11 +11,12 @@ uninterrupted run's: the data stream is indexed by position, and model, optimize
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import random
-import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,16 +25,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.errors import TrainError
-from launcher.train import packcache
 from launcher.train.config import TrainConfig
-from launcher.train.data import MicroBatches, StagedBatches, build_micro_batches, build_windows
+from launcher.train.data import StagedBatches
 from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import Reporter, StepMetrics, peak_flops
+from launcher.train.ranks import StragglerWatch, nodes_of_ranks, write_rank_map
 from launcher.train.schedule import lr_at
 from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
 from launcher.train.torch_engine import checkpoint
 from launcher.train.torch_engine.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token
 from launcher.train.torch_engine.resume import resume
+from launcher.train.torch_engine.shared_data import batches
 
 
 @dataclass(frozen=True)
@@ -92,68 +94,11 @@ def train(cfg: TrainConfig, job: JobEnvironment | None = None) -> None:
         dist.destroy_process_group()
 
 
-HEARTBEAT_S = 30.0  # while rank 0 packs the data, it tells the waiting ranks this often (far inside any timeout)
-
-
-def _shared_windows(cfg: TrainConfig) -> np.ndarray | None:
-    """The dataset's packed windows, tokenized once for all ranks (`packcache`): rank 0 builds and caches them
-    unless the cache has them, the others wait for it and map the file. None where there is no dataset, the data
-    is not cached (a hub name), or this rank cannot read the cache (a checkpoint directory not shared with rank
-    0's node): the rank then builds its own. A data error on rank 0 is raised on every rank.
-
-    Rank 0 builds in a thread and broadcasts "still working" every HEARTBEAT_S seconds, so that the waiting ranks
-    are never in one collective longer than that: a corpus that takes longer to tokenize than the process group's
-    timeout (10 minutes for NCCL) must not end the run."""
-    if cfg.dataset is None:
-        return None
-    cached = packcache.path_for(cfg)
-    built: list = [None, None]  # rank 0: the windows it built, the error it met
-    done = threading.Event()
-    if dist.get_rank() == 0 and cached is not None and packcache.load(cached) is None:
-
-        def build() -> None:
-            try:
-                built[0] = build_windows(cfg)
-                packcache.save(cached, built[0])
-            except OSError as e:  # not fatal: rank 0 keeps what it built, the others build their own
-                print(f"warning: the packed data could not be cached in {cached.parent}: {e.strerror or e}", flush=True)
-            except Exception as e:  # noqa: BLE001  raised below, on every rank
-                built[1] = e
-            finally:
-                done.set()
-
-        threading.Thread(target=build, name="pack-data", daemon=True).start()
-    else:
-        done.set()
-    while True:
-        working: list[bool | None] = [None]
-        if dist.get_rank() == 0:
-            working[0] = not done.wait(HEARTBEAT_S)
-        dist.broadcast_object_list(working, src=0)
-        if not working[0]:
-            break
-    failure = built[1]
-    told = [failure if failure is None or isinstance(failure, TrainError) else
-            TrainError(f"rank 0 could not prepare the data: {type(failure).__name__}: {failure}")]  # fmt: skip
-    dist.broadcast_object_list(told, src=0)
-    if failure is not None:
-        raise failure  # rank 0: the original, with its traceback
-    if told[0] is not None:
-        raise told[0]
-    loaded = packcache.load(cached) if cached is not None else None
-    return loaded if loaded is not None else built[0]
-
-
-def _batches(cfg: TrainConfig, where: Rank) -> MicroBatches:
-    """This rank's micro-batches: the run's data, and each later data stage's from its first step on."""
-
-    def stream(data: TrainConfig) -> MicroBatches:
-        return build_micro_batches(data, where.rank, where.world_size, _shared_windows(data))
-
-    if not cfg.stages:
-        return stream(cfg)
-    later = [(s.name, (s.start - 1) * cfg.grad_accum_steps, stream(s.data)) for s in cfg.stages]
-    return StagedBatches(stream(cfg), later)
+# torch 2.13 names it forward_sync_buffers (broadcast_buffers, deprecated, warns); earlier releases broadcast_buffers
+NO_FORWARD_BUFFER_SYNC: dict[str, Any] = {
+    "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else "broadcast_buffers": False
+}  # fmt: skip
 
 
 class TorchTrainer:
@@ -162,7 +107,7 @@ class TorchTrainer:
     def __init__(self, cfg: TrainConfig, where: Rank, job: JobEnvironment):
         self.cfg, self.where, self.job = cfg, where, job
         self.reporter = Reporter(cfg, job)
-        self.batches = _batches(cfg, where)
+        self.batches = batches(cfg, where.rank, where.world_size)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.model: nn.Module = build_model(cfg.model, cfg.init_std, cfg.seed).to(where.device)  # seeds torch
@@ -182,6 +127,10 @@ class TorchTrainer:
         self.step, self.position = resume(
             cfg, where.world_size, where.device, self.model, self.optimizer, self.reporter
         )
+        nodes = nodes_of_ranks(job)  # every rank's node: the batch script's rank map, the stragglers' names
+        write_rank_map(job, nodes)
+        self.stragglers = StragglerWatch(job, nodes, where.device)
+        self.own_work_done = 0.0  # when this rank's own part of the step ended (before its last backward)
 
     def train(self) -> None:
         """Steps `step + 1 .. train_steps`, logging, checkpointing and honouring stop requests."""
@@ -192,14 +141,14 @@ class TorchTrainer:
             return
         self._announce()
         ddp, stop = self.wrap(), StopRequest(self.where.device, job)
-        self.reporter.start_wandb()
+        self.reporter.start_wandb(resumed_from=self.step)
         try:
             if self._steps(ddp, stop):
                 report_outcome(job, finished=True, step=self.step)
                 self.reporter.print(f"training finished at step {self.step}; checkpoints in {cfg.checkpoints_path}")
-        finally:
+        finally:  # wandb first, while SIGTERM only asks to stop: after a peer's death torchrun sends it to this rank
+            self.reporter.close()  # as wandb writes its run out (offline, it keeps nothing until then)
             stop.close()
-            self.reporter.close()
 
     def _announce(self) -> None:
         cfg, where = self.cfg, self.where
@@ -222,6 +171,8 @@ class TorchTrainer:
             stepping = time.perf_counter()
             loss_sum, grad_norm = self.train_step(ddp)
             self.step_s = time.perf_counter() - stepping
+            self.stragglers.timed(self.own_work_done - stepping)
+            self.stragglers.look(self.step, time.time())
             window_steps += 1
             if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
                 self._log(loss_sum, grad_norm, window_steps, window_start)
@@ -254,9 +205,14 @@ class TorchTrainer:
         """The model with its loss under DDP; compiled on a GPU (see model.compile_for_gpu)."""
         on_gpu = self.where.device.type == "cuda"
         module = compile_for_gpu(self.model) if on_gpu else WithLoss(self.model)
-        # gradient_as_bucket_view: gradients live in DDP's buckets, no copy in and out of them each step
+        # gradient_as_bucket_view: gradients live in DDP's buckets, no copy in and out of them each step;
+        # no buffer broadcast at each forward: the only buffers (RoPE's frequencies) are computed alike on every rank,
+        # and without it a rank's forward passes are its own work (launcher.train.ranks)
         return DistributedDataParallel(
-            module, device_ids=[self.where.device] if on_gpu else None, gradient_as_bucket_view=True
+            module,
+            device_ids=[self.where.device] if on_gpu else None,
+            gradient_as_bucket_view=True,
+            **NO_FORWARD_BUFFER_SYNC,
         )
 
     def train_step(self, ddp: DistributedDataParallel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -278,6 +234,8 @@ class TorchTrainer:
             with ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext():
                 with autocast:
                     loss = ddp(tokens)
+                if micro == accum - 1:
+                    self.own_work_done = time.perf_counter()  # what follows waits for the other ranks
                 (loss / accum).backward()
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad or math.inf)

@@ -32,6 +32,7 @@ SECONDARY = (
     "DistStoreError",
     "KeyboardInterrupt",
 )
+LOST_PEERS = "it lost its peers"  # the detail of a failure that is only a consequence (no first cause found)
 STOPPED = {-15: "SIGTERM", -2: "SIGINT", -1: "SIGHUP"}  # how torchrun and srun stop the ranks that did not fail
 SIGNALS = {-6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL", -11: "SIGSEGV", -4: "SIGILL", -8: "SIGFPE"}
 FIELD = re.compile(r"^  (time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
@@ -281,7 +282,7 @@ def _first(lines: list[str], failures: list[ChildFailure]) -> Failure | None:
     secondary = tracebacks(lines)
     if secondary:
         r = secondary[0]
-        return Failure("exception", f"{r.type}: {r.message}", r.rank, node(r.rank), "it lost its peers")
+        return Failure("exception", f"{r.type}: {r.message}", r.rank, node(r.rank), LOST_PEERS)
     if srun:
         return Failure("exited", f"exited (srun: {srun[0].group('what')})", None, srun[0].group("node"))
     return None

@@ -1,0 +1,172 @@
+"""The batch script's restart decision (launcher/node/restart.py): which node failed, and whether training goes on in
+the allocation, the job requeues, or it stops with the cause and its fix. Pure rules here, on the real torchrun logs
+of tests/fixtures/triage; tests/test_goodput.py holds the batch script to them on the local cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launcher_helpers import TRIAGE_FIXTURES
+
+from launcher import protocol as P
+from launcher.node import failures
+from launcher.node.restart import SEPARATOR, Found, Step, decide, find, ranks_map, records
+
+ROOT = Path(__file__).resolve().parent.parent
+CRASH = failures.Failure("crash", "died of SIGKILL (exit code -9), with no traceback", 1, "node1")
+VALUE = failures.Failure("exception", "ValueError: bad shard", 1, "node1")
+
+
+def step(**changes) -> Step:
+    values = dict(verdict="failed", attempt=1, layout=2, step_nodes=["node1", "node2"],
+                  allocation=["node1", "node2", "node3"], partition_spare=0)  # fmt: skip
+    values.update(changes)
+    return Step(**values)  # type: ignore[arg-type]
+
+
+def failed(nodes=("node1",), failure=CRASH, at=12) -> Found:
+    return Found("failure", "a failure", list(nodes), failure, at)
+
+
+def past(*ends: tuple[int, int], failure: str = "crash: died", at: str = "12") -> list[dict[str, str]]:
+    return [{"start": str(a), "end": str(b), "failure": failure, "at": at} for a, b in ends]
+
+
+def test_a_failed_node_is_left_out_while_a_spare_is_there():
+    d = decide(step(), failed(), [], 10)
+    assert (d.action, d.nodes, d.checkpoint) == ("restart", ["node1"], 10)
+
+
+def test_without_a_spare_the_job_requeues_without_the_node_where_the_partition_can_spare_one():
+    no_spare = step(allocation=["node1", "node2"], partition_spare=1)
+    assert (decide(no_spare, failed(), [], 10).action, decide(no_spare, failed(), [], 10).nodes) == (
+        "requeue",
+        ["node1"],
+    )
+    # the partition has no other node: the step again on the same nodes (the requeue would get them back)
+    same = decide(step(allocation=["node1", "node2"], partition_spare=0), failed(), [], 10)
+    assert (same.action, same.nodes) == ("restart", []) and "none spare" in same.said
+    # a failure no node can be blamed for: the same nodes
+    assert decide(step(allocation=["node1", "node2"]), failed(nodes=()), [], 10).action == "restart"
+
+
+def test_a_node_that_left_the_allocation_without_a_spare_requeues():
+    gone = step(allocation=["node1"], partition_spare=1)
+    found = find(gone, "", {}, 2, 30)
+    assert (found.why, found.nodes) == ("node-failure", ["node2"]) and "node2 left the allocation" in found.said
+    d = decide(gone, found, [], 30)
+    assert (d.action, d.nodes) == ("requeue", ["node2"])
+    # with a spare: on node1 and node3
+    assert decide(step(allocation=["node1", "node3"]), find(step(allocation=["node1", "node3"]), "", {}, 2, 30), [],
+                  30).action == "restart"  # fmt: skip
+    # the job may not requeue itself (--max_requeues 0): a stop that says so
+    refused = decide(step(allocation=["node1"], requeues_allowed=False), found, [], 30)
+    assert refused.action == "stop" and "--max_requeues" in refused.fix
+
+
+def test_what_a_retry_cannot_fix_stops_at_once():
+    bad = decide(step(), failed(failure=failures.Failure("bad_input", "dataset has no column 'x'", 0, None)), [], 4)
+    assert (bad.action, bad.code) == ("stop", 2) and "refused its data or config" in bad.reason
+    missing = failures.Failure("exception", "FileNotFoundError: [Errno 2] No such file or directory: '/d/x'", 0, None)
+    gone = decide(step(), failed(failure=missing), [], 4)
+    assert gone.action == "stop" and "a file is missing" in gone.reason and "step 4" in gone.fix
+
+
+def test_the_same_exception_at_the_same_step_stops_and_another_step_does_not():
+    before = past((0, 10), failure=f"exception: {VALUE.summary}", at="12")
+    same = decide(step(), failed(failure=VALUE, at=12), before, 10)
+    assert same.action == "stop" and "the same exception as the failure before, at the same point of the run (after " \
+        "step 12)" in same.reason  # fmt: skip
+    assert "traceback" in same.fix
+    assert decide(step(), failed(failure=VALUE, at=15), before, 10).action == "restart"
+    oom = failures.Failure("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory", 1, None)
+    again = decide(step(), failed(failure=oom, at=12), past((0, 10), failure=f"cuda_oom: {oom.summary}"), 10)
+    assert again.action == "stop" and "the same out-of-memory as" in again.reason and "--micro_batch_size" in again.fix
+    # a crash (SIGKILL, SIGSEGV) may be the node's: retried however often it comes, within the bounds below
+    assert decide(step(), failed(at=12), past((0, 10), failure=f"crash: {CRASH.summary}"), 10).action == "restart"
+
+
+def test_three_steps_in_a_row_without_a_newer_checkpoint_stop():
+    assert decide(step(), failed(), past((10, 10)), 10).action == "restart"
+    assert decide(step(started_from=10), failed(), past((0, 10), (10, 10)), 10).action == "restart"
+    stuck = decide(step(started_from=10), failed(), past((10, 10), (10, 10)), 10)
+    assert stuck.action == "stop" and "3 node steps in a row ended without a checkpoint newer than step 10" in \
+        stuck.reason  # fmt: skip
+    assert decide(step(started_from=10), failed(), past((10, 10), (10, 10)), 20).action == "restart"  # progress
+
+
+def test_the_restarts_are_bounded():
+    spent = decide(step(max_restarts=2), failed(), past((0, 10), (10, 20)), 30)
+    assert spent.action == "stop" and "--max_restarts 2" in spent.reason and "step 30" in spent.fix
+
+
+def test_every_node_failing_its_check_is_the_runs_problem():
+    found = Found("preflight", "a failed node check", ["node1", "node2"])
+    d = decide(step(verdict="unhealthy", suspects=["node1", "node2"]), found, [], 0)
+    assert (d.action, d.code) == ("stop", 5)
+    one = decide(step(verdict="unhealthy"), Found("preflight", "a failed node check", ["node2"]), [], 0)
+    assert (one.action, one.nodes) == ("restart", ["node2"])
+
+
+def test_the_failed_rank_is_found_on_its_node_by_the_rank_map(tmp_path: Path):
+    log = (TRIAGE_FIXTURES / "exception-2nodes.log").read_text()  # rank 3 raises first, on node2
+    ranks = tmp_path / "ranks"
+    ranks.write_text(P.RANKS_FORMAT.format(node="node7", first=0, last=1) + P.RANKS_FORMAT.format(node="node9",
+                     first=2, last=3))  # fmt: skip
+    found = find(step(step_nodes=["node7", "node9"], allocation=["node7", "node9"]), log, ranks_map(ranks), 2, 5)
+    assert found.nodes == ["node9"] and found.failure is not None and found.failure.rank == 3
+    assert "rank 3 on node9: ValueError" in found.said
+    # no rank map (a script of the user's): the step's nodes in order, two ranks each
+    assert find(step(step_nodes=["node7", "node9"], allocation=["node7", "node9"]), log, {}, 2, 5).nodes == ["node9"]
+
+
+def test_the_batch_script_reads_one_answer_and_the_record_is_kept(tmp_path: Path):
+    log = tmp_path / "job.out"
+    before = "[launcher 10:00:00.000] an earlier step's lines\n" + (TRIAGE_FIXTURES / "cuda-oom.log").read_text()
+    log.write_text(before + (TRIAGE_FIXTURES / "exception-2nodes.log").read_text())
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / P.TORCH_POINTER).write_text("20\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 24, "loss": 1.0}\n')
+    argv = ["--verdict", "failed", "--layout", "2", "--gpus", "2", "--step-nodes", "node1,node2", "--allocation",
+            "node1,node2,node3", "--started-from", "10", "--log", str(log), "--offset", str(len(before.encode())),
+            "--metrics", str(tmp_path / "metrics.jsonl"), "--checkpoints", str(tmp_path / "ckpt"), "--records",
+            str(tmp_path / "restarts")]  # fmt: skip
+    run = subprocess.run([sys.executable, "-m", "launcher.node.restart", *argv], capture_output=True, text=True,
+                         cwd=ROOT, check=True)  # fmt: skip
+    action, why, said, nodes, checkpoint, *_ = run.stdout.rstrip("\n").split(SEPARATOR)
+    # the step's own failure (rank 3's ValueError), not the OOM an earlier step left in the log
+    assert (action, why, nodes, checkpoint) == ("restart", "failure", "node2", "20") and "ValueError" in said
+    (record,) = records(tmp_path / "restarts")
+    assert record == {"why": "failure", "action": "restart", "attempt": "1", "start": "10", "end": "20", "at": "24",
+                      "nodes": "node2", "failure": record["failure"]}  # fmt: skip
+    assert record["failure"].startswith("exception: ValueError")
+
+
+@pytest.mark.parametrize("verdict,expected", [("hung", "hang"), ("unhealthy", "preflight")])
+def test_a_hang_and_a_failed_check_blame_the_nodes_the_script_names(verdict: str, expected: str):
+    found = find(step(verdict=verdict, suspects=["node2"]), "", {}, 2, 7)
+    assert (found.why, found.nodes, found.at) == (expected, ["node2"], 7)
+
+
+LOST = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/x/engine.py", line 290, in train_step
+[rank0]:     (loss / accum).backward()
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5
+srun: error: node1: task 0: Exited with exit code 1
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+"""
+
+
+def test_a_node_gone_before_slurm_noticed_is_the_one_srun_never_heard_from():
+    """A node dies (power, kernel): the others' ranks only lose their peers and fail first, before Slurm marks the
+    node DOWN; the node whose task srun never heard end is blamed, not the survivors."""
+    found = find(step(), LOST, {}, 2, 40)
+    assert found.nodes == ["node2"] and "no word from node2" in found.said
+    assert decide(step(), found, [], 30).nodes == ["node2"]
+    # every node's task was heard: no one node to blame, the same nodes again
+    heard = LOST + "srun: error: node2: task 1: Killed\n"
+    assert find(step(), heard, {}, 2, 40).nodes == []  # a rank that only lost its peers blames no node
