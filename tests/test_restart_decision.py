@@ -111,16 +111,22 @@ def test_every_node_failing_its_check_is_the_runs_problem():
     assert (one.action, one.nodes) == ("restart", ["node2"])
 
 
-def test_the_failed_rank_is_found_on_its_node_by_the_rank_map(tmp_path: Path):
+def test_the_failed_rank_is_found_on_its_node_by_the_rank_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     log = (TRIAGE_FIXTURES / "exception-2nodes.log").read_text()  # rank 3 raises first, on node2
     ranks = tmp_path / "ranks"
     ranks.write_text(P.RANKS_FORMAT.format(node="node7", first=0, last=1) + P.RANKS_FORMAT.format(node="node9",
                      first=2, last=3))  # fmt: skip
-    found = find(step(step_nodes=["node7", "node9"], allocation=["node7", "node9"]), log, ranks_map(ranks), 2, 5)
-    assert found.nodes == ["node9"] and found.failure is not None and found.failure.rank == 3
-    assert "rank 3 on node9: ValueError" in found.said
+    nodes = step(step_nodes=["node7", "node9"], allocation=["node7", "node9", "node8"])
+    found = find(nodes, log, ranks_map(ranks), 2, 5)
+    assert found.failure is not None and found.failure.rank == 3 and "rank 3 on node9: ValueError" in found.said
+    # an exception is the run's own, not node9's: the step again on the same nodes, none left out or excluded
+    assert found.nodes == [] and (decide(nodes, found, [], 4).action, decide(nodes, found, [], 4).nodes) == (
+        "restart", [])  # fmt: skip
+    crash = failures.Failure("crash", "died of SIGKILL", 3, None)  # the same ranks, a node's failure this time
+    monkeypatch.setattr(failures, "first_failure", lambda text: crash)
+    assert find(nodes, log, ranks_map(ranks), 2, 5).nodes == ["node9"]
     # no rank map (a script of the user's): the step's nodes in order, two ranks each
-    assert find(step(step_nodes=["node7", "node9"], allocation=["node7", "node9"]), log, {}, 2, 5).nodes == ["node9"]
+    assert find(nodes, log, {}, 2, 5).nodes == ["node9"]
 
 
 def test_the_batch_script_reads_one_answer_and_the_record_is_kept(tmp_path: Path):
@@ -138,10 +144,10 @@ def test_the_batch_script_reads_one_answer_and_the_record_is_kept(tmp_path: Path
                          cwd=ROOT, check=True)  # fmt: skip
     action, why, said, nodes, checkpoint, *_ = run.stdout.rstrip("\n").split(SEPARATOR)
     # the step's own failure (rank 3's ValueError), not the OOM an earlier step left in the log
-    assert (action, why, nodes, checkpoint) == ("restart", "failure", "node2", "20") and "ValueError" in said
+    assert (action, why, nodes, checkpoint) == ("restart", "failure", "", "20") and "ValueError" in said
     (record,) = records(tmp_path / "restarts")
     assert record == {"why": "failure", "action": "restart", "attempt": "1", "start": "10", "end": "20", "at": "24",
-                      "nodes": "node2", "failure": record["failure"]}  # fmt: skip
+                      "nodes": "-", "failure": record["failure"]}  # fmt: skip
     assert record["failure"].startswith("exception: ValueError")
 
 

@@ -5,8 +5,9 @@ step (`python -m launcher.node.restart ...`) and acts on its one line of answer;
 - **Which node**: a node that left the allocation (Slurm excised it: the job runs `--no-kill`), the hang's suspects,
   the nodes that failed their check, or the node of the rank whose failure came first in the step's part of the
   log (`failures.first_failure`), by the rank map training wrote as the step started (`RANKS_FILE`; without one,
-  ranks in the order of the step's nodes). Where the ranks only lost their peers (a node died before Slurm noticed
-  it), the nodes whose tasks srun never heard end.
+  ranks in the order of the step's nodes), where that failure is a node's (a crash, a process killed, the host's
+  memory, NCCL's network), not the run's own (an exception, out of GPU memory: NOT_A_NODES). Where the ranks only
+  lost their peers (a node died before Slurm noticed it), the nodes whose tasks srun never heard end.
 - **Stop** when a retry cannot help: the job refused its data or config, a file is missing, the same exception (or
   out-of-memory) at the same step as the failure before; when three steps in a row ended without a checkpoint newer
   than the one they started from; or when `--max_restarts` restarts and failure requeues are spent.
@@ -40,6 +41,9 @@ REPEATS = (
     "cuda_oom",
     "host_oom",
 )  # failures a retry cannot fix when they come again at the same step
+# failures of the run's code, config or size, not of a node: the step again on the same nodes (a node left out
+# for them would be a healthy one lost; a requeue would wait in the queue for the same failure)
+NOT_A_NODES = ("exception", "nanotron", "cuda_oom", "bad_input", "nccl_timeout")
 SEPARATOR = "\x1f"  # ASCII's unit separator: bash reads the fields with IFS=$'\x1f' (a tab would merge empty ones)
 RETRY = "launch the same command again once it is fixed: it resumes from the checkpoint of step {step}"
 
@@ -241,7 +245,7 @@ def find(step: Step, log_text: str, ranks: dict[int, str], gpus: int, at: int | 
     said = f"a failure ({where}{f' on {node}' if node else ''}: {failure.summary})"
     if failure.detail == failures.LOST_PEERS:  # a consequence, and no first cause: no one node to blame
         return Found("failure", f"{said[:-1]}; {failures.LOST_PEERS}, no first cause found)"[:400], [], failure, at)
-    return Found("failure", said[:400], [node] if node else [], failure, at)
+    return Found("failure", said[:400], [node] if node and failure.kind not in NOT_A_NODES else [], failure, at)
 
 
 def _csv(text: str) -> list[str]:
