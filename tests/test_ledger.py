@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from launcher import protocol as P
 from launcher.report import attempts as records
 from launcher.report.ledger import OVERHEAD, Attempt, Work, compute, summary
 
@@ -107,6 +108,21 @@ def test_the_jobs_own_records(tmp_path: Path):
     assert ledger.lost_to["hang"] == pytest.approx(4 * (1.0 + (chain[0].end - rows[3][0]) + 7.0))
     running = records.attempts(records.read_log(LOG.splitlines()[:3], "77"), 4, None, now=chain[0].start + 5)
     assert running[0].ended == "running" and running[0].end == chain[0].start + 5
+
+
+def test_a_requeue_after_a_node_failure_is_charged_to_it():
+    log = (
+        "[launcher 10:00:01.250] job 79 attempt 1 started 2026-11-24T10:00:01+00:00 on node[1-2]\n"
+        f"[launcher 10:00:09.000] {P.LINES['requeue_without'].format(without=' without node1', why=WHY)}\n"
+        "[launcher 10:00:10.000] job 79 attempt 1 ended 2026-11-24T10:00:10+00:00, exit code 0\n"
+        "[launcher 10:02:20.000] job 79 attempt 2 started 2026-11-24T10:02:20+00:00 on node[2-3]\n"
+        "[launcher 10:03:00.000] job 79 attempt 2 ended 2026-11-24T10:03:00+00:00, exit code 0\n"
+    )
+    first, _ = records.attempts(records.read_log(log.splitlines(), "79"), 4, "COMPLETED")
+    assert first.ended == "node failure"
+
+
+WHY = "a node failure (node1 left the allocation)"
 
 
 RESTARTS = """\

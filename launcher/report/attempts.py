@@ -30,6 +30,7 @@ CAUSES = (  # the batch script's lines -> why an attempt ended (the first that m
     (P.pattern("preemption", whole=False), "preemption"),
 )
 TERMINATED = P.pattern("terminated", whole=False)
+REQUEUED_WITHOUT = P.pattern("requeue_without")  # no healthy nodes left: requeued, after what
 RESTARTED = P.pattern("restart")
 RESTART_CAUSES = (("a node failure", "node failure"), ("a hang", "hang"), ("a failed node check", "node check"),
                   ("a failure", "failure"))  # the restart line's why -> the ledger's cause  # fmt: skip
@@ -120,6 +121,8 @@ def read_log(lines: Iterable[str], job_id: str) -> dict[int, _Seen]:
                 excised = current.segments[-1].excised + (gone if cause == "node failure" else 0)
                 current.segments.append(_Segment(_clock(current.start, clock), cause, excised))
                 continue
+            if current.cause is None and (m := REQUEUED_WITHOUT.match(line)):  # after a failure, a node's...
+                current.cause = restart_cause(m["why"])
             for pattern, cause in CAUSES:
                 if current.cause is None and pattern.match(line):
                     current.cause = cause
