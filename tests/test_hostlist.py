@@ -37,6 +37,12 @@ def test_what_is_no_hostlist_is_none(text: str) -> None:
         (("--nodes", "1", "--nodelist", "node[1-2]"), "--nodelist: node[1-2] names 2 nodes, more than --nodes 1"),
         (("--nodes", "3", "--nodelist", "g[01-04],g07"), "--nodelist: g[01-04],g07 names 5 nodes, more than --nodes 3"),
         (("--nodes", "2", "--nodelist", "n[1-2]", "--exclude", "n2"), "--exclude: n2 is in both --nodelist and"),
+        (
+            ("--nodes", "2", "--spare_nodes", "1", "--nodelist", "n[1-4]"),
+            "--nodelist: n[1-4] names 4 nodes, more "
+            "than the job's 3 (--nodes 2 + --spare_nodes 1) (a job runs on every node its --nodelist names); raise "
+            "--spare_nodes to 2, or name at most 3 nodes",
+        ),
     ],
 )
 def test_a_nodelist_that_cannot_be_met_is_a_problem(flags: tuple[str, ...], problem: str) -> None:
@@ -47,8 +53,23 @@ def test_a_nodelist_that_cannot_be_met_is_a_problem(flags: tuple[str, ...], prob
 
 
 @pytest.mark.parametrize(
-    "flags", [("--nodes", "2", "--nodelist", "node[1-2]"), ("--nodes", "4", "--nodelist", "node1"), ("--nodes", "1")]
+    "flags",
+    [
+        ("--nodes", "2", "--nodelist", "node[1-2]"),
+        ("--nodes", "4", "--nodelist", "node1"),
+        ("--nodes", "1"),
+        ("--nodes", "2", "--spare_nodes", "1", "--nodelist", "node[1-3]"),
+    ],
 )
 def test_a_nodelist_within_nodes_is_taken(flags: tuple[str, ...]) -> None:
     spec, found = spec_for(*flags, "--dataset", "none")
     assert found + validate(spec) == []
+
+
+def test_spares_are_refused_with_a_shell_and_bounded(tmp_path) -> None:
+    spec, found = spec_for("--nodes", "2", "--spare_nodes", "1", "--interactive", "--dataset", "none")
+    (said,) = [str(p) for p in found + validate(spec) if p.flag == "spare_nodes"]
+    assert said.endswith("leave out --spare_nodes with --interactive")
+    spec, found = spec_for("--spare_nodes", "9" * 20, "--max_restarts", "9" * 20, "--dataset", "none")
+    flags = [p.flag for p in found + validate(spec)]
+    assert flags[:2] == ["spare_nodes", "max_restarts"] and "beyond any run" in str((found + validate(spec))[0])

@@ -61,19 +61,22 @@ def expand(text: str) -> list[str] | None:
     return list(dict.fromkeys(names))
 
 
-def nodelist_problems(nodelist: str | None, exclude: str | None, nodes: int) -> list[Problem]:
-    """--nodelist against --nodes (and --exclude): each node a job's --nodelist names is one of its nodes."""
+def nodelist_problems(nodelist: str | None, exclude: str | None, nodes: int, spares: int = 0) -> list[Problem]:
+    """--nodelist against --nodes and --spare_nodes (and --exclude): each node a job's --nodelist names is one of
+    its nodes."""
     named = expand(nodelist) if nodelist else None
     if named is None:
         return []  # no list, or one whose form the alphabet check already reports (or Slurm judges)
     problems = []
-    if len(named) > nodes:
+    most = nodes + spares
+    if len(named) > most:
+        job = f"--nodes {nodes}" if not spares else f"the job's {most} (--nodes {nodes} + --spare_nodes {spares})"
+        more = f"use --nodes {len(named)}" if not spares else f"raise --spare_nodes to {len(named) - nodes}"
         problems.append(
             Problem(
                 "nodelist",
-                f"{nodelist} names {len(named)} nodes, more than --nodes {nodes} (a job runs on every node its "
-                "--nodelist names)",
-                f"use --nodes {len(named)}, or name at most {nodes} node{'s' if nodes > 1 else ''} in --nodelist",
+                f"{nodelist} names {len(named)} nodes, more than {job} (a job runs on every node its --nodelist names)",
+                f"{more}, or name at most {most} node{'s' if most > 1 else ''} in --nodelist",
             )
         )
     both = sorted(set(named) & set(expand(exclude) or [])) if exclude else []

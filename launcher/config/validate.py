@@ -105,6 +105,9 @@ def _check_allocation(spec: RunSpec) -> list[Problem]:
     if s.spare_nodes and not s.max_restarts:
         why = f"--spare_nodes {s.spare_nodes} with --max_restarts 0: the spares would never be used"
         out.append(Problem("spare_nodes", why, "leave out --spare_nodes, or give --max_restarts >= 1"))
+    if s.spare_nodes > 0 and spec.args.execution.interactive:  # a shell's node step runs on the layout's nodes
+        why = "--interactive allocates the nodes for a shell, where no batch script restarts training on a spare"
+        out.append(Problem("spare_nodes", why, "leave out --spare_nodes with --interactive"))
     if s.cpus_per_node is not None and s.cpus_per_node <= 0:
         out.append(Problem("cpus_per_node", f"must be positive, got {s.cpus_per_node}", "leave it out for the default"))
     return out
@@ -132,7 +135,7 @@ def _check_names(spec: RunSpec) -> list[Problem]:
         value = getattr(s, name)
         if value is not None and not pattern.fullmatch(value):
             out.append(Problem(name, f"{value!r} is not {what}", f"e.g. --{name} {example}"))
-    out += hostlist.nodelist_problems(s.nodelist, s.exclude, s.nodes + max(s.spare_nodes, 0))
+    out += hostlist.nodelist_problems(s.nodelist, s.exclude, s.nodes, max(s.spare_nodes, 0))
     for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
             out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))
