@@ -114,6 +114,8 @@ LINES = {
     "restart": "restart {count} of {most} in the allocation, leaving out {left}: training again on {nodes} from the "
     "checkpoint of step {step}, after {why}",
     "no_restart": "not restarting or requeueing: {reason}; fix: {fix}; after {why}",
+    "no_decision": "no restart decision could be had (its answer: {answer}; what it printed, if anything, is above): "
+    "this attempt ends as it would without restarts",
     "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
     "to resume",
     "late_notice": "the {notice} notice came as training ended: nothing to resume",
