@@ -114,3 +114,20 @@ def test_a_decision_with_no_answer_ends_the_attempt_as_without_restarts_and_says
     assert code == 7 and steps(stubs) == 1, out  # a failure ends with srun's status, as with --max_restarts 0
     (said,) = lines(out, "no_decision")
     assert "no restart decision could be had (its answer: nothing;" in said and "Traceback" in out
+
+
+def test_the_watchdog_is_stopped_before_the_decision(tmp_path: Path):
+    code, out, stubs = run_script(tmp_path)
+    assert code == 0 and len((stubs / "watchdogs").read_text().split()) == 2, out  # one per step
+    assert not (stubs / "watchdogs-alive-in-decision").exists()
+
+
+def test_a_step_never_starts_on_fewer_nodes_than_the_layout(tmp_path: Path):
+    """A node leaves the allocation while the decision runs: 1 node left of the layout's 2, the job requeues; never
+    `srun --nodes=2 --nodelist=node1`, which lets Slurm add any node (a left-out suspect too)."""
+    code, out, stubs = run_script(tmp_path, "shrink", nodes="2")
+    assert code == 0 and steps(stubs) == 1, out
+    (requeue,) = lines(out, "requeue_without")
+    assert requeue.endswith("; 1 of the layout's 2 nodes left in the allocation"), requeue
+    assert "requeue 77" in (stubs / "scontrol.calls").read_text()
+    assert not lines(out, "restart")
