@@ -116,6 +116,7 @@ LINES = {
     "no_restart": "not restarting or requeueing: {reason}; fix: {fix}; after {why}",
     "no_decision": "no restart decision could be had (its answer: {answer}; what it printed, if anything, is above): "
     "this attempt ends as it would without restarts",
+    "notice_over_restart": "the {notice} notice came as the restart was decided: it stands, training is not restarted",
     "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
     "to resume",
     "late_notice": "the {notice} notice came as training ended: nothing to resume",

@@ -116,6 +116,22 @@ def test_a_decision_with_no_answer_ends_the_attempt_as_without_restarts_and_says
     assert "no restart decision could be had (its answer: nothing;" in said and "Traceback" in out
 
 
+def test_a_time_limit_warning_during_the_decision_requeues_the_job(tmp_path: Path):
+    code, out, stubs = run_script(tmp_path, "warn")
+    assert code == 0 and steps(stubs) == 1, out  # not a second step that stops at once on the stop file
+    assert lines(out, "notice_over_restart") and lines(out, "requeue_time_limit"), out
+    assert "requeue 77" in (stubs / "scontrol.calls").read_text()
+    (record,) = records(tmp_path / "logs/configs/t/20260101-000000" / P.RESTARTS_FILE)
+    assert record["action"] == "requeue"  # what the job did: no restart is counted
+
+
+def test_a_sigterm_during_the_decision_ends_the_attempt(tmp_path: Path):
+    code, out, stubs = run_script(tmp_path, "term")
+    assert code == 7 and steps(stubs) == 1, out  # no new step in a dying job
+    assert lines(out, "notice_over_restart") and "requeue" not in (stubs / "scontrol.calls").read_text()
+    assert records(tmp_path / "logs/configs/t/20260101-000000" / P.RESTARTS_FILE) == []
+
+
 def test_the_watchdog_is_stopped_before_the_decision(tmp_path: Path):
     code, out, stubs = run_script(tmp_path)
     assert code == 0 and len((stubs / "watchdogs").read_text().split()) == 2, out  # one per step
