@@ -66,9 +66,13 @@ HUNG_FILE_FORMAT = "{step} {idle} {limit}\n"
 REQUEUE_FORMAT = "{why} attempt {attempt} step {step} nodes {nodes}"  # why: one of REQUEUE_WHY
 REQUEUE_WHY = ("preemption", "time-limit", "hang", "preflight", "node-failure", "failure")
 RANKS_FORMAT = "{node} {first} {last}\n"  # the global ranks first..last run on node (torchrun gives a node's in a row)
-# why: hang | preflight | node-failure | failure; action: restart (in the allocation) | requeue; checkpoint steps at
-# the step's start and end; step: the last step training logged (- for none); failure: "KIND: SUMMARY" or -
-RESTART_FORMAT = "{why} {action} attempt {attempt} checkpoint {start} {end} step {at} nodes {nodes} failure {failure}"
+# why: hang | preflight | node-failure | failure; action: restart (in the allocation) | requeue; job: the Slurm job
+# whose step failed (a script submitted again appends to the same file: each job counts only its own); checkpoint
+# steps at the step's start and end; step: the last step training logged (- for none); failure: "KIND: SUMMARY" or -
+RESTART_FORMAT = (
+    "{why} {action} job {job} attempt {attempt} checkpoint {start} {end} step {at} nodes {nodes} failure {failure}"
+)
+RESTART_FORMAT_NO_JOB = RESTART_FORMAT.replace(" job {job}", "")  # the records written before they named their job
 
 # The job's own lines in its log. The batch script and the node check print them behind LINE_PREFIX; each names
 # its fields in braces. Static text stays inside bash double quotes: none of  " $ ` \  (a test holds it so).
@@ -110,6 +114,9 @@ LINES = {
     "restart": "restart {count} of {most} in the allocation, leaving out {left}: training again on {nodes} from the "
     "checkpoint of step {step}, after {why}",
     "no_restart": "not restarting or requeueing: {reason}; fix: {fix}; after {why}",
+    "no_decision": "no restart decision could be had (its answer: {answer}; what it printed, if anything, is above): "
+    "this attempt ends as it would without restarts",
+    "notice_over_restart": "the {notice} notice came as the restart was decided: it stands, training is not restarted",
     "stop_file": "stopped at the checkpoint of step {step} on request (the stop file): launch the same command again "
     "to resume",
     "late_notice": "the {notice} notice came as training ended: nothing to resume",

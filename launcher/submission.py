@@ -64,7 +64,7 @@ def judge_end(final: JobState, log: Path, run: manifest.Manifest | None = None) 
     verdict = triage.for_job(final, read_log(log), flags=run.flags if run else None, memory_note=memory_note(run))
     if run is not None and run.path.is_file():
         ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts,
-                 "restarts_in_allocation": len(restarts_of(run))}  # fmt: skip
+                 "restarts_in_allocation": len(restarts_of(run, final.job_id))}  # fmt: skip
         try:
             manifest.record_end(run, ended, verdict.record() if verdict else None)
         except OSError as e:
@@ -72,16 +72,22 @@ def judge_end(final: JobState, log: Path, run: manifest.Manifest | None = None) 
     return verdict, ""
 
 
-def restarts_of(run: manifest.Manifest) -> list[dict[str, str]]:
-    """The restarts of training inside the job's allocation, as its batch script recorded them (oldest first)."""
-    return [r for r in restart.records(run.bundle_dir / P.RESTARTS_FILE) if r["action"] == "restart"]
+def restarts_of(run: manifest.Manifest, job: str | None) -> list[dict[str, str]]:
+    """The restarts of training inside job `job`'s allocation (the run's, where None), as its batch script recorded
+    them (oldest first): not another job's of the same script, submitted again by hand. A record that names no job
+    (written before records named theirs) is taken as the job the bundle was launched as (the manifest's)."""
+    job = job or run.job_id
+    ours = (job, "") if job == run.job_id else (job,)
+    return [
+        r for r in restart.records(run.bundle_dir / P.RESTARTS_FILE) if r["action"] == "restart" and r["job"] in ours
+    ]
 
 
 def report_end(final: JobState, log: Path, run: manifest.Manifest | None = None) -> triage.Verdict | None:
     """Say how the job ended and, unless it COMPLETED, why and what to do; record both in the manifest (if any)."""
     code = "" if final.exit_code is None else f", exit code {final.exit_code}"
     again = [f"requeued {final.restarts}x"] if final.restarts else []
-    if run is not None and (inside := len(restarts_of(run))):
+    if run is not None and (inside := len(restarts_of(run, final.job_id))):
         again.append(f"restarted {inside}x in its allocation")
     print(f"Job {final.job_id} ended {final.state}{code}" + (f" ({'; '.join(again)})" if again else ""))
     verdict, unrecorded = judge_end(final, log, run)
@@ -101,7 +107,7 @@ def outputs(run: manifest.Manifest, final: JobState | None = None) -> dict[str, 
         found["loss curve"] = plots.loss_curve(run.metrics, run.bundle_dir / "loss.png")
     found.update(pictures.render(run))
     found["gpu-hours"] = usage.line(run, final)  # the ledger (launcher.usage), kept in the manifest
-    if restarted := restarts_of(run):
+    if restarted := restarts_of(run, final.job_id if final else None):
         found["restarts"] = "; ".join(
             f"after {r['why'].replace('-', ' ')} at step {r['at']}" + (f", without {r['nodes']}" if r["nodes"] != "-"
                                                                       else ", on the same nodes")

@@ -11,6 +11,7 @@ import pytest
 from launcher_helpers import job_log
 
 from launcher import jobs
+from launcher import protocol as P
 from launcher import submission as submit
 from launcher.bundle import manifest
 from launcher.config.cli import parse
@@ -72,6 +73,23 @@ def test_a_completed_job_has_no_verdict(tmp_path: Path, capsys: pytest.CaptureFi
     assert capsys.readouterr().out == "Job 48 ended COMPLETED, exit code 0 (requeued 1x)\n"
     data = json.loads(path.read_text())
     assert data["verdict"] is None and data["ended"]["state"] == "COMPLETED"
+
+
+def test_the_restarts_said_are_the_jobs_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """The script submitted again by hand (job 49 after job 48) appends to the bundle's restarts file: each job's
+    end says its own restarts; a record from before records named their job is taken as the job's."""
+    path, log = written_bundle(tmp_path)
+    log.write_text("step 30/30 | loss 1.0\n")
+    record = dict(why="failure", action="restart", attempt=1, start=0, end=5, at=7, nodes="node1", failure="-")
+    (path.parent / P.RESTARTS_FILE).write_text(P.RESTART_FORMAT_NO_JOB.format(**record) + "\n" + "".join(
+        P.RESTART_FORMAT.format(**record, job=job) + "\n" for job in ("48", "48", "49")))  # fmt: skip
+    done = dataclasses.replace(failed(0), state="COMPLETED")
+    submit.report_end(dataclasses.replace(done, job_id="49"), log, manifest.load(path))
+    assert capsys.readouterr().out == "Job 49 ended COMPLETED, exit code 0 (restarted 1x in its allocation)\n"
+    assert json.loads(path.read_text())["ended"]["restarts_in_allocation"] == 1
+    submit.report_end(done, log, manifest.load(path))
+    assert "(restarted 3x in its allocation)" in capsys.readouterr().out
+    assert len(submit.restarts_of(manifest.load(path), None)) == 3  # the run's job (the manifest's: 48)
 
 
 def test_without_a_bundle_or_a_log_the_verdict_is_still_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

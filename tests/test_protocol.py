@@ -76,7 +76,7 @@ def test_triage_reads_the_hang_the_preemption_and_the_spent_requeues_the_script_
     started = next(line for line in lines if names_of(line) == ["attempt_started"])
 
     def judged(name: str, state: str = "FAILED") -> triage.Verdict:
-        line = next(line for line in lines if names_of(line) == [name])
+        *_, line = (line for line in lines if names_of(line) == [name])  # no_restart: the decision's, the last
         verdict = triage.verdict(state, f"{started}\n{line}\n")
         assert verdict is not None
         return verdict
@@ -99,7 +99,7 @@ def test_triage_judges_the_last_node_step_of_a_restarted_attempt():
     """A restart line starts a new node step: the verdict is on the step that ended the job, with why the script
     did not restart it, not on an earlier step's failure it went on from."""
     lines = printed_lines(_script())
-    started, restart, stop = (next(line for line in lines if names_of(line) == [name])
+    started, restart, stop = ([line for line in lines if names_of(line) == [name]][-1]
                               for name in ("attempt_started", "restart", "no_restart"))  # fmt: skip
     first = (ROOT / "tests/fixtures/triage/cuda-oom.log").read_text()
     last = (ROOT / "tests/fixtures/triage/exception-2nodes.log").read_text()

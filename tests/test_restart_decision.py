@@ -13,7 +13,7 @@ from launcher_helpers import TRIAGE_FIXTURES
 
 from launcher import protocol as P
 from launcher.node import failures
-from launcher.node.restart import SEPARATOR, Found, Step, decide, find, ranks_map, records
+from launcher.node.restart import SEPARATOR, Found, Step, decide, find, main, ranks_map, records
 
 ROOT = Path(__file__).resolve().parent.parent
 CRASH = failures.Failure("crash", "died of SIGKILL (exit code -9), with no traceback", 1, "node1")
@@ -139,16 +139,41 @@ def test_the_batch_script_reads_one_answer_and_the_record_is_kept(tmp_path: Path
     argv = ["--verdict", "failed", "--layout", "2", "--gpus", "2", "--step-nodes", "node1,node2", "--allocation",
             "node1,node2,node3", "--started-from", "10", "--log", str(log), "--offset", str(len(before.encode())),
             "--metrics", str(tmp_path / "metrics.jsonl"), "--checkpoints", str(tmp_path / "ckpt"), "--records",
-            str(tmp_path / "restarts")]  # fmt: skip
+            str(tmp_path / "restarts"), "--job", "48"]  # fmt: skip
     run = subprocess.run([sys.executable, "-m", "launcher.node.restart", *argv], capture_output=True, text=True,
                          cwd=ROOT, check=True)  # fmt: skip
-    action, why, said, nodes, checkpoint, *_ = run.stdout.rstrip("\n").split(SEPARATOR)
+    action, why, said, nodes, checkpoint, *_, count = run.stdout.rstrip("\n").split(SEPARATOR)
     # the step's own failure (rank 3's ValueError), not the OOM an earlier step left in the log
-    assert (action, why, nodes, checkpoint) == ("restart", "failure", "", "20") and "ValueError" in said
+    assert (action, why, nodes, checkpoint, count) == ("restart", "failure", "", "20", "1") and "ValueError" in said
     (record,) = records(tmp_path / "restarts")
-    assert record == {"why": "failure", "action": "restart", "attempt": "1", "start": "10", "end": "20", "at": "24",
-                      "nodes": "-", "failure": record["failure"]}  # fmt: skip
+    assert record == {"why": "failure", "action": "restart", "job": "48", "attempt": "1", "start": "10", "end": "20",
+                      "at": "24", "nodes": "-", "failure": record["failure"]}  # fmt: skip
     assert record["failure"].startswith("exception: ValueError")
+
+
+def test_the_budget_is_the_jobs_own_not_an_earlier_job_of_the_same_script(tmp_path: Path, capsys):
+    """`sbatch <script>` again (what the script's header says to do) is a new job appending to the same restarts
+    file: the earlier job's restarts and steps without progress do not count against it."""
+    path = tmp_path / "restarts"
+    earlier = dict(why="failure", action="restart", attempt=1, at=2, nodes="-", failure="crash: x")
+    lines = [P.RESTART_FORMAT.format(**earlier, start=10 * i, end=10 * i + 10, job="47") for i in range(10)]
+    lines.append(P.RESTART_FORMAT_NO_JOB.format(**earlier, start=0, end=0))  # a record from before job ids
+    path.write_text("\n".join(lines) + "\n")
+    (tmp_path / "ckpt").mkdir()
+
+    def decided(job: str) -> list[str]:
+        argv = ["--verdict", "failed", "--layout", "1", "--step-nodes", "node1", "--allocation", "node1,node2",
+                "--checkpoints", str(tmp_path / "ckpt"), "--records", str(path), "--job", job]  # fmt: skip
+        assert main(argv) == 0
+        return capsys.readouterr().out.rstrip("\n").split(SEPARATOR)
+
+    first = decided("48")
+    assert (first[0], first[-1]) == ("restart", "1")  # its first restart, not an 11th
+    assert decided("48")[0] == "restart"  # 2 of its own steps without progress: not yet 3
+    assert [r["job"] for r in records(path)] == ["47"] * 10 + ["", "48", "48"]  # the one before job ids: no job's
+    assert len(records(path, "48")) == 2
+    stopped = decided("47")  # the earlier job itself stays bounded
+    assert stopped[0] == "stop" and "--max_restarts 10" in stopped[5]
 
 
 @pytest.mark.parametrize("verdict,expected", [("hung", "hang"), ("unhealthy", "preflight")])

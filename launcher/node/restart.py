@@ -15,8 +15,9 @@ step (`python -m launcher.node.restart ...`) and acts on its one line of answer;
   spares: `--spare_nodes`); a failure no node can be blamed for restarts on the same nodes.
 - **Requeue** otherwise, without the failed nodes where the partition can spare them.
 
-Every restart and requeue it answers is recorded in the bundle's `restarts` file (RESTART_FORMAT): the next
-decision reads the failures before it there. Standard library and `launcher.protocol` only.
+Every restart and requeue it answers is recorded in the bundle's `restarts` file (RESTART_FORMAT), with the job's
+id: the next decision reads the failures of the same job before it there (the script submitted again is a new job,
+with a budget of its own). Standard library and `launcher.protocol` only.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launcher import protocol as P
 from launcher.node import failures
 
 RECORD = re.compile(P._regex(P.RESTART_FORMAT))
+RECORD_NO_JOB = re.compile(P._regex(P.RESTART_FORMAT_NO_JOB))  # written before records named their job
 RANK_LINE = re.compile(P._regex(P.RANKS_FORMAT.strip()))
 NO_PROGRESS_STEPS = 3  # node steps in a row without a newer checkpoint: the run cannot progress
 SLICE = 4 << 20  # bytes of the step's log read from its start and from its end (a failure's first signs, its end)
@@ -87,11 +89,12 @@ class Decision:
     reason: str = ""  # stop: why not
     fix: str = ""
     code: int = 1  # stop: the batch script's exit code
+    count: int = 0  # the job's restarts and failure requeues, this one included (its restart line says it)
 
     def line(self) -> str:
         """The answer the batch script reads: one line, its fields apart by SEPARATOR (an empty one stays a field)."""
         fields = (self.action, self.why, self.said, ",".join(self.nodes), str(self.checkpoint), self.reason,
-                  self.fix, str(self.code))  # fmt: skip
+                  self.fix, str(self.code), str(self.count))  # fmt: skip
         return SEPARATOR.join(f.replace(SEPARATOR, " ").replace("\n", " ") for f in fields)
 
 
@@ -100,13 +103,20 @@ def signature(found: Found) -> str:
     return "-" if f is None else f"{f.kind}: {f.summary}"[:300]
 
 
-def records(path: Path) -> list[dict[str, str]]:
-    """The restarts file's records, oldest first."""
+def records(path: Path, job: str | None = None) -> list[dict[str, str]]:
+    """The restarts file's records, oldest first; `job`: only that job's. A record written before records named
+    their job has the job "" (no job's: the file outlives its jobs, a script submitted again appends to it)."""
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
-    return [m.groupdict() for line in lines if (m := RECORD.fullmatch(line))]
+    found = []
+    for line in lines:
+        if m := RECORD.fullmatch(line):
+            found.append(m.groupdict())
+        elif m := RECORD_NO_JOB.fullmatch(line):
+            found.append({**m.groupdict(), "job": ""})
+    return found if job is None else [r for r in found if r["job"] == job]
 
 
 def _number(text: str | None) -> int | None:
@@ -273,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, help="training's metrics file")
     parser.add_argument("--checkpoints", type=Path, required=True)
     parser.add_argument("--records", type=Path, required=True, help="the bundle's restarts file (read, appended)")
+    parser.add_argument("--job", required=True, help="the job's id: only its own records count")
     a = parser.parse_args(argv)
     step = Step(a.verdict, a.attempt, a.layout, _csv(a.step_nodes), _csv(a.allocation), _csv(a.left_out),
                 _csv(a.suspects), a.started_from, a.max_restarts, a.requeues > 0, a.max_excluded,
@@ -281,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     text = log_slice(a.log, a.offset) if a.log and a.verdict == "failed" else ""
     found = find(step, text, ranks_map(a.ranks) if a.ranks else {}, a.gpus, at)
     checkpoint = checkpoint_step(a.checkpoints)
-    decision = decide(step, found, records(a.records), checkpoint)
+    past = records(a.records, a.job)
+    decision = replace(decide(step, found, past, checkpoint), count=len(past) + 1)
     if decision.action != "stop":
-        record = P.RESTART_FORMAT.format(why=found.why, action=decision.action, attempt=step.attempt,
+        record = P.RESTART_FORMAT.format(why=found.why, action=decision.action, job=a.job, attempt=step.attempt,
                                          start=step.started_from, end=checkpoint, at="-" if at is None else at,
                                          nodes=",".join(decision.nodes) or "-", failure=signature(found))  # fmt: skip
         with open(a.records, "a", encoding="utf-8") as f:
