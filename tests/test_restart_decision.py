@@ -85,6 +85,9 @@ def test_the_same_exception_at_the_same_step_stops_and_another_step_does_not():
     oom = failures.Failure("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory", 1, None)
     again = decide(step(), failed(failure=oom, at=12), past((0, 10), failure=f"cuda_oom: {oom.summary}"), 10)
     assert again.action == "stop" and "the same out-of-memory as" in again.reason and "--micro_batch_size" in again.fix
+    # before the run's first step (no step logged), twice: the same point too
+    first = decide(step(), failed(failure=oom, at=None), past((0, 0), failure=f"cuda_oom: {oom.summary}", at="-"), 0)
+    assert first.action == "stop" and "at the same point of the run (before its first step)" in first.reason
     # a crash (SIGKILL, SIGSEGV) may be the node's: retried however often it comes, within the bounds below
     assert decide(step(), failed(at=12), past((0, 10), failure=f"crash: {CRASH.summary}"), 10).action == "restart"
 

@@ -112,7 +112,7 @@ def test_pending_job_shows_its_reason_then_runs(tmp_path: Path, slurm_env: dict)
         slurm.cancel(holder_id)
     stdout, stderr = waiter.communicate(timeout=120)
     assert waiter.returncode == 0, stdout + stderr
-    assert f"job {waiter_id} PENDING (reason: Resources)" in stderr.decode()
+    assert f"job {waiter_id} PENDING (reason: Resources" in stderr.decode()  # (and Slurm's estimate of its start)
     assert f"job {waiter_id} RUNNING" in stderr.decode() and "rank 1/2 sum=3" in stdout.decode()
 
 

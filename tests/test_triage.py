@@ -80,6 +80,20 @@ def test_cuda_out_of_memory_names_the_flags_to_change():
     assert "--tp 4 or --pp 2" in v.fix
 
 
+def test_an_out_of_memory_that_stopped_the_restarts_keeps_the_flags_to_change():
+    stop = P.line(
+        "no_restart",
+        reason="the same out-of-memory as the failure before, at the same point of the run "
+        "(before its first step): torch.OutOfMemoryError",
+        fix="fit the step in memory",
+        why="a failure",
+    )
+    flags = {"micro_batch_size": 4, "grad_accum_steps": 8, "tp": 2, "pp": 1}
+    v = judge(job_log("cuda-oom.log") + stop + "\n", exit_code=1, flags=flags)
+    assert v.cause == "cuda_oom" and "not restarted: the same out-of-memory" in v.message
+    assert "--micro_batch_size 2 --grad_accum_steps 16 (the same batch)" in v.fix
+
+
 def test_oom_fix_without_flags_at_micro_batch_1_and_with_the_memory_models_note():
     assert "halve --micro_batch_size and double --grad_accum_steps" in triage.oom_fix()
     assert "a larger --tp or a larger --pp" in triage.oom_fix()

@@ -131,12 +131,13 @@ def stop_for(step: Step, found: Found, past: list[dict[str, str]], checkpoint: i
     if f is not None and MISSING_FILE.search(f"{f.summary} {f.detail}"):
         return f"a file is missing ({f.summary})", f"make it exist, or correct its path; {resume}", 1
     last = past[-1] if past else None
-    if f is not None and f.kind in REPEATS and last and last["failure"] == signature(found) and found.at is not None:
-        if _number(last["at"]) == found.at:
+    if f is not None and f.kind in REPEATS and last and last["failure"] == signature(found):
+        if _number(last["at"]) == found.at:  # (both None: before the run's first step)
             what = "out-of-memory" if f.kind.endswith("oom") else "exception"
             fix = "fit the step in memory (a smaller --micro_batch_size)" if what != "exception" else \
                 "correct what its traceback points at"  # fmt: skip
-            said = f"the same {what} as the failure before, at the same point of the run (after step {found.at})"
+            point = f"after step {found.at}" if found.at is not None else "before its first step"
+            said = f"the same {what} as the failure before, at the same point of the run ({point})"
             return f"{said}: {f.summary}", f"{fix}; {resume}", 1
     steps = [(_number(r["start"]) or 0, _number(r["end"]) or 0) for r in past] + [(step.started_from, checkpoint)]
     if len(steps) >= NO_PROGRESS_STEPS and all(end <= start for start, end in steps[-NO_PROGRESS_STEPS:]):

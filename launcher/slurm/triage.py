@@ -326,9 +326,11 @@ def _not_restarted(e: Ending, found: Verdict) -> Verdict | None:
     why = found.message if cause != "not_restarted" else f"training failed after {said['why']}"
     # two lines of why at most: after a two-line message (nanotron's frame), on its second line
     message = why + ("; " if "\n" in why else "\n") + f"not restarted: {said['reason']}"
-    # a failure in nanotron's own code: its fix (where the fault may be nanotron's: report it, --engine torch) says
-    # more than the script's, which knows only that a failure came again or the run made no progress
-    fix = found.fix if cause == "nanotron" else said["fix"]
+    # the script knows only that a failure came again or the run made no progress: its fix (with the checkpoint the
+    # run resumes from) is the better one after a plain exception, a crash, a hang; the cause's own says more after
+    # a failure in nanotron (report it, --engine torch), an out-of-memory (the flags that fit the step), a node
+    # check or a container that fails everywhere (what to correct)
+    fix = said["fix"] if cause in ("exception", "crash", "hung", "not_restarted", "unknown") else found.fix
     return Verdict(cause, message, fix, found.rank, found.node)
 
 
