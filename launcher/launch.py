@@ -38,7 +38,7 @@ class Prepared(NamedTuple):
     spec: RunSpec
     paths: files.BundlePaths
     figures: dict  # config.figures.derived
-    forecast: str | None  # Slurm's answer to `sbatch --test-only` (None for a dry run)
+    forecast: str | None  # Slurm's verdict (preflight.judge: its forecast, or held until nodes return); None: dry run
 
 
 def check(argv: list[str], parsed: cli.Parsed | None = None, **placed: Any) -> tuple[RunSpec, list[Problem]]:
@@ -185,7 +185,7 @@ def prepare_all(
     try:
         for (spec, _), argv in zip(checked, points, strict=True):
             drafts.append(_draft(spec, argv))
-        forecasts = [None if d.spec.args.execution.dry_run else preflight.judge(d.script_text) for d in drafts]
+        forecasts = [None if d.spec.args.execution.dry_run else preflight.judge(d.spec, d.script_text) for d in drafts]
     except BaseException as e:  # a refusal, or Ctrl-C while Slurm is asked: nothing of this launch stays behind
         for draft in drafts:
             files.release(draft.paths)  # claimed, nothing written yet
@@ -212,7 +212,7 @@ def submit_prepared(prepared: Prepared) -> int:
     print(f"Run {spec.args.run_name}: bundle written")
     print(summary.render(spec, paths, derived))
     if forecast:
-        print(f"  slurm        accepts it (sbatch --test-only): {forecast}")
+        print(f"  slurm        {forecast}")
     step = latest_checkpoint_step(paths.checkpoints)
     if step is not None:
         print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")
@@ -242,7 +242,7 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
     for p, prep in zip(grid, prepared, strict=True):
         print(f"  {p.label}")
-        print(f"      {prep.paths.bundle_dir}" + (f"  [slurm: {prep.forecast}]" if prep.forecast else ""))
+        print(f"      {prep.paths.bundle_dir}" + (f"  [slurm {prep.forecast}]" if prep.forecast else ""))
     if a.execution.dry_run:
         print("Dry run: nothing submitted. Submit each script with sbatch, or launch again without --dry_run.")
         return 0

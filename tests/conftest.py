@@ -96,4 +96,10 @@ def write_config(path: Path, config: dict) -> Path:
 
 
 # The session's real Slurm cluster (tests/slurm_cluster.py).
-from slurm_cluster import pytest_collection_modifyitems, slurm_accounting, slurm_cluster, slurm_env  # noqa: E402, F401
+from slurm_cluster import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
+    slurm_accounting,
+    slurm_cluster,
+    slurm_cluster_spec,
+    slurm_env,
+)

@@ -13,12 +13,14 @@ import os
 import re
 import shutil
 import subprocess
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from launcher import localcluster
+from launcher.slurm import parse
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -54,15 +56,35 @@ def _directory(name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[dict[str, str]]:
-    """Environment variables (SLURM_CONF) that point Slurm's commands at the running local cluster."""
+def slurm_cluster_spec() -> Iterator[localcluster.ClusterSpec]:
+    """The session's local cluster, running."""
     _require_slurm()
     spec = localcluster.ClusterSpec(_directory(localcluster.default_dir().name), nodes=2, gpus_per_node=2)
     was_up = localcluster.is_up(spec)
-    env = localcluster.up(spec)
-    yield env
+    localcluster.up(spec)
+    yield spec
     if not was_up:
         localcluster.down(spec)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_cluster_spec: localcluster.ClusterSpec) -> dict[str, str]:
+    """Environment variables (SLURM_CONF) that point Slurm's commands at the running local cluster."""
+    return slurm_cluster_spec.env()
+
+
+def _every_node_in_service(spec: localcluster.ClusterSpec) -> None:
+    """Each test starts on a cluster whose nodes are all in service: a node an earlier test left drained or down
+    (a step Slurm could not kill, a slurmd that stopped answering) is named in a warning, with Slurm's reason, and
+    brought back (one sinfo query where all is well)."""
+    argv = ["sinfo", "-h", "-N", "-o", parse.NODE_STATES]
+    out = subprocess.run(argv, env={**os.environ, **spec.env()}, capture_output=True, text=True, timeout=60)
+    away = [n for n in parse.parse_node_states(out.stdout) if not n.in_service]
+    if out.returncode == 0 and not away:
+        return
+    said = ", ".join(f"{n.name} {n.state} ({n.reason})" for n in away) or out.stderr.strip()
+    warnings.warn(f"the cluster in {spec.dir} had nodes out of service before this test: {said}", stacklevel=1)
+    localcluster.up(spec)  # restarts a daemon that died, resumes drained and down nodes, waits until all are ready
 
 
 ACCOUNTING_GRACE_S = 10  # short, so that a preemption a run does not heed ends within a test's patience
@@ -83,8 +105,12 @@ def slurm_accounting() -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture
-def slurm_env(slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Per test: SLURM_CONF set in this process too (the launcher runs in-process in some tests)."""
+def slurm_env(
+    slurm_cluster_spec: localcluster.ClusterSpec, slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """Per test: SLURM_CONF set in this process too (the launcher runs in-process in some tests); every node of
+    the cluster in service."""
+    _every_node_in_service(slurm_cluster_spec)
     for key, value in slurm_cluster.items():
         monkeypatch.setenv(key, value)
     return {**os.environ, **slurm_cluster}

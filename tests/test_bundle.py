@@ -179,7 +179,7 @@ def test_a_released_claim_leaves_other_launches_of_the_run_alone(workdir: Path):
 
 
 def test_interrupted_while_slurm_judges_nothing_stays(workdir: Path, monkeypatch: pytest.MonkeyPatch):
-    def interrupted(script: str) -> str:
+    def interrupted(spec: object, script: str) -> str:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(launch.preflight, "judge", interrupted)

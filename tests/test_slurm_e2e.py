@@ -177,6 +177,34 @@ def test_placement_flags_reach_slurm(tmp_path: Path, slurm_env: dict):
     assert scontrol_fields(job_id)["ExcNodeList"] == "node1"
 
 
+def test_a_job_that_needs_a_drained_node_is_held_in_the_queue_not_refused(tmp_path: Path, slurm_env: dict):
+    """`sbatch --test-only` places a job on the nodes in service only, and refuses one that needs a drained node;
+    sbatch takes it and holds it until the node returns. The launcher submits it and says for which node it will
+    wait; a job not even every node of the partition could hold stays refused, nothing written."""
+    resume = ["scontrol", "update", "nodename=node2", "state=resume"]
+    subprocess.run(["scontrol", "update", "nodename=node2", "state=drain", "reason=held by a test"], check=True)
+    job_id = None
+    try:
+        test_only = subprocess.run(["sbatch", "--test-only", "--nodes", "2", "--wrap", "true"], capture_output=True,
+                                   text=True)  # fmt: skip
+        assert test_only.returncode != 0 and "node configuration is not available" in test_only.stderr  # why
+        out = launch(tmp_path, slurm_env, "held", script(tmp_path, "ok.py", "print(1)\n"))
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "slurm        holds it in the queue until nodes return: no set of the nodes in service now fits it " \
+               "(sbatch --test-only), 1 out of service would: node2 drained (held by a test)" in out.stdout  # fmt: skip
+        job_id = job_id_of(tmp_path, "held")
+        held = wait_for(lambda: "ReqNodeNotAvail" in (f := scontrol_fields(job_id))["Reason"] and f, timeout=30)
+        assert held["JobState"] == "PENDING", held
+        refused = launch(tmp_path, slurm_env, "three", script(tmp_path, "ok.py", "print(1)\n"), "--nodes", "3")
+        assert refused.returncode == 2 and "Slurm would reject the job" in refused.stderr, refused.stderr
+        assert "node configuration is not available" in refused.stderr and "Nothing was written" in refused.stderr
+        assert not (tmp_path / "logs/configs/three").exists()
+    finally:
+        if job_id:
+            subprocess.run(["scancel", job_id], check=True)
+        subprocess.run(resume, check=True)
+
+
 def test_missing_slurm_conf_is_named(tmp_path: Path, slurm_env: dict):
     env = {**slurm_env, "SLURM_CONF": str(tmp_path / "missing.conf")}
     out = launch(tmp_path, env, "noconf", script(tmp_path, "ok.py", "print(1)\n"))

@@ -105,3 +105,36 @@ cpu (null)
 )
 def test_sinfo_gres_types(partition, types):
     assert slurm.parse_gres_types(SINFO, partition) == types
+
+
+# `sinfo -h -N -o NODE_STATES` (the states as sinfo's man page lists them; node3 is in two partitions)
+NODE_STATES = """node1|gpu*|idle|gpu:h100:8(S:0-1)|none
+node2|gpu*|drained|gpu:h100:8(S:0-1)|bad DIMM | replaced Monday
+node3|gpu*|down*|gpu:h100:8|Not responding
+node3|long|down*|gpu:h100:8|Not responding
+node4|gpu*|mixed|gpu:h100:8|none
+node5|gpu*|draining|gpu:h100:8|Kill task failed
+node6|gpu*|allocated|gpu:h100:8|none
+node7|gpu*|idle*|gpu:h100:8|none
+node8|gpu*|maint|gpu:h100:8|none
+node9|gpu*|idle~|gpu:h100:8|none
+node10|gpu*|completing|gpu:h100:4|none
+node11|gpu*|reserved|gpu:h100:8|none
+node12|gpu*|planned|gpu:h100:8|none
+node13|long|unknown|gpu:h100:8|none
+"""
+
+
+def test_node_states_say_which_nodes_slurm_places_nothing_on_now():
+    nodes = slurm.parse_node_states(NODE_STATES)
+    assert [n.name for n in nodes] == [f"node{k}" for k in range(1, 13)]  # the default partition's, each once
+    away = {n.name for n in nodes if not n.in_service}
+    # drained, down, draining, not responding (*), in maintenance, reserved: out; busy, powered down (~: Slurm
+    # powers it up for a job), completing, planned for a job: in service
+    assert away == {"node2", "node3", "node5", "node7", "node8", "node11"}
+    assert nodes[1].reason == "bad DIMM | replaced Monday" and nodes[1].gpus == 8 and nodes[9].gpus == 4
+    assert [(n.name, n.in_service) for n in slurm.parse_node_states(NODE_STATES, "long")] == [
+        ("node3", False),
+        ("node13", False),
+    ]
+    assert slurm.parse_node_states(NODE_STATES, "missing") == [] == slurm.parse_node_states("garbage\n")

@@ -16,14 +16,17 @@ from pathlib import Path
 
 from launcher.errors import SlurmUnavailable, SubmissionError
 from launcher.slurm.parse import (
+    NODE_STATES,
     SACCT_FIELDS,
     SQUEUE_JOBS,
     SQUEUE_STATES,
     JobState,
+    NodeState,
     SacctRecord,
     parse_gres_types,
     parse_job_records,
     parse_node_shapes,
+    parse_node_states,
     parse_sacct_records,
     parse_scontrol,
     parse_squeue_jobs,
@@ -241,6 +244,13 @@ def node_shapes(partition: str | None) -> list[tuple[int, int]]:
     does not answer."""
     out = _query("sinfo", "-h", "-o", "%P|%c|%G")
     return parse_node_shapes(out, partition) if out is not None else []
+
+
+def node_states(partition: str | None) -> list[NodeState]:
+    """Every node of a partition (the default one when None) with its state, GPUs and why it is out of service,
+    if it is (one sinfo query). SlurmUnavailable when Slurm does not answer."""
+    out = _query("sinfo", "-h", "-N", "-o", NODE_STATES)
+    return parse_node_states(out, partition) if out is not None else []
 
 
 def live_jobs(name: str) -> list[tuple[str, str, str]]:

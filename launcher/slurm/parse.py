@@ -193,17 +193,51 @@ def _gpu_count(gres: str) -> int:
     return count
 
 
+def _in_partition(name: str, partition: str | None) -> bool:
+    """Whether sinfo's partition column (`debug*`: the default one) is `partition`, or the default when None."""
+    return bool(name) and (name.rstrip("*") == partition if partition else name.endswith("*"))
+
+
 def parse_node_shapes(text: str, partition: str | None = None) -> list[tuple[int, int]]:
     """`sinfo -h -o "%P|%c|%G"` lines ("debug*|96|gpu:h100:8(S:0-1)") -> (CPUs, GPUs) of each kind of node in the
     partition (the default partition, marked *, when none is named)."""
     shapes = []
     for line in text.splitlines():
         name, cpus, gres = (line.strip().split("|") + ["", ""])[:3]
-        default = name.endswith("*")
-        if not name or (name.rstrip("*") != partition if partition else not default) or not cpus.isdigit():
-            continue
-        shapes.append((int(cpus), _gpu_count(gres)))
+        if _in_partition(name, partition) and cpus.isdigit():
+            shapes.append((int(cpus), _gpu_count(gres)))
     return shapes
+
+
+# One line a node and partition (`sinfo -h -N -o NODE_STATES`): name, partition, state, GRES, why it is out of service
+NODE_STATES = "%N|%P|%T|%G|%E"
+# sinfo's long states (and their flags) of a node Slurm places no job on now, though it may return: drained or
+# draining, down, failing, in maintenance or a reservation, not yet known, rebooting; `*`: not responding
+OUT_OF_SERVICE = ("down", "drain", "fail", "maint", "reserved", "unknown", "inval", "future", "reboot", "*")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    state: str  # sinfo's long state with its flags: "idle", "mixed", "drained", "down*"
+    gpus: int
+    reason: str  # why it is out of service, as the admin or Slurm said it ("none" where it is not)
+
+    @property
+    def in_service(self) -> bool:
+        """Whether Slurm may place a job on it now (a busy node is in service: a job waits for it in the queue)."""
+        return not any(word in self.state.lower() for word in OUT_OF_SERVICE)
+
+
+def parse_node_states(text: str, partition: str | None = None) -> list[NodeState]:
+    """`sinfo -h -N -o NODE_STATES` lines ("node2|debug*|drained|gpu:h100:8|bad DIMM") -> the nodes of the
+    partition (the default partition when none is named), each once."""
+    nodes: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|", 4)
+        if len(fields) == 5 and fields[0] and _in_partition(fields[1], partition):
+            nodes.setdefault(fields[0], NodeState(fields[0], fields[2], _gpu_count(fields[3]), fields[4].strip()))
+    return list(nodes.values())
 
 
 # Many jobs' states in one query (`squeue -j ID,ID,... -t all -h -O ...`): one field per column, each ending in |

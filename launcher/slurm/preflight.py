@@ -6,7 +6,8 @@
 - a live job of the same run, which would write the same checkpoints (`launcher.slurm.one_writer`);
 - the follower's rate (LAUNCHER_POLL_SECONDS, `launcher.slurm.follow`), where set;
 - `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
-- Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists.
+- Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists; a job that only
+  nodes out of service now keep from being placed is held in the queue, not refused (`holds_until_nodes_return`).
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
 flag says, for the memory check. A dry run asks Slurm nothing. `launcher.launch.check` runs this after the pure
@@ -19,9 +20,9 @@ import dataclasses
 from pathlib import Path
 
 from launcher.bundle import storage
-from launcher.config import ranges
+from launcher.config import hostlist, ranges
 from launcher.config.spec import RunSpec
-from launcher.errors import SlurmUnavailable
+from launcher.errors import SlurmUnavailable, SubmissionError
 from launcher.nanotron_config import dialect, gpus
 from launcher.nanotron_config.layout import resume_relayout
 from launcher.perf import figures
@@ -191,6 +192,37 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
     return found
 
 
-def judge(script_text: str) -> str:
-    """Slurm's forecast for the rendered script (`sbatch --test-only`); SubmissionError with its refusal."""
-    return client.check_submission(script_text)
+def judge(spec: RunSpec, script_text: str) -> str:
+    """Slurm's verdict on the rendered script, as the summary says it: its forecast (`sbatch --test-only`), or
+    that it will hold the job until nodes out of service now return (`holds_until_nodes_return`). Raises
+    SubmissionError with Slurm's refusal."""
+    try:
+        return "accepts it (sbatch --test-only): " + client.check_submission(script_text)
+    except SubmissionError as refusal:
+        held = holds_until_nodes_return(spec) if "node configuration is not available" in str(refusal) else None
+        if held is None:
+            raise
+        return held
+
+
+def holds_until_nodes_return(spec: RunSpec) -> str | None:
+    """`sbatch --test-only` places a job on the nodes in service now: it refuses one that needs a drained or down
+    node, which sbatch itself takes and holds in the queue until the node returns. Where the partition's nodes
+    out of service would complete the job's set (by their count and GPUs, --exclude's left out: an upper bound),
+    the job is not refused: say that it will wait, and for which nodes. None where not even every node of the
+    partition could hold it, or none is out of service: Slurm's refusal stands."""
+    s = spec.args.slurm
+    try:
+        nodes = client.node_states(s.partition)
+    except SlurmUnavailable:
+        return None
+    excluded = set(hostlist.expand(s.exclude) or []) if s.exclude else set()
+    fitting = [n for n in nodes if n.gpus >= s.gpus_per_node and n.name not in excluded]
+    away = [n for n in fitting if not n.in_service]
+    if not away or len(fitting) < s.nodes + s.spare_nodes:
+        return None
+    named = ", ".join(f"{n.name} {n.state} ({n.reason})" for n in away[:4]) + (", ..." if len(away) > 4 else "")
+    return (
+        f"holds it in the queue until nodes return: no set of the nodes in service now fits it (sbatch --test-only), "
+        f"{len(away)} out of service would: {named}; `squeue --me` shows the reason while it waits"
+    )
