@@ -180,6 +180,9 @@ def test_a_pending_job_says_why_it_waits_and_when_it_may_start_and_is_asked_poli
     estimate of the start (the one `squeue --start` prints), and the follower asks the controller at most once a
     poll interval while it waits (backing off), counted with sdiag; the job then runs once the GPUs are free."""
     blocker = sbatch(slurm_env, "--nodes", "2", "--gpus-per-node", "2", "--time", "10", "--wrap", "sleep 600")
+    # running before the run is submitted: a job submitted while the blocker still pends waits for "Priority" (a
+    # job ahead of it) until Slurm's next pass, not for "Resources"
+    wait_until(lambda: getattr(client.job_state(blocker), "state", "") == "RUNNING", timeout=60)
     nap = tmp_path / "nap.py"
     nap.write_text(NAP.format(seconds=1))
     argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "waits", "--nodes", "1",

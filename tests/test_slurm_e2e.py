@@ -203,6 +203,8 @@ def test_a_job_that_needs_a_drained_node_is_held_in_the_queue_not_refused(tmp_pa
         if job_id:
             subprocess.run(["scancel", job_id], check=True)
         subprocess.run(resume, check=True)
+        # a resumed node is "not responding" (idle*) until Slurm's next ping: in service again before the next test
+        wait_for(lambda: all(n.in_service for n in slurm.node_states(None)), timeout=60)
 
 
 def test_missing_slurm_conf_is_named(tmp_path: Path, slurm_env: dict):
