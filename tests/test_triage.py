@@ -169,6 +169,16 @@ def test_time_limit_with_no_requeue_left_and_without_the_warning_handled():
     assert "--signal_grace" in v.fix  # warned, but the checkpoint did not finish in time
 
 
+def test_the_node_of_the_batch_script_failing_is_a_node_failure():
+    """Slurm ends a --no-kill job FAILED when the node its batch script runs on fails (recorded on Slurm 24.11: the
+    log's last line is srun's); where the script spoke after srun, it lived on, and the failure was not that."""
+    v = judge(START + "step 276/700 | loss 0.46\nsrun: error: Node failure on node1\n", "FAILED", nodes="node[1-3]")
+    assert (v.cause, v.node) == ("node_fail", "node1") and "the job's batch script, which runs there" in v.message
+    assert "--exclude node1" in v.fix
+    lived_on = judge(START + "srun: error: Node failure on node2\nTraceback (most recent call last):\n", "FAILED")
+    assert lived_on.cause != "node_fail"
+
+
 def test_node_failure_names_the_node():
     v = judge(START + "step 5/9 | loss 3\nsrun: error: Node failure on node2\n", "NODE_FAIL", nodes="node[1-2]")
     assert (v.cause, v.node) == ("node_fail", "node2") and "node node2 failed (NODE_FAIL)" in v.message

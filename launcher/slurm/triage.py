@@ -1,10 +1,9 @@
 """Why a job ended badly, in one or two lines, and what to do about it: the verdict printed after "Job N ended
 STATE" (by `--show_logs`, `jobs attach` and `jobs status`) and recorded in the manifest.
 
-Pure: Slurm's view of the job (state, reason, nodes, exit code) and the text of its log in, a `Verdict` out. The
-log is read by the caller through `excerpt`, which keeps the last attempt's first failure and its tail whatever
-the log's size. What the log itself says (tracebacks, torchrun's summaries, NCCL) is read by `launcher.node.failures`
-(shared with the batch script's restart decision).
+Pure: Slurm's view of the job (state, reason, nodes, exit code) and its log's text in, a `Verdict` out. The log is
+read by the caller through `excerpt` (the last attempt's first failure and its tail, whatever the log's size); what
+it says (tracebacks, torchrun's summaries, NCCL), by `launcher.node.failures`, shared with the restart decision.
 """
 
 from __future__ import annotations
@@ -223,10 +222,14 @@ def _dependency(e: Ending) -> Verdict | None:
 
 
 def _node_failure(e: Ending) -> Verdict | None:
-    if e.state not in ("NODE_FAIL", "BOOT_FAIL"):
-        return None
     named = e.last(NODE_FAILURE)
     node = named["node"] if named else e.nodes or None
+    if e.state == "FAILED" and named and NODE_FAILURE.search(next(x for x in reversed(e.lines) if x.strip())):
+        message = f"node {node} failed{e.progress}, and the job's batch script, which runs there, with it: Slurm ended "
+        message += "the job (a restart in the allocation cannot outlive the node of the batch script)"  # no word after
+        return Verdict("node_fail", message, FIXES["node_fail"].format(node=node), None, node)
+    if e.state not in ("NODE_FAIL", "BOOT_FAIL"):
+        return None
     what = ("failed to boot" if e.state == "BOOT_FAIL" else "failed (NODE_FAIL)") + e.progress
     one = named or not any(c in e.nodes for c in ",[")
     message = f"node {node} {what}" if one else f"one of the job's nodes ({e.nodes}) {what}"
