@@ -139,10 +139,11 @@ def test_a_node_whose_slurmd_stops_is_left_out_and_training_goes_on_on_the_spare
     tmp_path: Path, slurm_env: dict, three_nodes, demo_data
 ):
     env, spec = {**slurm_env, **three_nodes[0]}, three_nodes[1]
-    # 2 nodes train, 1 is spare; each step takes at least 50 ms, so that the run outlasts Slurm's notice (20-30 s)
+    # 2 nodes train, 1 is spare; each step takes at least 50 ms, so that the run outlasts Slurm's notice (20-30 s);
+    # 20 minutes, so that no time-limit notice comes first (at load ~12 the 1,000 steps outlasted 5:00's notice)
     proc = launch(tmp_path, env, demo_data, "nodefails", "--train_steps", "1000", "--save_interval", "20",
                   "--spare_nodes", "1", "--run_train_script", wrapped_script(tmp_path),
-                  "--extra_env", "STEP_S=0.05")  # fmt: skip
+                  "--extra_env", "STEP_S=0.05", "--time_limit", "20:00")  # fmt: skip
     bundle_dir, job_id = started(tmp_path, "nodefails", at_step=25, checkpoint=20)
     ranks = wait_for(lambda: len(t := trainers(job_id, env["SLURM_CONF"])) == 4 and t, timeout=30)
     first = ranks[0][1]  # the rendezvous host, where the batch script runs
