@@ -250,7 +250,7 @@ def main() -> None:
     peak = peak_flops(torch.device("cuda"))
     if peak is None:
         fail(f"no known bf16 peak for {torch.cuda.get_device_name()} (configs/gpus.yaml's device_names)")
-    attention = "sdpa" if flash_attn_compat.real_flash_attn_error() else "flash_attn"
+    attention = flash_attn_compat.backend()
     args.out.mkdir(parents=True, exist_ok=True)
     lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.steps} steps, figures after step "
              f"{args.warmup}, micro batch {args.micro_batch_size}",

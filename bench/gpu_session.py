@@ -66,6 +66,7 @@ class Session:
     main_src: str | None
     rehearse: bool
     only: tuple[str, ...] = ()  # part 1's runs whose label holds one of these (all where empty)
+    memory_cases: tuple[str, ...] = ()  # part 3's cases that hold one of these (all where empty)
     peak: float | None = None
     lines: list[str] = field(default_factory=list)
     memory_rows: list[tuple] = field(default_factory=list)
@@ -256,6 +257,8 @@ def memory(s: Session, card: float) -> None:
     gate = GpuMemory(0.9 * card, 1 if s.rehearse else 4)
     jobs = []
     for case, mb, ga in MEMORY:
+        if s.memory_cases and not any(m in case for m in s.memory_cases):
+            continue
         config = s.config(case, 6, mb, s.work / "memory", grad_accum=ga, warmup=2)
         est = json.loads(config.with_suffix(".estimate.json").read_text())
         label = f"{case.replace(':', '-')}-mb{mb}-ga{ga}"
@@ -324,12 +327,14 @@ def main() -> None:
     parser.add_argument("--rehearse", action="store_true", help="on a CPU: tiny shapes, the torch engine for all")
     parser.add_argument("--parts", default="123", help="which parts to run (1, 2, 3)")
     parser.add_argument("--only", nargs="*", default=[], help="part 1: only the runs whose label holds one of these")
+    parser.add_argument("--memory", nargs="*", default=[], help="part 3: only the cases that hold one of these")
     args = parser.parse_args()
     work = args.work or Path("/tmp/gpu-session")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    s = Session(args.out, work, time.monotonic() + args.deadline, args.main_src, args.rehearse, tuple(args.only))
+    s = Session(args.out, work, time.monotonic() + args.deadline, args.main_src, args.rehearse, tuple(args.only),
+                tuple(args.memory))  # fmt: skip
     s.say(f"# GPU session {time.strftime('%Y-%m-%d %H:%M:%S')}{' (REHEARSAL on CPU)' if args.rehearse else ''}")
     card = environment(s)
     if not args.rehearse:

@@ -4,12 +4,20 @@
 #
 #   bench/nanotron_gpu_session.sh session OUT [SECONDS [ARGS...]]   nanotron 0.4 and main beside the torch engine;
 #                         stop and resume; memory vs the estimate (bench/gpu_session.py; ARGS: its --parts, --only)
+#   bench/nanotron_gpu_session.sh fa4-libs OUT            call 1 of 2: the first half of FA4's CUDA 13 libraries
+#                         (nvidia-cutlass-dsl-libs-cu13: 92 MB as a wheel, over one call's 64 MiB carry, so its files
+#                         travel as one .tar.xz split in two: .gpu-libs-a/ here, .gpu-libs-b/ with call 2), kept in /tmp
+#   bench/nanotron_gpu_session.sh fa4 OUT [SECONDS [ARGS...]]   call 2, on the warm machine: FlashAttention 4 against
+#                         the SDPA stand-in (bench/fa4_probe.py, cold and from its disk cache), then `session`
 #   bench/nanotron_gpu_session.sh build-fa OUT            flash-attn from .gpu/sdist/, built in the background
 #   bench/nanotron_gpu_session.sh fidelity OUT            once built: nanotron's loss through flash_attn vs the stand-in
 set -euo pipefail
 stage=$1
 out=$2
 mkdir -p "$out"
+if [ "$stage" = fa4-libs ]; then  # nothing else is carried in this call
+    cp .gpu-libs-a/* /tmp/ && ls -la /tmp/cutlass-libs-cu13.tar.xz.* && exit 0
+fi
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WANDB_MODE=disabled CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -18,6 +26,19 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # nothing 
 if ! python3 -c 'import pyarrow, sys; sys.exit(int(pyarrow.__version__.split(".")[0]) < 24)'; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .gpu/fallback/pyarrow-*.whl
+fi
+if [ -d .gpu/fa4 ]; then  # FlashAttention 4 and what it needs beyond the image (docs/nanotron-gpu.md)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .gpu/fa4/*.whl
+    if [ -f /tmp/cutlass-libs-cu13.tar.xz.aa ] && [ -d .gpu-libs-b ]; then  # the two halves, joined and unpacked
+        cat /tmp/cutlass-libs-cu13.tar.xz.aa .gpu-libs-b/cutlass-libs-cu13.tar.xz.ab | python3 -c 'import sys, tarfile
+tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz").extractall("/tmp/site")'  # Python's: the image may lack xz
+    else
+        echo "FA4's CUDA libraries are not on this machine (the fa4-libs call first): its kernels cannot load"
+    fi
+    # the wheel's .pth puts the DSL's packages on sys.path; a --target folder's .pth files are not read
+    export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+    export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-cache
 fi
 mkdir -p /tmp/nanotron-main && tar xzf .gpu/nanotron-main-*.tar.gz -C /tmp/nanotron-main
 python3 -c 'import datasets, nanotron, pyarrow, torch, transformers; print("torch", torch.__version__, "datasets",
@@ -29,6 +50,14 @@ if [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -ge 60 ] 2>/dev/
 case $stage in
 session)
     python3 bench/gpu_session.py --out "$out" --work "$work" --main-src /tmp/nanotron-main/src --deadline "${3:-450}" \
+        "${@:4}"
+    ;;
+fa4)
+    rm -rf /tmp/fa4-cache
+    for pass in cold cached; do  # the kernels compiled at first use, then read from the disk cache
+        python3 bench/fa4_probe.py 2>&1 | tee "$out/fa4-probe-$pass.txt" | tail -5
+    done
+    python3 bench/gpu_session.py --out "$out" --work "$work" --main-src /tmp/nanotron-main/src --deadline "${3:-420}" \
         "${@:4}"
     ;;
 build-fa)  # ~10-25 min on 16 cores: a process of its own session outlives this call (not the machine's loan)

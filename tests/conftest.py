@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is first imported: set it before that
 
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -42,6 +44,16 @@ def second_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from launcher.localcluster.demo_data import make_dataset
 
     return make_dataset(tmp_path_factory.mktemp("demo-b") / "dataset", num_docs=150, seed=1)
+
+
+@pytest.fixture
+def restore_flash_attn() -> Iterator[None]:
+    """Whatever flash_attn modules sys.modules holds now, it holds again after the test (the stand-in's tests)."""
+    saved = {n: m for n, m in sys.modules.items() if n == "flash_attn" or n.startswith("flash_attn.")}
+    yield
+    for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
+        del sys.modules[name]
+    sys.modules.update(saved)
 
 
 def tiny_config(demo: DemoData, checkpoints: Path, **overrides: Any) -> dict:

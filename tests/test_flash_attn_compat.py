@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Iterator
 from itertools import pairwise
 
 import pytest
@@ -194,16 +193,6 @@ def test_rms_norm_in_float32_returned_in_the_input_dtype(dtype: torch.dtype) -> 
     torch.testing.assert_close(
         dw.double(), want_w, rtol=TOL[dtype]["rtol"], atol=0.1 if dtype == torch.bfloat16 else 1e-5
     )
-
-
-@pytest.fixture
-def restore_flash_attn() -> Iterator[None]:
-    """Whatever flash_attn modules sys.modules holds now, it holds again after the test."""
-    saved = {n: m for n, m in sys.modules.items() if n == "flash_attn" or n.startswith("flash_attn.")}
-    yield
-    for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
-        del sys.modules[name]
-    sys.modules.update(saved)
 
 
 def test_installed_as_flash_attn_for_nanotrons_imports(

@@ -60,12 +60,8 @@ def missing() -> list[str]:
 
 
 def attention_note() -> str:
-    """How nanotron's attention will run here: flash_attn's kernels, or torch SDPA through the stand-in."""
-    return (
-        "attention through flash_attn"
-        if flash_attn_compat.real_flash_attn_error() is None
-        else flash_attn_compat.MESSAGE
-    )
+    """How nanotron's attention will run here: flash_attn's kernels, FlashAttention 4, or torch SDPA."""
+    return flash_attn_compat.note()
 
 
 def resume_path(checkpoints_path: str | None, resume_checkpoint_path: str | None) -> str | None:

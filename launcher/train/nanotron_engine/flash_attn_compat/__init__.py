@@ -20,7 +20,9 @@ implemented, k and v packed) and reads `flash_attn.__version__` (this says 0.0.0
 imports `flash_attn_func`, its `flash_attention_2` batch path, which is not here).
 
 `install()` registers these modules as `flash_attn` and its submodules in `sys.modules`, only where the real
-flash_attn cannot be imported; the nanotron engine calls it before importing nanotron's trainer.
+flash_attn (2.x, `flash_attn.flash_attn_interface`) cannot be imported; the nanotron engine calls it before
+importing nanotron's trainer. Where FlashAttention 4 is installed (`flash-attn-4`: `flash_attn.cute` alone) and
+the GPU runs it, the varlen attention goes through it (`fa4.py`); the job's log says which (`note()`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import importlib.machinery
 import sys
 from types import ModuleType
 
-from launcher.train.nanotron_engine.flash_attn_compat import attention, bert_padding, layer_norm, mha, rotary
+from launcher.train.nanotron_engine.flash_attn_compat import attention, bert_padding, fa4, layer_norm, mha, rotary
 
 MESSAGE = "flash_attn not found: attention through torch SDPA"
 PACKAGES = ("flash_attn", "flash_attn.layers", "flash_attn.modules", "flash_attn.ops", "flash_attn.ops.triton")
@@ -41,6 +43,7 @@ LEAVES: dict[str, ModuleType] = {
     "flash_attn.modules.mha": mha,
     "flash_attn.ops.triton.layer_norm": layer_norm,
 }
+REAL = "flash_attn.flash_attn_interface"  # what nanotron imports; FA4 alone makes `flash_attn` a namespace package
 MARK = "__launcher_stand_in__"
 VERSION = "0.0.0+launcher.stand.in"  # set on the registered `flash_attn` package
 
@@ -55,10 +58,26 @@ def real_flash_attn_error() -> ImportError | None:
     if is_installed():
         return ImportError(MESSAGE)
     try:
-        importlib.import_module("flash_attn")
+        importlib.import_module(REAL)
     except ImportError as e:
         return e
     return None
+
+
+def backend() -> str:
+    """`flash_attn` (2.x), `fa4` (FlashAttention 4 on this GPU) or `sdpa` (the stand-in alone)."""
+    if real_flash_attn_error() is None:
+        return "flash_attn"
+    fa4.load()
+    return "fa4" if fa4.loaded() else "sdpa"
+
+
+def note() -> str:
+    """What attention runs on here, in the job's words: flash_attn, FlashAttention 4 or torch SDPA."""
+    if real_flash_attn_error() is None:
+        return "attention through flash_attn"
+    found = fa4.load()
+    return found if fa4.loaded() else MESSAGE + (f" ({found})" if found else "")
 
 
 def install(is_main: bool) -> bool:
@@ -72,7 +91,12 @@ def install(is_main: bool) -> bool:
         return False
     for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
         del sys.modules[name]  # what a failed import of the real one left behind
+    said = note()  # imports FlashAttention 4 where installed: its `flash_attn.cute` modules stay
+    namespace = sys.modules.get("flash_attn")
     modules: dict[str, ModuleType] = {name: _package(name) for name in PACKAGES}
+    if namespace is not None:  # FA4's namespace package: the stand-in takes its place and its path
+        modules["flash_attn"].__path__ = list(getattr(namespace, "__path__", []))
+        modules["flash_attn"].cute = sys.modules["flash_attn.cute"]  # type: ignore[attr-defined]
     modules.update(LEAVES)
     setattr(modules["flash_attn"], MARK, True)
     # nanotron main reads it (nn/attention.py): below 2.1.0 it never imports flash_attn_func, which is not here
@@ -83,7 +107,7 @@ def install(is_main: bool) -> bool:
         if parent:
             setattr(modules[parent], child, module)
     if is_main:
-        print(MESSAGE, flush=True)
+        print(said, flush=True)
     return True
 
 

@@ -8,8 +8,10 @@ j <= i + seqlen_k - seqlen_q (a query that sees no key gets zeros). heads_q is a
 uses key/value head h // (heads_q / heads_k). The scale defaults to 1 / sqrt(d). The output alone is returned,
 (total_q, heads_q, d_v), in the inputs' dtype.
 
-Where every sequence is max_seqlen long (nanotron's training: a full sequence mask), the batch is one SDPA call
-and nothing waits for the GPU; ragged cu_seqlens read the offsets on the host and attend sequence by sequence.
+Where FlashAttention 4 is installed and applies (`fa4.py`: Hopper and Blackwell GPUs), it computes the call;
+otherwise, where every sequence is max_seqlen long (nanotron's training: a full sequence mask), the batch is one
+SDPA call and nothing waits for the GPU; ragged cu_seqlens read the offsets on the host and attend sequence by
+sequence.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
+
+from launcher.train.nanotron_engine.flash_attn_compat import fa4
 
 WHY = (
     "the launcher's flash_attn stand-in (torch SDPA) implements only what nanotron's training calls; install "
@@ -64,6 +68,8 @@ def flash_attn_varlen_func(
     if alibi_slopes is not None or return_attn_probs or block_table is not None:
         refuse("flash_attn_varlen_func with alibi_slopes, return_attn_probs or block_table")
     _check_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    if fa4.applies(q, k, v, max_seqlen_q, max_seqlen_k):
+        return fa4.attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == batch * max_seqlen_q and k.shape[0] == batch * max_seqlen_k:
         # Every length is at most max_seqlen (flash-attn's contract) and they add up to batch * max_seqlen: all are
