@@ -56,6 +56,10 @@ fa4)
     rm -rf /tmp/fa4-cache
     for pass in cold cached; do  # the kernels compiled at first use, then read from the disk cache
         python3 bench/fa4_probe.py 2>&1 | tee "$out/fa4-probe-$pass.txt" | tail -5
+        if ! grep -q '"backend": "fa4"' "$out/fa4-probe-$pass.txt"; then  # say why, and spend no more time
+            python3 -c 'import flash_attn.cute' 2>&1 | tail -20
+            exit 1
+        fi
     done
     python3 bench/gpu_session.py --out "$out" --work "$work" --main-src /tmp/nanotron-main/src --deadline "${3:-420}" \
         "${@:4}"
