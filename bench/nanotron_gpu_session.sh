@@ -55,7 +55,7 @@ session)
 fa4)
     rm -rf /tmp/fa4-cache
     for pass in cold cached; do  # the kernels compiled at first use, then read from the disk cache
-        python3 bench/fa4_probe.py 2>&1 | tee "$out/fa4-probe-$pass.txt" | tail -5
+        python3 bench/fa4_probe.py 2>&1 | tee "$out/fa4-probe-$pass.txt" | tail -25 || true
         if ! grep -q '"backend": "fa4"' "$out/fa4-probe-$pass.txt"; then  # say why, and spend no more time
             python3 -c 'import flash_attn.cute' 2>&1 | tail -20
             exit 1
