@@ -195,8 +195,8 @@ def _skip_saves() -> None:
     torch_engine.checkpoint.save = lambda *args, **kwargs: None
     make_class = nanotron_engine.trainer_class
 
-    def without_saves(cfg):  # type: ignore[no-untyped-def]
-        class NoSaves(make_class(cfg)):  # type: ignore[misc, valid-type]
+    def without_saves(cfg, job):  # type: ignore[no-untyped-def]  # trainer_class's own parameters
+        class NoSaves(make_class(cfg, job)):  # type: ignore[misc, valid-type]
             def save_checkpoint(self):  # type: ignore[no-untyped-def]
                 self.last_saved_step = self.iteration_step
 

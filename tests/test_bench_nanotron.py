@@ -97,3 +97,27 @@ def test_the_gpu_session_script_is_sound_shell() -> None:
         pytest.skip("shellcheck not installed")
     done = subprocess.run([checker, "-S", "style", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+
+def test_a_memory_run_without_saves_builds_the_trainer_as_the_engine_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU session's memory runs (save=False) replace the engine's trainer_class: the replacement takes what the
+    engine passes (a GPU session found it one argument short), and its class saves nothing."""
+    import inspect
+
+    from launcher.train.nanotron_engine import engine, trainer
+    from launcher.train.torch_engine import engine as torch_engine
+
+    class Trainer:
+        iteration_step = 7
+
+    made: list[tuple] = []
+    monkeypatch.setattr(engine, "trainer_class", lambda *args: made.append(args) or Trainer)
+    monkeypatch.setattr(torch_engine.checkpoint, "save", torch_engine.checkpoint.save)  # restored after the test
+    bench._skip_saves()
+    assert list(inspect.signature(engine.trainer_class).parameters) == list(
+        inspect.signature(trainer.trainer_class).parameters
+    )
+    no_saves = engine.trainer_class("cfg", "job")()
+    no_saves.save_checkpoint()
+    assert made == [("cfg", "job")] and no_saves.last_saved_step == 7

@@ -26,9 +26,10 @@ calls = []
 
 def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                            max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None, *,
-                           softmax_scale=None, causal=False, **rest):
+                           softmax_scale=None, causal=False, deterministic=False, **rest):
     calls.append(dict(qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                      max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, rest=rest))
+                      max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                      deterministic=deterministic, rest=rest))
     batch = cu_seqlens_q.shape[0] - 1
     out = attend(q.view(batch, max_seqlen_q, *q.shape[1:]), k.view(batch, max_seqlen_k, *k.shape[1:]),
                  v.view(batch, max_seqlen_k, *v.shape[1:]), causal, softmax_scale).reshape(q.shape)
@@ -83,7 +84,7 @@ def test_flash_attn_4_takes_the_call_as_it_takes_its_arguments(
     assert call["qv"] is None and call["rest"] == {}
     assert call["cu_seqlens_q"].dtype == call["cu_seqlens_k"].dtype == torch.int32
     assert (type(call["max_seqlen_q"]), type(call["max_seqlen_k"])) == (int, int)
-    assert (call["causal"], call["softmax_scale"]) == (True, 0.3)
+    assert (call["causal"], call["softmax_scale"], call["deterministic"]) == (True, 0.3, False)
     assert isinstance(out, torch.Tensor) and out.shape == q.shape  # the output alone, as FA2 returns it
     monkeypatch.setattr(fa4, "applies", lambda *a: False)  # the same call through SDPA: the same output
     sdpa = attention.flash_attn_varlen_func(q, k, v, cu, cu, 8, 8, causal=True, softmax_scale=0.3)

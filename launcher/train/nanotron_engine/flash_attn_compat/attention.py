@@ -57,7 +57,7 @@ def flash_attn_varlen_func(
 
     `window_size` is in the signature because nanotron's starcoder2.py looks for it; only (-1, -1) (no window)
     is implemented, as are dropout_p 0, softcap 0 and no alibi, attention probabilities or paged cache.
-    `deterministic` changes nothing here.
+    `deterministic` goes to FlashAttention 4 (its backward's order of accumulation); SDPA ignores it.
     """
     if dropout_p:
         refuse(f"flash_attn_varlen_func(dropout_p={dropout_p})")
@@ -69,7 +69,8 @@ def flash_attn_varlen_func(
         refuse("flash_attn_varlen_func with alibi_slopes, return_attn_probs or block_table")
     _check_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     if fa4.applies(q, k, v, max_seqlen_q, max_seqlen_k):
-        return fa4.attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+        return fa4.attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          deterministic)  # fmt: skip
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == batch * max_seqlen_q and k.shape[0] == batch * max_seqlen_k:
         # Every length is at most max_seqlen (flash-attn's contract) and they add up to batch * max_seqlen: all are

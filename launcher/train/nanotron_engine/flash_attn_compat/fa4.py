@@ -96,6 +96,7 @@ def attend(
     max_seqlen_k: int,
     softmax_scale: float | None,
     causal: bool,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """FA2's varlen call through FA4; the output alone, as FA2 returns it."""
     assert _varlen is not None, "fa4.attend without fa4.load()"
@@ -109,6 +110,7 @@ def attend(
         max_seqlen_k=int(max_seqlen_k),
         softmax_scale=softmax_scale,
         causal=causal,
+        deterministic=deterministic,
     )
     return result[0] if isinstance(result, tuple) else result  # type: ignore[return-value]
 
