@@ -99,7 +99,6 @@ def test_the_gpu_session_script_is_sound_shell() -> None:
     assert done.returncode == 0, done.stdout
 
 
-
 def test_a_memory_run_without_saves_builds_the_trainer_as_the_engine_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU session's memory runs (save=False) replace the engine's trainer_class: the replacement takes what the
     engine passes (a GPU session found it one argument short), and its class saves nothing."""
