@@ -53,7 +53,7 @@ def running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie, dead but not yet reaped by init, is not)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going (a read as it exits: ESRCH)
         return False
 
 
