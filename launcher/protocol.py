@@ -58,6 +58,14 @@ ENV_RANKS_FILE = "LAUNCHER_RANKS_FILE"  # where rank 0 writes which node holds w
 ENV_STRAGGLERS_FILE = "LAUNCHER_STRAGGLERS_FILE"  # where rank 0 records the stragglers it names (STRAGGLERS_FILE)
 ENV_STRAGGLER_EVERY = "LAUNCHER_STRAGGLER_EVERY"  # steps between rank 0's looks at every rank's step time (100)
 
+# The rendezvous port on the first node (torchrun's store, and the node check before it): RDZV_PORT_LOW + job id %
+# RDZV_PORT_SPAN, or where that is taken the next free one, wrapping inside the window (RDZV_PORT_TRIES at most):
+# 20000-31999, below Linux's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default), where the
+# kernel picks the local port of every outgoing connection on the node, so that any of them (srun's, torch's
+# store clients', pip's) may hold a port there at the moment the job wants it.
+RDZV_PORT_LOW, RDZV_PORT_SPAN, RDZV_PORT_TRIES = 20000, 12000, 500
+RDZV_PORT_WINDOW = f"{RDZV_PORT_LOW}-{RDZV_PORT_LOW + RDZV_PORT_SPAN - 1}"
+
 # Training's words as it ends (OUTCOME_FILE), read by the batch script's end-of-attempt table.
 FINISHED, STOPPED = "finished", "stopped"
 OUTCOME_FORMAT = "{word} {step}\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,24 @@ from launcher.slurm import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "slurm_launcher.py"
+# Ports the tests' own listeners take: below the kernel's ephemeral range (32768- by default), above the jobs'
+# rendezvous window (20000-31999) and the local clusters' daemons (10000-19999): docs/architecture.md#ports.
+TEST_PORTS = range(P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN, 32768)
+
+
+def free_port() -> int:
+    """A port no one holds now, from TEST_PORTS (a port bound to 0 and let go is the ephemeral range's, which the
+    kernel may hand to any outgoing connection before the test listens on it)."""
+    start = random.randrange(len(TEST_PORTS))
+    for k in range(len(TEST_PORTS)):
+        port = TEST_PORTS[(start + k) % len(TEST_PORTS)]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {TEST_PORTS.start}-{TEST_PORTS.stop - 1}")
 
 
 def spec_for(*flags: str, cwd: Path | None = None) -> tuple[RunSpec, list]:

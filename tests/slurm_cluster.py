@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.accounting)
 
 
-def _require_slurm(accounting: bool = False) -> None:
+def require_slurm(accounting: bool = False) -> None:
     needed = ["slurmctld"] + (["slurmdbd", "mariadbd"] if accounting else [])
     missing = [name for name in needed if shutil.which(name, path=f"{os.environ['PATH']}:/usr/sbin:/sbin") is None]
     if missing:
@@ -58,7 +58,7 @@ def _directory(name: str) -> Path:
 @pytest.fixture(scope="session")
 def slurm_cluster_spec() -> Iterator[localcluster.ClusterSpec]:
     """The session's local cluster, running."""
-    _require_slurm()
+    require_slurm()
     spec = localcluster.ClusterSpec(_directory(localcluster.default_dir().name), nodes=2, gpus_per_node=2)
     was_up = localcluster.is_up(spec)
     localcluster.up(spec)
@@ -94,7 +94,7 @@ ACCOUNTING_GRACE_S = 10  # short, so that a preemption a run does not heed ends 
 def slurm_accounting() -> Iterator[dict[str, str]]:
     """SLURM_CONF of a local cluster with accounting: slurmdbd on its own MariaDB, the cluster, account `research`
     and root registered, AccountingStorageTRES=gres/gpu; preemption's grace time ACCOUNTING_GRACE_S."""
-    _require_slurm(accounting=True)
+    require_slurm(accounting=True)
     spec = localcluster.ClusterSpec(_directory(".slurm-acct"), nodes=2, gpus_per_node=2, accounting=True,
                                     preempt_grace_s=ACCOUNTING_GRACE_S)  # fmt: skip
     was_up = localcluster.is_up(spec)

@@ -5,17 +5,21 @@ is tested in tests/test_e2e_training.py (the demo flow) and tests/test_ledger.py
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 from launcher_helpers import ROOT
+from slurm_cluster import require_slurm
 from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
-from launcher import sweep, usage
+from launcher import localcluster, sweep, usage
 from launcher.bundle import sweep_record
 from launcher.bundle.manifest import load as manifest_of
+from launcher.localcluster.config import PORT_STEP
 from launcher.slurm import client
 
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
@@ -151,3 +155,39 @@ def test_a_sweeps_ledger_with_accounting(tmp_path: Path, acct_env: dict, demo_da
     assert period.returncode == 0 and "GPU-hours of 2 run(s)" in period.stdout, period
     assert period.stdout.split("total: ")[1].split()[0] == said
     assert (tmp_path / "logs/configs/gpu-hours.png").stat().st_size > 10_000
+
+
+def listening_tcp_ports(pid: int) -> list[int]:
+    """The TCP ports process `pid` listens on (its sockets' inodes, looked up in /proc/net/tcp and tcp6)."""
+    inodes = {os.readlink(fd).removeprefix("socket:[").removesuffix("]") for fd in Path(f"/proc/{pid}/fd").iterdir()
+              if os.readlink(fd).startswith("socket:")}  # fmt: skip
+    rows = [line.split() for name in ("tcp", "tcp6") for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]]
+    return [int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes]  # 0A: LISTEN
+
+
+@pytest.mark.accounting
+def test_accounting_comes_up_where_its_ports_are_held(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+):
+    """As CI met it (`mariadbd not ready after 60 s`, its port held): other processes hold the ports slurmctld and
+    slurmdbd would take. The cluster comes up on the next free ones, MariaDB serves slurmdbd over its Unix socket
+    alone (no TCP port of its own that could be taken), and sacct reads a job back."""
+    require_slurm(accounting=True)
+    tmp_path = tmp_path_factory.mktemp("held")  # a short path: slurmstepd's Unix sockets lie below it (108 bytes)
+    spec = localcluster.ClusterSpec(tmp_path / "c", nodes=1, gpus_per_node=1, accounting=True)
+    held = [socket.create_server(("127.0.0.1", port)) for port in (spec.ctld_port, spec.dbd_port)]
+    try:
+        env = {**os.environ, **localcluster.up(spec)}
+        assert f"port {spec.ctld_port} is taken" in capsys.readouterr().out
+        assert f"DbdPort={spec.dbd_port + PORT_STEP}\n" in spec.conf.with_name("slurmdbd.conf").read_text()
+        mariadbd = localcluster.daemon_pids(spec)["mariadbd"]
+        assert mariadbd and listening_tcp_ports(mariadbd) == []
+        sbatch = ["sbatch", "--parsable", "-A", "research", "--output", str(tmp_path / "%j.out"), "--wrap", "true"]
+        job = subprocess.run(sbatch, env=env, capture_output=True, text=True, check=True).stdout.strip()
+        sacct = ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"]
+        wait_for(lambda: subprocess.run(sacct, env=env, capture_output=True, text=True).stdout.strip() == "COMPLETED",
+                 timeout=60)  # fmt: skip
+    finally:
+        localcluster.down(spec)
+        for sock in held:
+            sock.close()

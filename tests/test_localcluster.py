@@ -1,13 +1,15 @@
 """Tests of launcher.localcluster against a real Slurm cluster (2 nodes x 2 fake GPUs) in a temporary directory.
 
-Its ports derive from the directory, so it does not collide with a cluster in another directory. Skipped when Slurm
-is not installed, except under CI=true, where a missing Slurm is a failure.
+Its ports derive from the directory, so it does not collide with a cluster in another directory (and move on where
+another process holds them). Skipped when Slurm is not installed, except under CI=true, where a missing Slurm is a
+failure.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from launcher import localcluster
-from launcher.localcluster import ClusterSpec
+from launcher import protocol as P
+from launcher.localcluster import ClusterSpec, accounting, config, ports
 
 pytestmark = [
     pytest.mark.slurm,
@@ -50,7 +53,7 @@ def running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie, dead but not yet reaped by init, is not)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going (a read as it exits: ESRCH)
         return False
 
 
@@ -58,7 +61,83 @@ def test_ports_derive_from_the_directory(tmp_path: Path) -> None:
     a, b = ClusterSpec(tmp_path / "a", 2, 0), ClusterSpec(tmp_path / "b", 2, 0)
     assert a.ctld_port == ClusterSpec(tmp_path / "a", 3, 1).ctld_port
     assert a.ctld_port != b.ctld_port
-    assert 20000 <= a.ctld_port < 30000
+    assert 10000 <= a.ctld_port < 20000
+    assert a.ports == [a.ctld_port, a.ctld_port + 1, a.ctld_port + 2]
+    assert ClusterSpec(tmp_path / "a", 2, 0, accounting=True).ports == [*a.ports, a.ctld_port + 20]  # slurmdbd's
+
+
+def test_no_port_is_in_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    """Every TCP port a local cluster may listen on (any slot, the most nodes, slurmdbd), and every rendezvous port a
+    job may open, lies outside the kernel's ephemeral range as /proc gives it, where outgoing connections take their
+    local ports (CI's fresh clone met MariaDB's port held so); and the two sets never meet (the local cluster's jobs
+    open their rendezvous on the same 127.0.0.1). MariaDB listens on no TCP port at all."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert ports.ephemeral_range() == range(low, high + 1)
+    daemons = [port for slot in range(config.PORT_SLOTS) for port in
+               ClusterSpec(tmp_path, config.MAX_NODES, 0, accounting=True, port_slot=slot).ports]  # fmt: skip
+    assert len(set(daemons)) == len(daemons) == config.PORT_SLOTS * (config.MAX_NODES + 2)  # no two slots share one
+    rendezvous = range(P.RDZV_PORT_LOW, P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN)
+    assert not [port for port in [*daemons, *rendezvous] if low <= port <= high]
+    assert not set(daemons) & set(rendezvous)
+    argv = accounting.mariadbd_argv(ClusterSpec(tmp_path, accounting=True))
+    assert "--skip-networking" in argv and not [a for a in argv if a.startswith(("--port", "--bind-address"))]
+
+
+def test_ports_in_the_ephemeral_range_are_never_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a machine's ephemeral range reaches down over the cluster's slot, it takes the first slot beyond."""
+    spec = ClusterSpec(tmp_path, 2, 0, port_slot=0)
+    monkeypatch.setattr(ports, "RANGE_FILE", tmp_path / "range")
+    (tmp_path / "range").write_text(f"{spec.ctld_port}\t{spec.ctld_port + 2 * config.PORT_STEP}\n")
+    assert ports.settle(spec).ctld_port == spec.ctld_port + 3 * config.PORT_STEP
+    (tmp_path / "range").write_text(f"1024\t{config.PORT_BASE + config.PORT_STEP * config.PORT_SLOTS}\n")
+    with pytest.raises(ports.NoFreePorts, match="no free ports for the local cluster in 10000-19999"):
+        ports.settle(spec)
+
+
+def test_up_takes_other_ports_where_its_own_are_held(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As CI met it: another process listens on ports the cluster would take (its slurmctld's and a slurmd's). It
+    comes up on the next free ones, says so, runs a job, and stays on them when `up` runs again."""
+    spec = ClusterSpec(tmp_path_factory.mktemp("held"), nodes=2, gpus_per_node=1)  # short: slurmstepd's sockets
+    held = [socket.create_server(("127.0.0.1", port)) for port in (spec.ctld_port, spec.slurmd_port(2))]
+    try:
+        localcluster.up(spec)
+        assert f"port {spec.ctld_port} is taken" in capsys.readouterr().out
+        conf = spec.conf.read_text()
+        assert f"SlurmctldPort={spec.ctld_port + config.PORT_STEP}\n" in conf
+        assert sorted(run(spec, "srun", "-N2", "hostname").split()) == [socket.gethostname()] * 2
+        localcluster.up(spec)
+        assert "already running" in capsys.readouterr().out and spec.conf.read_text() == conf
+    finally:
+        localcluster.down(spec)
+        for sock in held:
+            sock.close()
+
+
+def test_up_tries_other_ports_when_a_daemon_finds_its_own_taken(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port taken between the check and the daemon's bind (the check here made blind to it, once): slurmd says
+    'Address already in use', and `up` starts the cluster again on other ports."""
+    spec = ClusterSpec(tmp_path_factory.mktemp("race"), nodes=2, gpus_per_node=1)
+    checked: list[int] = []
+    taken = ports.taken
+
+    def blind_at_first(port: int) -> OSError | None:
+        checked.append(port)
+        return None if len(checked) <= len(spec.ports) else taken(port)
+
+    monkeypatch.setattr(ports, "taken", blind_at_first)
+    try:
+        with socket.create_server(("127.0.0.1", spec.slurmd_port(2))):
+            localcluster.up(spec)
+        out = capsys.readouterr().out
+        assert "(Address already in use): trying other ports" in out and f"port {spec.slurmd_port(2)} is taken" in out
+        assert f"SlurmctldPort={spec.ctld_port + config.PORT_STEP}\n" in spec.conf.read_text()
+        assert localcluster.is_up(spec)
+    finally:
+        localcluster.down(spec)
 
 
 def test_up_shows_idle_nodes_with_gpus(spec: ClusterSpec) -> None:
@@ -99,14 +178,12 @@ def test_down_stops_the_daemons(spec: ClusterSpec) -> None:
 
 
 def test_up_that_fails_partway_stops_what_it_started(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A node whose slurmd cannot take its port (held here): `up` fails naming it, and the munged, slurmctld and
-    slurmd it had already started are stopped, not left running."""
-    import socket
-
-    spec = ClusterSpec(tmp_path / "partway", nodes=2, gpus_per_node=1)
-    with socket.create_server(("127.0.0.1", spec.ctld_port + 2)):  # node2's slurmd port
-        with pytest.raises(localcluster.ClusterError, match="slurmd.node2"):
-            localcluster.up(spec)
+    """A node whose slurmd cannot start (a read-only mount of a path that does not exist): `up` fails naming it, and
+    the munged, slurmctld and slurmd it had already started are stopped, not left running."""
+    missing = str(tmp_path / "missing")
+    spec = ClusterSpec(tmp_path / "partway", nodes=2, gpus_per_node=1, read_only=(("node2", missing),))
+    with pytest.raises(localcluster.ClusterError, match="slurmd.node2 did not start"):
+        localcluster.up(spec)
     assert "started slurmd.node1" in capsys.readouterr().out  # it got that far
     assert not any(localcluster.daemon_pids(spec).values())
     ours = [p for p in Path("/proc").glob("[0-9]*") if running(int(p.name)) and names(p, spec)]

@@ -12,14 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from launcher_helpers import free_port
 
 from launcher.node import nodecheck
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def test_paths_and_modules(tmp_path: Path):

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from launcher_helpers import fixed_paths, spec_for
 
+from launcher import protocol as P
 from launcher.bundle import render
 from launcher.config.validate import validate
 from launcher.nanotron_config.presets import preset_names
@@ -259,3 +263,23 @@ def test_hostile_placement_values_are_refused(flag: str):
         spec, _ = spec_for(f"--{flag}", value)
         problems = [p for p in validate(spec) if p.flag == flag]
         assert problems and f"e.g. --{flag} " in problems[0].fix, value
+
+
+def test_the_rendezvous_port_stays_in_its_window_below_the_ephemeral_range(tmp_path: Path):
+    """The script's first port, its fallback (the first free of the next 500, from the window's top: wrapping to its
+    foot) and the port after one that was taken all lie in 20000-31999 (launcher/protocol.py), below the kernel's
+    ephemeral range as /proc gives it, where outgoing connections may hold any port. Run with bash, for real."""
+    low, high = P.RDZV_PORT_LOW, P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN - 1
+    assert high < int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    script = golden_script("default")
+    functions = "\n".join(re.search(rf"^{name}\(\) {{.*?^}}$", script, re.M | re.S).group(0)  # type: ignore[union-attr]
+                          for name in ("free_port", "next_port"))  # fmt: skip
+    first = next(line for line in script.splitlines() if line.startswith("port=$(("))
+    probe = (f'{functions}\nLAUNCHER_PYTHON={sys.executable} head_node=n1 batch_node=n1\n'
+             f'for SLURM_JOB_ID in 1 11999 12000 99999999; do {first}; echo "$port"; done\n'
+             f'free_port {high}; next_port {high}; next_port {low}\n')  # fmt: skip
+    with socket.create_server(("", high)):  # the window's top is taken: the fallback goes on from its foot
+        out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    *firsts, found, after_top, after_foot = map(int, out.stdout.split())
+    assert firsts == [low + 1, low + 11999, low, low + 99999999 % P.RDZV_PORT_SPAN]
+    assert low <= found < low + P.RDZV_PORT_TRIES and (after_top, after_foot) == (low, low + 1)

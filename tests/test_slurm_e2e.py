@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from launcher_helpers import ROOT
 from slurm_cluster import slurm_release
 
+from launcher import protocol as P
 from launcher.slurm import awaited_jobs, parse
 from launcher.slurm import client as slurm
 
@@ -77,6 +79,28 @@ def test_four_ranks_rendezvous_and_complete(tmp_path: Path, slurm_env: dict):
     ).stdout
     assert stored == Path(manifest["files"]["script"]["path"]).read_text()
     assert slurm.job_log_path(job_id) == Path(manifest["outputs"]["log"])
+
+
+def test_the_rendezvous_moves_on_from_ports_another_process_holds(tmp_path: Path, slurm_env: dict):
+    """The job's rendezvous port (launcher/protocol.py: 20000 + job id % 12000, below the kernel's ephemeral range)
+    and the next ones are held by another process on the first node as the job starts: the job takes the next free
+    port of the window, and its four ranks meet there."""
+    probe = ["sbatch", "--parsable", "--hold", "--output", "/dev/null", "--wrap", "true"]
+    last = int(subprocess.run(probe, env=slurm_env, capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run(["scancel", str(last)], env=slurm_env, check=True)
+    held_ports = [P.RDZV_PORT_LOW + job_id % P.RDZV_PORT_SPAN for job_id in range(last + 1, last + 11)]
+    held = [socket.create_server(("127.0.0.1", port)) for port in held_ports]  # the next ten jobs' ports
+    try:
+        out = launch(tmp_path, slurm_env, "held", script(tmp_path, "allreduce.py", ALLREDUCE), "--show_logs")
+    finally:
+        for sock in held:
+            sock.close()
+    assert out.returncode == 0, out.stdout + out.stderr
+    port = int(re.search(r"rendezvous 127\.0\.0\.1:(\d+) \(c10d\)", out.stdout).group(1))  # type: ignore[union-attr]
+    assert port not in held_ports and P.RDZV_PORT_LOW <= port < P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN
+    job_id = int(json.loads((only_bundle(tmp_path, "held") / "manifest.json").read_text())["slurm"]["job_id"])
+    assert P.RDZV_PORT_LOW + job_id % P.RDZV_PORT_SPAN in held_ports  # its own port was among those held
+    assert all(f"rank {rank}/4 sum=10 expected=10" in out.stdout for rank in range(4))
 
 
 def test_failing_job_reports_failed_and_exits_nonzero(tmp_path: Path, slurm_env: dict):

@@ -3,8 +3,8 @@
 `python -m launcher.localcluster up --accounting` (a `ClusterSpec(accounting=True)`) adds two daemons to the
 cluster, both under its directory, so that several clusters on one machine never share one:
 
-    db/data, db/mariadbd.sock       MariaDB's datadir (mariadb-install-db, once) and socket; it listens on
-                                    127.0.0.1:<db_port> only, for slurmdbd
+    db/data, db/mariadbd.sock       MariaDB's datadir (mariadb-install-db, once) and socket; it serves slurmdbd
+                                    over that socket alone (--skip-networking: no TCP port that could be taken)
     db/password                     the password of the database user `slurm` (0600; made once, never printed)
     etc/slurmdbd.conf               slurmdbd's config (0600, as slurmdbd demands), beside slurm.conf
     run/mariadbd.pid, run/slurmdbd.pid, log/mariadbd.log, log/slurmdbd.log
@@ -13,8 +13,10 @@ slurmctld then stores every job in slurmdbd (`AccountingStorageType=accounting_s
 `AccountingStorageTRES=gres/gpu`, so `sacct`'s AllocTRES names the GPUs), and the cluster, an account
 (`research`) and the user (root, and the user who ran sudo) are registered with `sacctmgr -i`; with
 `AccountingStorageEnforce=associations` Slurm refuses a job of an account the user has no association with, as
-sites do. Ports: 40000 + 2 * (crc32(dir) % 5000) for MariaDB, the next for slurmdbd (outside the controllers'
-20000-29999 and the jobs' rendezvous ports, 20000-39999). Installed by scripts/install_accounting.sh.
+sites do. slurmdbd listens on the cluster's port slot + 20 (launcher/localcluster/config.py: below the kernel's
+ephemeral range, apart from the jobs' rendezvous ports). slurmdbd's MySQL client finds MariaDB's socket through
+MYSQL_UNIX_PORT (StorageHost=localhost: the client's default socket, which that variable names; Slurm passes the
+client no socket of its own). Installed by scripts/install_accounting.sh.
 """
 
 from __future__ import annotations
@@ -25,13 +27,11 @@ import shutil
 import socket
 import subprocess
 import time
-import zlib
 from pathlib import Path
 from typing import Protocol
 
 from launcher.errors import LauncherError
 
-DB_PORT_BASE, DB_PORT_SLOTS = 40000, 5000
 ACCOUNT = "research"
 DAEMONS = ("slurmdbd", "mariadbd")  # in the order they stop
 BINARIES = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr", "sacct")
@@ -48,6 +48,8 @@ class Spec(Protocol):
     def munge_dir(self) -> Path: ...
     @property
     def conf(self) -> Path: ...
+    @property
+    def dbd_port(self) -> int: ...
     def env(self) -> dict[str, str]: ...
 
 
@@ -55,12 +57,14 @@ class AccountingError(LauncherError):
     """MariaDB or slurmdbd could not be started, or the cluster not registered; carries the daemon's log tail."""
 
 
-def db_port(spec: Spec) -> int:
-    return DB_PORT_BASE + 2 * (zlib.crc32(str(spec.dir).encode()) % DB_PORT_SLOTS)
+def socket_path(spec: Spec) -> Path:
+    """MariaDB's Unix socket, its only way in."""
+    return _db(spec) / "mariadbd.sock"
 
 
-def dbd_port(spec: Spec) -> int:
-    return db_port(spec) + 1
+def slurmdbd_env(spec: Spec) -> dict[str, str]:
+    """What slurmdbd needs in its environment: the socket its MySQL client connects to (see the module's doc)."""
+    return {"MYSQL_UNIX_PORT": str(socket_path(spec))}
 
 
 def slurm_conf_lines(spec: Spec) -> str:
@@ -68,7 +72,7 @@ def slurm_conf_lines(spec: Spec) -> str:
     return (
         "# Accounting in slurmdbd, on this cluster's own MariaDB (launcher/localcluster/accounting.py).\n"
         "AccountingStorageType=accounting_storage/slurmdbd\n"
-        f"AccountingStorageHost=127.0.0.1\nAccountingStoragePort={dbd_port(spec)}\n"
+        f"AccountingStorageHost=127.0.0.1\nAccountingStoragePort={spec.dbd_port}\n"
         f"AccountingStoragePass={spec.munge_dir}/munge.socket.2\n"  # the munged of slurmdbd's connections
         "AccountingStorageTRES=gres/gpu\nAccountingStorageEnforce=associations\n"
         "JobAcctGatherType=jobacct_gather/none\n"
@@ -82,13 +86,13 @@ AuthType=auth/munge
 AuthInfo=socket={spec.munge_dir}/munge.socket.2
 DbdHost={socket.gethostname()}
 DbdAddr=127.0.0.1
-DbdPort={dbd_port(spec)}
+DbdPort={spec.dbd_port}
 SlurmUser=root
 PidFile={d}/run/slurmdbd.pid
 LogFile={d}/log/slurmdbd.log
 StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort={db_port(spec)}
+# MariaDB's Unix socket (MYSQL_UNIX_PORT in slurmdbd's environment): it listens on no TCP port
+StorageHost=localhost
 StorageUser=slurm
 StoragePass={password}
 StorageLoc=slurm_acct_db
@@ -134,13 +138,13 @@ def prepare(spec: Spec) -> None:
 
 def mariadbd_argv(spec: Spec) -> list[str]:
     d, db = spec.dir, _db(spec)
-    return ["mariadbd", "--no-defaults", "--user=root", f"--datadir={db}/data", f"--socket={db}/mariadbd.sock",
-            "--bind-address=127.0.0.1", f"--port={db_port(spec)}", f"--pid-file={d}/run/mariadbd.pid",
-            f"--log-error={d}/log/mariadbd.log", "--skip-name-resolve", *INNODB]  # fmt: skip
+    return ["mariadbd", "--no-defaults", "--user=root", f"--datadir={db}/data", f"--socket={socket_path(spec)}",
+            "--skip-networking", f"--pid-file={d}/run/mariadbd.pid", f"--log-error={d}/log/mariadbd.log",
+            "--skip-name-resolve", *INNODB]  # fmt: skip
 
 
 def _sql(spec: Spec, statement: str) -> subprocess.CompletedProcess[str]:
-    argv = ["mariadb", "--no-defaults", f"--socket={_db(spec)}/mariadbd.sock", "-u", "root", "--batch"]
+    argv = ["mariadb", "--no-defaults", f"--socket={socket_path(spec)}", "-u", "root", "--batch"]
     return subprocess.run(argv, input=statement, capture_output=True, text=True, check=False, timeout=30)
 
 
@@ -161,13 +165,13 @@ def start_database(spec: Spec) -> None:
     quoted = _password(spec).replace("\\", "\\\\").replace("'", "\\'")
     made = _sql(
         spec,
-        f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{quoted}';\n"
-        f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{quoted}';\n"
-        "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';\n",
+        f"CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '{quoted}';\n"  # (a socket's user is @localhost)
+        f"ALTER USER 'slurm'@'localhost' IDENTIFIED BY '{quoted}';\n"
+        "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';\n",
     )
     if made.returncode != 0:
         raise AccountingError(f"could not create the database user of slurmdbd: {made.stderr.strip()}")
-    print(f"started mariadbd (127.0.0.1:{db_port(spec)})")
+    print(f"started mariadbd (socket {socket_path(spec)}, no TCP)")
 
 
 def _sacctmgr(spec: Spec, *args: str) -> subprocess.CompletedProcess[str]:

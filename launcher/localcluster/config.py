@@ -1,7 +1,12 @@
 """The local Slurm cluster's shape and its configuration files: pure, no daemons (those are launcher.localcluster).
 
-Ports derive from a hash of the cluster's directory (slurmctld on 20000 + 20 * (crc32(dir) % 500), node K on that
-+ K), so clusters in different directories do not collide; a cluster has at most 19 nodes.
+Its TCP ports are a slot of PORT_STEP ports in 10000-19999 (slurmctld on 10000 + 25 * slot, node K's slurmd on that
++ K, slurmdbd on that + 20; a cluster has at most 19 nodes): below Linux's ephemeral range (32768-60999 by default),
+where any outgoing connection on the machine may hold a port as its own end, and apart from the jobs' rendezvous
+ports (launcher.protocol's RDZV_PORT_WINDOW, 20000-31999), which the local cluster's jobs open on this same
+127.0.0.1. The slot derives from a hash of the cluster's directory (`ClusterSpec.slot`), so clusters in different
+directories do not collide; `launcher.localcluster.ports` moves a cluster to the next free slot where a port of its
+own is taken when it starts.
 """
 
 from __future__ import annotations
@@ -12,9 +17,14 @@ import socket
 import zlib
 from pathlib import Path
 
+from launcher import protocol
 from launcher.localcluster import accounting, containers
 
-PORT_BASE, PORT_SLOTS, PORT_STEP = 20000, 500, 20
+PORT_BASE, PORT_SLOTS, PORT_STEP = 10000, 400, 25
+MAX_NODES, DBD_OFFSET = 19, 20  # node K's slurmd on the slot's port + K; slurmdbd on + DBD_OFFSET
+# The clusters' first job ids: a window of JOB_ID_WINDOW of their own in the rendezvous window (see first_job_id)
+JOB_ID_WINDOW = 1000
+JOB_ID_WINDOWS = protocol.RDZV_PORT_SPAN // JOB_ID_WINDOW
 MUNGE_ROOT = Path("/tmp")
 
 
@@ -48,25 +58,50 @@ class ClusterSpec:
     read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
     containers: bool = False  # pyxis + enroot on every node (srun --container-image): launcher.localcluster.containers
     accounting: bool = False  # slurmdbd on a MariaDB of the cluster's own (launcher/localcluster/accounting.py)
+    # which slot of PORT_SLOTS its ports take (None: the directory's, from a hash of its path); `up` moves a cluster
+    # whose ports are taken to a free slot, and keeps the slot its slurm.conf names (launcher.localcluster.ports)
+    port_slot: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
-        if not 1 <= self.nodes < PORT_STEP or self.gpus_per_node < 0:
-            raise ValueError(f"need 1..{PORT_STEP - 1} nodes and >= 0 GPUs per node, got {self}")
+        if not 1 <= self.nodes <= MAX_NODES or self.gpus_per_node < 0:
+            raise ValueError(f"need 1..{MAX_NODES} nodes and >= 0 GPUs per node, got {self}")
+        if self.port_slot is not None and not 0 <= self.port_slot < PORT_SLOTS:
+            raise ValueError(f"port_slot must be within 0..{PORT_SLOTS - 1}, got {self.port_slot}")
 
     @property
     def conf(self) -> Path:
         return self.dir / "etc" / "slurm.conf"
 
     @property
+    def slot(self) -> int:
+        """The port slot: `port_slot`, or the directory's own."""
+        return zlib.crc32(str(self.dir).encode()) % PORT_SLOTS if self.port_slot is None else self.port_slot
+
+    @property
     def ctld_port(self) -> int:
-        return PORT_BASE + PORT_STEP * (zlib.crc32(str(self.dir).encode()) % PORT_SLOTS)
+        return PORT_BASE + PORT_STEP * self.slot
+
+    def slurmd_port(self, k: int) -> int:
+        """The port of node K's slurmd (node1 is K=1)."""
+        return self.ctld_port + k
+
+    @property
+    def dbd_port(self) -> int:
+        return self.ctld_port + DBD_OFFSET
+
+    @property
+    def ports(self) -> list[int]:
+        """Every TCP port the cluster's daemons listen on (MariaDB listens on none: a Unix socket only)."""
+        nodes = [self.slurmd_port(k) for k in range(1, self.nodes + 1)]
+        return [self.ctld_port, *nodes, *([self.dbd_port] if self.accounting else [])]
 
     @property
     def first_job_id(self) -> int:
         """Job ids start in a window of 1,000 of this cluster's own: the job's rendezvous port derives from its id
-        (20000 + id % 20000), and clusters on one machine share 127.0.0.1, so two clusters' job 1 must not meet."""
-        return 1 + 1000 * (zlib.crc32(str(self.dir).encode()) % 20)
+        (launcher.protocol: 20000 + id % 12000), and clusters on one machine share 127.0.0.1, so two clusters' job 1
+        must not meet (where their windows do, the job's fallback moves to the next free port)."""
+        return 1 + JOB_ID_WINDOW * (zlib.crc32(str(self.dir).encode()) % JOB_ID_WINDOWS)
 
     @property
     def node_names(self) -> list[str]:
@@ -86,7 +121,7 @@ def slurm_conf(spec: ClusterSpec) -> str:
     d, host, gres = spec.dir, socket.gethostname(), f" Gres=gpu:{spec.gpus_per_node}" if spec.gpus_per_node else ""
     memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 2
     nodes = "\n".join(
-        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={spec.ctld_port + k} "
+        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={spec.slurmd_port(k)} "
         f"CPUs={os.cpu_count()} RealMemory={memory_mib}{gres} State=UNKNOWN"
         for k, name in enumerate(spec.node_names, start=1)
     )

@@ -10,10 +10,12 @@ Everything the cluster needs lives under ONE directory (default `<project root>/
     run/, log/                      the daemons' pid files and logs, and the job completion log
 
 The daemons daemonize themselves, so they outlive the process that started them; `down` stops them by pid file,
-and only a pid whose command line names this directory counts as ours. Ports derive from a hash of the directory
-(slurmctld on 20000 + 20 * (crc32(dir) % 500), node K on that + K), so clusters in different directories do not
-collide; a cluster has at most 19 nodes. It must run as root: slurmd runs jobs as their submitter and munged runs
-as user munge. CLI: `python -m launcher.localcluster {up,down,status,env} [--dir DIR]` (`__main__.py`).
+and only a pid whose command line names this directory counts as ours. Its TCP ports (launcher/localcluster/
+config.py: 10000-19999, below the kernel's ephemeral range) derive from a hash of the directory, so clusters in
+different directories do not collide; where one is taken as the cluster starts, it takes the next free ones
+(`ports.settle`), and where a daemon still finds its port taken (taken after that check), `up` tries once more on
+other ports. A cluster has at most 19 nodes. It must run as root: slurmd runs jobs as their submitter and munged
+runs as user munge. CLI: `python -m launcher.localcluster {up,down,status,env} [--dir DIR]` (`__main__.py`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.localcluster import accounting, containers
+from launcher.localcluster import accounting, containers, ports
 from launcher.localcluster.config import ClusterSpec, config_files
 
 READY_TIMEOUT_S, STOP_TIMEOUT_S, PIDFILE_TIMEOUT_S = 30.0, 10.0, 10.0
 READY_STATES = {"idle", "mixed", "allocated", "completing"}
+PORT_TAKEN = "Address already in use"  # what a daemon logs (strerror(EADDRINUSE)) when its port is taken
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol")
 
 
@@ -144,10 +147,11 @@ def _accounting(step: Callable[..., None], *args: object) -> None:
         raise ClusterError(str(e)) from None
 
 
-def _spawn(spec: ClusterSpec, name: str, argv: list[str]) -> None:
+def _spawn(spec: ClusterSpec, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
     """Run a self-daemonizing daemon and wait for its pid file."""
+    env = {**os.environ, **spec.env(), **(env or {})}
     with (spec.dir / f"log/{name}.out").open("ab") as out:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env={**os.environ, **spec.env()})
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
     if proc.returncode != 0 or not _wait(lambda: _pid(spec, name), PIDFILE_TIMEOUT_S):
         raise ClusterError(f"{name} did not start (exit status {proc.returncode}):\n{_logs(spec, name)}")
     print(f"started {name} (pid {_pid(spec, name)})")
@@ -160,7 +164,7 @@ def _start(spec: ClusterSpec) -> None:
     _spawn(spec, "munged", ["runuser", "-u", "munge", "--", str(shutil.which("munged")), *map(str, munged)])
     if spec.accounting:  # slurmdbd before slurmctld, which registers with it
         _accounting(accounting.start_database, spec)
-        _spawn(spec, "slurmdbd", ["slurmdbd"])
+        _spawn(spec, "slurmdbd", ["slurmdbd"], accounting.slurmdbd_env(spec))
         _accounting(accounting.register, spec, "local")
     _spawn(spec, "slurmctld", ["slurmctld", "-f", conf])
     for node in spec.node_names:
@@ -225,23 +229,38 @@ def up(spec: ClusterSpec) -> dict[str, str]:
             containers.install()
         except containers.ContainersUnavailable as e:
             raise ClusterError(f"--containers: {e}") from None
+    spec = ports.kept(spec)  # on the ports its slurm.conf names, where it has one
     unchanged = all(p.exists() and p.read_text() == text for p, text in config_files(spec).items())
     if unchanged and is_up(spec):
         print(f"cluster in {spec.dir} already running")
-    else:
-        if any(daemon_pids(spec).values()):
-            print(f"restarting the cluster in {spec.dir} (its config changed or a daemon is down)")
-        down(spec)
-        _prepare(spec)
-        try:
-            _start(spec)
-            _wait_ready(spec)
-        except BaseException:  # a daemon that would not start, nodes never ready, Ctrl-C: stop what this started
-            print(f"the cluster in {spec.dir} did not come up: stopping what was started")
-            down(spec)
-            raise
+        _wait_ready(spec)
         return spec.env()
-    _wait_ready(spec)
+    if any(daemon_pids(spec).values()):
+        print(f"restarting the cluster in {spec.dir} (its config changed or a daemon is down)")
+    try:
+        return _start_on_free_ports(spec)
+    except ClusterError as e:  # a daemon whose port was taken after settle() found it free: other ports, once
+        if PORT_TAKEN not in str(e):
+            raise
+        print(f"a port of the cluster in {spec.dir} was taken as it started ({PORT_TAKEN}): trying other ports")
+    return _start_on_free_ports(spec)
+
+
+def _start_on_free_ports(spec: ClusterSpec) -> dict[str, str]:
+    """Stop what runs, then start the cluster on free ports and wait until ready; stop what started if it fails."""
+    down(spec)
+    try:
+        spec = ports.settle(spec)
+    except ports.NoFreePorts as e:
+        raise ClusterError(str(e)) from None
+    _prepare(spec)
+    try:
+        _start(spec)
+        _wait_ready(spec)
+    except BaseException:  # a daemon that would not start, nodes never ready, Ctrl-C: stop what this started
+        print(f"the cluster in {spec.dir} did not come up: stopping what was started")
+        down(spec)
+        raise
     return spec.env()
 
 

@@ -27,15 +27,19 @@ SALLOC_OPTIONS = {
 SBATCH_LINE = re.compile(r"^#SBATCH --([\w-]+)(?:=(.*))?$")
 
 # Run by salloc on the login node, inside the allocation: the rendezvous address as the batch script derives it,
-# then the shell on the first node (the container options come as arguments).
-HOST_SIDE = r"""rc=$1; shift
+# then the shell on the first node (the container options come as arguments). The port: launcher/protocol.py's.
+RDZV_WINDOW = f"rdzv_low={P.RDZV_PORT_LOW} rdzv_span={P.RDZV_PORT_SPAN}\n"
+HOST_SIDE = (
+    RDZV_WINDOW
+    + r"""rc=$1; shift
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 addr=$(scontrol show node "${nodes[0]}" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
-export LAUNCHER_RDZV="${addr:-${nodes[0]}}:$(( 20000 + SLURM_JOB_ID % 20000 ))"
+export LAUNCHER_RDZV="${addr:-${nodes[0]}}:$(( rdzv_low + SLURM_JOB_ID % rdzv_span ))"
 LAUNCHER_NODES=$(printf '%s\n' "${nodes[@]}" | paste -sd,)
 export LAUNCHER_NODES LAUNCHER_CONTAINER_OPTIONS="$*"
 srun --pty --nodes=1 --ntasks=1 --nodelist="${nodes[0]}" --export=ALL "$@" /bin/bash --rcfile "$rc" -i
 """
+)
 
 
 def salloc_options(script_text: str) -> list[str]:
