@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -168,15 +167,3 @@ def find(root: Path, step: int | None, run_config: Path) -> Checkpoint:
     else:  # the torch engine: as its model read the config (a 0.4 config rotates halves there)
         interleaved = shape.rope_interleaved
     return Checkpoint(directory, chosen, engine, dialect, config, shape, interleaved)
-
-
-def metadata(checkpoint: Checkpoint) -> dict[str, Any]:
-    """What the checkpoint says of itself (nanotron's checkpoint_metadata.json, the torch engine's meta.json)."""
-    import json
-
-    name = P.NANOTRON_METADATA if checkpoint.engine == "nanotron" else TORCH_META
-    try:
-        data = json.loads((checkpoint.directory / name).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointIncomplete(f"{checkpoint.directory / name} cannot be read: {e}") from None
-    return data if isinstance(data, dict) else {}
