@@ -5,6 +5,7 @@ python -m launcher.jobs status|attach|cancel BUNDLE_DIR_OR_JOB_ID
 python -m launcher.jobs ledger [BUNDLE_OR_SWEEP_DIR] [--since 2026-11-01] [--configs_path logs/configs]
 python -m launcher.jobs rerun BUNDLE_DIR_OR_JOB_ID [--run_name NAME] [--dry_run] [--strict] [--resume] [--show_logs]
 python -m launcher.jobs diff A B [--json] [--tolerance 1e-6]      (bundle directories or job ids)
+python -m launcher.jobs export BUNDLE_DIR_OR_JOB_ID [--step N] [--output DIR] [--dtype bfloat16|float32]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from launcher import rerun, sweep
 from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
+from launcher.export.command import export
 from launcher.gpu_hours import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
 from launcher.slurm import client, follow
@@ -160,7 +162,14 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("--json", action="store_true", help="the differences as JSON, for scripts")
     diff.add_argument("--tolerance", type=_tolerance, default=compare.TOLERANCE,
                       help="losses part where |a - b| > this x max(1, |a|, |b|) (default: %(default)g)")  # fmt: skip
-    for sub in (ledger, rerun_, diff):
+    export_ = actions.add_parser("export", help="a checkpoint of the run as a transformers Llama folder")
+    export_.add_argument("target", help="a run's bundle directory or job id")
+    export_.add_argument("--step", type=_step, help="the checkpoint's step (default: the newest complete one)")
+    export_.add_argument("--output", type=Path, help="the folder to write (default: CHECKPOINTS/hf-step-N); never "
+                         "overwritten")  # fmt: skip
+    export_.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                         help="the weights' type (default: %(default)s)")  # fmt: skip
+    for sub in (ledger, rerun_, diff, export_):
         sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
     return parser
 
@@ -168,7 +177,8 @@ def _parser() -> argparse.ArgumentParser:
 def _unusable_paths(args: argparse.Namespace) -> int:
     """The runs named and --configs_path, where no filesystem holds them: one line each, before any look."""
     lines = []
-    for name, shown in (("target", "BUNDLE"), ("a", "A"), ("b", "B"), ("configs_path", "--configs_path")):
+    for name, shown in (("target", "BUNDLE"), ("a", "A"), ("b", "B"), ("configs_path", "--configs_path"),
+                        ("output", "--output")):  # fmt: skip
         value = getattr(args, name, None)
         if isinstance(value, list):  # argparse's reading of `--configs_path=--`: nothing
             lines.append(f"{shown}: no path given; give one")
@@ -193,13 +203,26 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _step(text: str) -> int:
+    if not text.isdigit() or len(text) > 12:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step number (0 or more)")
+    return int(text)
+
+
+def _export(args: argparse.Namespace, argv: list[str]) -> int:
+    return export(bundle_of(args.target, args.configs_path), args.step, args.output, args.dtype, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     problem = as_command(lambda: _unusable_paths(args))
     if problem:
         return problem
     if args.action == "ledger":
         return as_command(lambda: ledger_command(args.target, args.since, args.configs_path))
+    if args.action == "export":
+        return as_command(lambda: _export(args, argv))
     if args.action == "diff":
         return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
     if args.action == "rerun":

@@ -154,23 +154,27 @@ def test_what_no_run_takes_is_said_once_each_on_a_line_of_its_own(typed, said):
 
 
 def jobs_argv(action: str, where: str, value: str) -> list[str]:
-    """`python -m launcher.jobs` with `value` as the run(s) it names, its --configs_path, or diff's --tolerance."""
-    runs = {"diff": [value, value], "rerun": [value, "--dry_run"], "ledger": [value], "status": [value]}
+    """`python -m launcher.jobs` with `value` as the run(s) it names, its --configs_path, diff's --tolerance, or
+    export's --output or --step."""
+    runs = {"diff": [value, value], "rerun": [value, "--dry_run"], "ledger": [value], "status": [value],
+            "export": [value]}  # fmt: skip
     if where == "target":
         return [action, *runs[action]]
     if where == "tolerance":
         return ["diff", "a", "b", f"--tolerance={value}"]
+    if where in ("output", "step"):
+        return ["export", "a", f"--{where}={value}"]
     return [
         action,
-        *(["a", "b"] if action == "diff" else ["a"] if action == "rerun" else []),
+        *(["a", "b"] if action == "diff" else ["a"] if action in ("rerun", "export") else []),
         f"--configs_path={value}",
     ]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    action=st.sampled_from(["diff", "rerun", "ledger", "status"]),
-    where=st.sampled_from(["target", "configs_path", "tolerance"]),
+    action=st.sampled_from(["diff", "rerun", "ledger", "status", "export"]),
+    where=st.sampled_from(["target", "configs_path", "tolerance", "output", "step"]),
     value=HOSTILE.filter(lambda v: not client.JOB_ID.match(v.strip())),
 )  # (a job id asks Slurm: tested there)
 def test_the_jobs_commands_take_any_value_without_a_traceback(action, where, value):  # fmt: skip

@@ -1,0 +1,10 @@
+"""The model out: a run's checkpoint (either engine, either nanotron dialect, any layout) as a Hugging Face
+transformers Llama folder, on a CPU, streamed tensor by tensor (docs/export.md).
+
+    checkpoints.py   which checkpoint: the step, its engine and dialect, complete or refused (standard library)
+    weights.py       its tensors under transformers' names: shards merged, fused projections split, the
+                     vocabulary's padding removed, RoPE rows reordered (torch, safetensors)
+    folder.py        the folder: config, generation config, safetensors shards and index, tokenizer, model card;
+                     written beside, then renamed
+    command.py       `python -m launcher.jobs export`: a bundle's run, exported
+"""

@@ -1,0 +1,77 @@
+"""`python -m launcher.jobs export BUNDLE|JOB_ID [--step N] [--output DIR] [--dtype bfloat16|float32]`: a run's
+checkpoint as a transformers Llama folder (docs/export.md). The run is read from its bundle: the checkpoints'
+directory and the config from the manifest, the data and the command for the model card."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from launcher.bundle.manifest import Manifest
+from launcher.export import checkpoints as found
+from launcher.export.checkpoints import Checkpoint, ExportError
+
+DEFAULT_DTYPE = "bfloat16"
+
+
+def default_output(run: Manifest, step: int) -> Path:
+    """Beside the run's checkpoints (the engines read only step-numbered folders there)."""
+    return run.checkpoints / f"hf-step-{step}"
+
+
+def run_config(run: Manifest) -> Path:
+    path = ((run.data.get("files") or {}).get("config") or {}).get("path")
+    return Path(path) if path else run.bundle_dir / "config.yaml"
+
+
+def _data(checkpoint: Checkpoint, run: Manifest) -> str:
+    flags = run.flags
+    said = str(flags.get("dataset") or "")
+    stages = [s for s in checkpoint.config.get("data_stages") or [] if isinstance(s, dict)]
+    if len(stages) > 1:
+        said += " (stages: " + ", ".join(f"{s.get('name')} from step {s.get('start_training_step')}" for s in stages)
+        said += ")"
+    return said or "not recorded"
+
+
+def card(run: Manifest, checkpoint: Checkpoint, dtype: str, argv: list[str]) -> dict[str, str]:
+    parallel = checkpoint.config.get("parallelism") or {}
+    layout = " x ".join(f"{k} {parallel[k]}" for k in ("dp", "tp", "pp") if k in parallel)
+    trained_by = checkpoint.engine + (f" (nanotron {checkpoint.dialect})" if checkpoint.engine == "nanotron" else "")
+    shape = checkpoint.shape
+    return {
+        "run": str(run.data.get("run_name") or run.bundle_dir.parent.name),
+        "bundle": str(run.bundle_dir.resolve()),
+        "job": str(run.job_id or "not submitted"),
+        "step": str(checkpoint.step),
+        "checkpoint": f"{checkpoint.directory} (engine {trained_by}; layout {layout or 'not recorded'})",
+        "model": f"Llama, {shape.num_layers} layers, hidden {shape.hidden_size}, heads {shape.num_heads} "
+        f"(kv {shape.num_kv_heads}), vocabulary {shape.vocab_size}, tied embeddings {shape.tie_word_embeddings}, "
+        f"RoPE theta {shape.rope_theta:g}"
+        + (
+            " (trained with interleaved pairs; rows reordered for transformers)" if checkpoint.rope_interleaved else ""
+        ),  # fmt: skip
+        "data": _data(checkpoint, run),
+        "trained by": f"`{run.data.get('command', 'not recorded')}` (in {run.data.get('cwd', '?')})",
+        "exported by": f"`{shlex.join([sys.executable, '-m', 'launcher.jobs', *argv])}`",
+        "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z") + f", weights in {dtype}",
+    }
+
+
+def export(run: Manifest, step: int | None, output: Path | None, dtype: str, argv: list[str]) -> int:
+    """Export the run's checkpoint at `step` (default: the newest complete one); prints where it went."""
+    from launcher.export import folder, weights  # torch and safetensors: only for an export
+
+    if dtype not in folder.DTYPES:
+        raise ExportError(f"--dtype {dtype}: not one of {', '.join(folder.DTYPES)}")
+    checkpoint = found.find(run.checkpoints, step, run_config(run))
+    target = output or default_output(run, checkpoint.step)
+    started = time.monotonic()
+    groups = weights.groups(checkpoint)
+    size = folder.write(target, checkpoint, groups, dtype, card(run, checkpoint, dtype, argv))
+    print(f"Exported step {checkpoint.step} of {run.bundle_dir.resolve()} ({checkpoint.engine} engine) to {target}: "
+          f"{size / 2**20:.1f} MiB of {dtype} weights in {time.monotonic() - started:.1f} s.")  # fmt: skip
+    print(f"  load it: AutoModelForCausalLM.from_pretrained({str(target)!r})")
+    return 0
