@@ -33,19 +33,7 @@ def llama_config(checkpoint: Checkpoint, dtype: str) -> dict:
 
     shape = checkpoint.shape
     config = LlamaConfig(  # type: ignore[call-arg]
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        hidden_act=shape.hidden_act,
-        max_position_embeddings=shape.max_seq_len,
-        rms_norm_eps=shape.rms_norm_eps,
-        tie_word_embeddings=shape.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
-        bos_token_id=shape.bos_token_id,
-        eos_token_id=shape.eos_token_id,
+        **shape.llama_config_kwargs(),
         attention_bias=False,
         mlp_bias=False,
         dtype=dtype,

@@ -56,6 +56,24 @@ class ModelShape:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def llama_config_kwargs(self) -> dict[str, Any]:
+        """This shape as transformers' `LlamaConfig` takes it (its keyword arguments; RoPE in transformers' layout)."""
+        return dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            hidden_act=self.hidden_act,
+            max_position_embeddings=self.max_seq_len,
+            rms_norm_eps=self.rms_norm_eps,
+            tie_word_embeddings=self.tie_word_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            bos_token_id=self.bos_token_id,
+            eos_token_id=self.eos_token_id,
+        )
+
 
 # field -> nanotron's LlamaConfig key, for the sizes a config must state (a missing one raises KeyError naming it)
 REQUIRED = {
