@@ -1,0 +1,77 @@
+"""Data ahead of training (docs/data.md).
+
+python -m launcher.data tokenize --dataset D --tokenizer T --output DIR [--text_column text] [--tasks N] [--workers N]
+python -m launcher.data inspect DIR [--vocab_size N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launcher.data.tokenize import TokenizeArgs, check, run_local
+from launcher.errors import ConfigError, as_command
+from launcher.nanotron_config import nanoset
+from launcher.problems import report
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m launcher.data", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    t = commands.add_parser("tokenize", help="tokenize a dataset into nanotron's Nanoset files, with datatrove")
+    t.add_argument("--dataset", required=True, help="a save_to_disk directory, a data file, or a folder of "
+                   ".jsonl/.parquet files")  # fmt: skip
+    t.add_argument("--tokenizer", required=True, help="a tokenizer directory (with tokenizer.json) or a hub name")
+    t.add_argument("--output", required=True, help="the folder for the token files (new, or this command's own)")
+    t.add_argument("--text_column", default="text", help="the column holding the text")
+    t.add_argument("--split", default="train", help="the split of a saved DatasetDict")
+    t.add_argument("--eos_token", default="auto", help="appended to every document: auto (the tokenizer's "
+                   "eos_token), none, or a token")  # fmt: skip
+    t.add_argument("--tasks", type=int, default=1, help="datatrove tasks: one token file each")
+    t.add_argument("--workers", type=int, default=1, help="tasks run at once on this machine")
+    t.add_argument("--no_shuffle", action="store_true", help="keep each file's documents in reading order")
+    t.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
+    i = commands.add_parser("inspect", help="what a tokenized folder holds, and whether it is whole")
+    i.add_argument("folder")
+    i.add_argument("--vocab_size", type=int, default=None, help="check that the token size holds this vocabulary")
+    return parser
+
+
+def _tokenize(ns: argparse.Namespace, argv: list[str]) -> int:
+    args = TokenizeArgs(
+        ns.dataset, ns.tokenizer, ns.output, ns.text_column, ns.split, ns.eos_token, ns.tasks, ns.workers,
+        not ns.no_shuffle, ns.seed,
+    )  # fmt: skip
+    plan, problems = check(args)
+    if plan is None:
+        raise ConfigError(report(problems))
+    if plan.resume:
+        print(f"[data] {plan.output} holds this tokenization: continuing (finished tasks are skipped)")
+    folder = run_local(plan, argv)
+    print(
+        f"[data] {folder.path}: {folder.tokens} tokens in {folder.documents} documents, {len(folder.files)} files, "
+        f"{folder.token_size}-byte tokens of {folder.tokenizer}"
+    )
+    return 0
+
+
+def _inspect(ns: argparse.Namespace) -> int:
+    folder, problems = nanoset.inspect(ns.folder, "folder", ns.vocab_size)
+    if folder is None:
+        print(report(problems).replace("nothing was written or submitted", "the folder is not whole"), file=sys.stderr)
+        return 2
+    print(
+        f"{folder.path}: {folder.tokens} tokens, {folder.documents} documents, {len(folder.files)} files, "
+        f"{folder.token_size}-byte tokens, tokenizer {folder.tokenizer}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ns = _parser().parse_args(argv)
+    return as_command(lambda: _tokenize(ns, argv) if ns.command == "tokenize" else _inspect(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
