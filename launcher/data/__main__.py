@@ -1,6 +1,7 @@
 """Data ahead of training (docs/data.md).
 
 python -m launcher.data tokenize --dataset D --tokenizer T --output DIR [--text_column text] [--tasks N] [--workers N]
+    [--slurm --partition P [--qos Q] [--account A] [--time_limit 4:00:00] [--show_logs]]
 python -m launcher.data inspect DIR [--vocab_size N]
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from launcher.data import on_slurm
+from launcher.data.on_slurm import SlurmArgs
 from launcher.data.tokenize import TokenizeArgs, check, run_local
 from launcher.errors import ConfigError, as_command
 from launcher.nanotron_config import nanoset
@@ -28,9 +31,19 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--eos_token", default="auto", help="appended to every document: auto (the tokenizer's "
                    "eos_token), none, or a token")  # fmt: skip
     t.add_argument("--tasks", type=int, default=1, help="datatrove tasks: one token file each")
-    t.add_argument("--workers", type=int, default=1, help="tasks run at once on this machine")
+    t.add_argument("--workers", type=int, default=None, help="tasks run at once (default: 1 here, all on Slurm)")
     t.add_argument("--no_shuffle", action="store_true", help="keep each file's documents in reading order")
     t.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
+    s = t.add_argument_group("on Slurm (datatrove's SlurmPipelineExecutor: an array job, one task per --tasks)")
+    s.add_argument("--slurm", action="store_true", help="tokenize as a Slurm array job instead of on this machine")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--qos", default=None, help="default: none (the partition's)")
+    s.add_argument("--account", default=None)
+    s.add_argument("--time_limit", default="4:00:00", help="of each array task")
+    s.add_argument("--cpus_per_task", type=int, default=1)
+    s.add_argument("--mem_per_cpu_gb", type=int, default=2)
+    s.add_argument("--job_name", default="tokenize")
+    s.add_argument("--show_logs", action="store_true", help="follow the job to its end, then check the folder")
     i = commands.add_parser("inspect", help="what a tokenized folder holds, and whether it is whole")
     i.add_argument("folder")
     i.add_argument("--vocab_size", type=int, default=None, help="check that the token size holds this vocabulary")
@@ -42,11 +55,17 @@ def _tokenize(ns: argparse.Namespace, argv: list[str]) -> int:
         ns.dataset, ns.tokenizer, ns.output, ns.text_column, ns.split, ns.eos_token, ns.tasks, ns.workers,
         not ns.no_shuffle, ns.seed,
     )  # fmt: skip
+    slurm = SlurmArgs(ns.partition, ns.qos, ns.account, ns.time_limit, ns.cpus_per_task, ns.mem_per_cpu_gb,
+                      ns.job_name)  # fmt: skip
     plan, problems = check(args)
-    if plan is None:
+    problems += on_slurm.problems(slurm) if ns.slurm else []
+    if plan is None or problems:
         raise ConfigError(report(problems))
     if plan.resume:
         print(f"[data] {plan.output} holds this tokenization: continuing (finished tasks are skipped)")
+    if ns.slurm:
+        print(f"[data] {on_slurm.run_slurm(plan, slurm, argv, ns.show_logs)}")
+        return 0
     folder = run_local(plan, argv)
     print(
         f"[data] {folder.path}: {folder.tokens} tokens in {folder.documents} documents, {len(folder.files)} files, "

@@ -20,6 +20,7 @@ from typing import Any
 
 from launcher import atomic
 from launcher.config import datacheck
+from launcher.errors import LauncherError
 from launcher.nanotron_config import nanoset, provenance
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.problems import Problem
@@ -38,7 +39,7 @@ class TokenizeArgs:
     split: str = "train"  # the split of a saved DatasetDict
     eos_token: str = "auto"  # appended to every document: "auto" (the tokenizer's own), "none", or a token
     tasks: int = 1  # datatrove tasks (one token file each)
-    workers: int = 1  # tasks run at once on this machine
+    workers: int | None = None  # tasks run at once (None: 1 on this machine, all of them on Slurm)
     shuffle: bool = True  # datatrove shuffles each file's documents
     seed: int = 0
 
@@ -175,7 +176,7 @@ def check(args: TokenizeArgs) -> tuple[Plan | None, list[Problem]]:
     problems = [
         Problem(flag, f"--{flag} {value} is below 1", f"use --{flag} 1 or more")
         for flag, value in (("tasks", args.tasks), ("workers", args.workers))
-        if value < 1
+        if value is not None and value < 1
     ]
     reader, found = _dataset(args)
     problems += found
@@ -229,6 +230,10 @@ def write_record(plan: Plan, command: list[str], status: str, extra: dict[str, A
     """The output's record: the command, versions, input fingerprint, status (and at its end the token count)."""
     path = plan.output / RECORD_DIR / RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the Slurm jobs of earlier attempts stay listed
+        jobs = list(json.loads(path.read_text(encoding="utf-8")).get("slurm_jobs", []))
+    except (OSError, ValueError, AttributeError):
+        jobs = []
     cache = provenance.hub_cache(os.environ)
     record = {
         "command": shlex.join([sys.executable, "-m", "launcher.data", *command]),
@@ -243,6 +248,7 @@ def write_record(plan: Plan, command: list[str], status: str, extra: dict[str, A
         "versions": _versions(),
         "status": status,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "slurm_jobs": jobs,
         **(extra or {}),
     }
     atomic.replace(path, json.dumps(record, indent=2) + "\n")
@@ -254,17 +260,20 @@ def run_local(plan: Plan, command: list[str]) -> nanoset.TokenizedFolder:
     the arguments as given (the record's)."""
     from datatrove.executor import LocalPipelineExecutor
 
-    from launcher.errors import LauncherError
-
     write_record(plan, command, "running")
     executor = LocalPipelineExecutor(
         pipeline=pipeline(plan),
         tasks=plan.args.tasks,
-        workers=plan.args.workers,
+        workers=plan.args.workers or 1,
         logging_dir=str(plan.output / RECORD_DIR / "logs"),
         skip_completed=True,
     )
     executor.run()
+    return finish(plan, command)
+
+
+def finish(plan: Plan, command: list[str]) -> nanoset.TokenizedFolder:
+    """The folder checked whole once every task ended, and the record completed with its counts."""
     folder, problems = nanoset.inspect(plan.output, "output", plan.vocab_size)
     if folder is None:
         write_record(plan, command, "incomplete", {"problems": [str(p) for p in problems]})
