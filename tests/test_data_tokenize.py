@@ -131,3 +131,12 @@ def test_a_folder_of_jsonl_files_is_read_by_datatrove_s_reader(tmp_path: Path, d
     )  # fmt: skip
     assert code == 0
     assert _documents(output) == _expected(demo_data, texts)
+
+
+def test_the_same_tokenization_named_from_another_directory_continues(
+    tokenized: Path, demo_data: DemoData, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(demo_data.dataset.parent)
+    args = TokenizeArgs("./" + demo_data.dataset.name, str(demo_data.tokenizer), str(tokenized), tasks=2)
+    plan, problems = check(args)
+    assert problems == [] and plan is not None and plan.resume

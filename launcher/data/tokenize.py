@@ -143,7 +143,11 @@ def _tokenizer(args: TokenizeArgs) -> tuple[tuple[str, int, str | None] | None, 
 def _inputs(args: TokenizeArgs) -> dict[str, Any]:
     """What makes two tokenizations the same (a record's, compared on a rerun)."""
     keep = ("dataset", "tokenizer", "text_column", "split", "eos_token", "tasks", "shuffle", "seed")
-    return {k: v for k, v in asdict(args).items() if k in keep}
+    inputs = {k: v for k, v in asdict(args).items() if k in keep}
+    for key in ("dataset", "tokenizer"):  # a local path as the same path from any directory
+        if is_local_path(inputs[key]):
+            inputs[key] = os.path.abspath(os.path.expanduser(inputs[key]))
+    return inputs
 
 
 def _output(args: TokenizeArgs) -> tuple[bool, list[Problem]]:
