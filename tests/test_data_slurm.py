@@ -4,11 +4,13 @@ follows it to its end; the files are those the login node makes; a rerun submits
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from conftest import DemoData
 from test_data_tokenize import _documents, _expected, _texts
 
+from launcher.data import on_slurm
 from launcher.data.__main__ import main
 from launcher.data.tokenize import RECORD, RECORD_DIR
 
@@ -41,6 +43,32 @@ def test_a_tokenization_as_a_slurm_array_job_and_its_continuation(
     assert json.loads((logs / "ranks_to_run.json").read_text()) == [1]
     assert {p.name: p.stat().st_mtime_ns for p in output.glob("00000_*")} == kept
     assert len(json.loads((output / RECORD_DIR / RECORD).read_text())["slurm_jobs"]) == 2
+    assert _documents(output) == _expected(demo_data, _texts(demo_data))
+
+
+def test_an_output_whose_job_still_runs_is_not_written_twice(
+    slurm_env: dict[str, str], demo_data: DemoData, tmp_path: Path, capsys
+):
+    output = tmp_path / "out"
+    local = ["tokenize", "--dataset", str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--output",
+             str(output), "--tasks", "2"]  # fmt: skip
+    argv = [*local, "--slurm", "--partition", "debug", "--time_limit", "10"]
+    assert main(argv) == 0  # submitted, not followed
+    job = json.loads((output / RECORD_DIR / RECORD).read_text())["slurm_jobs"][-1]
+    subprocess.run(["scontrol", "hold", job], check=True, env=slurm_env)  # kept pending while we look
+    try:
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"--output: job {job} (PENDING) is still tokenizing into {output}" in err and "scancel" in err
+        assert main(local) == 2  # nor on the login node
+        assert "is still tokenizing" in capsys.readouterr().err
+    finally:
+        subprocess.run(["scontrol", "release", job], check=True, env=slurm_env)
+    assert set(on_slurm.follow(job, show=False)) == {"COMPLETED"}
+    assert main([*argv, "--show_logs"]) == 0  # all tasks done: nothing submitted, the record completed
+    assert "every task had finished" in capsys.readouterr().out
+    assert json.loads((output / RECORD_DIR / RECORD).read_text())["status"] == "complete"
     assert _documents(output) == _expected(demo_data, _texts(demo_data))
 
 

@@ -59,6 +59,7 @@ def _tokenize(ns: argparse.Namespace, argv: list[str]) -> int:
                       ns.job_name)  # fmt: skip
     plan, problems = check(args)
     problems += on_slurm.problems(slurm) if ns.slurm else []
+    problems += on_slurm.live_job_problems(plan, ns.slurm) if plan is not None else []
     if plan is None or problems:
         raise ConfigError(report(problems))
     if plan.resume:

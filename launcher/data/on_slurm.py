@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.config.slurm_values import TIME_LIMIT
 from launcher.data.tokenize import RECORD, RECORD_DIR, Plan, finish, pipeline, write_record
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, SlurmUnavailable
 from launcher.problems import Problem
 from launcher.slurm import client
 
@@ -50,6 +50,35 @@ def problems(s: SlurmArgs) -> list[Problem]:
         if getattr(s, flag) < 1:
             found.append(Problem(flag, f"--{flag} {getattr(s, flag)} is below 1", f"use --{flag} 1 or more"))
     return found
+
+
+def live_job_problems(plan: Plan, slurm_needed: bool) -> list[Problem]:
+    """One writer per output: the record's last Slurm job must have ended before anything else writes there (a
+    second array would run the same tasks into the same files). Without Slurm here, a local run is not held back
+    (`slurm_needed` False); a --slurm run then fails at submission as it would anyway."""
+    try:
+        jobs = json.loads((plan.output / RECORD_DIR / RECORD).read_text(encoding="utf-8")).get("slurm_jobs", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not plan.resume or not jobs:
+        return []
+    try:
+        states = client.job_states(str(jobs[-1]))
+    except SlurmUnavailable:
+        if not slurm_needed:
+            return []
+        raise
+    live = sorted({st.state for st in states if not st.terminal})
+    if not live:
+        return []
+    return [
+        Problem(
+            "output",
+            f"job {jobs[-1]} ({', '.join(live)}) is still tokenizing into {plan.output}",
+            f"wait for it to end (python -m launcher.data inspect {plan.output}), or scancel {jobs[-1]} and run this "
+            "command again",
+        )
+    ]
 
 
 def submit(plan: Plan, s: SlurmArgs, command: list[str]) -> str | None:
