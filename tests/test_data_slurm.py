@@ -13,6 +13,7 @@ from test_data_tokenize import _documents, _expected, _texts
 from launcher.data import on_slurm
 from launcher.data.__main__ import main
 from launcher.data.tokenize import RECORD, RECORD_DIR
+from launcher.nanotron_config import nanoset
 
 
 def _on_slurm(demo: DemoData, output: Path, *extra: str) -> int:
@@ -82,3 +83,16 @@ def test_slurm_flags_are_checked_with_the_rest(demo_data: DemoData, tmp_path: Pa
     for flag in ("--partition", "--qos", "--time_limit", "--tasks"):
         assert f"  - {flag}:" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_path_datatrove_would_write_unquoted_is_refused(demo_data: DemoData, tmp_path: Path, capsys):
+    weird = tmp_path / "a'; touch pwned; echo 'b"
+    argv = ["tokenize", "--dataset", str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--output",
+            str(weird), "--slurm", "--partition", "debug"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "  - --output:" in err and "datatrove's batch script unquoted" in err
+    assert not weird.exists()
+    assert main(argv[:-3]) == 0  # on the login node nothing reaches a shell: the same path is fine there
+    assert nanoset.inspect(weird)[0] is not None
+    assert not (Path.cwd() / "pwned").exists()

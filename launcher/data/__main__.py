@@ -58,7 +58,7 @@ def _tokenize(ns: argparse.Namespace, argv: list[str]) -> int:
     slurm = SlurmArgs(ns.partition, ns.qos, ns.account, ns.time_limit, ns.cpus_per_task, ns.mem_per_cpu_gb,
                       ns.job_name)  # fmt: skip
     plan, problems = check(args)
-    problems += on_slurm.problems(slurm) if ns.slurm else []
+    problems += on_slurm.problems(slurm, ns.output) if ns.slurm else []
     problems += on_slurm.live_job_problems(plan, ns.slurm) if plan is not None else []
     if plan is None or problems:
         raise ConfigError(report(problems))

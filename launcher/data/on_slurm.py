@@ -6,6 +6,7 @@ its end (--show_logs), then the folder checked and the record finished as on the
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -21,6 +22,7 @@ from launcher.problems import Problem
 from launcher.slurm import client
 
 SLURM_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a partition, QOS, account or job name on an #SBATCH line
+SAFE_PATH = re.compile(r"[A-Za-z0-9._/+=,@-]+")  # a path datatrove may write unquoted into a shell script
 POLL_S = (2.0, 30.0)  # the first look at the array, and the longest wait between two
 
 
@@ -35,9 +37,19 @@ class SlurmArgs:
     job_name: str = "tokenize"
 
 
-def problems(s: SlurmArgs) -> list[Problem]:
-    """What would reach an #SBATCH line, checked to Slurm's alphabets (datatrove writes the values as they are)."""
+def problems(s: SlurmArgs, output: str) -> list[Problem]:
+    """What would reach an #SBATCH line or datatrove's script, checked to Slurm's alphabets and a shell-safe path
+    (datatrove writes the values as they are, unquoted: `srun ... launch_pickled_pipeline <output>/...`)."""
     found = []
+    where = os.path.abspath(os.path.expanduser(output))
+    if not SAFE_PATH.fullmatch(where):
+        found.append(
+            Problem(
+                "output",
+                f"{where!r} would reach datatrove's batch script unquoted (it holds a space, quote or shell character)",
+                "with --slurm, give an --output of letters, digits and . _ - / + = , @",
+            )
+        )
     if not s.partition:
         found.append(Problem("partition", "--slurm needs a partition", "give --partition (sinfo -s lists them)"))
     for flag in ("partition", "qos", "account", "job_name"):
