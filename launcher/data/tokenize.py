@@ -210,14 +210,32 @@ def pipeline(plan: Plan) -> list[Any]:
     else:
         kind = JsonlReader if plan.reader == "jsonl" else ParquetReader
         reader = kind(plan.source, text_key=args.text_column, glob_pattern=f"*.{plan.reader}")
+    local = plan.tokenizer_path != args.tokenizer  # a local directory's tokenizer.json
     tokenizer = DocumentTokenizer(
         output_folder=str(plan.output),
-        tokenizer_name_or_path=plan.tokenizer_path,
+        # what the metadata records and nanotron main compares, as a string, with the config's tokenizer (and loads
+        # with AutoTokenizer where the config names none): the directory, not its tokenizer.json
+        tokenizer_name_or_path=os.path.abspath(os.path.expanduser(args.tokenizer)) if local else args.tokenizer,
         eos_token=plan.eos_token,
         shuffle_documents=args.shuffle,
         seed=args.seed,
     )
+    if local:  # datatrove's load_tokenizer would ask the hub for a directory: its cached tokenizer given instead
+        tokenizer.tokenizer = _local_tokenizer(plan)
     return [reader, tokenizer]
+
+
+def _local_tokenizer(plan: Plan) -> Any:
+    """A local tokenizer.json loaded as datatrove's `tokenizer` property does (utils/tokenization.py): the file,
+    with the end-of-document token appended by a post-processor."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer.from_file(plan.tokenizer_path)
+    if plan.eos_token:
+        eos = [("<EOS>", tokenizer.token_to_id(plan.eos_token))]
+        tokenizer.post_processor = TemplateProcessing(single="$A <EOS>", special_tokens=eos, pair=None)
+    return tokenizer
 
 
 def _versions() -> dict[str, str | None]:
