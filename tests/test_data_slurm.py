@@ -54,10 +54,13 @@ def test_an_output_whose_job_still_runs_is_not_written_twice(
     local = ["tokenize", "--dataset", str(demo_data.dataset), "--tokenizer", str(demo_data.tokenizer), "--output",
              str(output), "--tasks", "2"]  # fmt: skip
     argv = [*local, "--slurm", "--partition", "debug", "--time_limit", "10"]
-    assert main(argv) == 0  # submitted, not followed
-    job = json.loads((output / RECORD_DIR / RECORD).read_text())["slurm_jobs"][-1]
-    subprocess.run(["scontrol", "hold", job], check=True, env=slurm_env)  # kept pending while we look
+    # the partition down while we look: the array is accepted and stays pending (a hold after submission races
+    # with the scheduler)
+    partition = ["scontrol", "update", "PartitionName=debug"]
+    subprocess.run([*partition, "State=DOWN"], check=True, env=slurm_env)
     try:
+        assert main(argv) == 0  # submitted, not followed
+        job = json.loads((output / RECORD_DIR / RECORD).read_text())["slurm_jobs"][-1]
         capsys.readouterr()
         assert main(argv) == 2
         err = capsys.readouterr().err
@@ -65,7 +68,7 @@ def test_an_output_whose_job_still_runs_is_not_written_twice(
         assert main(local) == 2  # nor on the login node
         assert "is still tokenizing" in capsys.readouterr().err
     finally:
-        subprocess.run(["scontrol", "release", job], check=True, env=slurm_env)
+        subprocess.run([*partition, "State=UP"], check=True, env=slurm_env)
     assert set(on_slurm.follow(job, show=False)) == {"COMPLETED"}
     assert main([*argv, "--show_logs"]) == 0  # all tasks done: nothing submitted, the record completed
     assert "every task had finished" in capsys.readouterr().out
