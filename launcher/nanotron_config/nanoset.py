@@ -184,3 +184,31 @@ def same_tokenizer(recorded: str, tokenizer: str) -> bool:
 
     a, b = local(recorded), local(tokenizer)
     return a is not None and a == b
+
+
+def datasets_args(
+    parts: list[tuple[TokenizedFolder, float]], vocab_size: int, flag: str = "dataset"
+) -> tuple[dict | None, list[Problem]]:
+    """nanotron main's `NanosetDatasetsArgs` (config.py) for folders checked by `inspect` (their token size against
+    the tokenizer's vocabulary) and their weights, every field that must agree with the files from the files. main
+    asserts at parse time: one tokenizer and token size for all folders, `tokenizer_name` equal (as a string) to each
+    folder's metadata and to the config's tokenizer (given the name, it loads no tokenizer there), `vocab_size`
+    equal to the model's (`vocab_size`: the model's, padded as the config writes it). Weights: positive numbers."""
+    problems = []
+    kinds = {(f.tokenizer, f.token_size) for f, _ in parts}
+    if len(kinds) > 1:
+        made = "; ".join(f"{f.path} by {f.tokenizer} ({f.token_size}-byte tokens)" for f, _ in parts)
+        problems.append(Problem(flag, f"the folders were tokenized differently: {made}", "tokenize them alike"))
+    bad = [f"{f.path}:{w}" for f, w in parts if not (w > 0 and w != float("inf"))]
+    if bad:
+        problems.append(Problem(flag, f"weights must be positive numbers: {', '.join(bad)}", "give each a weight > 0"))
+    if problems or not parts:
+        return None, problems
+    first = parts[0][0]
+    return {
+        "dataset_folder": [str(f.path) for f, _ in parts],
+        "dataset_weights": [float(w) for _, w in parts],
+        "tokenizer_name": first.tokenizer,
+        "vocab_size": vocab_size,
+        "token_size_in_bytes": first.token_size,
+    }, []
