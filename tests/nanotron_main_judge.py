@@ -28,6 +28,12 @@ for path in sys.argv[2:]:
             "name": s.name,
             "start": s.start_training_step,
             "dataset": getattr(s.data.dataset, "hf_dataset_or_datasets", None),
+            # a Nanoset's fields as main read them (NanosetDatasetsArgs); absent for a hub dataset
+            **{
+                key: getattr(s.data.dataset, key)
+                for key in ("dataset_folder", "dataset_weights", "tokenizer_name", "vocab_size", "token_size_in_bytes")
+                if type(s.data.dataset).__name__ == "NanosetDatasetsArgs"
+            },
         }
         for s in c.data_stages or []
     ]
