@@ -136,7 +136,8 @@ def _check_names(spec: RunSpec) -> list[Problem]:
         if value is not None and not pattern.fullmatch(value):
             out.append(Problem(name, f"{value!r} is not {what}", f"e.g. --{name} {example}"))
     out += hostlist.nodelist_problems(s.nodelist, s.exclude, s.nodes, max(s.spare_nodes, 0))
-    for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):
+    names = ("partition", "qos", "account", "export_partition")
+    for name, value in ((n, getattr(s, n)) for n in names):
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
             out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))
     return out
