@@ -173,10 +173,15 @@ def follow_export(run: manifest.Manifest, target: str) -> int:
     print(f"Export job {job} ended {final.state}{code}")
     lines = export_lines(run)
     print("\n".join(lines) if lines else f"  the export wrote no result; its log: {log}")
-    if run.path.is_file():
-        run.data["export"] = {"job_id": job, "state": final.state, **(run.export_result or {})}
-        manifest.write_manifest(run.path, run.data)
+    record_export(run, final)
     return 0 if final.state == "COMPLETED" and run.export_result and "perplexity" in run.export_result else 1
+
+
+def record_export(run: manifest.Manifest, final: JobState) -> None:
+    """The export job's end and its result (export.json), in the manifest (`export`)."""
+    if run.path.is_file():
+        run.data["export"] = {"job_id": final.job_id, "state": final.state, **(run.export_result or {})}
+        manifest.write_manifest(run.path, run.data)
 
 
 def _export_dropped(run: manifest.Manifest) -> int:

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_e2e_training import bundles, finish, launch, wait_for
@@ -16,6 +17,7 @@ from test_slurm_e2e import FAIL, script
 from launcher import launch as launcher_launch
 from launcher import protocol as P
 from launcher.bundle import manifest
+from launcher.errors import ConfigError
 from launcher.slurm import client as slurm
 
 
@@ -90,3 +92,42 @@ def test_a_failed_run_takes_its_export_with_it(tmp_path: Path, slurm_env: dict, 
     state = wait_for(lambda: (s := slurm.job_state(export_job)) is not None and s.terminal and s, timeout=60)
     assert state.state == "CANCELLED"  # --kill-on-invalid-dep: afterok can no longer be met
     assert not (bundle / P.EXPORT_RESULT).exists()
+
+
+def test_export_flags_out_of_place_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--run_name", "x", "--nodes", "1", "--gpus_per_node", "2", "--dataset", str(demo_data.dataset),
+            "--tokenizer", str(demo_data.tokenizer), "--dry_run"]  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        launcher_launch.prepare([*argv, "--export_partition", "cpu"])
+    assert "--export_partition" in str(e.value) and "add --export_hf" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        launcher_launch.prepare([*argv, "--export_hf", "--interactive"])
+    assert "--interactive submits no batch job" in str(e.value)
+    assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").rglob("*.sbatch"))
+
+
+def test_the_evaluation_takes_the_validation_split_where_there_is_one(tmp_path: Path, demo_data):
+    import datasets
+
+    from launcher.train import evaluate
+
+    train = datasets.load_from_disk(str(demo_data.dataset))
+    split = datasets.DatasetDict({"train": train, "validation": datasets.Dataset.from_dict({"text": ["held out"] * 3})})
+    split.save_to_disk(str(tmp_path / "dict"))
+    cfg = SimpleNamespace(dataset=str(tmp_path / "dict"), mixture=(), dataset_split="train", text_column="text")
+    texts, where = evaluate.held_out(cfg)  # type: ignore[arg-type]
+    assert texts == ["held out"] * 3 and where == f"the 'validation' split of {tmp_path / 'dict'}"
+    cfg.dataset = str(demo_data.dataset)  # one split only: its last documents, said so
+    texts, where = evaluate.held_out(cfg)  # type: ignore[arg-type]
+    assert texts == [t for t in train["text"][-evaluate.DOCUMENTS :] if t] and "held out only where" in where
+
+
+def test_each_point_of_a_sweep_gets_its_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--run_name", "sw", "--nodes", "1", "--gpus_per_node", "2", "--dataset", str(demo_data.dataset),
+            "--tokenizer", str(demo_data.tokenizer), "--export_hf", "--sweep", "seed=1,2", "--dry_run"]  # fmt: skip
+    assert launcher_launch.main(argv) == 0
+    scripts = sorted(tmp_path.glob(f"logs/configs/sw-*/*/{P.EXPORT_SCRIPT}"))
+    assert [s.parts[-3] for s in scripts] == ["sw-1", "sw-2"]
+    assert all(f"-m launcher.export.chained {s.parent}" in s.read_text() for s in scripts)
