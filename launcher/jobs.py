@@ -26,7 +26,7 @@ from launcher.export.command import export
 from launcher.gpu_hours import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
 from launcher.slurm import client, follow
-from launcher.submission import follow_to_end, report_end
+from launcher.submission import export_lines, follow_to_end, record_export, report_end
 
 
 def _resolve_target(target: str) -> tuple[str, Path, str, manifest.Manifest | None]:
@@ -84,6 +84,14 @@ def _status(job_id: str, log: Path, run: manifest.Manifest | None) -> int:
     print(f"  log: {log}")
     if run is not None:
         print(run_ledger_line(run, state))
+        if run.export_job_id is not None:  # --export_hf
+            export = client.job_state(run.export_job_id)
+            said = follow.describe(export) if export and not export.terminal else (export.state if export else "gone")
+            print(f"  export: job {run.export_job_id}, {said}")
+            if export is not None and export.terminal and "export" not in run.data:
+                record_export(run, export)
+            for line in export_lines(run):
+                print(line)
     return 0
 
 

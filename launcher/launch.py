@@ -116,6 +116,7 @@ class _Draft(NamedTuple):
     config_text: str
     script_text: str
     node_text: str
+    export_text: str | None  # --export_hf: the export job's batch script
 
 
 def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
@@ -141,6 +142,7 @@ def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
         render.config_yaml(spec, paths),
         render.sbatch_script(spec, paths),
         render.node_script(spec, paths),
+        render.export_script(spec, paths) if a.execution.export_hf else None,
     )
 
 
@@ -160,6 +162,11 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
             "node_script": files.write_new(paths.node_script, draft.node_text, mode=0o755),
         }
         data = manifest.at_launch(draft.spec.args, draft.argv, paths, hashes, derived)
+        if draft.export_text is not None:
+            export_script = paths.bundle_dir / P.EXPORT_SCRIPT
+            sha = files.write_new(export_script, draft.export_text, mode=0o755)
+            data["files"]["export_script"] = {"path": str(export_script), "sha256": sha}
+            data["outputs"]["export_log"] = str(render.export_log(paths))
         manifest.write_manifest(paths.manifest, data, new=True)
     except OSError as e:
         raise ConfigError(f"cannot write the bundle ({paths.bundle_dir}): {e}; {OUTPUT_FLAGS}") from None
@@ -213,6 +220,10 @@ def submit_prepared(prepared: Prepared) -> int:
     print(summary.render(spec, paths, derived))
     if forecast:
         print(f"  slurm        {forecast}")
+    if spec.args.execution.export_hf:
+        where = spec.args.slurm.export_partition or spec.args.slurm.partition or "the default partition"
+        print(f"  export       after the run, a CPU job on {where} exports it as a Hugging Face model and prints its "
+              f"held-out perplexity: {paths.bundle_dir / P.EXPORT_SCRIPT}")  # fmt: skip
     step = latest_checkpoint_step(paths.checkpoints)
     if step is not None:
         print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")

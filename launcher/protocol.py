@@ -32,6 +32,9 @@ PORT_TAKEN_FILE = "port-taken"  # left by the first node when its rendezvous por
 INTERACTIVE_RC = "interactive.rc"  # --interactive: the shell's start-up file (the run's environment)
 SWEEP_RECORD = "sweep.json"  # a sweep's record, in its own directory beside the points' bundles
 SCRIPT_SUFFIX, LOG_SUFFIX = ".sbatch", ".out"  # <scripts>/<run>/<stamp>.sbatch, <logs>/<run>/<stamp>.out
+EXPORT_SCRIPT = "export.sbatch"  # --export_hf: the export job's batch script, in the bundle
+EXPORT_RESULT = "export.json"  # the export job's word: the HF folder, its step, its held-out loss (JSON)
+EXPORT_LOG_SUFFIX = ".export.out"  # <logs>/<run>/<stamp>.export.out: the export job's log
 
 # Under the run's checkpoints path.
 LOCK = ".launcher-lock"  # a directory (mkdir is atomic): one writer per run

@@ -25,7 +25,18 @@ def submit(paths: BundlePaths) -> manifest.Manifest:
     except LauncherError as e:
         manifest.record(paths.manifest, submitted=False, error=str(e))
         raise LauncherError(f"{e}\nThe bundle is kept: {paths.bundle_dir}") from None
-    return manifest.record(paths.manifest, submitted=True, job_id=job_id)
+    run = manifest.record(paths.manifest, submitted=True, job_id=job_id)
+    script = (run.data.get("files") or {}).get("export_script")
+    if script:  # --export_hf: the export job, started by Slurm once the run has COMPLETED
+        try:
+            after = (f"--dependency=afterok:{job_id}", "--kill-on-invalid-dep=yes")
+            export_id = client.submit(Path(script["path"]), *after)
+        except LauncherError as e:
+            print(f"warning: the export job (--export_hf) was not submitted: {e}\n  submit it yourself once the run "
+                  f"has ended: sbatch --dependency=afterok:{job_id} {script['path']}", file=sys.stderr)  # fmt: skip
+            return manifest.record(paths.manifest, export_error=str(e))
+        return manifest.record(paths.manifest, export_job_id=export_id)
+    return run
 
 
 def how_to(target: str) -> str:
@@ -131,13 +142,58 @@ def follow_to_end(job_id: str, log: Path, target: str, run: manifest.Manifest | 
     if run is not None:
         for name, value in outputs(run, final).items():
             print(f"  {name:<12} {summary.shown(value)}")
-    return 0 if final.state == "COMPLETED" and verdict is None else 1
+    trained = final.state == "COMPLETED" and verdict is None
+    if run is not None and run.export_job_id is not None:
+        return follow_export(run, target) if trained else _export_dropped(run)
+    return 0 if trained else 1
+
+
+def export_lines(run: manifest.Manifest) -> list[str]:
+    """The export's result (--export_hf), as the end summary and `jobs status` show it; [] before it has one."""
+    result = run.export_result
+    if not result:
+        return []
+    lines = [f"  {'hf model':<12} {result.get('output')} (step {result.get('step')})"]
+    if result.get("perplexity") is not None:
+        lines.append(f"  {'perplexity':<12} {result['perplexity']:.4g} (loss {result['loss']:.4f} over "
+                     f"{result['tokens']} tokens of {result['held_out']})")  # fmt: skip
+    return lines
+
+
+def follow_export(run: manifest.Manifest, target: str) -> int:
+    """Follow the export job (--export_hf) to its end; show the model and its perplexity, recorded in the manifest."""
+    job, log = str(run.export_job_id), run.output("export_log")
+    print(f"Following the export, job {job} (log {log}).")
+    try:
+        final = follow.follow(job, log)
+    except KeyboardInterrupt:
+        print(f"\nStopped following; export job {job} keeps running.\n{how_to(target)}", file=sys.stderr)
+        return 130
+    code = "" if final.exit_code is None else f", exit code {final.exit_code}"
+    print(f"Export job {job} ended {final.state}{code}")
+    lines = export_lines(run)
+    print("\n".join(lines) if lines else f"  the export wrote no result; its log: {log}")
+    record_export(run, final)
+    return 0 if final.state == "COMPLETED" and run.export_result and "perplexity" in run.export_result else 1
+
+
+def record_export(run: manifest.Manifest, final: JobState) -> None:
+    """The export job's end and its result (export.json), in the manifest (`export`)."""
+    if run.path.is_file():
+        run.data["export"] = {"job_id": final.job_id, "state": final.state, **(run.export_result or {})}
+        manifest.write_manifest(run.path, run.data)
+
+
+def _export_dropped(run: manifest.Manifest) -> int:
+    print(f"  export       job {run.export_job_id} will not run: the run did not complete (Slurm cancels it)")
+    return 1
 
 
 def submit_and_follow(paths: BundlePaths, follow: bool) -> int:
     run = submit(paths)
     assert run.job_id is not None, "recorded by submit"
-    print(f"Submitted job {run.job_id}.")
+    print(f"Submitted job {run.job_id}." + (f" Its export (--export_hf): job {run.export_job_id}, once it has "
+                                           "completed." if run.export_job_id else ""))  # fmt: skip
     if not follow:
         print(how_to(str(paths.bundle_dir)))
         return 0

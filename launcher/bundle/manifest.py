@@ -213,6 +213,20 @@ class Manifest:
         return list(found.values())
 
     @property
+    def export_job_id(self) -> str | None:
+        """--export_hf: the export job chained to the run's (None: none asked, or not submitted)."""
+        return self.data.get("slurm", {}).get("export_job_id") or None
+
+    @property
+    def export_result(self) -> dict | None:
+        """--export_hf: what the export job wrote (P.EXPORT_RESULT: output, step, loss, perplexity, ...), or None."""
+        try:
+            found = json.loads((self.bundle_dir / P.EXPORT_RESULT).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    @property
     def rerun_of(self) -> dict | None:
         """The bundle this run reruns (`python -m launcher.jobs rerun`), and what differed then; None otherwise."""
         origin = self.data.get("rerun_of")

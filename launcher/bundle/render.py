@@ -173,6 +173,27 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
     )
 
 
+def export_script(spec: RunSpec, paths: BundlePaths) -> str:
+    """--export_hf: the export job's batch script (templates/export.sh.j2), in the bundle; its log beside the run's."""
+    a = spec.args
+    values = {
+        **_values(spec, paths),
+        "time_limit": a.slurm.time_limit,
+        "partition": a.slurm.export_partition or a.slurm.partition,
+        "qos": a.slurm.qos,
+        "account": a.slurm.account,
+        "log_path": export_log(paths),
+        "script_path": paths.bundle_dir / protocol.EXPORT_SCRIPT,
+        "result": paths.bundle_dir / protocol.EXPORT_RESULT,
+        "bundle_dir": paths.bundle_dir,
+    }
+    return _environment().get_template("export.sh.j2").render(**values)
+
+
+def export_log(paths: BundlePaths) -> Path:
+    return paths.log.with_name(paths.log.name.removesuffix(protocol.LOG_SUFFIX) + protocol.EXPORT_LOG_SUFFIX)
+
+
 def node_script(spec: RunSpec, paths: BundlePaths) -> str:
     """The node script's text: what srun runs on every node."""
     return (

@@ -30,6 +30,7 @@ class SlurmArgs:
     mem: str | None = None  # Memory per node, e.g. 500G, or 0 for all of it (default: the cluster's default).
     time_limit: str = "1:00:00"  # Time limit: [D-]HH:MM:SS, MM:SS or minutes.
     dependency: str | None = None  # Start after other jobs, e.g. afterok:123 (Slurm's --dependency; ids checked).
+    export_partition: str | None = None  # Partition of the --export_hf job (default: the run's --partition).
     email: str | None = None  # E-mail for job notifications (END, FAIL).
     tmp_dir: str = "/tmp"  # Temporary directory on compute nodes (exported as TMPDIR).
     pre_launch_commands: str | None = None  # Shell commands run on the batch node before launch.
@@ -131,6 +132,9 @@ class ExecutionArgs:
 
     dry_run: bool = False  # Write the bundle, do not submit.
     show_logs: bool = False  # Follow the job's log and state until it ends.
+    export_hf: bool = False
+    """After training, a CPU job (chained: afterok) exports the last checkpoint as a Hugging Face model and prints
+    its held-out perplexity (docs/export.md)."""
     config: str | None = None  # Start from this nanotron YAML; flags override it.
     sweep: str | None = None  # One run per grid point, e.g. "learning_rate=1e-4,3e-4 seed=1,2" (runs RUN-1..4).
     plan: bool = False  # Print the layouts that fit this model, job and batch, best first; write and submit nothing.

@@ -136,9 +136,17 @@ def _check_names(spec: RunSpec) -> list[Problem]:
         if value is not None and not pattern.fullmatch(value):
             out.append(Problem(name, f"{value!r} is not {what}", f"e.g. --{name} {example}"))
     out += hostlist.nodelist_problems(s.nodelist, s.exclude, s.nodes, max(s.spare_nodes, 0))
-    for name, value in (("partition", s.partition), ("qos", s.qos), ("account", s.account)):
+    names = ("partition", "qos", "account", "export_partition")
+    for name, value in ((n, getattr(s, n)) for n in names):
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
             out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))
+    x = spec.args.execution
+    if x.export_hf and x.interactive:  # a shell's session is no batch job that an export could follow (afterok)
+        out.append(Problem("export_hf", "--interactive submits no batch job for the export job to follow",
+                           "leave out --export_hf; export by hand: python -m launcher.jobs export BUNDLE"))  # fmt: skip
+    if s.export_partition is not None and not x.export_hf:
+        out.append(Problem("export_partition", "it names the partition of --export_hf's job, which was not asked for",
+                           "add --export_hf, or leave out --export_partition"))  # fmt: skip
     return out
 
 

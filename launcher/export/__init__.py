@@ -7,4 +7,6 @@ transformers Llama folder, on a CPU, streamed tensor by tensor (docs/export.md).
     folder.py        the folder: config, generation config, safetensors shards and index, tokenizer, model card;
                      written beside, then renamed
     command.py       `python -m launcher.jobs export`: a bundle's run, exported
+    chained.py       the --export_hf job's export (`python -m launcher.export.chained BUNDLE RESULT`); its
+                     evaluation is the job's (`launcher.train.evaluate`)
 """

@@ -77,7 +77,8 @@ WRITTEN_OTHERWISE = {
 # values it chooses (tp, pp, dp, the batch, zero_stage, pp_engine, tp_mode).
 NOT_IN_CONFIG = frozenset(
     {"nodes", "gpus_per_node", "cpus_per_node", "partition", "qos", "account", "constraint", "reservation"}
-    | {"nodelist", "exclude", "exclusive", "mem", "time_limit", "dependency", "email", "tmp_dir"}
+    | {"nodelist", "exclude", "exclusive", "mem", "time_limit", "dependency", "email", "tmp_dir", "export_partition"}
+    | {"export_hf"}
     | {
         "pre_launch_commands",
         "extra_env",

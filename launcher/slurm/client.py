@@ -137,9 +137,10 @@ def check_submission(script_text: str) -> str:
     return forecast.group(1).strip() if forecast else "accepted"
 
 
-def submit(script: Path) -> str:
-    """sbatch the script file itself; return the job id. Raises SubmissionError with sbatch's own words."""
-    out = _run([_command("sbatch"), "--parsable", str(script)], timeout=60)
+def submit(script: Path, *options: str) -> str:
+    """sbatch the script file itself (with sbatch `options`, e.g. a dependency); return the job id. Raises
+    SubmissionError with sbatch's own words."""
+    out = _run([_command("sbatch"), "--parsable", *options, str(script)], timeout=60)
     if out.returncode != 0:
         raise SubmissionError("sbatch rejected the job:\n" + rejection(out.stderr))
     job_id = out.stdout.strip().split(";")[0]

@@ -1,0 +1,97 @@
+"""`python -m launcher.train.evaluate --config CONFIG --result RESULT`: the smallest evaluation that says an exported
+model works: its loss (mean cross-entropy of the next token) and perplexity on held-out text of the run's data, in
+float32 on CPU. Run by the export job of `--export_hf` (templates/export.sh.j2) after `launcher.export.chained`,
+whose RESULT (the bundle's export.json) names the folder; the figures are added to RESULT and to the folder's
+README (its model card).
+
+Held-out text: the dataset's validation split where it has one (a `save_to_disk` DatasetDict with a split named
+validation, valid or test, other than the one trained on); else the last DOCUMENTS documents of the training data,
+said so (held out only where the run did not reach them). The text is tokenized and packed as the engines pack it
+(`launcher.train.data`), into at most WINDOWS windows of the run's sequence length (at most LENGTH tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from launcher import atomic
+from launcher.errors import LauncherError
+from launcher.train.config import TrainConfig, load_train_config
+from launcher.train.data import load_split, pack, tokenize
+
+HELD_OUT_SPLITS = ("validation", "valid", "test")
+DOCUMENTS = 64
+WINDOWS = 8
+LENGTH = 512
+
+
+def held_out(cfg: TrainConfig) -> tuple[list[str], str]:
+    """(texts, where they came from, in words)."""
+    import datasets
+
+    path = Path(os.path.expanduser(cfg.dataset)) if cfg.dataset and not cfg.mixture else None
+    if path is not None and path.is_dir():
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except FileNotFoundError:
+            loaded = None
+        if isinstance(loaded, datasets.DatasetDict):
+            for split in HELD_OUT_SPLITS:
+                if split in loaded and split != cfg.dataset_split:
+                    texts = [t for t in loaded[split][cfg.text_column][: DOCUMENTS * 4] if t]
+                    return texts, f"the {split!r} split of {cfg.dataset}"
+    data = load_split(cfg)
+    start = max(0, len(data) - DOCUMENTS)
+    texts = [t for t in data.select(range(start, len(data)))[cfg.text_column] if t]
+    return texts, (f"the last {len(data) - start} documents of the training data ({cfg.dataset or 'the mixture'}; "
+                   "no validation split: held out only where the run did not reach them)")  # fmt: skip
+
+
+def evaluate(cfg: TrainConfig, output: Path) -> dict:
+    """The exported model's held-out loss and perplexity: {"loss", "perplexity", "tokens", "held_out"}."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    texts, where = held_out(cfg)
+    token_lists, eos_id = tokenize(cfg, texts)
+    total = sum(len(t) + 1 for t in token_lists)
+    length = min(cfg.sequence_length, LENGTH, max(total - 1, 1))
+    windows = pack(token_lists, eos_id, length)[:WINDOWS]
+    if len(windows) == 0:
+        raise LauncherError(f"{where} holds no text to evaluate on ({total} tokens)")
+    model = AutoModelForCausalLM.from_pretrained(str(output), dtype=torch.float32).eval()
+    ids = torch.as_tensor(windows)
+    with torch.no_grad():  # one window at a time: memory of one sequence's activations
+        losses = [float(model(input_ids=row[None], labels=row[None]).loss) for row in ids]
+    loss = sum(losses) / len(losses)
+    return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(len(ids) * length), "held_out": where}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the run's nanotron config (the bundle's config.yaml)")
+    parser.add_argument("--result", type=Path, required=True, help="export.json: names the folder; gets the figures")
+    args = parser.parse_args(argv)
+    try:
+        result = json.loads(args.result.read_text(encoding="utf-8"))
+        output = Path(result["output"])
+        figures = evaluate(load_train_config(args.config), output)
+    except (LauncherError, OSError, ValueError, KeyError) as e:
+        print(f"error: the evaluation failed: {e}", file=sys.stderr)
+        return 1
+    said = (f"held-out loss {figures['loss']:.4f}, perplexity {figures['perplexity']:.4g} over {figures['tokens']} "
+            f"tokens of {figures['held_out']}")  # fmt: skip
+    with open(output / "README.md", "a", encoding="utf-8") as card:
+        card.write(f"- **evaluated**: {said} (`python -m launcher.train.evaluate`, float32 on CPU)\n")
+    atomic.replace(args.result, json.dumps({**result, **figures}, indent=2) + "\n")
+    print(f"export: {output}: {said}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
