@@ -136,6 +136,7 @@ def test_slurm_refuses_before_anything_is_written(tmp_path: Path, slurm_env: dic
     assert [p for p in left if p.is_file() or "refused" in p.name] == []
 
 
+@pytest.mark.slurm_versions
 def test_a_nodelist_longer_than_nodes_is_refused_by_the_launcher(tmp_path: Path, slurm_env: dict):
     """Slurm 22.05 refuses `--nodes 1 --nodelist node[1-2]`, 24.11 runs it on one node of the list: the launcher
     refuses it itself, the same on both, before asking Slurm."""
@@ -389,6 +390,7 @@ def test_dependency_that_can_never_be_met(tmp_path: Path, slurm_env: dict):
     assert not (tmp_path / "logs/configs/late").exists()
 
 
+@pytest.mark.slurm_versions
 def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
     """What the launcher takes as --dependency, Slurm takes; what it refuses, Slurm refuses too, but for the few
     forms it is deliberately stricter about."""
@@ -420,6 +422,7 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
         subprocess.run(["scancel", *ids.values()], env=slurm_env, check=True)
 
 
+@pytest.mark.slurm_versions
 def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_env: dict, monkeypatch):
     """The launcher's verdict on each dependency is the one Slurm reaches when a job waits on it for real."""
     from launcher import launch

@@ -20,7 +20,8 @@ MUNGE_ROOT = Path("/tmp")
 
 def default_dir() -> Path:
     """`<project root>/.slurm`, the project root being the directory that holds the `launcher` package; or
-    $LAUNCHER_LOCALCLUSTER_DIR where set (scripts/slurm24.sh sets `.slurm-24.11`, a cluster of Slurm 24.11)."""
+    $LAUNCHER_LOCALCLUSTER_DIR where set (scripts/slurm_root.sh sets `.slurm-24.11` or `.slurm-26.05`, a cluster of
+    that Slurm release)."""
     return Path(os.environ.get("LAUNCHER_LOCALCLUSTER_DIR") or Path(__file__).resolve().parents[2] / ".slurm")
 
 
