@@ -50,7 +50,8 @@ HINTS = (  # sbatch's words -> the flag to change
         "--nodes, --gpus_per_node (and --nodelist, --exclude, --constraint, --mem, if given): no set of the "
         "partition's nodes matches them all (`sinfo -N -o '%N %P %G %f %m'`)",
     ),
-    ("gres", "--gpus_per_node: the nodes have fewer GPUs (`sinfo -o '%P %G'`)"),
+    ("mutually exclusive", "--gpus_per_node asks for the GPUs: unset SBATCH_GRES (or leave its gpu item out)"),
+    ("(gres) specification", "--gpus_per_node: the nodes have fewer GPUs (`sinfo -o '%P %G'`)"),
     ("invalid feature", "--constraint: use features the nodes have (`sinfo -o '%P %f'`)"),
     ("reservation", "--reservation: use one that exists and admits you (`scontrol show reservation`)"),
     ("invalid node name", "--nodelist / --exclude: use node names Slurm knows (`sinfo -N`)"),

@@ -42,12 +42,23 @@ class JobState:
         return self.state in TERMINAL
 
 
+# Slurm 25.11 on: the command line that submitted the job, as typed (spaces, `=`, anything), always before WorkDir
+SUBMIT_LINE = re.compile(r"(?:^|\s)SubmitLine=(?P<line>.*)\s+(?=WorkDir=)")
+
+
 def parse_scontrol(text: str) -> dict[str, str]:
-    """`scontrol show job -o` output (one line of Key=Value) as a dict."""
+    """`scontrol show job -o` output (one line of Key=Value) as a dict; the first of a key where it repeats. Slurm
+    25.11's SubmitLine is read whole, its words never taken for keys (docs/slurm-versions.md)."""
+    text = text.strip()
+    submitted = SUBMIT_LINE.search(text)
+    if submitted:
+        text = text[: submitted.start()] + " " + text[submitted.end() :]
     fields: dict[str, str] = {}
-    for token in re.split(r"\s+(?=[A-Za-z:/]+=)", text.strip()):
+    for token in re.split(r"\s+(?=[A-Za-z:/]+=)", text):
         key, _, value = token.partition("=")
         fields.setdefault(key, value)
+    if submitted:
+        fields.setdefault("SubmitLine", submitted["line"])
     return fields
 
 

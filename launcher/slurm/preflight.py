@@ -5,6 +5,7 @@
 - the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.awaited_jobs`);
 - a live job of the same run, which would write the same checkpoints (`launcher.slurm.one_writer`);
 - the follower's rate (LAUNCHER_POLL_SECONDS, `launcher.slurm.follow`), where set;
+- a `gpu` GRES in sbatch's environment (SBATCH_GRES) beside the script's --gpus-per-node (`launcher.slurm.releases`);
 - `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists; a job that only
   nodes out of service now keep from being placed is held in the queue, not refused (`holds_until_nodes_return`).
@@ -17,6 +18,7 @@ phase (`launcher.config.validate`) and reports the problems of both at once.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from launcher.bundle import storage
@@ -27,7 +29,7 @@ from launcher.nanotron_config import dialect, gpus
 from launcher.nanotron_config.layout import resume_relayout
 from launcher.perf import figures
 from launcher.problems import Problem
-from launcher.slurm import awaited_jobs, client, follow, one_writer
+from launcher.slurm import awaited_jobs, client, follow, one_writer, releases
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
 
@@ -178,6 +180,7 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
     found = storage_problems(spec, earlier) + resume_problems(spec)
     if ask_slurm:
         found += follow.env_problems()  # the follower's rate, before the job is submitted to be followed
+        found += releases.gres_problems(os.environ)  # a GPU request of sbatch's environment beside the script's
         try:
             found += container_problems(spec)
         except SlurmUnavailable:
