@@ -34,11 +34,13 @@ case "$release" in
 esac
 shift
 
-# Slurm and munge; what the tests and the jobs run (procps: ps/pkill, iproute2: ip, util-linux: unshare, mount,
-# runuser, flock; binutils: addr2line for torch's C++ stack traces; tmux: the terminal of the --interactive test); the
-# shared libraries the host's Python and its packages load (ssl, ffi, sqlite, lzma, bz2, zlib, readline, ncurses,
-# expat). No slurmdbd: forky's (26.05.5) stops at start on forky's MariaDB 11.8 (docs/slurm-versions.md).
-PACKAGES=slurmctld,slurmd,slurm-client,munge,procps,iproute2,util-linux,hostname,make,git,shellcheck,binutils,tmux
+# Slurm and munge; what the tests and the jobs run (procps: ps/pkill, iproute2: ip, util-linux: unshare, runuser,
+# flock; mount, which forky's util-linux no longer pulls in; binutils: addr2line for torch's C++ stack traces; tmux:
+# the terminal of the --interactive test); the shared libraries the host's Python and its packages load (ssl, ffi,
+# sqlite, lzma, bz2, zlib, readline, ncurses, expat). No slurmdbd: forky's (26.05.5) stops at its start on forky's
+# MariaDB 11.8 (docs/slurm-versions.md).
+PACKAGES=slurmctld,slurmd,slurm-client,munge,procps,iproute2,util-linux,mount,hostname,make,git,shellcheck,binutils
+PACKAGES+=,tmux
 PACKAGES+=,ca-certificates,libssl3t64,libffi8,libsqlite3-0,liblzma5,libbz2-1.0,zlib1g,libreadline8t64,libncursesw6
 PACKAGES+=,libexpat1,libstdc++6,libgomp1
 CACHE=${SLURM_ROOT_CACHE:-/var/cache/nanotron-launcher}

@@ -66,7 +66,7 @@ def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: st
     assert "requeueing after the preemption" in log and f"job {job_id} attempt 2 started" in log
     # Slurm 24.05+ requeues a preempted job itself, and the job must not requeue it again (a third attempt would
     # follow); 22.05 leaves the requeue to the job
-    by_slurm = f"requeueing after the preemption (by Slurm {'.'.join(map(str, slurm_release(env)))}"
+    by_slurm = "requeueing after the preemption (by Slurm {}.{:02d}".format(*slurm_release(env))
     assert (by_slurm in log) == (slurm_release(env) >= (24, 5)), log
     assert f"job {job_id} attempt 3" not in log
     assert f"resumed from checkpoint step {saved} " in log
