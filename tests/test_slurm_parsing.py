@@ -202,3 +202,32 @@ def test_a_gpu_gres_in_sbatchs_environment_is_a_problem(value: str, refused: boo
     said = client.rejection("sbatch: fatal: --gpus-per-node and --gres=gpu are mutually exclusive.")
     assert "unset SBATCH_GRES" in said and "fewer GPUs" not in said
     assert "fewer GPUs" in client.rejection("sbatch: error: Invalid generic resource (gres) specification")
+
+
+# `scontrol show config` (lines of it), Slurm 26.05.5 on the local cluster with the parameter on
+CONFIG_26 = """Configuration data as of 2026-11-27T09:20:00
+AccountingStorageType   = (null)
+SchedulerParameters     = batch_sched_delay=0,sched_interval=2,bf_interval=1
+SlurmctldParameters     = preempt_send_user_signal,enable_expedited_requeue
+SLURM_VERSION           = 26.05.5
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "parameters", "expedite"),
+    [
+        ("26.05.5", "preempt_send_user_signal,enable_expedited_requeue", True),
+        ("25.11.0", "enable_expedited_requeue", True),
+        ("25.05.3", "enable_expedited_requeue", False),
+        ("26.05.5", "(null)", False),
+        ("26.05.5", "enable_expedited", False),
+        ("", "enable_expedited_requeue", False),
+    ],  # fmt: skip
+)
+def test_expedited_requeue_needs_25_11_and_the_parameter(version: str, parameters: str, expedite: bool):
+    from launcher.slurm import releases
+
+    config = slurm.parse_config(CONFIG_26)
+    assert config["SLURM_VERSION"] == "26.05.5" and releases.expedites_requeue(config)
+    assert config["SchedulerParameters"] == "batch_sched_delay=0,sched_interval=2,bf_interval=1"
+    assert releases.expedites_requeue({"SLURM_VERSION": version, "SlurmctldParameters": parameters}) == expedite

@@ -5,8 +5,10 @@ reading and the same verdict on every release. Marked `slurm_versions` (CI runs 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from test_slurm_e2e import launch, script, wait_for
 
 from launcher import protocol as P
 from launcher import submission
+from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm import client, parse, releases, triage
 
 pytestmark = pytest.mark.slurm_versions
@@ -147,3 +150,35 @@ def test_restart_count_in_an_output_name(tmp_path: Path, slurm_env: dict):
     assert logs == (["x-0.log", "x-1.log"] if slurm_release(slurm_env) >= (25, 11) else ["x-%r.log"]), logs
     out = launch(tmp_path, slurm_env, "pct", script(tmp_path, "ok.py", "print(1)\n"), "--slurm_logs_path", "logs/%r")
     assert out.returncode == 2 and "--slurm_logs_path" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def expedite_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A second local cluster with SlurmctldParameters=enable_expedited_requeue."""
+    spec = ClusterSpec(tmp_path_factory.mktemp("expedite"), nodes=2, gpus_per_node=2, expedited_requeue=True)
+    yield up(spec)
+    down(spec)
+
+
+def test_an_expedited_requeue_where_the_cluster_enables_it(tmp_path: Path, slurm_env: dict, expedite_cluster):
+    """`sbatch --requeue=expedite` (25.11): refused where SlurmctldParameters lacks enable_expedited_requeue, and
+    before 25.11 everywhere (`--requeue` takes no argument). The launcher asks for it where the cluster's config
+    (read once at submission) enables it and its Slurm is 25.11 or newer, a plain --requeue elsewhere: every job
+    it submits is accepted."""
+    new = slurm_release(slurm_env) >= (25, 11)
+    enabled = {**slurm_env, **expedite_cluster}
+    argv = ["sbatch", "--parsable", "--requeue=expedite", "--output", "/dev/null", "--wrap", "true"]
+    plain = subprocess.run(argv, env=slurm_env, capture_output=True, text=True, timeout=60)
+    # (26.05.5 says no more than that: SLURM26.md expected "Expedited requeue requested but not enabled")
+    said = "Requested operation not supported on this system" if new else "'--requeue' doesn't allow an argument"
+    assert plain.returncode != 0 and said in plain.stderr, plain.stderr
+    expedited = subprocess.run(argv, env=enabled, capture_output=True, text=True, timeout=60)
+    assert (expedited.returncode == 0) == new, expedited.stderr
+    for name, env in (("plain", slurm_env), ("expedited", enabled)):
+        out = launch(tmp_path, env, name, script(tmp_path, f"{name}.py", "print(1)\n"), "--show_logs")
+        assert out.returncode == 0 and "ended COMPLETED" in out.stdout, out.stdout + out.stderr
+        (bundle,) = (tmp_path / "logs/configs" / name).iterdir()
+        run = json.loads((bundle / "manifest.json").read_text())
+        text = Path(run["files"]["script"]["path"]).read_text()
+        asked = name == "expedited" and new
+        assert ("#SBATCH --requeue=expedite\n" in text, "#SBATCH --requeue\n" in text) == (asked, not asked)

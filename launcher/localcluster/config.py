@@ -49,6 +49,7 @@ class ClusterSpec:
     read_only: tuple[tuple[str, str], ...] = ()  # (node, path): that node, and its jobs, see the path read-only
     containers: bool = False  # pyxis + enroot on every node (srun --container-image): launcher.localcluster.containers
     accounting: bool = False  # slurmdbd on a MariaDB of the cluster's own (launcher/localcluster/accounting.py)
+    expedited_requeue: bool = False  # SlurmctldParameters=enable_expedited_requeue (Slurm 25.11+: --requeue=expedite)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -81,6 +82,13 @@ class ClusterSpec:
 
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": str(self.conf)}
+
+
+def _ctld_parameters(spec: ClusterSpec) -> str:
+    """slurm.conf's SlurmctldParameters line (commented out where none is asked)."""
+    asked = [p for p, on in (("preempt_send_user_signal", spec.send_user_signal),
+                             ("enable_expedited_requeue", spec.expedited_requeue)) if on]  # fmt: skip
+    return f"SlurmctldParameters={','.join(asked)}" if asked else "#SlurmctldParameters=preempt_send_user_signal"
 
 
 def slurm_conf(spec: ClusterSpec) -> str:
@@ -127,7 +135,7 @@ ReturnToService=2
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 # (Slurm 22.05 spells newer releases' PreemptParameters=send_user_signal as a SlurmctldParameters option.)
-{"" if spec.send_user_signal else "#"}SlurmctldParameters=preempt_send_user_signal
+{_ctld_parameters(spec)}
 # State, pid and log files, all under {d}; %n is the virtual node's name.
 StateSaveLocation={d}/state/ctld
 SlurmdSpoolDir={d}/state/%n

@@ -23,6 +23,7 @@ from launcher.slurm.parse import (
     JobState,
     NodeState,
     SacctRecord,
+    parse_config,
     parse_gres_types,
     parse_job_records,
     parse_node_shapes,
@@ -231,6 +232,13 @@ def cancel(job_id: str) -> None:
     out = _run([_command("scancel"), job_id])
     if out.returncode != 0:
         raise SubmissionError(f"scancel {job_id} failed: {out.stderr.strip()}")
+
+
+def cluster_config() -> dict[str, str]:
+    """The controller's configuration (`scontrol show config`: "Key = Value" lines) as a dict; {} where it does
+    not say. Raises SlurmUnavailable when Slurm does not answer."""
+    out = _query("scontrol", "show", "config")
+    return parse_config(out) if out is not None else {}
 
 
 def gpu_types(partition: str | None) -> list[str | None]:

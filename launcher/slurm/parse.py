@@ -172,6 +172,16 @@ def expected_start(state: str, start: str) -> str:
     return start if state == "PENDING" and start[:1].isdigit() else ""
 
 
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config` ("SlurmctldParameters     = enable_expedited_requeue" lines) as a dict."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 GRES_ITEM = re.compile(r",(?![^()]*\))")  # commas between GRES items, not inside "(S:0-1,3)"
 
 

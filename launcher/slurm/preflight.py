@@ -11,8 +11,9 @@
   nodes out of service now keep from being placed is held in the queue, not refused (`holds_until_nodes_return`).
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
-flag says, for the memory check. A dry run asks Slurm nothing. `launcher.launch.check` runs this after the pure
-phase (`launcher.config.validate`) and reports the problems of both at once.
+flag says, for the memory check, and `with_requeue_mode` whether it takes `--requeue=expedite`. A dry run asks
+Slurm nothing. `launcher.launch.check` runs this after the pure phase (`launcher.config.validate`) and reports the
+problems of both at once.
 """
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def with_cluster_gpu(spec: RunSpec) -> RunSpec:
         origin = f"sinfo says gpu:{', gpu:'.join(named)}, not in configs/gpus.yaml: assumed; give --gpu_type"
         choice = dataclasses.replace(default, origin=origin)
     return dataclasses.replace(spec, gpu=choice)
+
+
+def with_requeue_mode(spec: RunSpec) -> RunSpec:
+    """The spec with `expedited_requeue` where the job requeues and the cluster takes `--requeue=expedite`
+    (`launcher.slurm.releases.expedites_requeue`: its config, asked once); unchanged where Slurm does not answer."""
+    if not spec.args.slurm.max_requeues:
+        return spec
+    try:
+        expedite = releases.expedites_requeue(client.cluster_config())
+    except SlurmUnavailable:
+        return spec  # submitting will say so
+    return dataclasses.replace(spec, expedited_requeue=expedite) if expedite else spec
 
 
 def with_cpus(spec: RunSpec, ask_slurm: bool) -> RunSpec:

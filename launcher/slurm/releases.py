@@ -8,6 +8,10 @@ on each (docs/slurm-versions.md; each difference reproduced on the real releases
   together before. The launcher asks for GPUs with `--gpus-per-node` only; a `gpu` GRES in the user's
   environment (SBATCH_GRES) would add the second request: `gres_problems` says so before submitting, on every
   release.
+- `--requeue=expedite` (25.11): on a node failure the job is eligible at once, at the top of the queue, its old
+  nodes held for it (a plain requeue waits cred_expire + 1 s, 121 s by default). Only where SlurmctldParameters
+  has enable_expedited_requeue (else sbatch refuses the job); `expedites_requeue` reads it from `scontrol show
+  config` at submission, and the batch script asks for it where the job requeues.
 """
 
 from __future__ import annotations
@@ -40,6 +44,27 @@ def as_logged(state: JobState, log_text: str) -> JobState:
     if state.exit_code != logged - SACCT_SUBTRACTS:
         return state
     return dataclasses.replace(state, exit_code=logged)
+
+
+EXPEDITE_SINCE = (25, 11)
+EXPEDITE_PARAMETER = "enable_expedited_requeue"
+
+
+def release_of(version: str) -> tuple[int, int] | None:
+    """ "26.05.5" (or "slurm-wlm 26.05.5") -> (26, 5); None where it names none."""
+    m = re.search(r"(\d+)\.(\d+)", version)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def expedites_requeue(config: Mapping[str, str]) -> bool:
+    """Whether `sbatch --requeue=expedite` may be asked of this cluster (`scontrol show config`, read once at
+    submission): its Slurm is 25.11 or newer and SlurmctldParameters enables it. Elsewhere sbatch refuses it
+    ("Requested operation not supported on this system"; before 25.11 `--requeue` takes no argument)."""
+    release = release_of(config.get("SLURM_VERSION", ""))
+    enabled = EXPEDITE_PARAMETER in [
+        p.strip().partition("=")[0] for p in config.get("SlurmctldParameters", "").split(",")
+    ]
+    return enabled and release is not None and release >= EXPEDITE_SINCE
 
 
 GRES_ENV = ("SBATCH_GRES",)  # sbatch's environment for --gres (SLURM_GRES is srun's, set inside a job: not ours)
