@@ -66,7 +66,7 @@ def _resolved(args: LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list[Probl
     process (the partition's, unless a dry run)."""
     spec, problems = resolve(args, explicit)
     if not args.execution.dry_run:
-        spec = preflight.with_cluster_gpu(spec)
+        spec = preflight.with_requeue_mode(preflight.with_cluster_gpu(spec))
     if not any(p.flag in ("gpus_per_node", "cpus_per_node") for p in problems):
         spec = preflight.with_cpus(spec, ask_slurm=not args.execution.dry_run)
     return spec, problems

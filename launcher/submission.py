@@ -13,7 +13,7 @@ from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
 from launcher.node import restart
 from launcher.report import pictures, plots, stragglers, summary
-from launcher.slurm import client, follow, logread, triage
+from launcher.slurm import client, follow, logread, releases, triage
 from launcher.slurm.parse import JobState
 
 
@@ -69,10 +69,14 @@ def memory_note(run: manifest.Manifest | None) -> str | None:
     )
 
 
-def judge_end(final: JobState, log: Path, run: manifest.Manifest | None = None) -> tuple[triage.Verdict | None, str]:
+def judge_end(
+    final: JobState, log: Path, run: manifest.Manifest | None = None, text: str | None = None
+) -> tuple[triage.Verdict | None, str]:
     """Why the job ended so (None when it COMPLETED), recorded with Slurm's final word in the manifest (if any);
-    the second value says why it could not be recorded, or is ""."""
-    verdict = triage.for_job(final, read_log(log), flags=run.flags if run else None, memory_note=memory_note(run))
+    the second value says why it could not be recorded, or is "". `text`: the log as `read_log` reads it, if read."""
+    text = read_log(log) if text is None else text
+    final = releases.as_logged(final, text)  # the same exit code whichever release's sacct said it
+    verdict = triage.for_job(final, text, flags=run.flags if run else None, memory_note=memory_note(run))
     if run is not None and run.path.is_file():
         ended = {"state": final.state, "exit_code": final.exit_code, "restarts": final.restarts,
                  "restarts_in_allocation": len(restarts_of(run, final.job_id))}  # fmt: skip
@@ -96,12 +100,14 @@ def restarts_of(run: manifest.Manifest, job: str | None) -> list[dict[str, str]]
 
 def report_end(final: JobState, log: Path, run: manifest.Manifest | None = None) -> triage.Verdict | None:
     """Say how the job ended and, unless it COMPLETED, why and what to do; record both in the manifest (if any)."""
+    text = read_log(log)
+    final = releases.as_logged(final, text)
     code = "" if final.exit_code is None else f", exit code {final.exit_code}"
     again = [f"requeued {final.restarts}x"] if final.restarts else []
     if run is not None and (inside := len(restarts_of(run, final.job_id))):
         again.append(f"restarted {inside}x in its allocation")
     print(f"Job {final.job_id} ended {final.state}{code}" + (f" ({'; '.join(again)})" if again else ""))
-    verdict, unrecorded = judge_end(final, log, run)
+    verdict, unrecorded = judge_end(final, log, run, text)
     if verdict is not None:
         print("\n".join(verdict.lines()))
     if unrecorded:

@@ -4,7 +4,8 @@ for the tests that ask for it (`slurm_accounting`), so that both paths, with sac
 
 Imported by conftest.py (with the hook that marks the tests using it `slurm`). Outside CI, tests that need it skip
 (with the reason) when Slurm is not installed; under CI=true they never skip. A cluster that was already up (e.g.
-after `make demo`) is reused and left up. Under scripts/slurm24.sh it is Slurm 24.11's, in `.slurm-24.11[-gwN]`.
+after `make demo`) is reused and left up. Under scripts/slurm_root.sh it is that release's, in `.slurm-24.11[-gwN]`
+or `.slurm-26.05[-gwN]`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ IN_CI = os.environ.get("CI") == "true"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses the session's cluster is marked `slurm` (`-m slurm`: the Slurm end-to-end tests, which
-    CI also runs on Slurm 24.11 through scripts/slurm24.sh)."""
+    CI also runs on Slurm 26.05 through scripts/slurm_root.sh)."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
@@ -49,8 +50,8 @@ def require_slurm(accounting: bool = False) -> None:
 
 def _directory(name: str) -> Path:
     """`<project>/<name>` (the cluster's directory, `localcluster.default_dir()`'s name by default: `.slurm`, or
-    `.slurm-24.11` inside scripts/slurm24.sh), one per pytest-xdist worker: `make test` runs two, each with its own
-    daemons and ports."""
+    `.slurm-24.11` or `.slurm-26.05` inside scripts/slurm_root.sh), one per pytest-xdist worker: `make test` runs two,
+    each with its own daemons and ports."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     return localcluster.default_dir().with_name(name if worker is None else f"{name}-{worker}")
 
@@ -117,7 +118,8 @@ def slurm_env(
 
 
 def slurm_release(env: dict[str, str]) -> tuple[int, int]:
-    """The (year, month) release of the cluster's Slurm: (22, 5) from Debian 12, (24, 11) under scripts/slurm24.sh."""
+    """The (year, month) release of the cluster's Slurm: (22, 5) from Debian 12, (24, 11) or (26, 5) under
+    scripts/slurm_root.sh."""
     out = subprocess.run(["sbatch", "--version"], env=env, capture_output=True, text=True, check=True).stdout
     major, minor = re.search(r"(\d+)\.(\d+)", out).groups()  # type: ignore[union-attr]
     return int(major), int(minor)

@@ -191,3 +191,37 @@ def test_accounting_comes_up_where_its_ports_are_held(
         localcluster.down(spec)
         for sock in held:
             sock.close()
+
+
+@pytest.mark.slurm_versions
+def test_sacct_before_25_11_takes_128_from_an_exit_code(tmp_path: Path, acct_env: dict, capsys):
+    """sacct before 25.11 says a batch script's `exit 137` as `9:0`, as it says an `exit 9`; 25.11 on, and scontrol
+    on every release, `137:0` (tests/test_slurm_versions.py). The end of a run read from sacct says the code the
+    job logged, as one read from scontrol does: the same line and verdict."""
+    from slurm_cluster import slurm_release
+    from test_slurm_versions import ENDS_WITH, ended_line
+
+    from launcher import submission
+    from launcher.slurm import parse, releases, triage
+
+    def sbatch(code: int) -> str:
+        argv = ["sbatch", "--parsable", "--output", str(tmp_path / "%j.out"), "--wrap",
+                ENDS_WITH.format(line=ended_line(code), code=code)]  # fmt: skip
+        return subprocess.run(argv, env=acct_env, capture_output=True, text=True, check=True).stdout.strip()
+
+    jobs = {code: sbatch(code) for code in (137, 9)}
+    recorded = {
+        code: wait_for(lambda j=job: (r := client.accounting_records(j)) and r[-1].state in parse.TERMINAL and r, 60)
+        for code, job in jobs.items()
+    }
+    before = slurm_release(acct_env) < (25, 11)
+    assert [(r[-1].exit_code, r[-1].signal) for r in recorded.values()] == [(9 if before else 137, 0), (9, 0)]
+    for code, job in jobs.items():
+        log = tmp_path / f"{job}.out"
+        from_sacct, from_scontrol = parse.state_from_sacct(job, recorded[code]), client.job_state(job)
+        assert from_sacct is not None and from_scontrol is not None and from_scontrol.exit_code == code
+        assert releases.as_logged(from_sacct, log.read_text()).exit_code == code
+        text = submission.read_log(log)
+        assert triage.for_job(releases.as_logged(from_sacct, text), text) == triage.for_job(from_scontrol, text)
+        submission.report_end(from_sacct, log)
+        assert f"Job {job} ended FAILED, exit code {code}" in capsys.readouterr().out

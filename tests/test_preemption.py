@@ -4,8 +4,8 @@ training run in `debug` (tier 1, PreemptMode=REQUEUE, GraceTime=60), as sites se
 Slurm's notice is SIGTERM to the run's training processes (or, with SlurmctldParameters=preempt_send_user_signal,
 the job's own --signal to its batch script); the run must save a checkpoint at its next step, be requeued once (by
 itself on Slurm 22.05; by Slurm on 24.05 and later, where a second requeue by the job would make a third attempt),
-and resume from that checkpoint. CI runs these on both releases (scripts/slurm24.sh). --save_interval is larger than the
-run, so only the notice can have saved it.
+and resume from that checkpoint. CI runs these on every release (scripts/slurm_root.sh). --save_interval is larger
+than the run, so only the notice can have saved it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: st
     assert "requeueing after the preemption" in log and f"job {job_id} attempt 2 started" in log
     # Slurm 24.05+ requeues a preempted job itself, and the job must not requeue it again (a third attempt would
     # follow); 22.05 leaves the requeue to the job
-    by_slurm = f"requeueing after the preemption (by Slurm {'.'.join(map(str, slurm_release(env)))}"
+    by_slurm = "requeueing after the preemption (by Slurm {}.{:02d}".format(*slurm_release(env))
     assert (by_slurm in log) == (slurm_release(env) >= (24, 5)), log
     assert f"job {job_id} attempt 3" not in log
     assert f"resumed from checkpoint step {saved} " in log
@@ -75,6 +75,7 @@ def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: st
     assert_continuous(bundle_dir, 150)
 
 
+@pytest.mark.slurm_versions
 def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
     env = with_fake_nvidia_smi(tmp_path, slurm_env)  # so that each attempt starts the GPU monitor on each node
     job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "preempted")
@@ -101,6 +102,7 @@ def user_signal_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
     down(spec)
 
 
+@pytest.mark.slurm_versions
 def test_preemption_with_the_jobs_own_signal(tmp_path: Path, slurm_env: dict, user_signal_cluster, demo_data):
     env = {**slurm_env, **user_signal_cluster}
     job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "signalled")

@@ -160,6 +160,7 @@ def test_slurm_refuses_before_anything_is_written(tmp_path: Path, slurm_env: dic
     assert [p for p in left if p.is_file() or "refused" in p.name] == []
 
 
+@pytest.mark.slurm_versions
 def test_a_nodelist_longer_than_nodes_is_refused_by_the_launcher(tmp_path: Path, slurm_env: dict):
     """Slurm 22.05 refuses `--nodes 1 --nodelist node[1-2]`, 24.11 runs it on one node of the list: the launcher
     refuses it itself, the same on both, before asking Slurm."""
@@ -413,6 +414,7 @@ def test_dependency_that_can_never_be_met(tmp_path: Path, slurm_env: dict):
     assert not (tmp_path / "logs/configs/late").exists()
 
 
+@pytest.mark.slurm_versions
 def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
     """What the launcher takes as --dependency, Slurm takes; what it refuses, Slurm refuses too, but for the few
     forms it is deliberately stricter about."""
@@ -437,13 +439,22 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
         assert real("afterok:01,after:1_*+5?12_3") == f"afterok:0{ids['1']},after:{ids['1']}_*+5?{ids['12']}_3"
         assert [text for text in ACCEPTED if not slurm_takes(text)] == []
         assert [text for text in REFUSED if slurm_takes(text)] == []
-        # on a real array, a task range is refused by Slurm too; 24.11 also refuses a dependency with no job id
-        also_refused = ["afterok:1_[1-2]", *(["afterok:+5"] if slurm_release(slurm_env) >= (24, 11) else [])]
+        # on a real array, a task range is refused by Slurm too; 24.11 also refuses a dependency with no job id,
+        # 26.05 a list that mixes `,` and `?` and a task id left empty
+        release = slurm_release(slurm_env)
+        also_refused = [
+            text
+            for text in STRICTER
+            if text == "afterok:1_[1-2]"
+            or (text == "afterok:+5" and release >= (24, 11))
+            or (text in ("afterok:1,afterany:2?after:3", "afterok:1_") and release >= (26, 5))
+        ]
         assert [text for text in STRICTER if not slurm_takes(text)] == also_refused
     finally:
         subprocess.run(["scancel", *ids.values()], env=slurm_env, check=True)
 
 
+@pytest.mark.slurm_versions
 def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_env: dict, monkeypatch):
     """The launcher's verdict on each dependency is the one Slurm reaches when a job waits on it for real."""
     from launcher import launch

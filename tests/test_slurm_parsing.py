@@ -138,3 +138,96 @@ def test_node_states_say_which_nodes_slurm_places_nothing_on_now():
         ("node13", False),
     ]
     assert slurm.parse_node_states(NODE_STATES, "missing") == [] == slurm.parse_node_states("garbage\n")
+
+
+# `scontrol show job -o 6002` on Slurm 26.05.5 (the local cluster, shortened): SubmitLine, as typed, before WorkDir
+SCONTROL_26 = (
+    "JobId=6002 JobName=wrap UserId=root(0) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=1 Reboot=0 ExitCode=137:0 NodeList=node1 OverSubscribe=YES Exclusive=NO Contiguous=0 "
+    "Licenses=(null) LicensesAlloc=(null) Network=(null) Command=(null) SubmitLine=sbatch --parsable -o "
+    "/tmp/out-%j.log --wrap true StdOut=/elsewhere JobState=RUNNING WorkDir=/tmp StdErr= StdIn=/dev/null "
+    "StdOut=/tmp/out-6002.log"
+)
+
+
+def test_scontrol_record_with_a_submit_line():
+    fields = slurm.parse_scontrol(SCONTROL_26)
+    assert (fields["JobState"], fields["ExitCode"], fields["WorkDir"]) == ("FAILED", "137:0", "/tmp")
+    assert fields["StdOut"] == "/tmp/out-6002.log" and fields["StdErr"] == ""  # not the submit line's words
+    assert fields["SubmitLine"] == "sbatch --parsable -o /tmp/out-%j.log --wrap true StdOut=/elsewhere JobState=RUNNING"
+    (job,) = slurm.parse_job_records("6002", SCONTROL_26)
+    assert (job.state, job.exit_code, job.signal, job.nodes) == ("FAILED", 137, 0, "node1")
+
+
+def test_an_exit_code_sacct_took_128_from_is_read_as_the_job_logged_it():
+    from launcher import protocol as P
+    from launcher.slurm import releases
+
+    def log(code: int, job: str = "7") -> str:
+        ended = P.line("attempt_ended", job=job, attempt=1, when="2026-11-27T09:00:00+00:00", code=code)
+        return f"some output\n{ended}\n"
+
+    def read(code: int, signal: int, logged: str) -> tuple[int | None, int | None]:
+        state = releases.as_logged(slurm.JobState("7", "FAILED", "None", code, signal, 0, "node1"), logged)
+        return state.exit_code, state.signal
+
+    assert read(9, 0, log(137)) == (137, 0)  # sacct before 25.11
+    assert read(137, 0, log(137)) == (137, 0)  # sacct from 25.11, scontrol, squeue
+    assert read(0, 0, log(128)) == (128, 0)
+    assert read(9, 0, log(9)) == (9, 0)  # a plain exit 9
+    assert read(1, 0, log(137)) == (1, 0)  # not sacct's subtraction: Slurm's word stands
+    assert read(0, 9, log(137)) == (0, 9)  # a signal
+    assert read(9, 0, log(137, job="8")) == (9, 0)  # another job's line
+    assert read(9, 0, "no line of the launcher\n") == (9, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"),
+    [
+        ("gpu:2", True),
+        ("gpu:h100:8", True),
+        ("gres/gpu:1", True),
+        ("nvme:1,gpu", True),
+        ("nvme:1", False),
+        ("", False),
+        ("gpumem:10G", False),
+    ],  # fmt: skip
+)
+def test_a_gpu_gres_in_sbatchs_environment_is_a_problem(value: str, refused: bool):
+    from launcher.slurm import client, releases
+
+    found = releases.gres_problems({"SBATCH_GRES": value} if value else {})
+    assert [p.flag for p in found] == (["gpus_per_node"] if refused else [])
+    assert all("unset SBATCH_GRES" in p.fix for p in found)
+    said = client.rejection("sbatch: fatal: --gpus-per-node and --gres=gpu are mutually exclusive.")
+    assert "unset SBATCH_GRES" in said and "fewer GPUs" not in said
+    assert "fewer GPUs" in client.rejection("sbatch: error: Invalid generic resource (gres) specification")
+
+
+# `scontrol show config` (lines of it), Slurm 26.05.5 on the local cluster with the parameter on
+CONFIG_26 = """Configuration data as of 2026-11-27T09:20:00
+AccountingStorageType   = (null)
+SchedulerParameters     = batch_sched_delay=0,sched_interval=2,bf_interval=1
+SlurmctldParameters     = preempt_send_user_signal,enable_expedited_requeue
+SLURM_VERSION           = 26.05.5
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "parameters", "expedite"),
+    [
+        ("26.05.5", "preempt_send_user_signal,enable_expedited_requeue", True),
+        ("25.11.0", "enable_expedited_requeue", True),
+        ("25.05.3", "enable_expedited_requeue", False),
+        ("26.05.5", "(null)", False),
+        ("26.05.5", "enable_expedited", False),
+        ("", "enable_expedited_requeue", False),
+    ],  # fmt: skip
+)
+def test_expedited_requeue_needs_25_11_and_the_parameter(version: str, parameters: str, expedite: bool):
+    from launcher.slurm import releases
+
+    config = slurm.parse_config(CONFIG_26)
+    assert config["SLURM_VERSION"] == "26.05.5" and releases.expedites_requeue(config)
+    assert config["SchedulerParameters"] == "batch_sched_delay=0,sched_interval=2,bf_interval=1"
+    assert releases.expedites_requeue({"SLURM_VERSION": version, "SlurmctldParameters": parameters}) == expedite

@@ -126,6 +126,7 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "engine": a.job.engine,
         "rdzv_backend": spec.rendezvous[0],
         "signal_grace": a.slurm.signal_grace if a.slurm.max_requeues else 0,
+        "expedited_requeue": spec.expedited_requeue,
         "container": container_options(spec, paths),
         "image": a.container.container_image,
     }

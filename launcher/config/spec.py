@@ -43,6 +43,9 @@ class RunSpec:
     # whether it starts in a directory of its own even where the run's holds no checkpoint yet.
     checkpoints: Path | None = None
     fresh: bool = False
+    # `--requeue=expedite` where the job requeues: the cluster enables it and its Slurm is 25.11+ (preflight reads
+    # `scontrol show config` once, at submission; a dry run asks nothing: a plain --requeue)
+    expedited_requeue: bool = False
 
     @functools.cached_property
     def config(self) -> dict:

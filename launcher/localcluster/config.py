@@ -30,7 +30,8 @@ MUNGE_ROOT = Path("/tmp")
 
 def default_dir() -> Path:
     """`<project root>/.slurm`, the project root being the directory that holds the `launcher` package; or
-    $LAUNCHER_LOCALCLUSTER_DIR where set (scripts/slurm24.sh sets `.slurm-24.11`, a cluster of Slurm 24.11)."""
+    $LAUNCHER_LOCALCLUSTER_DIR where set (scripts/slurm_root.sh sets `.slurm-24.11` or `.slurm-26.05`, a cluster of
+    that Slurm release)."""
     return Path(os.environ.get("LAUNCHER_LOCALCLUSTER_DIR") or Path(__file__).resolve().parents[2] / ".slurm")
 
 
@@ -61,6 +62,7 @@ class ClusterSpec:
     # which slot of PORT_SLOTS its ports take (None: the directory's, from a hash of its path); `up` moves a cluster
     # whose ports are taken to a free slot, and keeps the slot its slurm.conf names (launcher.localcluster.ports)
     port_slot: int | None = None
+    expedited_requeue: bool = False  # SlurmctldParameters=enable_expedited_requeue (Slurm 25.11+: --requeue=expedite)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -117,6 +119,13 @@ class ClusterSpec:
         return {"SLURM_CONF": str(self.conf)}
 
 
+def _ctld_parameters(spec: ClusterSpec) -> str:
+    """slurm.conf's SlurmctldParameters line (commented out where none is asked)."""
+    asked = [p for p, on in (("preempt_send_user_signal", spec.send_user_signal),
+                             ("enable_expedited_requeue", spec.expedited_requeue)) if on]  # fmt: skip
+    return f"SlurmctldParameters={','.join(asked)}" if asked else "#SlurmctldParameters=preempt_send_user_signal"
+
+
 def slurm_conf(spec: ClusterSpec) -> str:
     d, host, gres = spec.dir, socket.gethostname(), f" Gres=gpu:{spec.gpus_per_node}" if spec.gpus_per_node else ""
     memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 2
@@ -161,7 +170,7 @@ ReturnToService=2
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 # (Slurm 22.05 spells newer releases' PreemptParameters=send_user_signal as a SlurmctldParameters option.)
-{"" if spec.send_user_signal else "#"}SlurmctldParameters=preempt_send_user_signal
+{_ctld_parameters(spec)}
 # State, pid and log files, all under {d}; %n is the virtual node's name.
 StateSaveLocation={d}/state/ctld
 SlurmdSpoolDir={d}/state/%n

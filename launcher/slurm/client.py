@@ -23,6 +23,7 @@ from launcher.slurm.parse import (
     JobState,
     NodeState,
     SacctRecord,
+    parse_config,
     parse_gres_types,
     parse_job_records,
     parse_node_shapes,
@@ -50,7 +51,8 @@ HINTS = (  # sbatch's words -> the flag to change
         "--nodes, --gpus_per_node (and --nodelist, --exclude, --constraint, --mem, if given): no set of the "
         "partition's nodes matches them all (`sinfo -N -o '%N %P %G %f %m'`)",
     ),
-    ("gres", "--gpus_per_node: the nodes have fewer GPUs (`sinfo -o '%P %G'`)"),
+    ("mutually exclusive", "--gpus_per_node asks for the GPUs: unset SBATCH_GRES (or leave its gpu item out)"),
+    ("(gres) specification", "--gpus_per_node: the nodes have fewer GPUs (`sinfo -o '%P %G'`)"),
     ("invalid feature", "--constraint: use features the nodes have (`sinfo -o '%P %f'`)"),
     ("reservation", "--reservation: use one that exists and admits you (`scontrol show reservation`)"),
     ("invalid node name", "--nodelist / --exclude: use node names Slurm knows (`sinfo -N`)"),
@@ -231,6 +233,13 @@ def cancel(job_id: str) -> None:
     out = _run([_command("scancel"), job_id])
     if out.returncode != 0:
         raise SubmissionError(f"scancel {job_id} failed: {out.stderr.strip()}")
+
+
+def cluster_config() -> dict[str, str]:
+    """The controller's configuration (`scontrol show config`: "Key = Value" lines) as a dict; {} where it does
+    not say. Raises SlurmUnavailable when Slurm does not answer."""
+    out = _query("scontrol", "show", "config")
+    return parse_config(out) if out is not None else {}
 
 
 def gpu_types(partition: str | None) -> list[str | None]:

@@ -42,12 +42,23 @@ class JobState:
         return self.state in TERMINAL
 
 
+# Slurm 25.11 on: the command line that submitted the job, as typed (spaces, `=`, anything), always before WorkDir
+SUBMIT_LINE = re.compile(r"(?:^|\s)SubmitLine=(?P<line>.*)\s+(?=WorkDir=)")
+
+
 def parse_scontrol(text: str) -> dict[str, str]:
-    """`scontrol show job -o` output (one line of Key=Value) as a dict."""
+    """`scontrol show job -o` output (one line of Key=Value) as a dict; the first of a key where it repeats. Slurm
+    25.11's SubmitLine is read whole, its words never taken for keys (docs/slurm-versions.md)."""
+    text = text.strip()
+    submitted = SUBMIT_LINE.search(text)
+    if submitted:
+        text = text[: submitted.start()] + " " + text[submitted.end() :]
     fields: dict[str, str] = {}
-    for token in re.split(r"\s+(?=[A-Za-z:/]+=)", text.strip()):
+    for token in re.split(r"\s+(?=[A-Za-z:/]+=)", text):
         key, _, value = token.partition("=")
         fields.setdefault(key, value)
+    if submitted:
+        fields.setdefault("SubmitLine", submitted["line"])
     return fields
 
 
@@ -159,6 +170,16 @@ def expected_start(state: str, start: str) -> str:
     """A pending job's StartTime is the scheduler's estimate of its start (what `squeue --start` prints): kept for a
     pending job where there is one; "" otherwise (Unknown, N/A, or a job no longer pending)."""
     return start if state == "PENDING" and start[:1].isdigit() else ""
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config` ("SlurmctldParameters     = enable_expedited_requeue" lines) as a dict."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            fields.setdefault(key.strip(), value.strip())
+    return fields
 
 
 GRES_ITEM = re.compile(r",(?![^()]*\))")  # commas between GRES items, not inside "(S:0-1,3)"

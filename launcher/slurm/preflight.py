@@ -5,18 +5,21 @@
 - the jobs a `--dependency` names, as Slurm knows them now (`launcher.slurm.awaited_jobs`);
 - a live job of the same run, which would write the same checkpoints (`launcher.slurm.one_writer`);
 - the follower's rate (LAUNCHER_POLL_SECONDS, `launcher.slurm.follow`), where set;
+- a `gpu` GRES in sbatch's environment (SBATCH_GRES) beside the script's --gpus-per-node (`launcher.slurm.releases`);
 - `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists; a job that only
   nodes out of service now keep from being placed is held in the queue, not refused (`holds_until_nodes_return`).
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
-flag says, for the memory check. A dry run asks Slurm nothing. `launcher.launch.check` runs this after the pure
-phase (`launcher.config.validate`) and reports the problems of both at once.
+flag says, for the memory check, and `with_requeue_mode` whether it takes `--requeue=expedite`. A dry run asks
+Slurm nothing. `launcher.launch.check` runs this after the pure phase (`launcher.config.validate`) and reports the
+problems of both at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from launcher.bundle import storage
@@ -27,7 +30,7 @@ from launcher.nanotron_config import dialect, gpus
 from launcher.nanotron_config.layout import resume_relayout
 from launcher.perf import figures
 from launcher.problems import Problem
-from launcher.slurm import awaited_jobs, client, follow, one_writer
+from launcher.slurm import awaited_jobs, client, follow, one_writer, releases
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
 
@@ -51,6 +54,18 @@ def with_cluster_gpu(spec: RunSpec) -> RunSpec:
         origin = f"sinfo says gpu:{', gpu:'.join(named)}, not in configs/gpus.yaml: assumed; give --gpu_type"
         choice = dataclasses.replace(default, origin=origin)
     return dataclasses.replace(spec, gpu=choice)
+
+
+def with_requeue_mode(spec: RunSpec) -> RunSpec:
+    """The spec with `expedited_requeue` where the job requeues and the cluster takes `--requeue=expedite`
+    (`launcher.slurm.releases.expedites_requeue`: its config, asked once); unchanged where Slurm does not answer."""
+    if not spec.args.slurm.max_requeues:
+        return spec
+    try:
+        expedite = releases.expedites_requeue(client.cluster_config())
+    except SlurmUnavailable:
+        return spec  # submitting will say so
+    return dataclasses.replace(spec, expedited_requeue=expedite) if expedite else spec
 
 
 def with_cpus(spec: RunSpec, ask_slurm: bool) -> RunSpec:
@@ -178,6 +193,7 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
     found = storage_problems(spec, earlier) + resume_problems(spec)
     if ask_slurm:
         found += follow.env_problems()  # the follower's rate, before the job is submitted to be followed
+        found += releases.gres_problems(os.environ)  # a GPU request of sbatch's environment beside the script's
         try:
             found += container_problems(spec)
         except SlurmUnavailable:
