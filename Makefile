@@ -25,7 +25,7 @@ demo: cluster
 	  --time_limit 10:00 --wandb_disabled true --show_logs
 
 test: setup
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=25
 	$(MAKE) --no-print-directory -o setup test-slurm26
 	$(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS=slurm_versions
 
@@ -44,7 +44,7 @@ RELEASE_24 := 24.11
 RELEASE_26 := 26.05
 
 test-slurm24 test-slurm26: test-slurm%: setup
-	PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q -n 2 \
+	PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q -n 2 --durations=15 \
 	  --dist loadfile -m "$(SLURM_MARK)"
 
 down:
