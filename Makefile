@@ -31,15 +31,15 @@ test: setup
 
 # The tests that use the local cluster (-m slurm), again on a newer Slurm release (docs/slurm-versions.md): Debian
 # 13's 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or
-# two), then runs pytest inside it. Accounting (Debian 12's slurmdbd), containers (pyxis built against 22.05's
-# libslurm) and nanotron's trainer on CPU through Slurm (nothing of it depends on the release) run on the 22.05
-# cluster only.
-# `make test` keeps CI under 50 minutes on 2 cores: the whole suite on 22.05 (~21-24 min), every Slurm test on 26.05,
-# the newest (~13 min), and on 24.11, between the two, only the tests of what differs between releases
-# (SLURM_TESTS=slurm_versions: each reproduces a difference outside the launcher and tests how the launcher meets it,
-# ~3 min) rather than all of them again (~13 min more). `make test-slurm24` alone runs them all.
+# two), then runs pytest inside it, accounting included (the release's slurmdbd on its MariaDB). Containers (pyxis
+# built against 22.05's libslurm) and nanotron's trainer on CPU through Slurm (nothing of it depends on the release)
+# run on the 22.05 cluster only.
+# `make test`: the whole suite on 22.05 (~40 min on 2 cores), every Slurm test on 26.05, the newest (~22 min), and on
+# 24.11, between the two, only the tests of what differs between releases (SLURM_TESTS=slurm_versions: each
+# reproduces a difference outside the launcher and tests how the launcher meets it, ~3 min) rather than all of them
+# again (~20 min more). `make test-slurm24` alone runs them all.
 SLURM_TESTS ?= slurm
-SLURM_MARK = $(SLURM_TESTS) and not accounting and not containers and not nanotron_cpu
+SLURM_MARK = $(SLURM_TESTS) and not containers and not nanotron_cpu
 RELEASE_24 := 24.11
 RELEASE_26 := 26.05
 

@@ -37,10 +37,10 @@ shift
 # Slurm and munge; what the tests and the jobs run (procps: ps/pkill, iproute2: ip, util-linux: unshare, runuser,
 # flock; mount, which forky's util-linux no longer pulls in; binutils: addr2line for torch's C++ stack traces; tmux:
 # the terminal of the --interactive test); the shared libraries the host's Python and its packages load (ssl, ffi,
-# sqlite, lzma, bz2, zlib, readline, ncurses, expat). No slurmdbd: forky's (26.05.5) stops at its start on forky's
-# MariaDB 11.8 (docs/slurm-versions.md).
+# sqlite, lzma, bz2, zlib, readline, ncurses, expat); slurmdbd and MariaDB, for the accounting tests (their MariaDB
+# client library: see the mounts below).
 PACKAGES=slurmctld,slurmd,slurm-client,munge,procps,iproute2,util-linux,mount,hostname,make,git,shellcheck,binutils
-PACKAGES+=,tmux
+PACKAGES+=,tmux,slurmdbd,mariadb-server,mariadb-client
 PACKAGES+=,ca-certificates,libssl3t64,libffi8,libsqlite3-0,liblzma5,libbz2-1.0,zlib1g,libreadline8t64,libncursesw6
 PACKAGES+=,libexpat1,libstdc++6,libgomp1
 CACHE=${SLURM_ROOT_CACHE:-/var/cache/nanotron-launcher}
@@ -139,6 +139,16 @@ for path in "${ro[@]}"; do
 done
 mkdir -p "$root$checkout"
 mount --bind "$checkout" "$root$checkout"
+# slurmdbd 24.11 and 26.05 stop at their start with the MariaDB client library of their release (Connector/C 3.4,
+# of MariaDB 11.8): their first query fails "5027 Number of columns in result (=1) set execeeds maxmimum allowed
+# number of columns (=0)". Debian 12 has Connector/C 3.3 (of MariaDB 10.11; scripts/setup.sh installs it for the
+# slurmdbd of 22.05), which serves the MariaDB 11.8 server of the root: it is mounted over the one of the root,
+# read-only.
+lib=usr/lib/x86_64-linux-gnu/libmariadb.so.3
+if [[ -f "/$lib" && -f "$root/$lib" ]]; then
+    mount --bind "/$lib" "$root/$lib"
+    mount -o remount,bind,ro "$root/$lib"
+fi
 rc=0
 chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH="$pybin:/usr/sbin:/usr/bin:/sbin:/bin" \
     CI="${CI:-}" PYTHONPATH="${PYTHONPATH:-}" LAUNCHER_LOCALCLUSTER_DIR="$checkout/.slurm-$release" \

@@ -96,7 +96,9 @@ def slurm_accounting() -> Iterator[dict[str, str]]:
     """SLURM_CONF of a local cluster with accounting: slurmdbd on its own MariaDB, the cluster, account `research`
     and root registered, AccountingStorageTRES=gres/gpu; preemption's grace time ACCOUNTING_GRACE_S."""
     require_slurm(accounting=True)
-    spec = localcluster.ClusterSpec(_directory(".slurm-acct"), nodes=2, gpus_per_node=2, accounting=True,
+    # `.slurm-acct`, or `.slurm-26.05-acct`: a release's slurmctld and slurmdbd refuse another release's state
+    name = f"{localcluster.default_dir().name}-acct"
+    spec = localcluster.ClusterSpec(_directory(name), nodes=2, gpus_per_node=2, accounting=True,
                                     preempt_grace_s=ACCOUNTING_GRACE_S)  # fmt: skip
     was_up = localcluster.is_up(spec)
     env = localcluster.up(spec)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from launcher_helpers import ROOT
-from slurm_cluster import require_slurm
+from slurm_cluster import require_slurm, slurm_release
 from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
@@ -69,7 +69,12 @@ def acct_env(slurm_accounting: dict[str, str], slurm_env: dict, monkeypatch: pyt
     return {**slurm_env, **slurm_accounting}
 
 
-def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path, acct_env: dict, demo_data):
+def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(
+    tmp_path: Path, acct_env: dict, demo_data, request: pytest.FixtureRequest
+):
+    if slurm_release(acct_env) == (24, 11):  # a third attempt there (docs/slurm-versions.md); strict: it must fail
+        request.applymarker(pytest.mark.xfail(strict=True, reason="Slurm 24.11.5 requeues the job a second time, "
+                            "when its next attempt ends (`requeue ... per user/system request`)"))  # fmt: skip
     script = tmp_path / "deaf.py"
     script.write_text(DEAF_TO_NOTICES.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
     proc = launch(tmp_path, acct_env, demo_data, "preempted", "--train_steps", "40", "--save_interval", "7",
@@ -198,7 +203,6 @@ def test_sacct_before_25_11_takes_128_from_an_exit_code(tmp_path: Path, acct_env
     """sacct before 25.11 says a batch script's `exit 137` as `9:0`, as it says an `exit 9`; 25.11 on, and scontrol
     on every release, `137:0` (tests/test_slurm_versions.py). The end of a run read from sacct says the code the
     job logged, as one read from scontrol does: the same line and verdict."""
-    from slurm_cluster import slurm_release
     from test_slurm_versions import ENDS_WITH, ended_line
 
     from launcher import submission

@@ -196,6 +196,8 @@ def register(spec: Spec, cluster: str) -> None:
     for step in steps:
         out = _sacctmgr(spec, "-i", *step)
         said = (out.stdout + out.stderr).lower()
-        if out.returncode != 0 and "nothing new added" not in said and "already exists" not in said:
+        # what exists: "Nothing new added" (22.05, 26.05); on 24.11 "Already existing account ...", and for a user
+        # "Request didn't affect anything\n Nothing added."
+        if out.returncode != 0 and not any(w in said for w in ("nothing new added", "nothing added", "already exist")):
             raise AccountingError(f"sacctmgr -i {' '.join(step)} failed: {(out.stdout + out.stderr).strip()}")
     print(f"registered cluster {cluster}, account {ACCOUNT}, users {', '.join(users())} in slurmdbd")
