@@ -439,8 +439,8 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
         assert real("afterok:01,after:1_*+5?12_3") == f"afterok:0{ids['1']},after:{ids['1']}_*+5?{ids['12']}_3"
         assert [text for text in ACCEPTED if not slurm_takes(text)] == []
         assert [text for text in REFUSED if slurm_takes(text)] == []
-        # on a real array, a task range is refused by Slurm too; 24.11 and later refuse afterok on a job they do not know,
-        # 26.05 a list that mixes `,` and `?` and a task id left empty
+        # on a real array, a task range is refused by Slurm too; 24.11 and later refuse afterok on a job they do not
+        # know, 26.05 a list that mixes `,` and `?` and a task id left empty
         release = slurm_release(slurm_env)
         also_refused = [
             text
