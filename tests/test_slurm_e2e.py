@@ -218,7 +218,8 @@ def test_a_job_that_needs_a_drained_node_is_held_in_the_queue_not_refused(tmp_pa
         assert "slurm        holds it in the queue until nodes return: no set of the nodes in service now fits it " \
                "(sbatch --test-only), 1 out of service would: node2 drained (held by a test)" in out.stdout  # fmt: skip
         job_id = job_id_of(tmp_path, "held")
-        held = wait_for(lambda: "ReqNodeNotAvail" in (f := scontrol_fields(job_id))["Reason"] and f, timeout=30)
+        # (the reason comes with a scheduling pass: seconds, a minute at load ~12)
+        held = wait_for(lambda: "ReqNodeNotAvail" in (f := scontrol_fields(job_id))["Reason"] and f, timeout=120)
         assert held["JobState"] == "PENDING", held
         refused = launch(tmp_path, slurm_env, "three", script(tmp_path, "ok.py", "print(1)\n"), "--nodes", "3")
         assert refused.returncode == 2 and "Slurm would reject the job" in refused.stderr, refused.stderr
@@ -340,15 +341,18 @@ def test_ctrl_c_stops_following_not_the_job(tmp_path: Path, slurm_env: dict):
     with said.open("w") as err:
         follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)], cwd=ROOT,
                                     env=slurm_env, stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
-    wait_for(lambda: (slurm.job_state(job_id) or slurm.job_state(job_id)).state == "RUNNING")
-    wait_for(lambda: f"job {job_id} RUNNING" in said.read_text())  # following (not still starting up)
-    follower.send_signal(2)  # SIGINT, as Ctrl-C
-    follower.communicate(timeout=30)
-    stderr = said.read_text()
-    assert out.returncode == 0 and follower.returncode == 130, stderr
-    assert "keeps running" in stderr and "launcher.jobs attach" in stderr and "launcher.jobs cancel" in stderr
-    assert slurm.job_state(job_id).state == "RUNNING"
-    slurm.cancel(job_id)
+    try:  # (the job sleeps 5 minutes: cancelled whatever happens, or it holds node1 from the tests after this one)
+        wait_for(lambda: (slurm.job_state(job_id) or slurm.job_state(job_id)).state == "RUNNING")
+        wait_for(lambda: f"job {job_id} RUNNING" in said.read_text())  # following (not still starting up)
+        follower.send_signal(2)  # SIGINT, as Ctrl-C
+        follower.communicate(timeout=120)
+        stderr = said.read_text()
+        assert out.returncode == 0 and follower.returncode == 130, stderr
+        assert "keeps running" in stderr and "launcher.jobs attach" in stderr and "launcher.jobs cancel" in stderr
+        assert slurm.job_state(job_id).state == "RUNNING"
+    finally:
+        follower.kill()
+        slurm.cancel(job_id)
 
 
 @pytest.mark.parametrize("bad", ["a'; touch pwned #", "sp ace $(touch pwned)"])
