@@ -96,6 +96,9 @@ def test_damaged_folders_tokenizers_and_weights(nanoset_folders: list[Path], dem
     text = "\n".join(f"--{p.flag}: {p.message} ({p.fix})" for p in said)
     assert "nanotron 0.4 (the PyPI release) has no Nanoset" in text and "--nanotron_dialect main" in text
     assert "too small for a vocabulary of" not in text  # the tokenizer's vocabulary decides, not the padded model's
+    spec, problems = spec_for("--dataset", str(a), "--tokenizer", str(demo_data.tokenizer), "--engine", "nanotron",
+                              *MAIN)  # fmt: skip
+    assert [p.flag for p in all_problems(spec, problems) if "tokenized folders" in p.message] == ["engine"]
 
 
 def test_a_hub_mixture_keeps_its_rule(demo_data: DemoData, second_dataset: Path):
