@@ -73,7 +73,7 @@ def test_every_refusal_at_once_nothing_written(nanoset_folders: list[Path], demo
     assert f"--dataset: {ds} has no {ds.name}.index beside it" in out.stderr
     assert f"--dataset: {b}:x has no weight" in out.stderr
     assert f"local path {tmp_path / 'nowhere'} does not exist" in out.stderr
-    assert f"{tmp_path / 'empty'} is a directory but not a dataset" in out.stderr
+    assert f"--data_stages: {tmp_path / 'empty'} is a directory but not a dataset" in out.stderr
     assert f"{tmp_path / 'other'} is a directory but not a dataset" in out.stderr
     assert out.stderr.count("nor a tokenized folder (no *.ds token files)") == 2
 

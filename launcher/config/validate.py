@@ -217,7 +217,8 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
         if is_local_path(value) and not os.path.exists(os.path.expanduser(value)):  # as datacheck and the job read it
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))
         elif is_local_path(value) and flag != "tokenizer":
-            out += datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
+            said = datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
+            out += [dataclasses.replace(p, flag=flag) if p.flag == "dataset" else p for p in said]  # a stage's too
         elif is_local_path(value):
             out += datacheck.tokenizer_problems(value)
         elif not is_local_path(value) and not HUB_NAME.fullmatch(value):
