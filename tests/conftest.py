@@ -46,6 +46,21 @@ def second_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("demo-b") / "dataset", num_docs=150, seed=1)
 
 
+@pytest.fixture(scope="session")
+def nanoset_folders(demo_data: DemoData, second_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """`demo_data`'s dataset and `second_dataset` tokenized (datatrove, through `launcher.data tokenize`) with the
+    demo tokenizer: two Nanoset folders of 2-byte tokens."""
+    from launcher.data.__main__ import main
+
+    made = []
+    for n, dataset in enumerate((demo_data.dataset, second_dataset)):
+        output = tmp_path_factory.mktemp("nanoset") / f"out{n}"
+        argv = ["tokenize", "--dataset", str(dataset), "--tokenizer", str(demo_data.tokenizer), "--output", str(output)]
+        assert main(argv) == 0
+        made.append(output)
+    return made
+
+
 @pytest.fixture
 def restore_flash_attn() -> Iterator[None]:
     """Whatever flash_attn modules sys.modules holds now, it holds again after the test (the stand-in's tests)."""

@@ -12,19 +12,12 @@ from conftest import DemoData
 from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
 
-from launcher.data.__main__ import main
 from launcher.nanotron_config import nanoset
 
 
 @pytest.fixture(scope="module")
-def folders(demo_data: DemoData, second_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    made = []
-    for n, dataset in enumerate((demo_data.dataset, second_dataset)):
-        output = tmp_path_factory.mktemp("nanoset-args") / f"out{n}"
-        argv = ["tokenize", "--dataset", str(dataset), "--tokenizer", str(demo_data.tokenizer), "--output", str(output)]
-        assert main(argv) == 0
-        made.append(output)
-    return made
+def folders(nanoset_folders: list[Path]) -> list[Path]:
+    return nanoset_folders
 
 
 def _read(path: Path) -> nanoset.TokenizedFolder:
@@ -56,7 +49,12 @@ def test_main_s_parser_reads_a_nanoset_mixture_as_written(folders, demo_data: De
 def test_folders_tokenized_differently_and_weights_are_refused_at_once(folders):
     a, b = (_read(p) for p in folders)
     other = dataclasses.replace(b, tokenizer="gpt2")
-    args, problems = nanoset.datasets_args([(a, 0.0), (other, float("nan"))], 128)
+    args, problems = nanoset.datasets_args([(a, -1.0), (other, float("nan"))], 128)
     assert args is None and len(problems) == 2
     assert "tokenized differently" in problems[0].message and "gpt2" in problems[0].message
-    assert f"{a.path}:0.0" in problems[1].message and f"{b.path}:nan" in problems[1].message
+    assert f"{a.path}:-1.0" in problems[1].message and f"{b.path}:nan" in problems[1].message
+    # main normalises the weights by their sum: 0 for one folder, or above 1, is a weight it reads
+    args, problems = nanoset.datasets_args([(a, 0.0), (b, 2.5)], 128)
+    assert problems == [] and args is not None and args["dataset_weights"] == [0.0, 2.5]
+    _, problems = nanoset.datasets_args([(a, 0.0), (b, 0.0)], 128)
+    assert len(problems) == 1 and "sum to 0" in problems[0].message

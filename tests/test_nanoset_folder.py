@@ -99,7 +99,10 @@ def test_an_empty_folder_and_a_folder_of_something_else(tmp_path: Path, demo_dat
     assert len(problems) == 1 and "holds no token files" in problems[0].message
     assert "dataset_info.json" in problems[0].message
     _, problems = nanoset.inspect(tmp_path / "nowhere", "dataset")
-    assert len(problems) == 1 and "not a directory" in problems[0].message
+    assert len(problems) == 1 and "does not exist" in problems[0].message
+    (tmp_path / "file").write_text("x")
+    _, problems = nanoset.inspect(tmp_path / "file", "dataset")
+    assert len(problems) == 1 and "is not a directory" in problems[0].message
 
 
 def test_the_command_refuses_a_damaged_folder_without_a_traceback(copy: Path, capsys):

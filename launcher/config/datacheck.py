@@ -98,8 +98,9 @@ def _saved_dataset(path: Path, split: str) -> tuple[dict[str, str] | None, list[
         Problem(
             "dataset",
             f"{path} is a directory but not a dataset saved by save_to_disk (no dataset_info.json and state.json, "
-            f"nor dataset_dict.json){hint}",
-            f"give a save_to_disk directory or one data file ({SUFFIXES})",
+            f"nor dataset_dict.json), nor a tokenized folder (no *.ds token files){hint}",
+            f"give a save_to_disk directory, one data file ({SUFFIXES}), or a folder made by `python -m launcher.data "
+            "tokenize` (docs/data.md)",
         )
     ]
 

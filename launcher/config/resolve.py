@@ -12,16 +12,17 @@ import json
 import math
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import yaml
 
-from launcher.config import dependency_syntax
+from launcher.config import dependency_syntax, nanosetcheck
 from launcher.config import dialect_rules as rules
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
 from launcher.config.spec import RunSpec
-from launcher.nanotron_config import dialect, mixture, schema, stages
+from launcher.nanotron_config import dialect, mixture, nanoset_yaml, schema, stages
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.gpus import from_flags
 from launcher.nanotron_config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
@@ -95,30 +96,33 @@ def _merge(base: dict, over: dict) -> dict:
         if value is None and isinstance(base.get(key), dict):
             continue
         both = isinstance(value, dict) and isinstance(base.get(key), dict) and key not in REPLACED_WHOLE
+        if key == "dataset" and nanoset_yaml.is_section(value) != nanoset_yaml.is_section(base.get(key)):
+            both = False  # a Nanoset's section and a hub dataset's: nanotron reads one or the other, never both
         out[key] = _merge(base[key], value) if both else value
     return out
 
 
-def _load_base(path: str | None, explicit: set[str]) -> tuple[dict, dict, str, list[Problem]]:
+def _load_base(path: str | None, explicit: set[str], cwd: Path) -> tuple[dict, dict, str, list[Problem], list[str]]:
     """The YAML the run starts from (the project's base, or --config laid onto it, checked against it), and the
-    --config YAML alone (empty without one)."""
+    --config YAML alone (empty without one; its Nanoset sections as main reads them, their folders absolute)."""
     base, problems = _read_yaml(BASE_CONFIG)
     assert not problems, problems  # the project's own file
     if not path:
-        return base, {}, str(BASE_CONFIG), []
+        return base, {}, str(BASE_CONFIG), [], []
     target = Path(os.path.expanduser(path))  # (os.path's: `~nobody/x` stays as typed, not RuntimeError)
     user, problems = _read_yaml(target)
     if problems:
-        return {}, {}, str(target), problems
-    user = dialect.to_canonical(user)
+        return {}, {}, str(target), problems, []
+    user, notes, unread = nanoset_yaml.normalize(dialect.to_canonical(user), lambda f: _absolute(f, cwd))
     problems = rules.model_problems(user, target)
+    problems += [Problem("config", f"{where}: {what}", f"fix it in {target}") for where, what in unread]
     replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
     for keys, what in schema.shape_problems(user, base):
         if keys not in replaced:
             flag = next((f for f, p in schema.FLAG_PATHS.items() if p == keys), None)
             fix = f"fix it in {target}" + (f" or give --{flag}" if flag else "")
             problems.append(Problem("config", f"{'.'.join(keys)} {what}", fix, key=".".join(keys)))
-    return _merge(base, user), user, str(target.resolve()), problems
+    return _merge(base, user), user, str(target.resolve()), problems, notes
 
 
 def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
@@ -160,7 +164,7 @@ def _absolute(path: str, cwd: Path) -> str:
 def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tuple[RunSpec, list[Problem]]:
     """Resolve flags into a RunSpec, collecting the problems resolution itself finds."""
     cwd = cwd or Path.cwd()
-    base, base_path, from_config, problems = _config_values(args.execution.config, explicit)
+    base, base_path, from_config, problems, notes = _config_values(args.execution.config, explicit, cwd)
     preset, preset_problems = _preset(args.model.model_size)
     if "model_size" in explicit:  # a preset you typed is a choice: its shape wins over the --config YAML's
         from_config = {k: v for k, v in from_config.items() if k not in preset["model"]}
@@ -172,7 +176,8 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     par = groups["parallelism"]
     par = dataclasses.replace(par, tp_mode=par.tp_mode.upper(), pp_engine=par.pp_engine.lower())
     training, adapted = _adapt_warmup(groups["training"], chosen)
-    data, read = _read_data(groups["data"], cwd, stages.first_name(base))
+    tokenized = nanosetcheck.predicate(set(nanoset_yaml.folders_of(base)))
+    data, read = _read_data(groups["data"], cwd, stages.first_name(base), tokenized)
     tokenizer_vocab = tokenizer_vocab_size(data.tokenizer) if is_local_path(data.tokenizer) else None
     model = groups["model"]
     if tokenizer_vocab and "vocab_size" not in chosen:
@@ -185,6 +190,10 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     size = args.model.model_size if args.model.model_size in preset_names() else "tiny"
     model, adapted_theta = rules.rope_theta(model, choice.dialect, size, chosen)
     adapted.update(adapted_theta)
+    if notes:
+        adapted["config"] = "; ".join(notes)
+    found = nanosetcheck.names(read.datasets, read.stages, base, tokenized)
+    nanosets, nanoset_problems = nanosetcheck.read(found, tokenizer_vocab or model.vocab_size)
     asked_async = schema.get_path(base, ("parallelism", "tp_linear_async_communication"))
     _, sync_note = dialect.tp_async(choice.dialect, par.tp or 1, par.tp_mode, asked_async)
     if sync_note:
@@ -204,8 +213,8 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
     gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
     spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice,
-                   read.datasets, read.stages, dependency)  # fmt: skip
-    problems += preset_problems + dialect_problems + env_problems + gpu_problems
+                   read.datasets, read.stages, dependency, nanosets=nanosets)  # fmt: skip
+    problems += preset_problems + dialect_problems + env_problems + gpu_problems + nanoset_problems
     return spec, problems + dependency_problems + read.problems
 
 
@@ -219,15 +228,15 @@ def _dialect(asked: str, python: str | None) -> tuple[dialect.Choice, list[Probl
     return dialect.choose(asked, python), problems
 
 
-def _config_values(path: str | None, explicit: set[str]) -> tuple[dict, str, dict, list[Problem]]:
+def _config_values(path: str | None, explicit: set[str], cwd: Path) -> tuple[dict, str, dict, list[Problem], list[str]]:
     """The YAML the run starts from, its path, the flag values --config sets (of the right type), and the
     problems with it: each key path once, though both the shape check and the type check may find it."""
-    base, user_config, base_path, problems = _load_base(path, explicit)
+    base, user_config, base_path, problems, notes = _load_base(path, explicit, cwd)
     from_config, type_problems = _typed(schema.flags_from_config(user_config), explicit)
     said = {p.key for p in problems}
     problems += [p for p in type_problems if p.key not in said]
     from_config.pop("dp", None)  # dp is derived from this job's size, whatever job the YAML was made for
-    return base, base_path, from_config, problems
+    return base, base_path, from_config, problems, notes
 
 
 def _preset(size: str) -> tuple[dict, list[Problem]]:
@@ -246,7 +255,7 @@ class _Data(NamedTuple):
     problems: list[Problem]
 
 
-def _read_data(data: DataArgs, cwd: Path, first_stage: str) -> tuple[DataArgs, _Data]:
+def _read_data(data: DataArgs, cwd: Path, first_stage: str, tokenized: Callable[[str], bool]) -> tuple[DataArgs, _Data]:
     """--dataset and --data_stages read once into typed values (with the problems of their form), and a local
     --dataset, stage dataset or --tokenizer (~/data included) made an absolute path, as the other path flags are:
     the job reads it from there, elsewhere, without the launcher's cwd or shell. The flags' text follows the
@@ -257,9 +266,12 @@ def _read_data(data: DataArgs, cwd: Path, first_stage: str) -> tuple[DataArgs, _
     def local(name: str) -> str:
         return _absolute(name, cwd) if is_local_path(name) else name
 
-    datasets, problems = mixture.read(data.dataset)
+    def folder(name: str) -> bool:  # a tokenized folder (nanotron main's Nanoset), by its absolute path
+        return tokenized(local(name))
+
+    datasets, problems = mixture.read(data.dataset, folder)
     datasets = mixture.map_names(datasets, local)
-    later, stage_problems = stages.parse(data.data_stages, first_stage)
+    later, stage_problems = stages.parse(data.data_stages, first_stage, folder)
     later = [dataclasses.replace(s, dataset=mixture.map_names(s.dataset, local)) for s in later]
     if not problems:
         data = dataclasses.replace(data, dataset=mixture.to_flag(datasets))

@@ -17,6 +17,7 @@ from launcher.config.flags import GROUPS, LaunchArgs
 from launcher.nanotron_config import dialect, mixture, schema
 from launcher.nanotron_config.gpus import GpuChoice
 from launcher.nanotron_config.layout import ParallelDims
+from launcher.nanotron_config.nanoset import TokenizedFolder
 from launcher.nanotron_config.schema import get_path
 from launcher.nanotron_config.shape import ModelShape, from_model_config
 from launcher.nanotron_config.stages import Stage
@@ -39,6 +40,9 @@ class RunSpec:
     datasets: mixture.Datasets = None  # --dataset: a name, a mixture {name: weight}, or None (random tokens)
     stages: tuple[Stage, ...] = ()  # --data_stages: the later data stages (none: a --config's, if any, stand)
     dependency: Dependency | None = None  # --dependency (None: none, or one that does not parse)
+    # The tokenized folders the stages read (nanotron main's Nanosets), by absolute path: each as it read whole, or
+    # None where it did not (resolution said why)
+    nanosets: dict[str, TokenizedFolder | None] = field(default_factory=dict)
     # Where a rerun places its checkpoints (`launcher.rerun`): the directory it resumes (None: the run's own), and
     # whether it starts in a directory of its own even where the run's holds no checkpoint yet.
     checkpoints: Path | None = None
@@ -53,7 +57,7 @@ class RunSpec:
         the figures and each dialect's file (`schema.written`) read it. (A spec replaced by `dataclasses.replace`
         builds its own.)"""
         return schema.build_config(
-            self.flag_values(), self.base_config, str(self.checkpoints_dir), self.datasets, self.stages
+            self.flag_values(), self.base_config, str(self.checkpoints_dir), self.datasets, self.stages, self.nanosets
         )
 
     @property

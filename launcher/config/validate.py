@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist, ranges, runtime
+from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist, nanosetcheck, ranges, runtime
 from launcher.config.flags import GROUPS
 from launcher.config.slurm_values import (
     EMAIL,
@@ -212,12 +212,13 @@ def _check_data_and_paths(spec: RunSpec) -> list[Problem]:
     later = [("data_stages", n) for n in stages.dataset_names(spec.stages)]
     later = later or [("config", n) for n in stages.config_dataset_names(spec.base_config)]  # a --config's stages
     for flag, value in [*inputs, *later]:
-        if not value or (flag != "tokenizer" and value.lower() == "none"):
-            continue
+        if not value or (flag != "tokenizer" and value.lower() == "none") or value in spec.nanosets:
+            continue  # (a tokenized folder was read whole by resolution: `nanosetcheck`)
         if is_local_path(value) and not os.path.exists(os.path.expanduser(value)):  # as datacheck and the job read it
             out.append(Problem(flag, f"local path {value} does not exist", "give an existing path or a hub name"))
         elif is_local_path(value) and flag != "tokenizer":
-            out += datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
+            said = datacheck.dataset_problems(value, a.data.text_column, train_split(spec.base_config))
+            out += [dataclasses.replace(p, flag=flag) if p.flag == "dataset" else p for p in said]  # a stage's too
         elif is_local_path(value):
             out += datacheck.tokenizer_problems(value)
         elif not is_local_path(value) and not HUB_NAME.fullmatch(value):
@@ -306,6 +307,7 @@ def validate(spec: RunSpec) -> list[Problem]:
     layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 and not bounded else []
     layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
+    checks += nanosetcheck.problems(spec)
     said = {p.flag for p in bounded}
     return list(dict.fromkeys(_check_secrets(spec) + bounded + [p for p in checks if p.flag not in said]))
 

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from launcher.nanotron_config import nanoset
 from launcher.problems import Problem
 
 EXAMPLE = "--dataset /data/web:1.0,/data/code:0.5"
@@ -52,10 +53,13 @@ def parts(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def parse(text: str) -> tuple[dict[str, float], list[Problem]]:
-    """A mixture's {name: weight}, in the order given, and every problem with its form at once."""
+def parse(text: str, tokenized: Callable[[str], bool] | None = None) -> tuple[dict[str, float], list[Problem]]:
+    """A mixture's {name: weight}, in the order given, and every problem with its form at once. A mixture of
+    tokenized folders (`tokenized(name)`: nanotron main's Nanoset) weighs them as nanotron main does (normalised,
+    `nanoset.weight_problems`), not as fractions of rows; a mixture holds tokenized folders or none."""
     mix: dict[str, float] = {}
     problems = []
+    folders = [name for name, _ in parts(text) if name and tokenized is not None and tokenized(name)]
     for name, weight_text in parts(text):
         shown = f"{name}:{weight_text}" if weight_text else name or "an empty entry"
         weight = _weight(weight_text)
@@ -69,7 +73,7 @@ def parse(text: str) -> tuple[dict[str, float], list[Problem]]:
             fix = f"give every dataset its weight, e.g. {EXAMPLE}"
             problems.append(Problem("dataset", f"{shown} has no weight (name:weight)", fix))
             continue
-        if not 0 < weight <= 1:
+        if not folders and not 0 < weight <= 1:
             problems.append(
                 Problem(
                     "dataset",
@@ -80,15 +84,23 @@ def parse(text: str) -> tuple[dict[str, float], list[Problem]]:
         if name in mix:
             problems.append(Problem("dataset", f"{name} is named twice in the mixture", "name each dataset once"))
         mix[name] = weight
+    others = [name for name in mix if name not in folders]
+    if folders and others:
+        what = f"{', '.join(folders)} {'is a tokenized folder' if len(folders) == 1 else 'are tokenized folders'}"
+        problems.append(Problem("dataset", f"{what} (a Nanoset), {', '.join(others)} not: nanotron reads a stage "
+                                "from one or the other", "tokenize every part (python -m launcher.data tokenize), "
+                                "or give hub datasets only"))  # fmt: skip
+    elif folders and len(mix) == len(parts(text)):
+        problems += nanoset.weight_problems(list(mix.items()))
     return mix, problems
 
 
-def read(text: str | None) -> tuple[Datasets, list[Problem]]:
+def read(text: str | None, tokenized: Callable[[str], bool] | None = None) -> tuple[Datasets, list[Problem]]:
     """A --dataset value (or a stage's dataset), read once: the name, or {name: weight} for a mixture, with the
-    problems of a mixture's form."""
+    problems of a mixture's form (`tokenized`: which names are tokenized folders, weighed as nanotron main does)."""
     if not is_mixture(text):
         return text, []
-    return parse(text or "")
+    return parse(text or "", tokenized)
 
 
 def to_flag(value: Any) -> Any:

@@ -10,6 +10,7 @@ One rule for the launcher (checks before the queue) and the tokenize command (it
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -46,6 +47,20 @@ class TokenizedFolder:
     @property
     def documents(self) -> int:
         return sum(f.documents for f in self.files)
+
+
+def is_tokenized(value: str) -> bool:
+    """Whether a dataset value names a tokenized folder: a directory holding datatrove's token files (or their
+    index or metadata) or `launcher.data tokenize`'s record, at any depth. Stops at the first such file."""
+    path = os.path.expanduser(value)
+    if not os.path.isdir(path):
+        return False
+    if os.path.isfile(os.path.join(path, "tokenize", "record.json")):
+        return True
+    for _, _, names in os.walk(path):
+        if any(n.endswith((TOKEN_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX)) for n in names):
+            return True
+    return False
 
 
 def max_vocab(token_size: int) -> int:
@@ -129,7 +144,9 @@ def inspect(
     path = Path(os.path.expanduser(str(folder)))
     how = "give a folder written by `python -m launcher.data tokenize` (docs/data.md)"
     if not path.is_dir():
-        return None, [Problem(flag, f"{path} is not a directory", how)]
+        return None, [
+            Problem(flag, f"tokenized folder {path} {'is not a directory' if path.exists() else 'does not exist'}", how)
+        ]
     try:
         every = sorted(p for p in path.rglob("*") if p.is_file())
     except OSError as e:
@@ -193,15 +210,13 @@ def datasets_args(
     the tokenizer's vocabulary) and their weights, every field that must agree with the files from the files. main
     asserts at parse time: one tokenizer and token size for all folders, `tokenizer_name` equal (as a string) to each
     folder's metadata and to the config's tokenizer (given the name, it loads no tokenizer there), `vocab_size`
-    equal to the model's (`vocab_size`: the model's, padded as the config writes it). Weights: positive numbers."""
+    equal to the model's (`vocab_size`: the model's, padded as the config writes it). Weights: `weight_problems`."""
     problems = []
     kinds = {(f.tokenizer, f.token_size) for f, _ in parts}
     if len(kinds) > 1:
         made = "; ".join(f"{f.path} by {f.tokenizer} ({f.token_size}-byte tokens)" for f, _ in parts)
         problems.append(Problem(flag, f"the folders were tokenized differently: {made}", "tokenize them alike"))
-    bad = [f"{f.path}:{w}" for f, w in parts if not (w > 0 and w != float("inf"))]
-    if bad:
-        problems.append(Problem(flag, f"weights must be positive numbers: {', '.join(bad)}", "give each a weight > 0"))
+    problems += weight_problems([(str(f.path), w) for f, w in parts], flag)
     if problems or not parts:
         return None, problems
     first = parts[0][0]
@@ -212,3 +227,17 @@ def datasets_args(
         "vocab_size": vocab_size,
         "token_size_in_bytes": first.token_size,
     }, []
+
+
+def weight_problems(parts: list[tuple[str, float]], flag: str = "dataset") -> list[Problem]:
+    """A Nanoset mixture's weights as nanotron main reads them: it normalises them by their sum (asserting it is
+    positive), so any weight >= 0 is one (above 1 too: not the fraction of rows a hub mixture keeps); a negative one
+    would ask for a negative number of samples, and a sum of 0 (or nothing finite) for none at all."""
+    bad = [f"{name}:{w}" for name, w in parts if not (math.isfinite(w) and w >= 0)]
+    if bad:
+        fix = "give each folder a weight >= 0 (nanotron main normalises them by their sum)"
+        return [Problem(flag, f"Nanoset weights must be numbers >= 0: {', '.join(bad)}", fix)]
+    if parts and sum(w for _, w in parts) <= 0:
+        listed = ", ".join(f"{name}:{w:g}" for name, w in parts)
+        return [Problem(flag, f"the weights of {listed} sum to 0: nothing would be read", "give one a weight > 0")]
+    return []

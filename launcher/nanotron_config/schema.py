@@ -18,12 +18,13 @@ here, on `dialect.to_canonical` of the file.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from launcher.nanotron_config import dialect, mixture, stages
+from launcher.nanotron_config import dialect, mixture, nanoset_yaml, stages
+from launcher.nanotron_config.nanoset import TokenizedFolder
 from launcher.nanotron_config.stages import Stage
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where PyYAML has it: the same text, faster
@@ -121,6 +122,9 @@ def flags_from_config(config: dict) -> dict[str, Any]:
     config = dialect.to_canonical(config)
     values = {flag: get_path(config, path) for flag, path in FLAG_PATHS.items()}
     values["dataset"] = mixture.to_flag(values["dataset"])  # a {name: weight} mixture as --dataset's a:0.7,b:0.3
+    section = get_path(config, ("data", "dataset"))
+    if nanoset_yaml.is_section(section):  # tokenized folders: --dataset's form too (a, or a:0.7,b:0.3)
+        values["dataset"] = mixture.to_flag(nanoset_yaml.datasets_of(section))
     optimizer = config.get("optimizer")
     if isinstance(optimizer, dict) and "clip_grad" in optimizer and optimizer["clip_grad"] is None:
         values["grad_clip"] = 0.0  # nanotron's null: no clipping (absent: the base's value)
@@ -199,22 +203,30 @@ CHECKPOINTS_PATH = ("checkpoints", "checkpoints_path")
 
 
 def build_config(
-    values: dict[str, Any], base: dict, checkpoints_dir: str, datasets: mixture.Datasets, later: Sequence[Stage]
+    values: dict[str, Any],
+    base: dict,
+    checkpoints_dir: str,
+    datasets: mixture.Datasets,
+    later: Sequence[Stage],
+    nanosets: Mapping[str, TokenizedFolder | None] | None = None,
 ) -> dict:
     """The canonical nanotron config of a run: `base` (the project's base YAML, or --config laid onto it, in 0.4's
     paths) with every flag of FLAG_PATHS set from `values` (each flag's resolved value by name:
     `RunSpec.flag_values()`), --dataset's value read (`datasets`: a name, a mixture, None for random tokens), the
     later data stages (`later`: --data_stages', which replace a --config's; none keeps the config's), and the
-    values that follow from them. In 0.4's paths, main's keys kept: `written` renders each dialect's file."""
+    values that follow from them. In 0.4's paths, main's keys kept: `written` renders each dialect's file.
+    `nanosets`: the tokenized folders the stages read (`nanoset.inspect`'s, None where one did not read): a stage
+    reading them gets main's Nanoset section (`nanoset_yaml.section`), never merged with a hub dataset's."""
     config = copy.deepcopy(base)
-    no_dataset = datasets is None
+    folders = nanosets or {}
     for flag, path in FLAG_PATHS.items():
-        if no_dataset and flag in DATASET_FLAGS:
-            continue
-        value = copy.deepcopy(datasets) if flag == "dataset" else TO_YAML.get(flag, _same)(values[flag])
-        set_path(config, path, value)
-    if no_dataset:
-        set_path(config, ("data", "dataset"), None)
+        if flag not in DATASET_FLAGS:
+            set_path(config, path, TO_YAML.get(flag, _same)(values[flag]))
+    vocab, tokenizer = values["vocab_size"], nanoset_yaml.tokenizer_of(folders, values["tokenizer"])
+    set_path(config, FLAG_PATHS["tokenizer"], tokenizer)
+    current = get_path(config, ("data", "dataset"))
+    first = nanoset_yaml.section(datasets, current, folders, vocab, tokenizer, values["text_column"])
+    set_path(config, ("data", "dataset"), first)
     set_path(config, ("general", "run"), values["run_name"])
     set_path(config, ("model", "model_config", "max_position_embeddings"), values["max_seq_len"])
     set_path(config, CHECKPOINTS_PATH, checkpoints_dir)
@@ -224,8 +236,14 @@ def build_config(
     if not dialect.tp_async(written, values["tp"] or 1, values["tp_mode"], asked)[0]:
         set_path(config, ("parallelism", "tp_linear_async_communication"), False)
     if later:  # the later stages: the flag's replace a --config's
-        first = (dialect.stages_of(config) or [{"name": dialect.STAGE_NAME, "start_training_step": 1}])[0]
-        config["data_stages"] = [first, *stages.to_yaml(later, config["data"])]
+        head = (dialect.stages_of(config) or [{"name": dialect.STAGE_NAME, "start_training_step": 1}])[0]
+        config["data_stages"] = [head, *stages.to_yaml(later, config["data"])]
+    for stage in dialect.stages_of(config)[1:]:  # each later stage's section of its own kind (a --config's too)
+        data = stage.get("data")
+        section = data.get("dataset") if isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(section, dict):
+            own = nanoset_yaml.datasets_of(section)
+            data["dataset"] = nanoset_yaml.section(own, section, folders, vocab, tokenizer, None)
     if values["profiler_export_path"]:  # else the base's (or --config's) profiler section stands
         config["profiler"] = {"profiler_export_path": values["profiler_export_path"]}
     return config

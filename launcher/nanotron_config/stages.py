@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.nanotron_config import dialect, mixture
+from launcher.nanotron_config import dialect, mixture, nanoset_yaml
 from launcher.problems import Problem
 
 EXAMPLE = '--data_stages "anneal@900=/data/hq"'
@@ -33,7 +33,9 @@ class Stage:
     dataset: mixture.Datasets  # one name or a mixture {name: weight}, read from --dataset's form
 
 
-def parse(text: str | None, first_name: str = dialect.STAGE_NAME) -> tuple[list[Stage], list[Problem]]:
+def parse(
+    text: str | None, first_name: str = dialect.STAGE_NAME, tokenized: Callable[[str], bool] | None = None
+) -> tuple[list[Stage], list[Problem]]:
     """The later stages a --data_stages value names, in the order given, and every problem of it but its datasets'
     existence (the dataset check's): its form, names and steps that nanotron main refuses (each unique, the first
     stage's name, `first_name`, included), the mixtures' form."""
@@ -49,7 +51,7 @@ def parse(text: str | None, first_name: str = dialect.STAGE_NAME) -> tuple[list[
             problems.append(Problem("data_stages", f"{entry.strip()!r} is not NAME@STEP=DATASET", f"write {EXAMPLE}"))
             continue
         name = found["name"].strip()
-        dataset, mixed = mixture.read(found["dataset"].strip())
+        dataset, mixed = mixture.read(found["dataset"].strip(), tokenized)
         stage = Stage(name, int(start), dataset)
         if not NAME.fullmatch(stage.name):
             fix = "use letters, digits, '.', '_', '-'"
@@ -84,8 +86,9 @@ def config_dataset_names(config: dict) -> list[str]:
 
 
 def _datasets_of(stage: dict) -> mixture.Datasets:
-    """A config stage's `hf_dataset_or_datasets`."""
-    return ((stage.get("data") or {}).get("dataset") or {}).get("hf_dataset_or_datasets")
+    """A config stage's dataset: its `hf_dataset_or_datasets`, or a Nanoset's folders ({folder: weight})."""
+    section = (stage.get("data") or {}).get("dataset")
+    return nanoset_yaml.datasets_of(section) if isinstance(section, dict) else None
 
 
 def seq_len_problems(config: dict, sequence_length: int) -> list[Problem]:

@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from launcher.config.spec import RunSpec
-from launcher.nanotron_config import stages
+from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.schema import train_split
 from launcher.nanotron_config.shape import ModelShape
 from launcher.perf import datasize, fit
@@ -90,6 +90,12 @@ def memory(spec: RunSpec) -> dict:
 def data_volume(spec: RunSpec, run_tokens: int) -> dict:
     """How many tokens a local dataset holds (estimated) and how many times the run reads it."""
     d = spec.args.data
+    folders = [spec.nanosets.get(name) for name in mixture.names(spec.datasets)]
+    if folders and all(folders):  # tokenized folders: the tokens they hold, counted exactly from their indexes
+        held = sum(f.tokens for f in folders if f is not None)
+        how = "exactly, from the token files" + (f" of {len(folders)} folders" if len(folders) > 1 else "")
+        return {"dataset_tokens": held, "dataset_tokens_how": how, "dataset_tokens_exact": True,
+                "epochs": run_tokens / held} if held else {}  # fmt: skip
     if isinstance(spec.datasets, dict):
         return _mixture_volume(spec, spec.datasets, run_tokens)
     size = datasize.estimate(d.dataset, d.text_column, train_split(spec.base_config), d.tokenizer)

@@ -41,13 +41,17 @@ def _data_note(spec: RunSpec, figures: dict) -> str:
     epochs = figures["epochs"]
     times = f"{epochs:.0f} epochs" if epochs >= 10 else f"{epochs:.2g} epochs" if epochs >= 0.1 else "under 0.1 epoch"
     holds = f"~{human_count(figures['dataset_tokens'])} ({figures['dataset_tokens_how']})"
+    if figures.get("dataset_tokens_exact"):  # tokenized folders: counted, not estimated
+        reads = f"the run reads {figures['total_training_tokens']:,} tokens of {dataset}"
+        holder, holds = "the tokenized data", f"{figures['dataset_tokens']:,} tokens ({figures['dataset_tokens_how']})"
     return f"{reads}; {holder} holds {holds}: {times}" + _stages_note(spec, figures)
 
 
 def _stages_note(spec: RunSpec, figures: dict) -> str:
+    rewritten = f"; {spec.adapted['config']}" if "config" in spec.adapted else ""  # a --config's Nanoset form
     if "data_stages" not in figures:
-        return ""
-    return f"; data stages: {stages.describe(figures['data_stages'], spec.args.training.train_steps)}"
+        return rewritten
+    return f"; data stages: {stages.describe(figures['data_stages'], spec.args.training.train_steps)}{rewritten}"
 
 
 def _memory_note(spec: RunSpec, figures: dict) -> str:

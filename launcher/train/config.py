@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from launcher.nanotron_config import nanoset_yaml
 from launcher.nanotron_config.dialect import is_main, stages_of, to_canonical
 from launcher.nanotron_config.layout import ParallelDims, check_layout
 from launcher.nanotron_config.mixture import to_flag
@@ -82,6 +83,7 @@ class TrainConfig:
     init_path: str | None = None  # nanotron: model.init_method.path, weights of a nanotron checkpoint
     dialect: str = "0.4"  # the nanotron config dialect the file is written in: "0.4" or "main"
     mixture: tuple[tuple[str, float], ...] = ()  # a mixture's (dataset, fraction of its rows kept); () for one dataset
+    nanoset: tuple[tuple[str, float], ...] = ()  # tokenized folders (main's Nanoset) with their weights; () for none
     stages: tuple[DataStage, ...] = ()  # nanotron main's data stages after the first, by start step
 
     @property
@@ -166,9 +168,18 @@ def _data(data: dict | None) -> dict[str, Any]:
     """A `data` section's (0.4's, or a main stage's) TrainConfig fields."""
     data = data if isinstance(data, dict) else {}
     dataset = data.get("dataset")
+    if isinstance(dataset, dict) and nanoset_yaml.is_section(
+        dataset
+    ):  # tokenized folders: their names and weights, read by the torch engine
+        folders = nanoset_yaml.datasets_of(dataset)
+        pairs = tuple(folders.items()) if isinstance(folders, dict) else ((str(folders), 1.0),)
+        dataset = {"hf_dataset_or_datasets": to_flag(folders)}
+    else:
+        pairs = ()
     return {
+        "nanoset": pairs,
         "dataset": to_flag(dataset["hf_dataset_or_datasets"]) if dataset else None,
-        "mixture": _mixture(dataset["hf_dataset_or_datasets"] if dataset else None),
+        "mixture": () if pairs else _mixture(dataset["hf_dataset_or_datasets"] if dataset else None),
         "dataset_split": train_split({"data": data}),
         "dataset_config_name": (dataset or {}).get("hf_dataset_config_name"),
         "text_column": (dataset or {}).get("text_column_name") or "text",

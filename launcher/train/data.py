@@ -276,5 +276,9 @@ def build_micro_batches(cfg: TrainConfig, rank: int, dp: int, windows: np.ndarra
     them already (the engine's shared cache, `packcache`), else they are built here."""
     if cfg.dataset is None:
         return RandomTokens(cfg.model.vocab_size, cfg.sequence_length, cfg.micro_batch_size, cfg.data_seed, rank)
+    if cfg.nanoset:  # tokenized folders: their files mapped, each window read as a batch asks for it
+        from launcher.train.tokenized import FolderWindows
+
+        windows = FolderWindows(list(cfg.nanoset), cfg.sequence_length)  # type: ignore[assignment]
     windows = build_windows(cfg) if windows is None else windows
     return PackedWindows(windows, cfg.micro_batch_size, cfg.data_seed, rank, dp)

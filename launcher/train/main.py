@@ -57,6 +57,10 @@ def choose_engine(requested: str) -> tuple[str, str]:
     return "nanotron", f"auto; {nanotron_engine.attention_note()}"
 
 
+NANOSET_NANOTRON = (
+    "the launcher's nanotron engine does not read tokenized folders (Nanosets) yet; the torch engine does "
+    "(--engine torch)"
+)
 OTHER_NANOTRON = (
     "this config is in nanotron {config}'s dialect, but {found}; nanotron's trainer reads only its own dialect: "
     "run the job with the Python that has nanotron {config} (--python), or --engine torch"
@@ -117,6 +121,10 @@ def run(config_file: str, engine: str = "auto") -> None:
     job = JobEnvironment.read()  # the job's one look at its environment
     cfg = load_checked(config_file, job.world_size)
     chosen, why = choose_engine(engine)
+    if chosen == "nanotron" and any(data.nanoset for data in (cfg, *(s.data for s in cfg.stages))):
+        if engine != "auto":
+            raise TrainError(NANOSET_NANOTRON)
+        chosen, why = "torch", f"auto: {NANOSET_NANOTRON}"
     mismatch = nanotron_mismatch(cfg.dialect) if chosen == "nanotron" else None
     if mismatch is not None:
         if engine != "auto":

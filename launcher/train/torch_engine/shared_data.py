@@ -26,7 +26,7 @@ def shared_windows(cfg: TrainConfig) -> np.ndarray | None:
     Rank 0 builds in a thread and broadcasts "still working" every HEARTBEAT_S seconds, so that the waiting ranks
     are never in one collective longer than that: a corpus that takes longer to tokenize than the process group's
     timeout (10 minutes for NCCL) must not end the run."""
-    if cfg.dataset is None:
+    if cfg.dataset is None or cfg.nanoset:  # random tokens, or tokenized folders each rank maps (nothing to build)
         return None
     cached = packcache.path_for(cfg)
     built: list = [None, None]  # rank 0: the windows it built, the error it met
