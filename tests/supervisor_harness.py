@@ -48,7 +48,7 @@ def main() -> int:
     supervisor = Supervisor(State("77", 1, "node1", decide.first_port(77), step_nodes=["node1"]), NoSlurm(), files)
     supervisor.install()
     (FOLDER / "supervisor.pid").write_text(str(os.getpid()))
-    end = supervisor.run_step([sys.executable, "-c", TRAINING, str(FOLDER)])
+    end = supervisor.judge(supervisor.run_step([sys.executable, "-c", TRAINING, str(FOLDER)]))
     code = supervisor.finish(end, max_requeues=2)
     (FOLDER / "result.json").write_text(
         json.dumps(

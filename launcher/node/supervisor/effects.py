@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ LIVE_STATES = frozenset(
 )
 POLL_S = 0.2  # how often the supervisor looks at its pending notices while the step runs
 RESTART_ACTION = re.compile(r"^(\S*) restart job ")
+_PRINTING = threading.Lock()  # the heartbeat's thread prints too: one whole line at a time
 
 
 def stamp() -> str:
@@ -34,8 +36,9 @@ def stamp() -> str:
 def say(name: str, out: IO[str] | None = None, **fields: object) -> None:
     """A contract line (protocol.LINES), printed whole and at once: `[launcher HH:MM:SS.mmm] ...`."""
     stream = out or sys.stdout
-    stream.write(P.line(name, stamp=stamp(), **fields) + "\n")
-    stream.flush()
+    with _PRINTING:
+        stream.write(P.line(name, stamp=stamp(), **fields) + "\n")
+        stream.flush()
 
 
 def amend_restart_record(path: Path, how: str) -> None:
@@ -141,6 +144,9 @@ class Effects(Protocol):
     def say(self, name: str, **fields: object) -> None: ...
     def job_field(self, job: str, name: str) -> str: ...
     def hostnames(self, hostlist: str) -> list[str]: ...
+    def node_addr(self, node: str) -> str: ...
+    def partition_field(self, partition: str, name: str) -> str: ...
+    def version(self) -> str: ...
     def requeue(self, job: str) -> bool: ...
     def exclude(self, job: str, nodes: Sequence[str]) -> bool: ...
     def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], None]) -> int: ...
@@ -164,6 +170,18 @@ class Node:
 
     def hostnames(self, hostlist: str) -> list[str]:
         return run([self.scontrol, "show", "hostnames", hostlist], 60).stdout.split()
+
+    def node_addr(self, node: str) -> str:
+        """The address Slurm knows `node` by (the rendezvous host's), "" where it says none."""
+        return field_of(run([self.scontrol, "show", "node", node, "-o"], 60).stdout, "NodeAddr")
+
+    def partition_field(self, partition: str, name: str) -> str:
+        return field_of(run([self.scontrol, "show", "partition", partition, "-o"], 60).stdout, name)
+
+    def version(self) -> str:
+        """Slurm's release ("24.11.1"), "" where scontrol does not say."""
+        words = run([self.scontrol, "--version"], 60).stdout.split()
+        return words[-1] if words else ""
 
     def requeue(self, job: str) -> bool:
         return run([self.scontrol, "requeue", job], 120).returncode == 0

@@ -112,12 +112,16 @@ class Supervisor:
         self.effects.stop_step()
 
     # -- a node step
-    def run_step(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> StepEnd:
-        """One node step to its end, the notices handled as they come; its verdict (the table's)."""
-        state = self.state
-        state.phase = Phase.NODE_CHECK
+    def run_step(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+        """One node step to its end, the notices handled as they come: srun's exit status."""
+        self.state.phase = Phase.NODE_CHECK
         status = self.effects.run_step(argv, dict(env) if env is not None else None, self.handle_pending)
-        state.phase = Phase.DECIDING
+        self.state.phase = Phase.DECIDING
+        return status
+
+    def judge(self, status: int) -> StepEnd:
+        """How the step that ended with `status` ended: the notice as it ended, training's word, the verdict."""
+        state = self.state
         preempt_time = self.effects.job_field(state.job, "PreemptTime")
         report = _text(self.files.preflight) or ""
         state.notice, lines = decide.notice_at_step_end(state.notice, preempt_time, report)
