@@ -19,9 +19,8 @@ from launcher.bundle.files import paths_for
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 
 
-def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str) -> tuple[str, str, str]:
-    """The bundle written with the draft as its batch script, submitted, followed to its end: (state, exit code,
-    log)."""
+def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str, wait: bool = True) -> tuple[str, Path]:
+    """The bundle written with the draft as its batch script, and submitted: the job's id and its log."""
     spec, problems = spec_for("--run_name", "sup", "--nodes", "2", "--gpus_per_node", "2", "--run_train_script",
                               train, "--dataset", "none", "--time_limit", "5:00", *flags, cwd=tmp_path)  # fmt: skip
     assert not problems, problems
@@ -34,7 +33,18 @@ def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str) -> tuple[st
     paths.script.write_text(render.supervisor_script_draft(spec, paths))
     job = subprocess.run(["sbatch", "--parsable", str(paths.script)], env=env, capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout.strip().split(";")[0]  # fmt: skip
-    deadline, state, code = time.monotonic() + 240, "", ""
+    return job, paths.log
+
+
+def run_draft(tmp_path: Path, env: dict, train: str, *flags: str) -> tuple[str, str, str]:
+    """The draft submitted and followed to its end: (state, exit code, log)."""
+    job, log = submit_draft(tmp_path, env, train, *flags)
+    state, code = wait_end(job, env)
+    return state, code, log.read_text() if log.exists() else ""
+
+
+def wait_end(job: str, env: dict, timeout: float = 240) -> tuple[str, str]:
+    deadline, state, code = time.monotonic() + timeout, "", ""
     while time.monotonic() < deadline:
         out = subprocess.run(["scontrol", "show", "job", job, "-o"], env=env, capture_output=True, text=True).stdout
         fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
@@ -43,7 +53,14 @@ def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str) -> tuple[st
             break
         time.sleep(1)
     time.sleep(1)  # the log's last lines
-    return state, code, paths.log.read_text() if paths.log.exists() else ""
+    return state, code
+
+
+def wait_for_line(log: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and text in log.read_text()):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.5)
 
 
 def lines(log: str, name: str) -> list[str]:
@@ -51,7 +68,7 @@ def lines(log: str, name: str) -> list[str]:
 
 
 def test_the_supervisor_runs_a_training_step_to_its_end(tmp_path: Path, slurm_env: dict):
-    state, code, log = submit_draft(tmp_path, slurm_env, script(tmp_path, "allreduce.py", ALLREDUCE))
+    state, code, log = run_draft(tmp_path, slurm_env, script(tmp_path, "allreduce.py", ALLREDUCE))
     assert (state, code) == ("COMPLETED", "0:0"), log
     for rank in range(4):
         assert f"rank {rank}/4 sum=10 expected=10" in log, log
@@ -60,8 +77,50 @@ def test_the_supervisor_runs_a_training_step_to_its_end(tmp_path: Path, slurm_en
 
 
 def test_the_supervisor_restarts_a_failing_step_until_the_decision_stops(tmp_path: Path, slurm_env: dict):
-    state, code, log = submit_draft(tmp_path, slurm_env, script(tmp_path, "fail.py", FAIL), "--max_restarts", "2")
+    state, code, log = run_draft(tmp_path, slurm_env, script(tmp_path, "fail.py", FAIL), "--max_restarts", "2")
     restarts = lines(log, "restart")
     assert len(restarts) == 2 and "restart 2 of 2 in the allocation" in restarts[1], log
     assert len(lines(log, "rendezvous")) == 3 and lines(log, "no_restart"), log
     assert state == "FAILED" and lines(log, "attempt_ended")[0].endswith(f"exit code {code.split(':')[0]}"), log
+
+
+# Training as far as the supervisor sees it: rank 0 reports "stopped 5" once the stop file appears, or "finished 5"
+# in a requeued attempt.
+STOPPABLE = """
+import os, pathlib, sys, time
+rank = int(os.environ.get("RANK", "0"))
+stop, outcome = pathlib.Path(os.environ["LAUNCHER_STOP_FILE"]), pathlib.Path(os.environ["LAUNCHER_OUTCOME_FILE"])
+if int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1:
+    if rank == 0:
+        outcome.write_text("finished 5\\n")
+    sys.exit(0)
+print(f"rank {rank} training", flush=True)
+while not stop.exists():
+    time.sleep(0.2)
+time.sleep(1)
+if rank == 0:
+    outcome.write_text("stopped 5\\n")
+"""
+
+
+def test_a_time_limit_warning_stops_training_and_the_job_requeues_itself(tmp_path: Path, slurm_env: dict):
+    job, log = submit_draft(tmp_path, slurm_env, script(tmp_path, "stoppable.py", STOPPABLE), "--max_requeues", "1")
+    wait_for_line(log, "rank 3 training")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm_env, check=True)
+    state, code = wait_end(job, slurm_env, timeout=400)
+    text = log.read_text()
+    assert (state, code) == ("COMPLETED", "0:0"), text
+    assert lines(text, "warned") and "saved at step 5; requeueing after the time-limit notice (1 of 1)" in text, text
+    assert f"job {job} attempt 2 started" in text and "training's last word: finished 5" in text, text
+    requeues = tmp_path / "logs/configs/sup/20260101-000000" / P.REQUEUES_FILE
+    assert requeues.read_text() == "time-limit attempt 1 step 5 nodes -\n"
+
+
+def test_a_cancel_ends_the_attempt_and_is_not_requeued(tmp_path: Path, slurm_env: dict):
+    job, log = submit_draft(tmp_path, slurm_env, script(tmp_path, "stoppable.py", STOPPABLE), "--max_requeues", "1")
+    wait_for_line(log, "rank 3 training")
+    subprocess.run(["scancel", job], env=slurm_env, check=True)
+    state, _ = wait_end(job, slurm_env)
+    text = log.read_text()
+    assert state == "CANCELLED" and lines(text, "terminated"), text
+    assert "requeueing" not in text and "attempt 2" not in text, text
