@@ -66,3 +66,38 @@ def test_a_step_never_starts_on_fewer_nodes_than_the_layout(tmp_path: Path):
     (requeue,) = said(out, "requeue_without")
     assert requeue.endswith("; 1 of the layout's 2 nodes left in the allocation"), requeue
     assert (tmp_path / "requeued").read_text() == "77" and not said(out, "restart")
+
+
+def test_the_draft_script_hands_the_supervisor_every_value(tmp_path: Path):
+    """The draft batch script run by bash up to its exec, the job's Python a script that reads the settings as the
+    supervisor would: what the template exports is what settings.py reads."""
+    from launcher_helpers import fixed_paths, spec_for
+
+    from launcher.bundle import render
+
+    python = tmp_path / "python"
+    python.write_text(f"""#!/bin/bash
+exec {sys.executable} -c 'import dataclasses, json, os, sys
+from launcher.node.supervisor.settings import Settings
+print(json.dumps({{"argv": sys.argv[1:], **dataclasses.asdict(Settings.from_env(os.environ))}}, default=str))' "$@"
+""")
+    python.chmod(0o755)
+    spec, problems = spec_for("--python", str(python), "--nodes", "2", "--spare_nodes", "1", "--hang_timeout", "600",
+                              "--startup_timeout", "900", "--max_requeues", "2", "--max_restarts", "4",
+                              "--pre_launch_commands", "echo before", "--dataset", "none")  # fmt: skip
+    assert not problems
+    paths = fixed_paths("t", root=tmp_path)
+    script = tmp_path / "draft.sbatch"
+    script.write_text(render.supervisor_script_draft(spec, paths))
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3]", "SLURMD_NODENAME": "node1"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, before, settings_line = out.stdout.splitlines()
+    assert P.pattern("attempt_started").match(first) and before == "before"
+    got = json.loads(settings_line)
+    assert got["argv"] == ["-m", "launcher.node.supervisor", "--started-said"]
+    assert (got["layout"], got["allocated"], got["max_requeues"], got["max_restarts"]) == (2, 3, 2, 4)
+    assert got["watchdog"] == ["--factor", str(spec.args.job.hang_factor), "--floor", "600", "--startup", "900"]
+    assert got["node_script"] == str(paths.node_script) and got["checkpoints"] == str(paths.checkpoints)
+    assert got["files"]["restarts"] == str(paths.restarts_file) and got["files"]["stop"] == str(paths.stop_file)
+    assert (got["job"], got["batch_node"], got["gpus"], got["container"]) == ("77", "node1", 8, [])
