@@ -84,18 +84,21 @@ def test_the_supervisor_restarts_a_failing_step_until_the_decision_stops(tmp_pat
     assert state == "FAILED" and lines(log, "attempt_ended")[0].endswith(f"exit code {code.split(':')[0]}"), log
 
 
-# Training as far as the supervisor sees it: rank 0 reports "stopped 5" once the stop file appears, or "finished 5"
-# in a requeued attempt.
+# Training as far as the supervisor sees it: rank 0 reports "stopped 5" once the stop file appears (or SIGTERM comes),
+# or "finished 5" in a requeued attempt.
 STOPPABLE = """
-import os, pathlib, sys, time
+import os, pathlib, signal, sys, time
 rank = int(os.environ.get("RANK", "0"))
 stop, outcome = pathlib.Path(os.environ["LAUNCHER_STOP_FILE"]), pathlib.Path(os.environ["LAUNCHER_OUTCOME_FILE"])
 if int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1:
     if rank == 0:
         outcome.write_text("finished 5\\n")
     sys.exit(0)
+signalled = []
+signal.signal(signal.SIGTERM, lambda *_: signalled.append(1))  # a preemption's notice to training: save, exit
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # (node.sh starts torchrun with it blocked)
 print(f"rank {rank} training", flush=True)
-while not stop.exists():
+while not stop.exists() and not signalled:
     time.sleep(0.2)
 time.sleep(1)
 if rank == 0:
@@ -124,3 +127,20 @@ def test_a_cancel_ends_the_attempt_and_is_not_requeued(tmp_path: Path, slurm_env
     text = log.read_text()
     assert state == "CANCELLED" and lines(text, "terminated"), text
     assert "requeueing" not in text and "attempt 2" not in text, text
+
+
+def test_a_preemption_requeues_the_job_and_it_resumes(tmp_path: Path, slurm_env: dict):
+    """A job of the `urgent` partition takes the run's GPUs (tests/test_preemption.py's setting): the supervisor
+    reads PreemptTime as the step ends and the job is requeued, by itself (22.05 to 23.11) or by Slurm (24.05+)."""
+    job, log = submit_draft(tmp_path, slurm_env, script(tmp_path, "stoppable.py", STOPPABLE), "--max_requeues", "1")
+    wait_for_line(log, "rank 3 training")
+    urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "2",
+              "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
+    subprocess.run(urgent, env=slurm_env, capture_output=True, text=True, check=True)
+    wait_for_line(log, "attempt 2 started", timeout=300)
+    state, code = wait_end(job, slurm_env, timeout=300)
+    text = log.read_text()
+    assert (state, code) == ("COMPLETED", "0:0"), text
+    assert lines(text, "preemption") and "training's last word: stopped 5" in text, text
+    assert lines(text, "requeue_preemption") or lines(text, "requeue_by_slurm"), text
+    assert text.count("attempt 2 started") == 1 and "attempt 3" not in text, text
