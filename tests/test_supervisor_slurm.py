@@ -19,13 +19,14 @@ from launcher.bundle.files import paths_for
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 
 
-def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str, wait: bool = True) -> tuple[str, Path]:
-    """The bundle written with the draft as its batch script, and submitted: the job's id and its log."""
+def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str, ck: Path | None = None) -> tuple[str, Path]:
+    """The bundle written with the draft as its batch script (its checkpoints in `ck`, else tmp_path/ck), and
+    submitted: the job's id and its log."""
     spec, problems = spec_for("--run_name", "sup", "--nodes", "2", "--gpus_per_node", "2", "--run_train_script",
                               train, "--dataset", "none", "--time_limit", "5:00", *flags, cwd=tmp_path)  # fmt: skip
     assert not problems, problems
     logs = tmp_path / "logs"
-    paths = paths_for("sup", "20260101-000000", logs / "configs", logs / "scripts", logs / "out", tmp_path / "ck")
+    paths = paths_for("sup", "20260101-000000", logs / "configs", logs / "scripts", logs / "out", ck or tmp_path / "ck")
     for folder in (paths.bundle_dir, paths.script.parent, paths.log.parent):
         folder.mkdir(parents=True)
     paths.config.write_text(render.config_yaml(spec, paths))
@@ -144,3 +145,20 @@ def test_a_preemption_requeues_the_job_and_it_resumes(tmp_path: Path, slurm_env:
     assert lines(text, "preemption") and "training's last word: stopped 5" in text, text
     assert lines(text, "requeue_preemption") or lines(text, "requeue_by_slurm"), text
     assert text.count("attempt 2 started") == 1 and "attempt 3" not in text, text
+
+
+def test_two_jobs_of_one_run_never_train_together(tmp_path: Path, slurm_env: dict):
+    """The second job of the run finds the first holding the lock under the checkpoints and ends (exit code 4)."""
+    train = script(tmp_path, "stoppable.py", STOPPABLE)
+    first, first_log = submit_draft(tmp_path, slurm_env, train, "--nodes", "1", "--gpus_per_node", "1")
+    wait_for_line(first_log, "rank 0 training")
+    (tmp_path / "again").mkdir()
+    second, second_log = submit_draft(tmp_path / "again", slurm_env, train, "--nodes", "1", "--gpus_per_node", "1",
+                                      ck=tmp_path / "ck")  # fmt: skip
+    state, code = wait_end(second, slurm_env)
+    text = second_log.read_text()
+    subprocess.run(["scancel", first], env=slurm_env, check=True)
+    assert (state, code) == ("FAILED", "4:0"), text
+    (line,) = lines(text, "two_writers")
+    assert f"two jobs of one run: job {first} (RUNNING) holds {tmp_path / 'ck' / P.LOCK}" in line, text
+    assert not lines(text, "rendezvous")
