@@ -5,6 +5,7 @@ decisions are `decide`'s and `table`'s; the effects go through `effects.Effects`
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,8 @@ from launcher.node import watchdog
 from launcher.node.supervisor import decide, table
 from launcher.node.supervisor.effects import Effects, append_requeue_record, requeued
 from launcher.node.supervisor.state import SIGNALS, Notice, Phase, State, Verdict
+
+STOP_GRACE_S = 60  # after a hang's `node.sh stop`: how long the step has to end before srun itself is ended
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Supervisor:
         self.state, self.effects, self.files = state, effects, files
         self.node_script = list(node_script)  # the command that runs the bundle's node script (dump, stop)
         self.max_excluded = max_excluded
+        self.stop_by: float | None = None  # after a hang: when srun itself is ended, if the step still runs
 
     # -- notices
     def install(self) -> None:
@@ -81,6 +85,9 @@ class Supervisor:
     def handle_pending(self) -> None:
         """The notices that came, in order, by `decide.on_signal` in the phase the attempt is in now."""
         state = self.state
+        if self.stop_by is not None and time.monotonic() >= self.stop_by:  # a hung step that did not end: srun ended
+            self.stop_by = None
+            self.effects.stop_step()
         if state.phase == Phase.NODE_CHECK and self.files.progress.exists():
             state.phase = Phase.STEP
         while state.pending:
@@ -107,16 +114,16 @@ class Supervisor:
             self.effects.say("suspected", nodes=" ".join(found))
         if state.notice == Notice.HUNG:
             state.suspects = found
-        if self.node_script:
+        if self.node_script:  # the training processes stopped on every node: srun then ends by itself
             self.effects.overlap(state.step_nodes, [*self.node_script, "stop"], 60)
-        self.effects.stop_step()
+        self.stop_by = time.monotonic() + (STOP_GRACE_S if self.node_script else 0)
 
     # -- a node step
     def run_step(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         """One node step to its end, the notices handled as they come: srun's exit status."""
-        self.state.phase = Phase.NODE_CHECK
+        self.state.phase, self.stop_by = Phase.NODE_CHECK, None
         status = self.effects.run_step(argv, dict(env) if env is not None else None, self.handle_pending)
-        self.state.phase = Phase.DECIDING
+        self.state.phase, self.stop_by = Phase.DECIDING, None
         return status
 
     def judge(self, status: int) -> StepEnd:
