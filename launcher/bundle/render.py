@@ -134,12 +134,16 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
 
 def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
     """The batch script's text."""
+    return _batch(spec, paths, "sbatch.sh.j2")
+
+
+def _batch(spec: RunSpec, paths: BundlePaths, template: str) -> str:
     a = spec.args
     # Validation refuses such log paths (slurm_values.SBATCH_UNSAFE); reaching here with one is a launcher bug.
     assert not SBATCH_UNSAFE.search(str(paths.log)), f"unsafe #SBATCH path {paths.log!r}"
     return (
         _environment()
-        .get_template("sbatch.sh.j2")
+        .get_template(template)
         .render(
             **_values(spec, paths),
             cpus_per_node=a.slurm.cpus_per_node,
@@ -172,6 +176,12 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
             heartbeat_s=HEARTBEAT_S,
         )
     )
+
+
+def supervisor_script_draft(spec: RunSpec, paths: BundlePaths) -> str:
+    """DRAFT (issue 38, docs/supervisor.md): the batch script as a header and one exec of the Python supervisor
+    (templates/sbatch_supervisor.sh.j2), from the live script's values; no launch renders it yet."""
+    return _batch(spec, paths, "sbatch_supervisor.sh.j2")
 
 
 def export_script(spec: RunSpec, paths: BundlePaths) -> str:

@@ -263,6 +263,26 @@ def _csv(text: str) -> list[str]:
     return [n for n in re.split(r"[,\s]+", text) if n]
 
 
+def answer(step: Step, job: str, checkpoints: Path, records_file: Path, gpus: int = 0, log: Path | None = None,
+           offset: int = 0, ranks: Path | None = None, metrics: Path | None = None) -> Decision:  # fmt: skip
+    """The decision after `step`, from the job's log (from `offset`), training's rank map and metrics, the run's
+    checkpoints and the job's records; a restart or a requeue is appended to the records (`records_file`). The
+    supervisor calls it; `main` is the batch script's door to it."""
+    at = last_logged_step(metrics) if metrics else None
+    text = log_slice(log, offset) if log and step.verdict == "failed" else ""
+    found = find(step, text, ranks_map(ranks) if ranks else {}, gpus, at)
+    checkpoint = checkpoint_step(checkpoints)
+    past = records(records_file, job)
+    decision = replace(decide(step, found, past, checkpoint), count=len(past) + 1)
+    if decision.action != "stop":
+        record = P.RESTART_FORMAT.format(why=found.why, action=decision.action, job=job, attempt=step.attempt,
+                                         start=step.started_from, end=checkpoint, at="-" if at is None else at,
+                                         nodes=",".join(decision.nodes) or "-", failure=signature(found))  # fmt: skip
+        with open(records_file, "a", encoding="utf-8") as f:
+            f.write(record + "\n")
+    return decision
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verdict", choices=("failed", "hung", "unhealthy"), required=True)
@@ -289,18 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     step = Step(a.verdict, a.attempt, a.layout, _csv(a.step_nodes), _csv(a.allocation), _csv(a.left_out),
                 _csv(a.suspects), a.started_from, a.max_restarts, a.requeues > 0, a.max_excluded,
                 a.partition_spare)  # fmt: skip
-    at = last_logged_step(a.metrics) if a.metrics else None
-    text = log_slice(a.log, a.offset) if a.log and a.verdict == "failed" else ""
-    found = find(step, text, ranks_map(a.ranks) if a.ranks else {}, a.gpus, at)
-    checkpoint = checkpoint_step(a.checkpoints)
-    past = records(a.records, a.job)
-    decision = replace(decide(step, found, past, checkpoint), count=len(past) + 1)
-    if decision.action != "stop":
-        record = P.RESTART_FORMAT.format(why=found.why, action=decision.action, job=a.job, attempt=step.attempt,
-                                         start=step.started_from, end=checkpoint, at="-" if at is None else at,
-                                         nodes=",".join(decision.nodes) or "-", failure=signature(found))  # fmt: skip
-        with open(a.records, "a", encoding="utf-8") as f:
-            f.write(record + "\n")
+    decision = answer(step, a.job, a.checkpoints, a.records, gpus=a.gpus, log=a.log, offset=a.offset, ranks=a.ranks,
+                      metrics=a.metrics)  # fmt: skip
     print(decision.line())
     return 0
 

@@ -1,0 +1,95 @@
+"""The supervisor's loop (launcher/node/supervisor/main.py) as a real process for tests/test_supervisor_loop.py:
+`python supervisor_loop_harness.py DIR MODE LAYOUT`. Job 77 on node1-node3, node1 the batch host. Slurm is absent:
+its commands are answered from DIR (the allocation from DIR/nodelist), and the node step is a real child process
+in place of srun that plays training: the first step fails (exit 7), a later one honours the stop file ("stopped
+10") or finishes ("finished 10"). MODE races the restart decision as the bash script's tests did: "none" (it
+raises: no answer), "warn"/"term" (a USR1/SIGTERM to this process while it runs), "shrink" (a node leaves the
+allocation while it runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from launcher.node import restart
+from launcher.node.supervisor.effects import Node, run
+from launcher.node.supervisor.main import Attempt
+from launcher.node.supervisor.settings import Settings
+from launcher.node.supervisor.supervise import Files
+
+FOLDER, MODE, LAYOUT = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+TRAINING = r"""
+import os, pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+n = int((folder / "steps").read_text()) + 1 if (folder / "steps").exists() else 1
+(folder / "steps").write_text(str(n))
+if n == 1:
+    sys.exit(7)
+if (folder / "stop-requested").exists():
+    (folder / "outcome").write_text("stopped 10\n")
+else:
+    (folder / "outcome").write_text("finished 10\n")
+"""
+
+
+class NoSlurm(Node):
+    def job_field(self, job: str, name: str) -> str:
+        return {"NodeList": (FOLDER / "nodelist").read_text().strip(), "ExcNodeList": "(null)"}.get(name, "")
+
+    def hostnames(self, hostlist: str) -> list[str]:
+        return [n for n in hostlist.split(",") if n]
+
+    def node_addr(self, node: str) -> str:
+        return "127.0.0.1"
+
+    def partition_field(self, partition: str, name: str) -> str:
+        return "3" if name == "TotalNodes" else ""
+
+    def requeue(self, job: str) -> bool:
+        (FOLDER / "requeued").write_text(job)
+        return run(["kill", "-TERM", str(os.getpid())], 10).returncode == 0  # the requeue's own SIGTERM
+
+    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], None]) -> int:
+        with open(FOLDER / "srun.calls", "a") as f:
+            f.write(" ".join(argv) + "\n")
+        return super().run_step([sys.executable, "-c", TRAINING, str(FOLDER)], env, wake)
+
+
+def main() -> int:
+    (FOLDER / "nodelist").write_text("node1,node2,node3\n")
+    files = Files.in_dir(FOLDER)
+    settings = Settings("77", 0, "node1,node2,node3", "node1", "debug", sys.executable, FOLDER / "node.sh",
+                        FOLDER / "ck", FOLDER / "job.log", FOLDER / "metrics.jsonl", FOLDER / "ranks", files,
+                        LAYOUT, LAYOUT + 1, 1, 1, 10, 1, 300, ("--factor", "10", "--floor", "600"), "c10d", (),
+                        False)  # fmt: skip
+    attempt = Attempt(settings, NoSlurm())
+    answer = restart.answer
+
+    def racing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        (FOLDER / "watchdog-in-decision").write_text(str(attempt.watchdog is not None))
+        if MODE == "none":
+            raise RuntimeError("no answer")
+        if MODE in ("warn", "term"):
+            os.kill(os.getpid(), signal.SIGUSR1 if MODE == "warn" else signal.SIGTERM)
+            time.sleep(1)
+        if MODE == "shrink":
+            (FOLDER / "nodelist").write_text("node1\n")
+        return answer(*args, **kwargs)
+
+    restart.answer = racing
+    attempt.sup.install()
+    try:
+        code = attempt.run()
+    finally:
+        attempt.close()
+    (FOLDER / "result.json").write_text(json.dumps({"code": code, "notice": attempt.state.notice.value}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The supervisor's loop (a draft: launcher/node/supervisor/main.py) as a real process with a real child for its
+node step (tests/supervisor_loop_harness.py): the cases tests/test_restart_script.py holds the bash script to, where
+the restart decision has no answer or races a notice, here with real signals and no bash."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher import protocol as P
+from launcher.node.restart import records
+
+HARNESS = Path(__file__).resolve().parent / "supervisor_loop_harness.py"
+
+
+def run_loop(tmp_path: Path, mode: str = "", layout: int = 1) -> tuple[int, list[str], int]:
+    """The loop's exit code, its lines, and how many steps it ran."""
+    out = subprocess.run([sys.executable, str(HARNESS), str(tmp_path), mode, str(layout)], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert json.loads((tmp_path / "result.json").read_text())["code"] == out.returncode, out.stderr
+    return out.returncode, out.stdout.splitlines(), int((tmp_path / "steps").read_text())
+
+
+def said(out: list[str], name: str) -> list[str]:
+    return [line for line in out if P.pattern(name).match(line)]
+
+
+def test_a_restart_starts_the_step_again_and_records_it_as_the_jobs(tmp_path: Path):
+    code, out, steps = run_loop(tmp_path)
+    assert (code, steps) == (0, 2), out
+    (restart,) = said(out, "restart")
+    assert "restart 1 of 10 in the allocation, leaving out none: training again on node1 " in restart, out
+    (record,) = records(tmp_path / P.RESTARTS_FILE)
+    assert (record["action"], record["job"]) == ("restart", "77")
+    assert (tmp_path / "watchdog-in-decision").read_text() == "False"  # stopped before the decision
+
+
+def test_a_decision_with_no_answer_ends_the_attempt_as_without_restarts_and_says_so(tmp_path: Path):
+    code, out, steps = run_loop(tmp_path, "none")
+    assert (code, steps) == (7, 1), out  # a failure ends with the step's status, as with --max_restarts 0
+    (line,) = said(out, "no_decision")
+    assert "no restart decision could be had (its answer: nothing;" in line
+
+
+def test_a_time_limit_warning_during_the_decision_requeues_the_job(tmp_path: Path):
+    code, out, steps = run_loop(tmp_path, "warn")
+    assert (code, steps) == (0, 1), out  # not a second step that stops at once on the stop file
+    assert said(out, "notice_over_restart") and said(out, "requeue_time_limit"), out
+    assert (tmp_path / "requeued").read_text() == "77"
+    (record,) = records(tmp_path / P.RESTARTS_FILE)
+    assert record["action"] == "requeue"  # what the job did: no restart is counted
+
+
+def test_a_sigterm_during_the_decision_ends_the_attempt(tmp_path: Path):
+    code, out, steps = run_loop(tmp_path, "term")
+    assert (code, steps) == (7, 1), out  # no new step in a dying job
+    assert said(out, "notice_over_restart") and not (tmp_path / "requeued").exists()
+    assert records(tmp_path / P.RESTARTS_FILE) == []
+
+
+def test_a_step_never_starts_on_fewer_nodes_than_the_layout(tmp_path: Path):
+    code, out, steps = run_loop(tmp_path, "shrink", layout=2)
+    assert (code, steps) == (0, 1), out
+    (requeue,) = said(out, "requeue_without")
+    assert requeue.endswith("; 1 of the layout's 2 nodes left in the allocation"), requeue
+    assert (tmp_path / "requeued").read_text() == "77" and not said(out, "restart")
+
+
+def test_the_draft_script_hands_the_supervisor_every_value(tmp_path: Path):
+    """The draft batch script run by bash up to its exec, the job's Python a script that reads the settings as the
+    supervisor would: what the template exports is what settings.py reads."""
+    from launcher_helpers import fixed_paths, spec_for
+
+    from launcher.bundle import render
+
+    python = tmp_path / "python"
+    python.write_text(f"""#!/bin/bash
+exec {sys.executable} -c 'import dataclasses, json, os, sys
+from launcher.node.supervisor.settings import Settings
+print(json.dumps({{"argv": sys.argv[1:], **dataclasses.asdict(Settings.from_env(os.environ))}}, default=str))' "$@"
+""")
+    python.chmod(0o755)
+    spec, problems = spec_for("--python", str(python), "--nodes", "2", "--spare_nodes", "1", "--hang_timeout", "600",
+                              "--startup_timeout", "900", "--max_requeues", "2", "--max_restarts", "4",
+                              "--pre_launch_commands", "echo before", "--dataset", "none")  # fmt: skip
+    assert not problems
+    paths = fixed_paths("t", root=tmp_path)
+    script = tmp_path / "draft.sbatch"
+    script.write_text(render.supervisor_script_draft(spec, paths))
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3]", "SLURMD_NODENAME": "node1"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, before, settings_line = out.stdout.splitlines()
+    assert P.pattern("attempt_started").match(first) and before == "before"
+    got = json.loads(settings_line)
+    assert got["argv"] == ["-m", "launcher.node.supervisor", "--started-said"]
+    assert (got["layout"], got["allocated"], got["max_requeues"], got["max_restarts"]) == (2, 3, 2, 4)
+    assert got["watchdog"] == ["--factor", str(spec.args.job.hang_factor), "--floor", "600", "--startup", "900"]
+    assert got["node_script"] == str(paths.node_script) and got["checkpoints"] == str(paths.checkpoints)
+    assert got["files"]["restarts"] == str(paths.restarts_file) and got["files"]["stop"] == str(paths.stop_file)
+    assert (got["job"], got["batch_node"], got["gpus"], got["container"]) == ("77", "node1", 8, [])

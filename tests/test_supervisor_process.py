@@ -1,0 +1,108 @@
+"""The supervisor as a real process (tests/supervisor_harness.py): real signals to it, a real child process as its
+node step, its real lines, records and exit code. Only Slurm is absent (no cluster here: the harness says how)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher import protocol as P
+from launcher.node.restart import records
+
+HARNESS = Path(__file__).resolve().parent / "supervisor_harness.py"
+
+
+def start(folder: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, str(HARNESS), str(folder)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (folder / "training.pid").exists():  # the step runs
+        assert proc.poll() is None and time.monotonic() < deadline, "the supervisor ended before its step started"
+        time.sleep(0.05)
+    return proc
+
+
+def signal_and_wait(folder: Path, proc: subprocess.Popen[str], *signums: int) -> tuple[int, dict, list[str]]:
+    for signum in signums:
+        proc.send_signal(signum)
+        time.sleep(0.5)  # each handled before the next (the supervisor looks every 0.2 s)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, json.loads((folder / "result.json").read_text()), out.splitlines()
+
+
+def names(lines: list[str]) -> list[str]:
+    return [name for line in lines for name in P.LINES if P.pattern(name).match(line)]
+
+
+def test_a_warning_stops_training_at_a_checkpoint_and_the_job_requeues_itself(tmp_path: Path):
+    proc = start(tmp_path)
+    code, result, lines = signal_and_wait(tmp_path, proc, signal.SIGUSR1)
+    assert (code, result["verdict"], result["status"]) == (0, "requeue", 0), lines
+    assert names(lines) == ["warned", "outcome", "requeue_time_limit"], lines
+    assert "training's last word: stopped 10" in lines[1]
+    assert (tmp_path / "requeued").read_text() == "77"  # and its SIGTERM, which the supervisor outlived
+    assert (tmp_path / P.REQUEUES_FILE).read_text() == "time-limit attempt 1 step 10 nodes -\n"
+
+
+def test_a_hang_dumps_stops_the_step_and_ends_as_without_restarts(tmp_path: Path):
+    proc = start(tmp_path)
+    (tmp_path / P.HUNG_FILE).write_text("812 615 600\n")
+    code, result, lines = signal_and_wait(tmp_path, proc, signal.SIGUSR2)
+    assert (code, result["verdict"], result["status"]) == (1, "hung", 128 + signal.SIGTERM), lines
+    assert names(lines) == ["hung", "outcome"], lines
+    assert "hung at step 812: no progress for 615 s (limit 600 s); stacks in " in lines[0]
+    assert (tmp_path / "stacks-77-1").is_dir()
+    assert records(tmp_path / P.RESTARTS_FILE) == []
+
+
+def test_a_hang_after_the_warning_stops_the_step_and_the_warning_stands(tmp_path: Path):
+    """(the bash script made it a hang, and restarted in a job whose time was up)"""
+    proc = start(tmp_path)
+    os.kill(int((tmp_path / "training.pid").read_text()), signal.SIGSTOP)  # training hangs: no checkpoint comes
+    code, result, lines = signal_and_wait(tmp_path, proc, signal.SIGUSR1, signal.SIGUSR2)
+    assert (result["verdict"], result["notice"], code) == ("requeue", "warned", 0), lines
+    assert names(lines[:3]) == ["warned", "hung", "outcome"] and len(lines) == 4, lines
+    assert "training's last word: none" in lines[2]
+    # (as the bash script says it: a step no pattern of the contract reads, FIELD_PATTERNS' `step` being \S+)
+    assert "saved at step unknown (no word from training); requeueing after the time-limit notice (1 of 2)" in lines[3]
+    assert (tmp_path / P.REQUEUES_FILE).read_text().startswith("time-limit attempt 1 step unknown")
+
+
+def test_a_sigterm_ends_the_attempt_with_the_steps_status(tmp_path: Path):
+    proc = start(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    os.kill(int((tmp_path / "training.pid").read_text()), signal.SIGTERM)  # as Slurm ends the step's tasks
+    code, result, lines = signal_and_wait(tmp_path, proc)
+    assert (code, result["verdict"]) == (128 + signal.SIGTERM, "ended"), lines
+    assert names(lines) == ["terminated", "outcome"], lines
+    assert not (tmp_path / "requeued").exists()
+
+
+def test_the_lock_one_writer_per_run(tmp_path: Path):
+    from launcher.node.supervisor.effects import take_lock
+
+    states = {"41": "RUNNING", "40": "COMPLETED"}
+    assert take_lock(tmp_path, "40", states.__getitem__) is None  # free: taken
+    assert (tmp_path / P.LOCK / P.LOCK_HOLDER).read_text() == "40\n"
+    assert take_lock(tmp_path, "40", states.__getitem__) is None  # its own, from an earlier attempt
+    assert take_lock(tmp_path, "41", states.__getitem__) is None  # 40 ended: taken over
+    assert take_lock(tmp_path, "42", states.__getitem__) == ("41", "RUNNING")  # 41 alive: refused
+    assert (tmp_path / P.LOCK / P.LOCK_HOLDER).read_text() == "41\n" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_the_restart_decision_is_a_function_call_with_the_scripts_answer(tmp_path: Path):
+    from launcher.node import restart
+
+    argv = ["--verdict", "hung", "--layout", "1", "--step-nodes", "node1", "--allocation", "node1,node2",
+            "--suspects", "node1", "--checkpoints", str(tmp_path), "--job", "7"]  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "launcher.node.restart", *argv, "--records", str(tmp_path / "a")],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    step = restart.Step("hung", 1, 1, ["node1"], ["node1", "node2"], suspects=["node1"])
+    decision = restart.answer(step, "7", tmp_path, tmp_path / "b")
+    assert decision.action == "restart" and decision.line() + "\n" == out
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() != ""
