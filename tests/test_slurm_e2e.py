@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -339,8 +340,11 @@ def test_ctrl_c_stops_following_not_the_job(tmp_path: Path, slurm_env: dict):
     job_id = json.loads((bundle_dir / "manifest.json").read_text())["slurm"]["job_id"]
     said = tmp_path / "follower.err"
     with said.open("w") as err:
+        # SIGINT as a terminal leaves it (a shell's background job, `make test &`, passes it on ignored, and Python
+        # then never raises KeyboardInterrupt)
         follower = subprocess.Popen([sys.executable, "-m", "launcher.jobs", "attach", str(bundle_dir)], cwd=ROOT,
-                                    env=slurm_env, stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+                                    env=slurm_env, stdout=subprocess.PIPE, stderr=err, text=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:  # (the job sleeps 5 minutes: cancelled whatever happens, or it holds node1 from the tests after this one)
         wait_for(lambda: (slurm.job_state(job_id) or slurm.job_state(job_id)).state == "RUNNING")
         wait_for(lambda: f"job {job_id} RUNNING" in said.read_text())  # following (not still starting up)
