@@ -435,7 +435,8 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
            for n in ("1", "2", "7", "12", "13")}  # fmt: skip
 
     def real(text: str) -> str:
-        return re.sub(r"(?<![_+0-9])(0*)([1-9][0-9]*)", lambda m: m.group(1) + ids.get(m.group(2), m.group(2)), text)
+        # (not a task id: after `_`, or in a task range `_[1-2]`)
+        return re.sub(r"(?<![_+0-9[-])(0*)([1-9][0-9]*)", lambda m: m.group(1) + ids.get(m.group(2), m.group(2)), text)
 
     def slurm_takes(text: str) -> bool:
         argv = ["sbatch", "--test-only", f"--dependency={real(text)}", "--nodes", "1", "--wrap", "true"]
@@ -445,16 +446,16 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
 
     try:
         assert real("afterok:01,after:1_*+5?12_3") == f"afterok:0{ids['1']},after:{ids['1']}_*+5?{ids['12']}_3"
+        assert real("afterok:1_[1-2]") == f"afterok:{ids['1']}_[1-2]"
         assert [text for text in ACCEPTED if not slurm_takes(text)] == []
         assert [text for text in REFUSED if slurm_takes(text)] == []
-        # on a real array, a task range is refused by Slurm too; 24.11 and later refuse afterok on a job they do not
-        # know, 26.05 a list that mixes `,` and `?` and a task id left empty
+        # 24.11 and later refuse afterok on a job they do not know, 26.05 a list that mixes `,` and `?` and a task id
+        # left empty (a task range of a real array, `_[1-2]`, every release takes)
         release = slurm_release(slurm_env)
         also_refused = [
             text
             for text in STRICTER
-            if text == "afterok:1_[1-2]"
-            or (text == "afterok:+9999999" and release >= (24, 11))
+            if (text == "afterok:+9999999" and release >= (24, 11))
             or (text in ("afterok:1,afterany:2?after:3", "afterok:1_") and release >= (26, 5))
         ]
         assert [text for text in STRICTER if not slurm_takes(text)] == also_refused
