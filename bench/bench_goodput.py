@@ -85,12 +85,32 @@ def rank_pid(job_id: str, conf: str, rank: int) -> int | None:
     return None
 
 
-def one_run(path: str, n: int, work: Path, env: dict, data: tuple[Path, Path]) -> Run:
-    name = f"{path}-{n}"
-    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", name, "--nodes", "1",
+def launch_argv(name: str, data: tuple[Path, Path], *flags: str) -> list[str]:
+    """The benches' run: the tiny model on 1 node x 2 processes, checkpoints every 10 steps, followed to its end."""
+    return [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", name, "--nodes", "1",
             "--gpus_per_node", "2", "--model_size", "tiny", "--dataset", str(data[0]), "--tokenizer", str(data[1]),
             "--grad_accum_steps", "1", "--train_steps", "100000", "--save_interval", "10", "--wandb_disabled", "true",
-            "--time_limit", "30:00", *PATHS[path], "--show_logs"]  # fmt: skip
+            "--time_limit", "30:00", *flags, "--show_logs"]  # fmt: skip
+
+
+def report(bench: str, settings: str, before: tuple[float, ...], lines: list[str], out: Path | None) -> None:
+    """Print the bench's report (its settings, the load before and after, `lines`), and write it to `out`."""
+    after = os.getloadavg()
+    text = "\n".join([
+        f"# bench/{bench}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"{settings}; {os.cpu_count()} cores; load average (1, 5, 15 min) before "
+        f"{before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}",
+        "",
+        *lines,
+    ])  # fmt: skip
+    print(text)
+    if out:
+        out.write_text(text + "\n")
+
+
+def one_run(path: str, n: int, work: Path, env: dict, data: tuple[Path, Path]) -> Run:
+    name = f"{path}-{n}"
+    argv = launch_argv(name, data, *PATHS[path])
     proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         (bundle,) = wait_for(lambda: list((work / "logs/configs" / name).glob("*/manifest.json")), 60)
@@ -155,21 +175,10 @@ def main() -> int:
                           f"{again} s; resumed at step {run.resumed_at}); load {run.load:.1f}", flush=True)  # fmt: skip
         finally:
             down(spec)
-    after = os.getloadavg()
-    report = "\n".join([
-        f"# bench/bench_goodput.py, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"{version}, cred_expire=120; {os.cpu_count()} cores; load average (1, 5, 15 min) before "
-        f"{before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}",
-        "",
-        *(f"- {r.path}: failure -> next step {r.to_next_step:.1f} s, training again said at "
-          f"{'?' if r.to_again is None else f'{r.to_again:.1f}'} s, resumed at step {r.resumed_at}, load {r.load:.1f}"
-          for r in runs),
-        "",
-        table(runs),
-    ])  # fmt: skip
-    print(report)
-    if args.out:
-        args.out.write_text(report + "\n")
+    lines = [f"- {r.path}: failure -> next step {r.to_next_step:.1f} s, training again said at "
+             f"{'?' if r.to_again is None else f'{r.to_again:.1f}'} s, resumed at step {r.resumed_at}, "
+             f"load {r.load:.1f}" for r in runs]  # fmt: skip
+    report("bench_goodput.py", f"{version}, cred_expire=120", before, [*lines, "", table(runs)], args.out)
     return 0
 
 

@@ -27,10 +27,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from bench_goodput import ROOT, rows, wait_for
+from bench_goodput import launch_argv, report, rows, wait_for
 
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.localcluster.demo_data import make_demo
@@ -75,11 +74,9 @@ def fail_node(spec: ClusterSpec, node: str, job_id: str, conf: str) -> None:
 
 def one_run(mode: str, n: int, work: Path, spec: ClusterSpec, env: dict, data: tuple[Path, Path]) -> Run:
     name = f"{mode}-{n}"
-    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", name, "--nodes", "1",
-            "--gpus_per_node", "2", "--model_size", "tiny", "--dataset", str(data[0]), "--tokenizer", str(data[1]),
-            "--grad_accum_steps", "1", "--train_steps", "100000", "--save_interval", "10", "--wandb_disabled", "true",
-            "--time_limit", "30:00", "--show_logs"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        launch_argv(name, data), cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         (bundle,) = wait_for(lambda: list((work / "logs/configs" / name).glob("*/manifest.json")), 60)
         job_id = wait_for(lambda: json.loads(bundle.read_text())["slurm"].get("job_id"), 60)
@@ -147,17 +144,7 @@ def main() -> int:
                           f"at {said} s); load {run.load:.1f}", flush=True)  # fmt: skip
             finally:
                 down(spec)
-    after = os.getloadavg()
-    report = "\n".join([
-        f"# bench/bench_requeue.py, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"{version}, cred_expire=120, SlurmdTimeout=20; {os.cpu_count()} cores; load average (1, 5, 15 min) before "
-        f"{before[0]:.1f} {before[1]:.1f} {before[2]:.1f}, after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}",
-        "",
-        table(runs),
-    ])  # fmt: skip
-    print(report)
-    if args.out:
-        args.out.write_text(report + "\n")
+    report("bench_requeue.py", f"{version}, cred_expire=120, SlurmdTimeout=20", before, [table(runs)], args.out)
     return 0
 
 
