@@ -63,9 +63,11 @@ def write_config(
     dialect: str = "0.4",
     grad_accum: int = 1,
     warmup: int = 10,
+    data_flags: tuple[str, ...] = (),
 ) -> Path:
     """The config the launcher writes for this case as a one-GPU job (its own flags, resolution and checks), in
-    `dialect`'s dialect; without `save_interval`, only the last step is saved. Beside it, `<name>.estimate.json`:
+    `dialect`'s dialect; without `save_interval`, only the last step is saved; `data_flags` (e.g. `--dataset DIR
+    --tokenizer DIR`) stand for the case's DATA where given. Beside it, `<name>.estimate.json`:
     the launcher's memory estimate for that layout (launcher.perf.memory, as the fit check computes it)."""
     from launcher.config.cli import parse
     from launcher.config.resolve import resolve
@@ -81,7 +83,9 @@ def write_config(
              "--grad_accum_steps", str(grad_accum), "--train_steps", str(steps), "--warmup_steps", str(warmup),
              "--save_interval", str(save_interval or 10 * steps), "--log_interval", "1",
              "--nanotron_dialect", dialect, "--skip_memory_check", "true"]  # fmt: skip  # measured, not refused
-    if data == "local":
+    if data_flags:
+        flags += list(data_flags)
+    elif data == "local":
         from launcher.localcluster.demo_data import make_demo
 
         demo = work / "demo"
@@ -150,7 +154,7 @@ def run_engine(
                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", label,
                __file__, "--child", engine, str(config), str(memory)]  # fmt: skip
     command += ([] if save else ["--no-save"]) + (["--keep"] if keep else [])
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     with open(out / f"{label}.log", "a") as log:
         try:
             done = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout)
@@ -161,7 +165,7 @@ def run_engine(
         raise RunFailed(f"{label} failed (exit {done.returncode}); its log: {out / f'{label}.log'}")
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     stats = json.loads(memory.read_text()) if memory.exists() else {}
-    return {"metrics": {m["step"]: m for m in lines}, "wall": wall, **stats}
+    return {"metrics": {m["step"]: m for m in lines}, "wall": wall, "started_at": started_at, **stats}
 
 
 def child(engine: str, config: str, memory: str, save: bool, keep: bool) -> None:

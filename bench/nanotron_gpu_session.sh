@@ -9,6 +9,9 @@
 #                         travel as one .tar.xz split in two: .gpu-libs-a/ here, .gpu-libs-b/ with call 2), kept in /tmp
 #   bench/nanotron_gpu_session.sh fa4 OUT [SECONDS [ARGS...]]   call 2, on the warm machine: FlashAttention 4 against
 #                         the SDPA stand-in (bench/fa4_probe.py, cold and from its disk cache), then `session`
+#   bench/nanotron_gpu_session.sh data-export OUT [SECONDS [ARGS...]]   a Nanoset against the same text tokenized at
+#                         start, and the export of a GPU-trained checkpoint against nanotron's forward
+#                         (bench/gpu_data_export.py; .gpu/data/ made on the CPU machine, docs/nanotron-gpu.md)
 #   bench/nanotron_gpu_session.sh build-fa OUT            flash-attn from .gpu/sdist/, built in the background
 #   bench/nanotron_gpu_session.sh fidelity OUT            once built: nanotron's loss through flash_attn vs the stand-in
 set -euo pipefail
@@ -27,7 +30,7 @@ if ! python3 -c 'import pyarrow, sys; sys.exit(int(pyarrow.__version__.split("."
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .gpu/fallback/pyarrow-*.whl
 fi
-if [ -d .gpu/fa4 ]; then  # FlashAttention 4 and what it needs beyond the image (docs/nanotron-gpu.md)
+if [ -d .gpu/fa4 ] && [ "$stage" != data-export ]; then  # FlashAttention 4 and what it needs beyond the image (docs/nanotron-gpu.md)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .gpu/fa4/*.whl
     if [ -f /tmp/cutlass-libs-cu13.tar.xz.aa ] && [ -d .gpu-libs-b ]; then  # the two halves, joined and unpacked
@@ -51,6 +54,11 @@ case $stage in
 session)
     python3 bench/gpu_session.py --out "$out" --work "$work" --main-src /tmp/nanotron-main/src --deadline "${3:-450}" \
         "${@:4}"
+    ;;
+data-export)  # the data was tokenized at /tmp/gpu-data, which its metadata names: the same path here
+    mkdir -p /tmp/gpu-data && cp -r .gpu/data/. /tmp/gpu-data/
+    python3 bench/gpu_data_export.py --out "$out" --data /tmp/gpu-data --work "$work" \
+        --main-src /tmp/nanotron-main/src --deadline "${3:-420}" "${@:4}"
     ;;
 fa4)
     rm -rf /tmp/fa4-cache

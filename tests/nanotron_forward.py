@@ -38,7 +38,7 @@ def forward_only(trainer_class: Any, tokens: list[list[int]], vocab: int, out: s
             def train(self, *ignored: Any, **also_ignored: Any) -> None:
                 model = self.unwrapped_model
                 model.eval()
-                ids = torch.tensor(tokens)
+                ids = torch.tensor(tokens, device=next(model.parameters()).device)  # a GPU's, on one
                 with torch.no_grad():
                     logits = logits_of(model, ids)
                     greedy = ids
