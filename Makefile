@@ -1,15 +1,16 @@
 # The two commands a newcomer runs (README):
 #   make demo   set everything up and run the main job end to end on a local 2-node Slurm cluster
-#   make test   set everything up and run the test suite on Slurm 22.05, then its Slurm tests on Slurm 26.05, then
-#               the tests of the differences between releases on Slurm 24.11 (the same command CI runs);
-#               `make test-slurm26` and `make test-slurm24` run the Slurm tests on one release
+#   make test   set everything up and run the test suite: what needs no cluster, containers, nanotron's trainer
+#               through Slurm, the README's main job and the differences between releases on Slurm 22.05; every
+#               Slurm test on 26.05; the differences between releases on 24.11 (the same command CI runs);
+#               `make test-slurm22`, `make test-slurm24` and `make test-slurm26` run every Slurm test on one release
 PYTHON ?= python3
 DEMO_DIR := .demo
 SLURM_DIR := .slurm
 # e.g. `make demo CLUSTER_FLAGS=--accounting`: slurmdbd on a MariaDB of the cluster's own (docs/accounting.md)
 CLUSTER_FLAGS ?=
 
-.PHONY: setup cluster demo test test-slurm24 test-slurm26 test-supervisor-draft down
+.PHONY: setup cluster demo test test-slurm22 test-slurm24 test-slurm26 test-supervisor-draft down
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -24,20 +25,27 @@ demo: cluster
 	  --train_steps 40 --warmup_steps 4 --learning_rate 3e-3 --min_lr 3e-4 --grad_accum_steps 1 --save_interval 10 \
 	  --time_limit 10:00 --wandb_disabled true --show_logs
 
+# Every test runs once, the Slurm ones on the release that tells the most (CI's 50 minutes on 2 cores: running the
+# ~90 Slurm tests on 22.05 as well took ~20 minutes more). On Debian 12's own 22.05, where `make demo` runs: the tests
+# that need no cluster, containers (pyxis is built against 22.05's libslurm), nanotron's trainer through Slurm
+# (nothing of it depends on the release), the README's main job (`main_job`) and the tests of what differs between
+# releases (`slurm_versions`: each reproduces a difference outside the launcher, then meets it through the launcher).
+# On 26.05, the newest: every Slurm test but those two kinds (~22 min). On 24.11, between them: `slurm_versions`.
+HOST_MARK = not supervisor_draft and (not slurm or containers or nanotron_cpu or main_job or slurm_versions)
+
 test: setup
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=25 -m "not supervisor_draft"
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=25 -m "$(HOST_MARK)"
 	$(MAKE) --no-print-directory -o setup test-slurm26
 	$(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS=slurm_versions
 
-# The tests that use the local cluster (-m slurm), again on a newer Slurm release (docs/slurm-versions.md): Debian
-# 13's 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or
-# two), then runs pytest inside it, accounting included (the release's slurmdbd on its MariaDB). Containers (pyxis
-# built against 22.05's libslurm) and nanotron's trainer on CPU through Slurm (nothing of it depends on the release)
-# run on the 22.05 cluster only.
-# `make test`: the whole suite on 22.05 (~40 min on 2 cores), every Slurm test on 26.05, the newest (~22 min), and on
-# 24.11, between the two, only the tests of what differs between releases (SLURM_TESTS=slurm_versions: each
-# reproduces a difference outside the launcher and tests how the launcher meets it, ~3 min) rather than all of them
-# again (~20 min more). `make test-slurm24` alone runs them all.
+# Every Slurm test on Debian 12's 22.05, the host's own cluster
+test-slurm22: setup
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=15 -m "slurm and not supervisor_draft"
+
+# The tests that use the local cluster (-m slurm) on a newer Slurm release (docs/slurm-versions.md): Debian 13's
+# 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or two),
+# then runs pytest inside it, accounting included (the release's slurmdbd on its MariaDB). Containers and nanotron's
+# trainer through Slurm run on the 22.05 cluster only.
 SLURM_TESTS ?= slurm
 SLURM_MARK = $(SLURM_TESTS) and not containers and not nanotron_cpu and not supervisor_draft
 RELEASE_24 := 24.11

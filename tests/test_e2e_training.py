@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 from launcher_helpers import ROOT
 from nanotron_main import judge, python_with_main
 
@@ -178,6 +179,7 @@ def assert_ledger_from_the_jobs_records(bundle_dir: Path, out: str) -> None:
     assert f"gpu-hours    {hours['allocated']:.3g} GPU-hours" in out  # the end summary's line
 
 
+@pytest.mark.main_job  # also on 22.05 in make test (pyproject.toml's markers)
 def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_data):
     started = time.monotonic()
     job_env = with_fake_nvidia_smi(tmp_path, slurm_env)
