@@ -73,4 +73,41 @@ def test_run_train_trains_on_a_folder(nanoset_folders, demo_data: DemoData, tmp_
     losses = [m[s]["loss"] for s in range(1, 31)]
     assert np.mean(losses[:5]) - np.mean(losses[-5:]) > 1.0, losses
     code, out, err = door(write_config(tmp_path / "n.yaml", config), capsys, "--engine", "nanotron")
+    assert NANOSET_NANOTRON not in out + err  # main's dialect: the nanotron engine feeds its trainer from the folder
+    config_04 = tiny_config(demo_data, tmp_path / "ckpt")  # 0.4's dialect: nanotron 0.4 (PyPI) has no Nanoset
+    config_04["data"]["dataset"] = config["data_stages"][0]["data"]["dataset"]
+    code, out, err = door(write_config(tmp_path / "n04.yaml", config_04), capsys, "--engine", "nanotron")
     assert code != 0 and NANOSET_NANOTRON in out + err
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["one-folder", "mixture"])
+def test_a_stopped_run_resumes_at_the_next_sample(nanoset_folders, demo_data: DemoData, mixed: bool, tmp_path: Path,
+                                                  monkeypatch, capsys):  # fmt: skip
+    """Stopped at step 12 and resumed (from its checkpoint, a new run_train.py) to 36, across an epoch's end: every
+    micro-batch's token ids are the uninterrupted run's, in order (each drawn one logged by a look at the stream)."""
+    a, b = (str(p) for p in nanoset_folders)
+    drawn: list[tuple[int, list]] = []
+    real = PackedWindows.micro_batch
+
+    def logged(self: PackedWindows, index: int):  # type: ignore[no-untyped-def]
+        batch = real(self, index)
+        drawn.append((index, batch.tolist()))
+        return batch
+
+    monkeypatch.setattr(PackedWindows, "micro_batch", logged)
+
+    def leg(name: str, ckpt: str, steps: int) -> tuple[str, list]:
+        config = _config(demo_data, {a: 1.0, b: 3.0} if mixed else {a: 1.0}, tmp_path / ckpt,
+                         **{"tokens.train_steps": steps})  # fmt: skip
+        drawn.clear()
+        code, out, err = door(write_config(tmp_path / f"{name}.yaml", config), capsys, "--engine", "torch")
+        assert code == 0, err
+        return out, list(drawn)
+
+    out, straight = leg("straight", "a", 36)
+    assert "epoch 2 begins at step" in out  # the comparison crosses an epoch's end
+    _, first = leg("first", "b", 12)
+    out, rest = leg("rest", "b", 36)
+    assert "resumed from checkpoint step 12" in out
+    assert [i for i, _ in straight] == list(range(36 * 2))  # micro-batches 0, 1, ... (2 a step), each drawn once
+    assert first + rest == straight  # the same micro-batches, in the same order, token id by token id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,34 @@ def test_a_local_dataset_is_its_files_sizes_and_first_and_last_mib(tmp_path: Pat
     big.write_bytes(bytes(data) + b"x")  # and so is the size
     assert pv.local_fingerprint(root)["bytes"] == first["bytes"] + 1
     (root / "state.json").write_text('{"a": 2}')  # a small file whole
+    assert pv.same_data(pv.local_fingerprint(root), first) is False
+
+
+def test_a_tokenized_folder_is_its_sizes_and_its_indexes(nanoset_folders: list[Path], tmp_path: Path):
+    """A Nanoset by its data files' names and sizes and its indexes' and metadata's hashes: a token file's content
+    is never read (a change inside it, its size kept, goes unseen), an index's is, and tokenize/'s record and logs
+    (which change as attempts run) are no part of it."""
+    root = tmp_path / "tok"
+    shutil.copytree(nanoset_folders[0], root)
+    first = pv.local_fingerprint(root)
+    (token_file,) = root.glob("*.ds")
+    index, metadata = Path(f"{token_file}.index"), Path(f"{token_file}.metadata")
+    sizes = sum(p.stat().st_size for p in (token_file, index, metadata))
+    assert first["tokenized"] is True and (first["files"], first["bytes"], first["hashed"]) == (3, sizes, 2)
+    assert pv.local_fingerprint(root) == first
+    (root / "tokenize" / "logs" / "another-attempt.log").write_text("a later attempt's log")
+    (root / "tokenize" / "record.json").write_text("{}")
+    assert pv.local_fingerprint(root) == first
+    tokens = bytearray(token_file.read_bytes())
+    tokens[2] ^= 1  # inside the first MiB: a token file is not read at all
+    token_file.write_bytes(bytes(tokens))
+    assert pv.same_data(pv.local_fingerprint(root), first) is True
+    token_file.write_bytes(bytes(tokens[:-2]))  # a token less: its size
+    assert pv.same_data(pv.local_fingerprint(root), first) is False
+    token_file.write_bytes(bytes(tokens))
+    offsets = bytearray(index.read_bytes())
+    offsets[8] ^= 1  # a document's end moved, the sizes kept: the index's hash
+    index.write_bytes(bytes(offsets))
     assert pv.same_data(pv.local_fingerprint(root), first) is False
 
 

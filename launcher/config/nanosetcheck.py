@@ -78,9 +78,6 @@ def problems(spec: RunSpec) -> list[Problem]:
         fix = ("install nanotron from git on the nodes and give --nanotron_dialect main (docs/data.md), or train on "
                "the text (--dataset naming the dataset, tokenized as the job starts)")  # fmt: skip
         out.append(Problem(flag, f"{', '.join(spec.nanosets)}: {NO_NANOSET_04}", fix))
-    if spec.args.job.engine == "nanotron":  # (auto: the job takes the torch engine for them, and says so)
-        why = "the launcher's nanotron engine does not read tokenized folders yet; the torch engine does"
-        out.append(Problem("engine", why, "give --engine torch or auto"))
     for name, folder in spec.nanosets.items():
         if folder is not None and not nanoset.same_tokenizer(folder.tokenizer, tokenizer):
             out.append(

@@ -3,7 +3,8 @@ launcher (which compares it with what a rerun would get): a dataset's or tokeniz
 is installed (its version and, for a source install, its git commit and whether it was changed).
 
 Standard library only, and cheap: the job's rank 0 runs it before training. A local dataset is fingerprinted by its
-files' sizes and the sha256 of their first and last MiB (a file of up to 2 MiB whole), not by reading it all; a hub
+files' sizes and the sha256 of their first and last MiB (a file of up to 2 MiB whole), not by reading it all (a
+tokenized folder by its sizes and its indexes' and metadata's hashes, never its token files' content); a hub
 name by the revision this machine's hub cache holds for it. nanotron is found without importing it.
 """
 
@@ -63,15 +64,28 @@ def _spread(n: int, most: int) -> set[int]:
     return {round(i * (n - 1) / (most - 1)) for i in range(most)}
 
 
+TOKENIZED = (".ds", ".ds.index", ".ds.metadata", ".ds.loss")  # datatrove's token files and the files beside them
+NOT_HASHED = (".ds",)  # a tokenized folder's token files: by name and size (their index pins what they hold)
+
+
 def local_fingerprint(path: Path) -> dict[str, Any]:
     """A local file or directory: its files, their total size and one sha256 over each file's name, size and
-    first/last MiB (`hashed` of them; the rest by name and size)."""
+    first/last MiB (`hashed` of them; the rest by name and size).
+
+    A tokenized folder (datatrove's token files, a Nanoset) by its data files only (not `tokenize/`'s record and
+    logs, which change as attempts run): every file's name and size, and the sha256 of its indexes and metadata
+    (every document's end offset, the tokenizer, the count; an index's first and last MiB), never of the token
+    files themselves (`tokenized`: True)."""
     out: dict[str, Any] = {"path": str(path)}
     try:
         files, cut = _files(path)
+        tokenized = path.is_dir() and any(f.name.endswith(".ds") for f in files)
+        if tokenized:
+            files = [f for f in files if f.name.endswith(TOKENIZED)]
         h = hashlib.sha256()
         total = 0
-        hashed = _spread(len(files), MAX_FILES_HASHED)
+        readable = [n for n, f in enumerate(files) if not (tokenized and f.name.endswith(NOT_HASHED))]
+        hashed = {readable[i] for i in _spread(len(readable), MAX_FILES_HASHED * (2 if tokenized else 1))}
         for n, f in enumerate(files):
             size = f.stat().st_size
             total += size
@@ -80,6 +94,8 @@ def local_fingerprint(path: Path) -> dict[str, Any]:
     except OSError as e:
         return {**out, "error": e.strerror or str(e)}
     out.update(files=len(files), bytes=total, sha256=h.hexdigest(), hashed=len(hashed))
+    if tokenized:
+        out["tokenized"] = True
     if cut:
         out["listed_up_to"] = MAX_FILES_LISTED
     return out

@@ -170,7 +170,7 @@ def _data(data: dict | None) -> dict[str, Any]:
     dataset = data.get("dataset")
     if isinstance(dataset, dict) and nanoset_yaml.is_section(
         dataset
-    ):  # tokenized folders: their names and weights, read by the torch engine
+    ):  # tokenized folders: their names and weights, read by either engine
         folders = nanoset_yaml.datasets_of(dataset)
         pairs = tuple(folders.items()) if isinstance(folders, dict) else ((str(folders), 1.0),)
         dataset = {"hf_dataset_or_datasets": to_flag(folders)}

@@ -58,8 +58,8 @@ def choose_engine(requested: str) -> tuple[str, str]:
 
 
 NANOSET_NANOTRON = (
-    "the launcher's nanotron engine does not read tokenized folders (Nanosets) yet; the torch engine does "
-    "(--engine torch)"
+    "this config names tokenized folders (Nanosets) in nanotron 0.4's dialect, and nanotron 0.4 has no Nanoset: "
+    "write it in main's dialect (--nanotron_dialect main) for nanotron main's trainer, or --engine torch"
 )
 OTHER_NANOTRON = (
     "this config is in nanotron {config}'s dialect, but {found}; nanotron's trainer reads only its own dialect: "
@@ -121,7 +121,8 @@ def run(config_file: str, engine: str = "auto") -> None:
     job = JobEnvironment.read()  # the job's one look at its environment
     cfg = load_checked(config_file, job.world_size)
     chosen, why = choose_engine(engine)
-    if chosen == "nanotron" and any(data.nanoset for data in (cfg, *(s.data for s in cfg.stages))):
+    nanosets = any(data.nanoset for data in (cfg, *(s.data for s in cfg.stages)))
+    if chosen == "nanotron" and nanosets and cfg.dialect != "main":  # main's: fed by nanotron_engine.folders
         if engine != "auto":
             raise TrainError(NANOSET_NANOTRON)
         chosen, why = "torch", f"auto: {NANOSET_NANOTRON}"

@@ -20,6 +20,9 @@ nothing of nanotron's parallel arithmetic (../shared/notes/NANOTRON-MULTIRANK.md
 - 0.4's rotary buffer's `assert ... device.type == "cuda"`: the function is compiled again without that line;
 - main's timers are wall-clock (CPU) timers; the random-token generator's `torch.Generator(device="cuda")` (a
   class: the mode does not see it) is the CPU's.
+
+Not a patch but a look, where LAUNCHER_TEST_BATCH_LOG is set: every micro-batch's input_ids the trainer draws, logged
+per rank (`_logged`), for the tests that compare what a resumed run reads with what an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -132,6 +135,26 @@ def _patch_trainer(module: Any) -> None:
     module.log_memory = lambda *args, **kwargs: None
     if hasattr(module, "state_dict_to_device"):  # main, on resume: moves the states, then asserts they are on CUDA
         module.state_dict_to_device = lambda *args, **kwargs: None
+    if os.environ.get("LAUNCHER_TEST_BATCH_LOG") and hasattr(module, "sanity_check_dataloader"):
+        module.sanity_check_dataloader = _logged(module.sanity_check_dataloader, os.environ["LAUNCHER_TEST_BATCH_LOG"])
+
+
+def _logged(real: Any, base: str) -> Any:
+    """The tests' look at what the trainer reads: every micro-batch's input_ids as it is drawn (a rank holding
+    them), one JSON line each, appended to `<base>.rank<RANK>.jsonl`."""
+    import json
+
+    path = f"{base}.rank{os.environ.get('RANK', '0')}.jsonl"
+
+    def sanity_check_dataloader(*args: Any, **kwargs: Any) -> Any:
+        for batch in real(*args, **kwargs):
+            ids = batch.get("input_ids")
+            if hasattr(ids, "tolist"):
+                with open(path, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(ids.tolist()) + "\n")
+            yield batch
+
+    return sanity_check_dataloader
 
 
 def _recompiled(function: Any, wrong: str, right: str) -> Any:

@@ -7,7 +7,8 @@ nanotron's models import flash_attn at module level; where flash_attn cannot be 
 so). main's trainer also imports triton and grouped_gemm (its MoE layers) at module level: where they cannot be
 imported, `launcher.train.nanotron_engine.triton_compat` stands in for the import (a dense Llama never calls them).
 The launcher's contracts (stop requests, metrics file, last step saved, atomic checkpoint pointer, wandb) are
-added by the subclass in `launcher.train.nanotron_engine.trainer`; the data (local datasets, epochs) are fed here.
+added by the subclass in `launcher.train.nanotron_engine.trainer`; the data (local datasets, epochs) are fed here,
+tokenized folders (main's Nanosets) by `launcher.train.nanotron_engine.folders`.
 
 Each of main's data stages gets its own feed (`_main_dataloaders`), built when main's loop reaches the stage, from
 the stage's own dataset, resuming at the samples its checkpoint metadata says that stage consumed.
@@ -37,7 +38,7 @@ from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.environment import JobEnvironment
 from launcher.train.nanotron_engine import compat as nanotron_compat
-from launcher.train.nanotron_engine import flash_attn_compat, triton_compat
+from launcher.train.nanotron_engine import flash_attn_compat, folders, triton_compat
 from launcher.train.nanotron_engine import mends as nanotron_mends
 from launcher.train.nanotron_engine.pointer import POINTER as NANOTRON_POINTER
 from launcher.train.nanotron_engine.trainer import trainer_class
@@ -266,6 +267,13 @@ def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = Non
             parallel_context=context,
             **random_extra,
         )()
+
+    def announce(epoch: int) -> None:
+        if dist.get_rank(context.world_pg) == 0:
+            print(EPOCH_MESSAGE.format(epoch=epoch, step=trainer.iteration_step), flush=True)
+
+    if cfg.nanoset:  # tokenized folders: read from their files, no tokenizer, no cache (`folders`)
+        return folders.feed(trainer, cfg, consumed or 0, input_pp_rank, output_pp_rank, announce)
     tokenizer = load_tokenizer(cfg)  # checked on every rank (vocab_size), before any rank waits on another
     tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -296,10 +304,6 @@ def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = Non
         sampler.set_epoch(epoch)  # a DistributedSampler: seed + epoch orders the epoch (main's: unshuffled)
         loader.worker_init_fn = deaf_to_the_notice(loader.worker_init_fn)  # Slurm's SIGTERM is the rank's
         return loader
-
-    def announce(epoch: int) -> None:
-        if dist.get_rank(context.world_pg) == 0:
-            print(EPOCH_MESSAGE.format(epoch=epoch, step=trainer.iteration_step), flush=True)
 
     per_epoch = (len(train_dataset) // dp) // trainer.micro_batch_size * trainer.micro_batch_size
     if per_epoch == 0:

@@ -1,0 +1,47 @@
+"""nanotron main's trainer on a tokenized folder (a Nanoset made by `launcher.data tokenize`) through
+`slurm_launcher.py` on the local cluster, 8 ranks (dp 2 x tp 2 x pp 2, 2 nodes x 4 slots, the CPU patches of
+tests/cpu_nanotron), preempted by a job in `urgent`: Slurm's SIGTERM, the checkpoint at the next step, the requeue,
+and every rank's micro-batches, both attempts together, the token ids the uninterrupted run reads (logged by the
+test-side hook, LAUNCHER_TEST_BATCH_LOG)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_nanotron_slurm
+from cpu_nanotron import train
+from test_e2e_training import finish, manifest, saved_by_the_stop
+from test_nanoset_nanotron import ACCUMULATION, RANKS, _batches, _config
+from test_nanotron_slurm import launch, training
+
+pytestmark = pytest.mark.nanotron_cpu
+four_slots = test_nanotron_slurm.four_slots  # its fixture: a cluster of 2 nodes x 4 slots
+
+
+def test_a_preempted_8_rank_main_run_on_a_folder_resumes_at_the_next_sample(
+    tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any, nanoset_folders: list[Path]
+):
+    steps, folder = 16, str(nanoset_folders[0])  # 15 steps make an epoch of the folder: the run crosses its end
+    straight = _config(tmp_path, "straight", demo_data, "--dataset", folder,
+                       **{"tokens.train_steps": steps, "checkpoints.save_initial_state": True})  # fmt: skip
+    train(straight, RANKS, "main", LAUNCHER_TEST_BATCH_LOG=str(tmp_path / "a"))
+    init = tmp_path / "ckpt" / "straight" / "0"
+    env = f"LAUNCHER_STOP_FILE_EVERY_S=0.2 LAUNCHER_TEST_BATCH_LOG={tmp_path / 'b'}"
+    proc = launch(tmp_path, four_slots, demo_data, "main", "preempted", init, steps, "--save_interval", "100000",
+                  "--max_requeues", "2", "--extra_env", env, "--dataset", folder)  # fmt: skip
+    bundle_dir, job_id = training(tmp_path, "preempted")
+    urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "4",
+              "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
+    subprocess.run(urgent, env=four_slots, capture_output=True, text=True, check=True)
+    code, out = finish(proc, timeout=900)
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    assert code == 0 and "stop requested: checkpoint saved at step " in log, out + log[-6000:]
+    saved = saved_by_the_stop(log)
+    assert 4 <= saved < steps and f"job {job_id} attempt 2 started" in log and "requeued 1x" in out
+    assert "engine: nanotron (requested)" in log and f"(latest: {saved})" in log
+    straight_batches, preempted = _batches(tmp_path / "a"), _batches(tmp_path / "b")
+    assert all(len(drawn) == steps * ACCUMULATION for drawn in straight_batches.values())
+    assert preempted == straight_batches  # every rank, every micro-batch, both attempts: the straight run's ids
