@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 import test_nanotron_slurm
+import yaml
 from cpu_nanotron import train
 from test_e2e_training import finish, manifest, saved_by_the_stop
-from test_nanoset_nanotron import ACCUMULATION, RANKS, _batches, _config
+from test_nanoset_nanotron import ACCUMULATION, RANKS, _batches, _config, assert_trains_each_dp_rank_on_its_shard
 from test_nanotron_slurm import launch, training
 
 pytestmark = pytest.mark.nanotron_cpu
@@ -27,7 +28,10 @@ def test_a_preempted_8_rank_main_run_on_a_folder_resumes_at_the_next_sample(
     steps, folder = 16, str(nanoset_folders[0])  # 15 steps make an epoch of the folder: the run crosses its end
     straight = _config(tmp_path, "straight", demo_data, "--dataset", folder,
                        **{"tokens.train_steps": steps, "checkpoints.save_initial_state": True})  # fmt: skip
-    train(straight, RANKS, "main", LAUNCHER_TEST_BATCH_LOG=str(tmp_path / "a"))
+    dataset = yaml.safe_load(straight.read_text())["data_stages"][0]["data"]["dataset"]
+    assert dataset["dataset_folder"] == [folder]  # main's NanosetDatasetsArgs, read by main's own parser
+    metrics = train(straight, RANKS, "main", LAUNCHER_TEST_BATCH_LOG=str(tmp_path / "a"))
+    assert_trains_each_dp_rank_on_its_shard(Path(folder), metrics, _batches(tmp_path / "a"), 8)
     init = tmp_path / "ckpt" / "straight" / "0"
     env = f"LAUNCHER_STOP_FILE_EVERY_S=0.2 LAUNCHER_TEST_BATCH_LOG={tmp_path / 'b'}"
     proc = launch(tmp_path, four_slots, demo_data, "main", "preempted", init, steps, "--save_interval", "100000",
