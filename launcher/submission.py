@@ -12,7 +12,7 @@ from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
 from launcher.node import restart
-from launcher.report import pictures, plots, stragglers, summary
+from launcher.report import attempts, pictures, plots, stragglers, summary
 from launcher.slurm import client, follow, logread, releases, triage
 from launcher.slurm.parse import JobState
 
@@ -98,6 +98,13 @@ def restarts_of(run: manifest.Manifest, job: str | None) -> list[dict[str, str]]
     ]
 
 
+UNASKED_REQUEUE = (
+    "  Slurm requeued the job after attempt {attempt} had ended well (exit code 0, no requeue asked): Slurm 24.11 does "
+    "so once more after a preemption past its grace time (docs/slurm-versions.md); attempt {next} found the run "
+    "finished"
+)
+
+
 def report_end(final: JobState, log: Path, run: manifest.Manifest | None = None) -> triage.Verdict | None:
     """Say how the job ended and, unless it COMPLETED, why and what to do; record both in the manifest (if any)."""
     text = read_log(log)
@@ -107,6 +114,8 @@ def report_end(final: JobState, log: Path, run: manifest.Manifest | None = None)
     if run is not None and (inside := len(restarts_of(run, final.job_id))):
         again.append(f"restarted {inside}x in its allocation")
     print(f"Job {final.job_id} ended {final.state}{code}" + (f" ({'; '.join(again)})" if again else ""))
+    for n in attempts.requeued_unasked(attempts.read_log(attempts.read_lines(log), final.job_id)):
+        print(UNASKED_REQUEUE.format(attempt=n, next=n + 1))
     verdict, unrecorded = judge_end(final, log, run, text)
     if verdict is not None:
         print("\n".join(verdict.lines()))

@@ -16,7 +16,7 @@ from slurm_cluster import require_slurm, slurm_release
 from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
-from launcher import localcluster, sweep, usage
+from launcher import localcluster, submission, sweep, usage
 from launcher.bundle import sweep_record
 from launcher.bundle.manifest import load as manifest_of
 from launcher.localcluster.config import PORT_STEP
@@ -69,12 +69,7 @@ def acct_env(slurm_accounting: dict[str, str], slurm_env: dict, monkeypatch: pyt
     return {**slurm_env, **slurm_accounting}
 
 
-def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(
-    tmp_path: Path, acct_env: dict, demo_data, request: pytest.FixtureRequest
-):
-    if slurm_release(acct_env) == (24, 11):  # a third attempt there (docs/slurm-versions.md); strict: it must fail
-        request.applymarker(pytest.mark.xfail(strict=True, reason="Slurm 24.11.5 requeues the job a second time, "
-                            "when its next attempt ends (`requeue ... per user/system request`)"))  # fmt: skip
+def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path, acct_env: dict, demo_data):
     script = tmp_path / "deaf.py"
     script.write_text(DEAF_TO_NOTICES.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
     proc = launch(tmp_path, acct_env, demo_data, "preempted", "--train_steps", "40", "--save_interval", "7",
@@ -88,6 +83,12 @@ def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(
     code, out = finish(proc, timeout=400)
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0, out + log[-3000:]
+    if slurm_release(acct_env) == (24, 11) and "attempt 3 started" in log:
+        # Slurm 24.11.5 requeues the job once more when its second attempt ends (`requeue ... per user/system
+        # request`), exit 0 or not (docs/slurm-versions.md): the launcher says so, the third attempt finds the run
+        # finished. The ledger's figures below hold for the two attempts a release without it makes.
+        assert submission.UNASKED_REQUEUE.format(attempt=2, next=3) in out and "requeued 2x" in out, out
+        pytest.xfail("Slurm 24.11.5 requeued the job a second time, after its second attempt ended well")
     assert "ended COMPLETED" in out and "requeued 1x" in out
 
     # sacct: both attempts of the requeue chain, the first ended by the preemption, each with the job's 4 GPUs

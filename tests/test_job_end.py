@@ -75,6 +75,19 @@ def test_a_completed_job_has_no_verdict(tmp_path: Path, capsys: pytest.CaptureFi
     assert data["verdict"] is None and data["ended"]["state"] == "COMPLETED"
 
 
+def test_a_requeue_slurm_made_after_an_attempt_that_ended_well_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path, log = written_bundle(tmp_path)
+    attempt = [P.line("attempt_started", f"10:0{n}:00.000", job=48, attempt=n, when=f"2026-11-24T10:0{n}:00+00:00",
+                      nodes="node1") + "\n" + P.line("attempt_ended", f"10:0{n}:30.000", job=48, attempt=n,
+                      when=f"2026-11-24T10:0{n}:30+00:00", code=0) + "\n" for n in (1, 2)]  # fmt: skip
+    log.write_text("".join(attempt))
+    submit.report_end(dataclasses.replace(failed(0), state="COMPLETED", restarts=1), log, manifest.load(path))
+    out = capsys.readouterr().out
+    assert submit.UNASKED_REQUEUE.format(attempt=1, next=2) in out, out
+
+
 def test_the_restarts_said_are_the_jobs_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """The script submitted again by hand (job 49 after job 48) appends to the bundle's restarts file: each job's
     end says its own restarts; a record from before records named their job is taken as the job's."""

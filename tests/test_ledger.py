@@ -125,6 +125,26 @@ def test_a_requeue_after_a_node_failure_is_charged_to_it():
 WHY = "a node failure (node1 left the allocation)"
 
 
+def _attempt(n: int, minute: int, code: int | None, *between: str) -> str:
+    start = P.line("attempt_started", f"10:{minute:02d}:00.000", job=80, attempt=n,
+                   when=f"2026-11-24T10:{minute:02d}:00+00:00", nodes="node[1-2]")  # fmt: skip
+    inside = "".join(f"[launcher 10:{minute:02d}:30.000] {line}\n" for line in between)
+    end = P.line("attempt_ended", f"10:{minute:02d}:50.000", job=80, attempt=n,
+                 when=f"2026-11-24T10:{minute:02d}:50+00:00", code=code)  # fmt: skip
+    return start + "\n" + inside + (end + "\n" if code is not None else "")
+
+
+def test_a_requeue_slurm_made_after_an_attempt_that_ended_well_is_found():
+    """Slurm 24.11.5: preempted past its grace time (killed, no end line), requeued; the next attempt ends well
+    (exit 0, no requeue of the job's own) and Slurm requeues it once more; the third finds the run finished."""
+    log = _attempt(1, 0, None, P.LINES["terminated"]) + _attempt(2, 3, 0) + _attempt(3, 6, 0)
+    assert records.requeued_unasked(records.read_log(log.splitlines(), "80")) == [2]
+    ours = P.LINES["requeue_time_limit"].format(step=7, count=1, most=3)  # the job's own requeue: not Slurm's
+    for chain in (_attempt(1, 0, 0, ours) + _attempt(2, 3, 0), _attempt(1, 0, 143, P.LINES["terminated"])
+                  + _attempt(2, 3, 0), _attempt(1, 0, 0)):  # fmt: skip
+        assert records.requeued_unasked(records.read_log(chain.splitlines(), "80")) == []
+
+
 RESTARTS = """\
 [launcher 10:00:01.250] job 78 attempt 1 started 2026-11-24T10:00:01+00:00 on node[1-3]
 resumed from checkpoint step 0 (x)

@@ -205,6 +205,14 @@ def attempts(seen: dict[int, _Seen], gpus: int, final_state: str | None, now: fl
     return out
 
 
+def requeued_unasked(seen: dict[int, _Seen]) -> list[int]:
+    """The attempts that ended with exit code 0, unterminated and without a requeue of the job's own, and yet had a
+    next one: Slurm requeued the job by itself after it had ended well (24.11.5 does so once more when the attempt
+    after a preemption past its grace time ends; docs/slurm-versions.md)."""
+    numbers = sorted(seen)
+    return [n for n in numbers[:-1] if seen[n].code == 0 and seen[n].cause is None and not seen[n].terminated]
+
+
 def cause(seen: _Seen, last: bool, final_state: str | None) -> str:
     """Why an attempt ended, by the log (and Slurm's final state, for the last): a requeued attempt that the
     batch script did not requeue itself but that a termination signal reached was preempted (Slurm requeues a
