@@ -131,6 +131,7 @@ def test_a_cancel_ends_the_attempt_and_is_not_requeued(tmp_path: Path, slurm_env
     state, _ = wait_end(job, slurm_env)
     text = log.read_text()
     assert state == "CANCELLED" and lines(text, "terminated"), text
+    assert lines(text, "outcome") and lines(text, "attempt_ended"), text  # the attempt's end said, as bash said it
     assert "requeueing" not in text and "attempt 2" not in text, text
 
 

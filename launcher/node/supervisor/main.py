@@ -71,7 +71,11 @@ class Attempt:
         """As each step ends: it must not judge the next step by this one's progress, nor fire meanwhile."""
         if self.watchdog is not None:
             self.watchdog.terminate()
-            self.watchdog.wait()
+            try:
+                self.watchdog.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait()
             self.watchdog = None
 
     # -- the nodes and the port
@@ -144,6 +148,7 @@ class Attempt:
                      checkpoints=s.checkpoints)  # fmt: skip
             return 4
         threading.Thread(target=self.heartbeat, daemon=True).start()
+        self.sup.kill_wait_s = node.kill_wait()
         st.batch_node = st.batch_node or (node.hostnames(s.nodelist) or [""])[0]
         self.choose_nodes()
         while True:
