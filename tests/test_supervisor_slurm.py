@@ -153,12 +153,14 @@ def test_a_preemption_requeues_the_job_and_it_resumes(tmp_path: Path, slurm_env:
 
 
 def test_two_jobs_of_one_run_never_train_together(tmp_path: Path, slurm_env: dict):
-    """The second job of the run finds the first holding the lock under the checkpoints and ends (exit code 4)."""
+    """The second job of the run finds the first holding the lock under the checkpoints and ends (exit code 4),
+    before its pre-launch commands run (as the bash script took the lock before them)."""
     train = script(tmp_path, "stoppable.py", STOPPABLE)
     first, first_log = submit_draft(tmp_path, slurm_env, train, "--nodes", "1", "--gpus_per_node", "1")
     wait_for_line(first_log, "rank 0 training")
     (tmp_path / "again").mkdir()
     second, second_log = submit_draft(tmp_path / "again", slurm_env, train, "--nodes", "1", "--gpus_per_node", "1",
+                                      "--pre_launch_commands", f"touch {tmp_path / 'pre-launch-ran'}",
                                       ck=tmp_path / "ck")  # fmt: skip
     state, code = wait_end(second, slurm_env)
     text = second_log.read_text()
@@ -166,4 +168,5 @@ def test_two_jobs_of_one_run_never_train_together(tmp_path: Path, slurm_env: dic
     assert (state, code) == ("FAILED", "4:0"), text
     (line,) = lines(text, "two_writers")
     assert f"two jobs of one run: job {first} (RUNNING) holds {tmp_path / 'ck' / P.LOCK}" in line, text
-    assert not lines(text, "rendezvous")
+    assert not lines(text, "rendezvous") and not (tmp_path / "pre-launch-ran").exists(), text
+    assert lines(text, "attempt_ended")[0].endswith("exit code 4"), text

@@ -23,6 +23,7 @@ from launcher.node.supervisor.state import Action, Notice, Phase, State, Verdict
 from launcher.node.supervisor.supervise import StepEnd, Supervisor
 
 DECISION_TIMEOUT_S = 120  # the restart decision's answer, or none (the bash script's `timeout -k 5 120`)
+TWO_WRITERS = 4  # the exit code of a job that finds another job of its run holding the lock
 PORT_ATTEMPTS = 3  # ports tried when the first node finds its port taken before torchrun listens
 
 
@@ -138,15 +139,21 @@ class Attempt:
         return Answer(Action(d.action), d.why, d.said, tuple(d.nodes), d.checkpoint, d.reason, d.fix, d.code, d.count)
 
     # -- the attempt
-    def run(self) -> int:
-        s, st, node = self.s, self.state, self.node
-        s.files.stop.unlink(missing_ok=True)
-        s.files.fresh_step()
+    def lock(self) -> bool:
+        """One writer per run: the lock taken (or found this job's own), else `two_writers` said."""
+        s, node = self.s, self.node
         held = take_lock(s.checkpoints, s.job, lambda job: node.job_field(job, "JobState"))
         if held is not None:
             node.say("two_writers", holder=held[0], state=held[1], lock=s.checkpoints / P.LOCK,
                      checkpoints=s.checkpoints)  # fmt: skip
-            return 4
+        return held is None
+
+    def run(self) -> int:
+        s, st, node = self.s, self.state, self.node
+        s.files.stop.unlink(missing_ok=True)
+        s.files.fresh_step()
+        if not self.lock():
+            return TWO_WRITERS
         threading.Thread(target=self.heartbeat, daemon=True).start()
         self.sup.kill_wait_s = node.kill_wait()
         st.batch_node = st.batch_node or (node.hostnames(s.nodelist) or [""])[0]
