@@ -12,6 +12,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
+from pathlib import Path
 
 from launcher import protocol as P
 from launcher.node import restart
@@ -139,6 +140,13 @@ class Attempt:
         return Answer(Action(d.action), d.why, d.said, tuple(d.nodes), d.checkpoint, d.reason, d.fix, d.code, d.count)
 
     # -- the attempt
+    def fresh_step(self) -> None:
+        """What a node step leaves behind gone before the next one starts: the step's files and training's ranks map
+        (the restart decision reads it to blame nodes: never an earlier step's)."""
+        self.s.files.fresh_step()
+        if self.s.ranks != Path(""):
+            self.s.ranks.unlink(missing_ok=True)
+
     def lock(self) -> bool:
         """One writer per run: the lock taken (or found this job's own), else `two_writers` said."""
         s, node = self.s, self.node
@@ -151,7 +159,7 @@ class Attempt:
     def run(self) -> int:
         s, st, node = self.s, self.state, self.node
         s.files.stop.unlink(missing_ok=True)
-        s.files.fresh_step()
+        self.fresh_step()
         if not self.lock():
             return TWO_WRITERS
         threading.Thread(target=self.heartbeat, daemon=True).start()
@@ -203,7 +211,7 @@ class Attempt:
             if nxt.kind == "restart":
                 st.restart_suffix, st.suspects = f".{answer.count}", []
                 st.notice = nxt.notice or st.notice
-                s.files.fresh_step()
+                self.fresh_step()
                 st.port = decide.next_port(st.rdzv_port or st.port)  # the last port may linger
                 continue
             if nxt.kind == "requeue":
