@@ -9,7 +9,7 @@ SLURM_DIR := .slurm
 # e.g. `make demo CLUSTER_FLAGS=--accounting`: slurmdbd on a MariaDB of the cluster's own (docs/accounting.md)
 CLUSTER_FLAGS ?=
 
-.PHONY: setup cluster demo test test-slurm24 test-slurm26 test-supervisor-draft down
+.PHONY: setup cluster demo test test-slurm24 test-slurm26 down
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -25,7 +25,7 @@ demo: cluster
 	  --time_limit 10:00 --wandb_disabled true --show_logs
 
 test: setup
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=25 -m "not supervisor_draft"
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=25
 	$(MAKE) --no-print-directory -o setup test-slurm26
 	$(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS=slurm_versions
 
@@ -39,18 +39,13 @@ test: setup
 # reproduces a difference outside the launcher and tests how the launcher meets it, ~3 min) rather than all of them
 # again (~20 min more). `make test-slurm24` alone runs them all.
 SLURM_TESTS ?= slurm
-SLURM_MARK = $(SLURM_TESTS) and not containers and not nanotron_cpu and not supervisor_draft
+SLURM_MARK = $(SLURM_TESTS) and not containers and not nanotron_cpu
 RELEASE_24 := 24.11
 RELEASE_26 := 26.05
 
 test-slurm24 test-slurm26: test-slurm%: setup
 	PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q -n 2 --durations=15 \
 	  --dist loadfile -m "$(SLURM_MARK)"
-
-# The draft Python supervisor's script on the local cluster (issue 38, docs/supervisor.md): not in `make test` until
-# it replaces the bash one, when these become the e2e tests of the launcher's script on every release.
-test-supervisor-draft: setup
-	$(PYTHON) -m pytest -q -n 2 -m supervisor_draft
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

@@ -1,6 +1,6 @@
-"""The supervisor's loop (a draft: launcher/node/supervisor/main.py) as a real process with a real child for its
-node step (tests/supervisor_loop_harness.py): the cases tests/test_restart_script.py holds the bash script to, where
-the restart decision has no answer or races a notice, here with real signals and no bash."""
+"""The supervisor's loop (launcher/node/supervisor/main.py) as a real process with a real child for its node step
+(tests/supervisor_loop_harness.py): the cases the bash script's tests (test_restart_script.py, retired with it) held
+it to, where the restart decision has no answer or races a notice, here with real signals and no bash."""
 
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ def test_an_exception_in_the_loop_ends_the_attempt_with_a_line_that_names_it(tmp
     assert "failed: ValueError: invalid literal for int()" in out.stdout, out
 
 
-def test_the_draft_script_hands_the_supervisor_every_value(tmp_path: Path):
-    """The draft batch script run by bash up to its exec, the job's Python a script that reads the settings as the
+def test_the_batch_script_hands_the_supervisor_every_value(tmp_path: Path):
+    """The batch script run by bash up to its exec, the job's Python a script that reads the settings as the
     supervisor would: what the template exports is what settings.py reads."""
     from launcher_helpers import fixed_paths, spec_for
 
@@ -114,7 +114,7 @@ print(json.dumps({{"argv": sys.argv[1:], **dataclasses.asdict(Settings.from_env(
     assert not problems
     paths = fixed_paths("t", root=tmp_path)
     script = tmp_path / "draft.sbatch"
-    script.write_text(render.supervisor_script_draft(spec, paths))
+    script.write_text(render.sbatch_script(spec, paths))
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3]", "SLURMD_NODENAME": "node1"}
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

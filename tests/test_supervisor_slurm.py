@@ -1,7 +1,7 @@
-"""The DRAFT batch script (templates/sbatch_supervisor.sh.j2: a header and one exec of the Python supervisor) run
-on the real local Slurm cluster, with real srun and torchrun: a run that completes, and a failing one that the
-supervisor restarts in its allocation until the decision stops it. Not the launcher's script yet
-(docs/supervisor.md): the bundle is written here from the same renderer."""
+"""The batch script (templates/sbatch.sh.j2: a header and one exec of the Python supervisor) run on the real local
+Slurm cluster, with real srun and torchrun, its bundle written here by the launcher's renderer: a run that
+completes, a failing one that the supervisor restarts in its allocation until the decision stops it, a warning, a
+preemption, a cancel, two writers (docs/supervisor.md)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from launcher_helpers import spec_for
 from test_slurm_e2e import ALLREDUCE, FAIL, script
 
 from launcher import protocol as P
 from launcher.bundle import render
 from launcher.bundle.files import paths_for
-
-# Not in `make test` while the draft is not the launcher's script: `make test-supervisor-draft` (docs/supervisor.md)
-pytestmark = pytest.mark.supervisor_draft
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 
@@ -35,7 +31,7 @@ def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str, ck: Path | 
         folder.mkdir(parents=True)
     paths.config.write_text(render.config_yaml(spec, paths))
     paths.node_script.write_text(render.node_script(spec, paths))
-    paths.script.write_text(render.supervisor_script_draft(spec, paths))
+    paths.script.write_text(render.sbatch_script(spec, paths))
     job = subprocess.run(["sbatch", "--parsable", str(paths.script)], env=env, capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout.strip().split(";")[0]  # fmt: skip
     return job, paths.log

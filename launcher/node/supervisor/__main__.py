@@ -1,6 +1,7 @@
-"""`python -m launcher.node.supervisor`: the job's one attempt (the batch script execs it: a DRAFT, see
-docs/supervisor.md); `--free-port START`: the first free rendezvous port from START on this node (run on the
-rendezvous host through `srun --overlap` where it is not the batch host)."""
+"""`python -m launcher.node.supervisor`: the job's one attempt (the batch script execs it: docs/supervisor.md);
+`--lock`: only the run's lock (the batch script, before the pre-launch commands); `--free-port START`: the first free
+rendezvous port from START on this node (run on the rendezvous host through `srun --overlap` where it is not the
+batch host)."""
 
 from __future__ import annotations
 

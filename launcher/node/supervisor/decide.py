@@ -2,10 +2,9 @@
 phase, whether the port is tried again, what follows the restart decision, and how the attempt ends. Each returns
 what to do (the lines to print as `(name, fields)`, the files to touch, the exit code); `effects` does it.
 
-The bash script (launcher/bundle/templates/sbatch.sh.j2) made the same decisions in its traps, its loop and its
-final `case`; tests/test_supervisor_agreement.py runs those pieces of the rendered script against these functions.
-Where this differs from the script on purpose (a notice's precedence, a stale watchdog's signal), docs/supervisor.md
-says so.
+The bash batch script it replaced made the same decisions in its traps, its loop and its final `case`
+(tests/test_supervisor_agreement.py compared them case by case until the switch-over, git history); where this
+differs from it on purpose (a notice's precedence, a stale watchdog's signal), docs/supervisor.md says so.
 """
 
 from __future__ import annotations

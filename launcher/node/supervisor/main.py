@@ -1,7 +1,6 @@
-"""`python -m launcher.node.supervisor`: one attempt of the job, from the lock to the exit code (a DRAFT of the loop
-the batch script's bash runs today: no template execs it yet; docs/supervisor.md says what is left). The decisions
-are `decide`'s; this module sequences them: the lock, the heartbeat, the nodes and the port, the node step (again
-after a restart, or on another port), the restart decision, the attempt's end."""
+"""`python -m launcher.node.supervisor`: one attempt of the job, from the lock to the exit code (the batch script execs
+it; docs/supervisor.md). The decisions are `decide`'s; this module sequences them: the lock, the heartbeat, the nodes
+and the port, the node step (again after a restart, or on another port), the restart decision, the attempt's end."""
 
 from __future__ import annotations
 
