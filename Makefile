@@ -10,7 +10,7 @@ SLURM_DIR := .slurm
 # e.g. `make demo CLUSTER_FLAGS=--accounting`: slurmdbd on a MariaDB of the cluster's own (docs/accounting.md)
 CLUSTER_FLAGS ?=
 
-.PHONY: setup cluster demo test test-slurm22 test-slurm24 test-slurm26 test-supervisor-draft down
+.PHONY: setup cluster demo test test-slurm22 test-slurm24 test-slurm26 down
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -31,7 +31,7 @@ demo: cluster
 # (nothing of it depends on the release), the README's main job (`main_job`) and the tests of what differs between
 # releases (`slurm_versions`: each reproduces a difference outside the launcher, then meets it through the launcher).
 # On 26.05, the newest: every Slurm test but those two kinds (~22 min). On 24.11, between them: `slurm_versions`.
-HOST_MARK = not supervisor_draft and (not slurm or containers or nanotron_cpu or main_job or slurm_versions)
+HOST_MARK = not slurm or containers or nanotron_cpu or main_job or slurm_versions
 
 test: setup
 	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=25 -m "$(HOST_MARK)"
@@ -40,25 +40,20 @@ test: setup
 
 # Every Slurm test on Debian 12's 22.05, the host's own cluster
 test-slurm22: setup
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=15 -m "slurm and not supervisor_draft"
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=15 -m slurm
 
 # The tests that use the local cluster (-m slurm) on a newer Slurm release (docs/slurm-versions.md): Debian 13's
 # 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or two),
 # then runs pytest inside it, accounting included (the release's slurmdbd on its MariaDB). Containers and nanotron's
 # trainer through Slurm run on the 22.05 cluster only.
 SLURM_TESTS ?= slurm
-SLURM_MARK = $(SLURM_TESTS) and not containers and not nanotron_cpu and not supervisor_draft
+SLURM_MARK = $(SLURM_TESTS) and not containers and not nanotron_cpu
 RELEASE_24 := 24.11
 RELEASE_26 := 26.05
 
 test-slurm24 test-slurm26: test-slurm%: setup
 	PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q -n 2 --durations=15 \
 	  --dist loadfile -m "$(SLURM_MARK)"
-
-# The draft Python supervisor's script on the local cluster (issue 38, docs/supervisor.md): not in `make test` until
-# it replaces the bash one, when these become the e2e tests of the launcher's script on every release.
-test-supervisor-draft: setup
-	$(PYTHON) -m pytest -q -n 2 -m supervisor_draft
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

@@ -133,7 +133,7 @@ def _bundle_of_script(script: Path) -> Path | None:
     """The bundle directory a launcher's batch script runs (its node script lies there)."""
     try:
         for line in script.read_text(encoding="utf-8").splitlines():
-            if line.startswith("LAUNCHER_NODE_SCRIPT="):
+            if line.removeprefix("export ").startswith(P.SUPERVISOR_ENV["node_script"] + "="):
                 return Path(shlex.split(line.partition("=")[2], comments=True)[0]).parent
     except (OSError, ValueError, IndexError):
         return None

@@ -60,6 +60,19 @@ ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE", marks a node's training proces
 ENV_RANKS_FILE = "LAUNCHER_RANKS_FILE"  # where rank 0 writes which node holds which ranks (RANKS_FILE)
 ENV_STRAGGLERS_FILE = "LAUNCHER_STRAGGLERS_FILE"  # where rank 0 records the stragglers it names (STRAGGLERS_FILE)
 ENV_STRAGGLER_EVERY = "LAUNCHER_STRAGGLER_EVERY"  # steps between rank 0's looks at every rank's step time (100)
+# What the job's supervisor reads (launcher/node/supervisor/settings.py), by its setting: the batch script exports
+# them before it execs the supervisor (and srun hands them on to the node step).
+SUPERVISOR_ENV = {
+    "python": "LAUNCHER_PYTHON", "node_script": "LAUNCHER_NODE_SCRIPT", "checkpoints": "LAUNCHER_CHECKPOINTS",
+    "log_dir": "LAUNCHER_LOG_DIR", "log": "LAUNCHER_LOG", "metrics": "LAUNCHER_METRICS",
+    "max_requeues": "LAUNCHER_MAX_REQUEUES", "max_restarts": "LAUNCHER_MAX_RESTARTS",
+    "layout": "LAUNCHER_LAYOUT_NODES", "allocated": "LAUNCHER_ALLOCATED_NODES", "max_excluded": "LAUNCHER_MAX_EXCLUDED",
+    "gpus": "LAUNCHER_GPUS_PER_NODE", "heartbeat_s": "LAUNCHER_HEARTBEAT_S", "watchdog": "LAUNCHER_WATCHDOG_ARGS",
+    "backend": "LAUNCHER_RDZV_BACKEND", "container": "LAUNCHER_CONTAINER_OPTIONS", "debug": "LAUNCHER_DEBUG",
+    "progress": ENV_PROGRESS_FILE, "hung": "LAUNCHER_HUNG_FILE", "preflight": "LAUNCHER_PREFLIGHT_REPORT",
+    "port_taken": "LAUNCHER_PORT_TAKEN", "requeues": "LAUNCHER_REQUEUES", "restarts": "LAUNCHER_RESTARTS",
+    "stop": ENV_STOP_FILE, "outcome": ENV_OUTCOME_FILE, "ranks": ENV_RANKS_FILE,
+}  # fmt: skip
 
 # The rendezvous port on the first node (torchrun's store, and the node check before it): RDZV_PORT_LOW + job id %
 # RDZV_PORT_SPAN, or where that is taken the next free one, wrapping inside the window (RDZV_PORT_TRIES at most):
@@ -133,6 +146,8 @@ LINES = {
     "late_notice": "the {notice} notice came as training ended: nothing to resume",
     "pre_launch_ended": "the pre-launch commands ended this attempt at: {command} (exit code {code})",
     "outcome": "training's last word: {word}",
+    "supervisor_failed": "the job's supervisor failed: {error} (a launcher bug: its traceback is above, please report "
+    "it); this attempt ends",
 }
 # What the node checks say of a container (the `what` of preflight_failed); triage knows the cause by its start.
 CONTAINER_START = "the container "

@@ -47,6 +47,8 @@ def main() -> int:
     files = Files.in_dir(FOLDER)
     supervisor = Supervisor(State("77", 1, "node1", decide.first_port(77), step_nodes=["node1"]), NoSlurm(), files)
     supervisor.install()
+    if (FOLDER / "killwait").exists():  # Slurm's KillWait, where a test sets it (else unknown: the default's)
+        supervisor.kill_wait_s = float((FOLDER / "killwait").read_text())
     (FOLDER / "supervisor.pid").write_text(str(os.getpid()))
     end = supervisor.judge(supervisor.run_step([sys.executable, "-c", TRAINING, str(FOLDER)]))
     code = supervisor.finish(end, max_requeues=2)

@@ -44,6 +44,9 @@ class NoSlurm(Node):
     def hostnames(self, hostlist: str) -> list[str]:
         return [n for n in hostlist.split(",") if n]
 
+    def kill_wait(self) -> float | None:
+        return 5.0
+
     def node_addr(self, node: str) -> str:
         return "127.0.0.1"
 
@@ -54,7 +57,7 @@ class NoSlurm(Node):
         (FOLDER / "requeued").write_text(job)
         return run(["kill", "-TERM", str(os.getpid())], 10).returncode == 0  # the requeue's own SIGTERM
 
-    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], None]) -> int:
+    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], bool]) -> int:
         with open(FOLDER / "srun.calls", "a") as f:
             f.write(" ".join(argv) + "\n")
         return super().run_step([sys.executable, "-c", TRAINING, str(FOLDER)], env, wake)

@@ -1,10 +1,13 @@
-"""The contract between launcher and job (launcher/protocol.py), end to end: the real templates are rendered, every
-line their `log` calls print is produced by bash, the node check prints its line for real, and triage reads what
-they printed. A line whose words drift between the script and triage fails here (the time-limit warning once did:
+"""The contract between launcher and job (launcher/protocol.py), end to end: every line of the contract is printed
+by someone (the job's supervisor, its batch script, the node check), the supervisor's lines are made here by its own
+functions (the decisions, its hang handler, its `say`), the node check prints its line for real, and triage reads
+what they printed. A line whose words drift between the job and triage fails here (the time-limit warning once did:
 triage looked for "preemption or time-limit signal" while the script said "time-limit or preemption notice")."""
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import re
 import subprocess
@@ -16,22 +19,16 @@ from launcher_helpers import fixed_paths, spec_for
 
 from launcher import protocol as P
 from launcher.bundle import render
+from launcher.node.supervisor import decide, effects
+from launcher.node.supervisor.decide import Answer
+from launcher.node.supervisor.state import WARN, Action, Notice, Phase, State, Verdict
+from launcher.node.supervisor.supervise import Files, Supervisor
 from launcher.slurm import triage
 
 ROOT = Path(__file__).resolve().parent.parent
-LOG_CALL = re.compile(r'(?<![\w-])log ("[^"]*")')  # a call of the script's `log`, anywhere on a line
-# What the batch script's variables hold when its lines are printed here.
-BASH_STATE = (
-    "SLURM_JOB_ID=48 SLURM_JOB_NODELIST='node[1-2]' attempt=2 rc=143 hung_step=812 idle=615 allowed=600 "
-    "stacks=/logs/stacks-48-2 suspects=node2 holder=41 holder_state=RUNNING lock=/ck/.launcher-lock "
-    "LAUNCHER_CHECKPOINTS=/ck head_node=node1 port=20048 rdzv=127.0.0.1:20048 rdzv_port=20048 "
-    "LAUNCHER_PYTHON=/usr/bin/python3 preempt_time=2026-11-24T08:00:00 saved=520 time_limits=0 "
-    "LAUNCHER_MAX_REQUEUES=3 notice=warned pre_launch_command='source /no/venv/bin/activate' outcome='stopped 520' "
-    "count=1 LAUNCHER_MAX_RESTARTS=10 said='a failure (rank 1 on node1: died of SIGKILL (exit code -9), with no "
-    "traceback)' blamed=node1 nodes_csv=node2 checkpoint=20 reason='the same exception as the failure before, at "
-    "the same point of the run (after step 21): ValueError: bad' fix='correct what its traceback points at' "
-    "; set -- preemption node2"
-)
+SUPERVISOR = ROOT / "launcher/node/supervisor"
+SAID = (("why", "a failure (rank 1 on node1: died of SIGKILL (exit code -9), with no traceback)"),)
+REASON = "the same exception as the failure before, at the same point of the run (after step 21): ValueError: bad"
 
 
 def _script() -> str:
@@ -40,29 +37,83 @@ def _script() -> str:
     return render.sbatch_script(spec, fixed_paths("p"))
 
 
-def printed_lines(script: str) -> list[str]:
-    """Every line the script's `log` calls print, printed by bash with the script's own `log`."""
-    (log_def,) = [line for line in script.splitlines() if line.startswith("log() {")]
-    calls = LOG_CALL.findall(script)
-    body = "\n".join([log_def, BASH_STATE, *(f"log {call}" for call in calls)])
-    out = subprocess.run(["bash", "-c", body], capture_output=True, text=True, check=True).stdout
-    return out.splitlines()
+def _consts(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.IfExp):
+        return _consts(node.body) | _consts(node.orelse)
+    return set()
+
+
+def said_by_the_job() -> set[str]:
+    """The lines the supervisor's code says (a `say` call's name, a decision's `(name, fields)`) and the batch
+    script's `say` calls (the pre-launch commands' lines)."""
+    names = set(re.findall(r'say\("(\w+)"', (ROOT / "launcher/bundle/templates/sbatch.sh.j2").read_text()))
+    for source in SUPERVISOR.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and node.args
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) == "say"
+            ):
+                names |= _consts(node.args[0])
+            if isinstance(node, ast.Tuple) and len(node.elts) == 2 and isinstance(node.elts[1], ast.Dict):
+                names |= _consts(node.elts[0])
+    return names
+
+
+class Heard(effects.Node):
+    """The supervisor's effects, its lines kept (Slurm's commands are not reached by what runs here)."""
+
+    def __init__(self) -> None:
+        super().__init__(out=io.StringIO())
+
+    def lines(self) -> list[str]:
+        assert self.out is not None
+        return self.out.getvalue().splitlines()  # type: ignore[attr-defined]
+
+
+def printed_lines(tmp_path: Path) -> list[str]:
+    """Lines the supervisor prints, each made by what prints it: job 48, attempt 2."""
+    heard = Heard()
+    heard.say("attempt_started", job=48, attempt=2, when="2026-11-24T08:00:00+00:00", nodes="node[1-2]")
+    lines = list(decide.on_signal(Phase.STEP, Notice.NONE, WARN).lines)
+    lines += decide.notice_at_step_end(Notice.NONE, "2026-11-24T08:00:00", "")[1]
+    lines += decide.end_of_attempt(Verdict.REQUEUE, Notice.WARNED, 0, "520", 3, 3, False).lines
+    lines += decide.end_of_attempt(Verdict.STOPPED, Notice.NONE, 0, "520", 0, 3, False).lines
+    stop = Answer(Action.STOP, dict(SAID)["why"], reason=REASON, fix="correct what its traceback points at")
+    lines += decide.after_decision(Notice.NONE, stop, Verdict.FAILED, 1).lines
+    again = Answer(Action.RESTART, dict(SAID)["why"], nodes=("node1",), checkpoint=20, count=1)
+    lines += decide.restart_on_nodes(Notice.NONE, again, Verdict.FAILED, ["node2"], 1, 3, 10).lines
+    for name, fields in lines:
+        heard.say(name, **fields)
+    files = Files.in_dir(tmp_path, tmp_path / "logs")
+    files.hung.write_text("812 615 600\n")
+    hang = Supervisor(State("48", 2, "node1", 20048, phase=Phase.STEP, step_nodes=["node1", "node2"]), heard, files)
+    hang.on_hang()
+    return heard.lines()
 
 
 def names_of(line: str) -> list[str]:
     return [name for name in P.LINES if P.pattern(name).match(line)]
 
 
-def test_every_line_the_batch_script_prints_is_a_line_of_the_contract():
-    lines = printed_lines(_script())
-    said = {name for line in lines for name in names_of(line)}
+def test_every_line_of_the_contract_is_printed_by_the_job():
+    # every line of the contract is the supervisor's or its batch script's, except the node check's (below)
+    assert set(P.LINES) - said_by_the_job() == {"preflight_failed", "node_warning"}
+    assert said_by_the_job() <= set(P.LINES)
+
+
+def test_the_supervisors_lines_are_lines_of_the_contract(tmp_path: Path):
+    lines = printed_lines(tmp_path)
     assert all(len(names_of(line)) == 1 for line in lines), [(line, names_of(line)) for line in lines]
-    # every line of the contract is printed by the batch script, except the node check's (below)
-    assert set(P.LINES) - said == {"preflight_failed", "node_warning"}
+    said = [names_of(line)[0] for line in lines]
+    assert said == ["attempt_started", "warned", "preemption", "no_requeue_left", "stop_file", "no_restart",
+                    "restart", "hung"]  # fmt: skip
 
 
-def test_triage_reads_the_time_limit_warning_the_script_prints():
-    lines = printed_lines(_script())
+def test_triage_reads_the_time_limit_warning_the_supervisor_prints(tmp_path: Path):
+    lines = printed_lines(tmp_path)
     started = next(line for line in lines if names_of(line) == ["attempt_started"])
     warned = next(line for line in lines if names_of(line) == ["warned"])
     log = "\n".join([started, "step 77/500 | loss 2.0", warned, "slurmstepd: error: *** JOB 48 ... TIME LIMIT ***"])
@@ -71,8 +122,8 @@ def test_triage_reads_the_time_limit_warning_the_script_prints():
     assert "raise --signal_grace" in verdict.fix and "at step 77 of 500" in verdict.message
 
 
-def test_triage_reads_the_hang_the_preemption_and_the_spent_requeues_the_script_prints():
-    lines = printed_lines(_script())
+def test_triage_reads_the_hang_the_preemption_and_the_spent_requeues_the_supervisor_prints(tmp_path: Path):
+    lines = printed_lines(tmp_path)
     started = next(line for line in lines if names_of(line) == ["attempt_started"])
 
     def judged(name: str, state: str = "FAILED") -> triage.Verdict:
@@ -95,10 +146,10 @@ def test_triage_reads_the_hang_the_preemption_and_the_spent_requeues_the_script_
     assert "not restarted: the same exception as the failure before, at the same point" in not_restarted.message
 
 
-def test_triage_judges_the_last_node_step_of_a_restarted_attempt():
+def test_triage_judges_the_last_node_step_of_a_restarted_attempt(tmp_path: Path):
     """A restart line starts a new node step: the verdict is on the step that ended the job, with why the script
     did not restart it, not on an earlier step's failure it went on from."""
-    lines = printed_lines(_script())
+    lines = printed_lines(tmp_path)
     started, restart, stop = ([line for line in lines if names_of(line) == [name]][-1]
                               for name in ("attempt_started", "restart", "no_restart"))  # fmt: skip
     first = (ROOT / "tests/fixtures/triage/cuda-oom.log").read_text()
@@ -135,7 +186,8 @@ def test_the_templates_speak_the_contracts_words():
         assert f"export {name}=" in script and f"export {name}=" in node
     for name in (P.ENV_METRICS_FILE, P.ENV_PROGRESS_FILE, P.ENV_NODE_TAG):
         assert f"export {name}=" in node
-    assert f"/{P.FINISHED}/" in script and f"/{P.STOPPED}/" in script and P.LOCK in script
+    for name in P.SUPERVISOR_ENV.values():  # every value the supervisor reads
+        assert f"\nexport {name}=" in script, name
 
 
 def _spec_and_paths():
@@ -143,11 +195,9 @@ def _spec_and_paths():
     return spec, fixed_paths("p")
 
 
-def test_the_requeue_record_the_script_writes_reads_back_by_its_format(tmp_path: Path):
-    (printf,) = [line.strip() for line in _script().splitlines() if '>> "$LAUNCHER_REQUEUES"' in line]
+def test_the_requeue_record_the_supervisor_writes_reads_back_by_its_format(tmp_path: Path):
     record = tmp_path / "requeues"
-    body = f"{BASH_STATE}; LAUNCHER_REQUEUES={record}; {printf}"
-    subprocess.run(["bash", "-c", body], check=True)
+    effects.append_requeue_record(record, "preemption", 2, "520", ["node2"])
     fields = re.fullmatch(P._regex(P.REQUEUE_FORMAT), record.read_text().rstrip("\n"))
     assert fields is not None and fields.groupdict() == {"why": "preemption", "attempt": "2", "step": "520",
                                                          "nodes": "node2"}  # fmt: skip

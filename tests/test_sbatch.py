@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from launcher import protocol as P
 from launcher.bundle import render
 from launcher.config.validate import validate
 from launcher.nanotron_config.presets import preset_names
+from launcher.node.supervisor import decide
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,7 +187,7 @@ def test_script_holds_the_operational_basics():
     text = golden_script("default") + golden_node_script("default")
     for needle in (
         "set -euo pipefail",
-        "trap cleanup EXIT",
+        'exec "$LAUNCHER_PYTHON" -m launcher.node.supervisor',  # the job's supervisor, Slurm's signals its own
         "CUDA_DEVICE_MAX_CONNECTIONS=1",
         '--rdzv_backend=c10d --rdzv_endpoint="$rdzv"',  # torchrun's c10d rendezvous at 2 nodes (auto)
         '--rdzv_id="$SLURM_JOB_ID"',
@@ -266,20 +266,17 @@ def test_hostile_placement_values_are_refused(flag: str):
 
 
 def test_the_rendezvous_port_stays_in_its_window_below_the_ephemeral_range(tmp_path: Path):
-    """The script's first port, its fallback (the first free of the next 500, from the window's top: wrapping to its
-    foot) and the port after one that was taken all lie in 20000-31999 (launcher/protocol.py), below the kernel's
-    ephemeral range as /proc gives it, where outgoing connections may hold any port. Run with bash, for real."""
+    """The supervisor's first port, its fallback (the first free of the next 500, from the window's top: wrapping to
+    its foot) and the port after one that was taken all lie in 20000-31999 (launcher/protocol.py), below the kernel's
+    ephemeral range as /proc gives it, where outgoing connections may hold any port. The fallback for real: the
+    command the supervisor runs on the rendezvous host (`python -m launcher.node.supervisor --free-port`)."""
     low, high = P.RDZV_PORT_LOW, P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN - 1
     assert high < int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    script = golden_script("default")
-    functions = "\n".join(re.search(rf"^{name}\(\) {{.*?^}}$", script, re.M | re.S).group(0)  # type: ignore[union-attr]
-                          for name in ("free_port", "next_port"))  # fmt: skip
-    first = next(line for line in script.splitlines() if line.startswith("port=$(("))
-    probe = (f'{functions}\nLAUNCHER_PYTHON={sys.executable} head_node=n1 batch_node=n1\n'
-             f'for SLURM_JOB_ID in 1 11999 12000 99999999; do {first}; echo "$port"; done\n'
-             f'free_port {high}; next_port {high}; next_port {low}\n')  # fmt: skip
-    with socket.create_server(("", high)):  # the window's top is taken: the fallback goes on from its foot
-        out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True, timeout=60)
-    *firsts, found, after_top, after_foot = map(int, out.stdout.split())
+    firsts = [decide.first_port(job) for job in (1, 11999, 12000, 99999999)]
     assert firsts == [low + 1, low + 11999, low, low + 99999999 % P.RDZV_PORT_SPAN]
-    assert low <= found < low + P.RDZV_PORT_TRIES and (after_top, after_foot) == (low, low + 1)
+    assert (decide.next_port(high), decide.next_port(low)) == (low, low + 1)
+    with socket.create_server(("", high)):  # the window's top is taken: the fallback goes on from its foot
+        out = subprocess.run([sys.executable, "-m", "launcher.node.supervisor", "--free-port", str(high)],
+                             capture_output=True, text=True, check=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert low <= int(out.stdout) < low + P.RDZV_PORT_TRIES

@@ -190,6 +190,12 @@ def test_the_nodes_and_the_ports():
                          P.RDZV_PORT_LOW] and len(ports) == P.RDZV_PORT_TRIES  # fmt: skip
 
 
+def test_after_a_sigterm_the_step_is_waited_for_until_shortly_before_slurms_sigkill():
+    assert decide.wait_after_term(30) == 28 and decide.wait_after_term(5) == 3
+    assert decide.wait_after_term(None) == decide.wait_after_term(30)  # KillWait unknown: Slurm's default
+    assert decide.wait_after_term(0) == decide.wait_after_term(1) == 0.5  # never less than a poll or two
+
+
 def test_the_supervisor_stands_on_the_standard_library():
     """It runs with the job's Python before anything is installed beside it (a container's, a bare venv's)."""
     outside = set()

@@ -1,10 +1,11 @@
-"""The supervisor's loop (a draft: launcher/node/supervisor/main.py) as a real process with a real child for its
-node step (tests/supervisor_loop_harness.py): the cases tests/test_restart_script.py holds the bash script to, where
-the restart decision has no answer or races a notice, here with real signals and no bash."""
+"""The supervisor's loop (launcher/node/supervisor/main.py) as a real process with a real child for its node step
+(tests/supervisor_loop_harness.py): the cases the bash script's tests (test_restart_script.py, retired with it) held
+it to, where the restart decision has no answer or races a notice, here with real signals and no bash."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from launcher import protocol as P
 from launcher.node.restart import records
 
 HARNESS = Path(__file__).resolve().parent / "supervisor_loop_harness.py"
+NUMBERS = ("layout", "allocated", "gpus", "max_requeues", "max_restarts", "max_excluded", "heartbeat_s", "debug")
 
 
 def run_loop(tmp_path: Path, mode: str = "", layout: int = 1) -> tuple[int, list[str], int]:
@@ -28,7 +30,9 @@ def said(out: list[str], name: str) -> list[str]:
 
 
 def test_a_restart_starts_the_step_again_and_records_it_as_the_jobs(tmp_path: Path):
+    (tmp_path / "ranks").write_text("0 node9\n")  # an earlier attempt's ranks map: gone before a step starts
     code, out, steps = run_loop(tmp_path)
+    assert not (tmp_path / "ranks").exists()
     assert (code, steps) == (0, 2), out
     (restart,) = said(out, "restart")
     assert "restart 1 of 10 in the allocation, leaving out none: training again on node1 " in restart, out
@@ -68,8 +72,30 @@ def test_a_step_never_starts_on_fewer_nodes_than_the_layout(tmp_path: Path):
     assert (tmp_path / "requeued").read_text() == "77" and not said(out, "restart")
 
 
-def test_the_draft_script_hands_the_supervisor_every_value(tmp_path: Path):
-    """The draft batch script run by bash up to its exec, the job's Python a script that reads the settings as the
+def test_an_exception_in_the_loop_ends_the_attempt_with_a_line_that_names_it(tmp_path: Path):
+    """A bug of the supervisor's (here: the checkpoints path under a file, which the launcher's checks refuse before
+    any job) is said in the launcher's words, the traceback above it, and the attempt's end follows (exit code 1)."""
+    (tmp_path / "file").write_text("")
+    env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node1", "SLURMD_NODENAME": "node1"}
+    env |= {name: str(tmp_path / key) for key, name in P.SUPERVISOR_ENV.items()}
+    env |= {name: "" for key, name in P.SUPERVISOR_ENV.items() if key in NUMBERS}
+    env |= {P.SUPERVISOR_ENV["checkpoints"]: str(tmp_path / "file" / "ck"), P.SUPERVISOR_ENV["layout"]: "1"}
+    out = subprocess.run([sys.executable, "-m", "launcher.node.supervisor"], env=env, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    names = [name for line in out.stdout.splitlines() for name in P.LINES if P.pattern(name).match(line)]
+    assert (out.returncode, names) == (1, ["attempt_started", "supervisor_failed", "attempt_ended"]), out
+    (line,) = said(out.stdout.splitlines(), "supervisor_failed")
+    assert "failed: NotADirectoryError: [Errno 20] Not a directory" in line and "Traceback" in out.stderr, out
+    env[P.SUPERVISOR_ENV["layout"]] = "two"  # a value the supervisor cannot read: the same, before any lock
+    out = subprocess.run([sys.executable, "-m", "launcher.node.supervisor"], env=env, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    names = [name for line in out.stdout.splitlines() for name in P.LINES if P.pattern(name).match(line)]
+    assert (out.returncode, names) == (1, ["attempt_started", "supervisor_failed", "attempt_ended"]), out
+    assert "failed: ValueError: invalid literal for int()" in out.stdout, out
+
+
+def test_the_batch_script_hands_the_supervisor_every_value(tmp_path: Path):
+    """The batch script run by bash up to its exec, the job's Python a script that reads the settings as the
     supervisor would: what the template exports is what settings.py reads."""
     from launcher_helpers import fixed_paths, spec_for
 
@@ -88,12 +114,13 @@ print(json.dumps({{"argv": sys.argv[1:], **dataclasses.asdict(Settings.from_env(
     assert not problems
     paths = fixed_paths("t", root=tmp_path)
     script = tmp_path / "draft.sbatch"
-    script.write_text(render.supervisor_script_draft(spec, paths))
+    script.write_text(render.sbatch_script(spec, paths))
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3]", "SLURMD_NODENAME": "node1"}
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    first, before, settings_line = out.stdout.splitlines()
+    first, lock_line, before, settings_line = out.stdout.splitlines()
     assert P.pattern("attempt_started").match(first) and before == "before"
+    assert json.loads(lock_line)["argv"] == ["-m", "launcher.node.supervisor", "--lock"]  # before the commands
     got = json.loads(settings_line)
     assert got["argv"] == ["-m", "launcher.node.supervisor", "--started-said"]
     assert (got["layout"], got["allocated"], got["max_requeues"], got["max_restarts"]) == (2, 3, 2, 4)

@@ -83,6 +83,27 @@ def test_a_sigterm_ends_the_attempt_with_the_steps_status(tmp_path: Path):
     assert not (tmp_path / "requeued").exists()
 
 
+def test_a_sigterm_with_a_step_that_outlives_it_ends_the_attempt_before_slurms_sigkill(tmp_path: Path):
+    """scancel: Slurm SIGTERMs every process of the job and SIGKILLs them KillWait s later; training may save
+    meanwhile and srun waits for it. The supervisor leaves the step to Slurm 2 s before the SIGKILL, its last lines
+    said (on the cluster: tests/test_supervisor_slurm.py's cancel)."""
+    (tmp_path / "killwait").write_text("3")
+    proc = start(tmp_path)
+    training = int((tmp_path / "training.pid").read_text())
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+        os.kill(training, 0)  # the step still runs: Slurm ends it
+    finally:
+        os.kill(training, signal.SIGKILL)  # (it holds the supervisor's stdout open)
+    lines = proc.communicate(timeout=60)[0].splitlines()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (code, result["verdict"], result["status"]) == (128 + signal.SIGTERM, "ended", 128 + 15), lines
+    assert names(lines) == ["terminated", "outcome"] and 1 <= took < 2, (took, lines)
+
+
 def test_the_lock_one_writer_per_run(tmp_path: Path):
     from launcher.node.supervisor.effects import take_lock
 

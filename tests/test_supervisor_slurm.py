@@ -1,7 +1,7 @@
-"""The DRAFT batch script (templates/sbatch_supervisor.sh.j2: a header and one exec of the Python supervisor) run
-on the real local Slurm cluster, with real srun and torchrun: a run that completes, and a failing one that the
-supervisor restarts in its allocation until the decision stops it. Not the launcher's script yet
-(docs/supervisor.md): the bundle is written here from the same renderer."""
+"""The batch script (templates/sbatch.sh.j2: a header and one exec of the Python supervisor) run on the real local
+Slurm cluster, with real srun and torchrun, its bundle written here by the launcher's renderer: a run that
+completes, a failing one that the supervisor restarts in its allocation until the decision stops it, a warning, a
+preemption, a cancel, two writers (docs/supervisor.md)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from launcher_helpers import spec_for
 from test_slurm_e2e import ALLREDUCE, FAIL, script
 
 from launcher import protocol as P
 from launcher.bundle import render
 from launcher.bundle.files import paths_for
-
-# Not in `make test` while the draft is not the launcher's script: `make test-supervisor-draft` (docs/supervisor.md)
-pytestmark = pytest.mark.supervisor_draft
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 
@@ -35,7 +31,7 @@ def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str, ck: Path | 
         folder.mkdir(parents=True)
     paths.config.write_text(render.config_yaml(spec, paths))
     paths.node_script.write_text(render.node_script(spec, paths))
-    paths.script.write_text(render.supervisor_script_draft(spec, paths))
+    paths.script.write_text(render.sbatch_script(spec, paths))
     job = subprocess.run(["sbatch", "--parsable", str(paths.script)], env=env, capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout.strip().split(";")[0]  # fmt: skip
     return job, paths.log
@@ -131,6 +127,7 @@ def test_a_cancel_ends_the_attempt_and_is_not_requeued(tmp_path: Path, slurm_env
     state, _ = wait_end(job, slurm_env)
     text = log.read_text()
     assert state == "CANCELLED" and lines(text, "terminated"), text
+    assert lines(text, "outcome") and lines(text, "attempt_ended"), text  # the attempt's end said, as bash said it
     assert "requeueing" not in text and "attempt 2" not in text, text
 
 
@@ -152,12 +149,14 @@ def test_a_preemption_requeues_the_job_and_it_resumes(tmp_path: Path, slurm_env:
 
 
 def test_two_jobs_of_one_run_never_train_together(tmp_path: Path, slurm_env: dict):
-    """The second job of the run finds the first holding the lock under the checkpoints and ends (exit code 4)."""
+    """The second job of the run finds the first holding the lock under the checkpoints and ends (exit code 4),
+    before its pre-launch commands run (as the bash script took the lock before them)."""
     train = script(tmp_path, "stoppable.py", STOPPABLE)
     first, first_log = submit_draft(tmp_path, slurm_env, train, "--nodes", "1", "--gpus_per_node", "1")
     wait_for_line(first_log, "rank 0 training")
     (tmp_path / "again").mkdir()
     second, second_log = submit_draft(tmp_path / "again", slurm_env, train, "--nodes", "1", "--gpus_per_node", "1",
+                                      "--pre_launch_commands", f"touch {tmp_path / 'pre-launch-ran'}",
                                       ck=tmp_path / "ck")  # fmt: skip
     state, code = wait_end(second, slurm_env)
     text = second_log.read_text()
@@ -165,4 +164,5 @@ def test_two_jobs_of_one_run_never_train_together(tmp_path: Path, slurm_env: dic
     assert (state, code) == ("FAILED", "4:0"), text
     (line,) = lines(text, "two_writers")
     assert f"two jobs of one run: job {first} (RUNNING) holds {tmp_path / 'ck' / P.LOCK}" in line, text
-    assert not lines(text, "rendezvous")
+    assert not lines(text, "rendezvous") and not (tmp_path / "pre-launch-ran").exists(), text
+    assert lines(text, "attempt_ended")[0].endswith("exit code 4"), text

@@ -24,7 +24,7 @@ from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
-from launcher.node import nodecheck, restart, watchdog
+from launcher.node import nodecheck
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -157,16 +157,13 @@ def _batch(spec: RunSpec, paths: BundlePaths, template: str) -> str:
             exclusive=a.slurm.exclusive,
             max_requeues=a.slurm.max_requeues,
             log_path=paths.log,
-            srun_status_file=paths.srun_status_file,
             requeues_file=paths.requeues_file,
             restarts_file=paths.restarts_file,
             ranks_file=paths.ranks_file,
             stragglers_file=paths.stragglers_file,
-            restart=restart.__name__,
             spare_nodes=a.slurm.spare_nodes,
             max_restarts=a.slurm.max_restarts,
             hung_file=paths.hung_file,
-            watchdog=watchdog.__name__,
             hang_timeout=a.job.hang_timeout,
             startup_timeout=a.job.startup_timeout,
             hang_factor=a.job.hang_factor,
@@ -176,12 +173,6 @@ def _batch(spec: RunSpec, paths: BundlePaths, template: str) -> str:
             heartbeat_s=HEARTBEAT_S,
         )
     )
-
-
-def supervisor_script_draft(spec: RunSpec, paths: BundlePaths) -> str:
-    """DRAFT (issue 38, docs/supervisor.md): the batch script as a header and one exec of the Python supervisor
-    (templates/sbatch_supervisor.sh.j2), from the live script's values; no launch renders it yet."""
-    return _batch(spec, paths, "sbatch_supervisor.sh.j2")
 
 
 def export_script(spec: RunSpec, paths: BundlePaths) -> str:

@@ -1,7 +1,6 @@
-"""The job's supervisor in Python (issue 38), beside the batch script's bash supervisor it is to replace: what the
-batch script (launcher/bundle/templates/sbatch.sh.j2) does around the node step, as typed state, tables and pure
-decisions, with the effects (srun, scontrol, the lock, the records, the `[launcher ...]` lines) behind one small
-interface. docs/supervisor.md: the state machine, and what is left before the template execs it.
+"""The job's supervisor (issue 38): what the batch script (launcher/bundle/templates/sbatch.sh.j2) execs, the job
+around its node step, as typed state, tables and pure decisions, with the effects (srun, scontrol, the lock, the
+records, the `[launcher ...]` lines) behind one small interface. docs/supervisor.md: the state machine.
 
 - `state`: the words (notices, verdicts, phases) and the attempt's state, one dataclass.
 - `table`: how a step ended (notice x training's word x srun's status -> verdict), as data.

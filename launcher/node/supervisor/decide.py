@@ -2,10 +2,9 @@
 phase, whether the port is tried again, what follows the restart decision, and how the attempt ends. Each returns
 what to do (the lines to print as `(name, fields)`, the files to touch, the exit code); `effects` does it.
 
-The bash script (launcher/bundle/templates/sbatch.sh.j2) made the same decisions in its traps, its loop and its
-final `case`; tests/test_supervisor_agreement.py runs those pieces of the rendered script against these functions.
-Where this differs from the script on purpose (a notice's precedence, a stale watchdog's signal), docs/supervisor.md
-says so.
+The bash batch script it replaced made the same decisions in its traps, its loop and its final `case`
+(tests/test_supervisor_agreement.py compared them case by case until the switch-over, git history); where this
+differs from it on purpose (a notice's precedence, a stale watchdog's signal), docs/supervisor.md says so.
 """
 
 from __future__ import annotations
@@ -19,6 +18,10 @@ from launcher.node.supervisor.state import DECISION_VERDICTS, HANG, TERM, WARN, 
 Line = tuple[str, dict[str, object]]  # a contract line: its name in protocol.LINES and its fields
 FINAL = (Notice.TERMINATED,)  # a notice nothing overrides: the attempt ends
 STEP_PHASES = (Phase.NODE_CHECK, Phase.STEP)  # where a step runs (a hang's stacks can be dumped, the step stopped)
+DEFAULT_KILL_WAIT_S = 30.0  # Slurm's KillWait where scontrol does not say
+TERM_MARGIN_S = 2.0  # after a SIGTERM: the attempt's last lines are out this long before Slurm's SIGKILL
+MIN_TERM_WAIT_S = 0.5
+LEFT_STATUS = 128 + TERM  # the status of a step the supervisor stopped waiting for after a SIGTERM (Slurm ends it)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,15 @@ def on_signal(phase: Phase, notice: Notice, signum: int) -> Reaction:
             return Reaction(notice)
         return Reaction(Notice.HUNG if notice == Notice.NONE else notice, hang=True)
     return Reaction(notice)
+
+
+def wait_after_term(kill_wait_s: float | None) -> float:
+    """How long the supervisor waits for the step after a SIGTERM (training may save meanwhile) before it ends the
+    attempt without it: Slurm SIGKILLs every process of the job KillWait s after its SIGTERM, the supervisor too,
+    and the attempt's last lines (`outcome`, `attempt_ended`) must be out before. Unknown KillWait: Slurm's
+    default (30 s)."""
+    kill_wait = DEFAULT_KILL_WAIT_S if kill_wait_s is None else kill_wait_s
+    return max(MIN_TERM_WAIT_S, kill_wait - TERM_MARGIN_S)
 
 
 def starts_step(notice: Notice) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from launcher import protocol as P
+from launcher.node.supervisor.decide import LEFT_STATUS
 
 # A holder in one of these states is alive (pending, running, requeued, ...): its lock stands.
 LIVE_STATES = frozenset(
@@ -147,9 +148,10 @@ class Effects(Protocol):
     def node_addr(self, node: str) -> str: ...
     def partition_field(self, partition: str, name: str) -> str: ...
     def version(self) -> str: ...
+    def kill_wait(self) -> float | None: ...
     def requeue(self, job: str) -> bool: ...
     def exclude(self, job: str, nodes: Sequence[str]) -> bool: ...
-    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], None]) -> int: ...
+    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], bool]) -> int: ...
     def stop_step(self) -> None: ...
     def overlap(self, nodes: Sequence[str], argv: Sequence[str], timeout: float) -> int: ...
 
@@ -183,6 +185,14 @@ class Node:
         words = run([self.scontrol, "--version"], 60).stdout.split()
         return words[-1] if words else ""
 
+    def kill_wait(self) -> float | None:
+        """Slurm's KillWait (s): how long after its SIGTERM Slurm SIGKILLs a job's processes; None where unknown."""
+        for line in run([self.scontrol, "show", "config"], 60).stdout.splitlines():
+            words = line.replace("=", " ").split()
+            if len(words) >= 2 and words[0] == "KillWait" and words[1].isdigit():
+                return float(words[1])
+        return None
+
     def requeue(self, job: str) -> bool:
         return run([self.scontrol, "requeue", job], 120).returncode == 0
 
@@ -192,9 +202,10 @@ class Node:
         excluded = [n for n in now.split(",") if n and now != "(null)"] + list(nodes)
         return run([self.scontrol, "update", f"JobId={job}", f"ExcNodeList={','.join(excluded)}"], 60).returncode == 0
 
-    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], None]) -> int:
+    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], bool]) -> int:
         """The node step as a child process, to its end: its exit status (a signal's: 128 + its number, as bash
-        says). `wake` runs every POLL_S s meanwhile: the supervisor handles the notices that came."""
+        says). `wake` runs every POLL_S s meanwhile: the supervisor handles the notices that came; where it answers
+        False (Slurm's SIGKILL is near), the step is left to Slurm and the status is `LEFT_STATUS`."""
         self.step = subprocess.Popen(list(argv), env=env)
         try:
             while True:
@@ -202,7 +213,8 @@ class Node:
                     code = self.step.wait(timeout=POLL_S)
                     break
                 except subprocess.TimeoutExpired:
-                    wake()
+                    if not wake():
+                        return LEFT_STATUS
             wake()  # a notice that came as the step ended
         finally:
             self.step = None

@@ -1,7 +1,6 @@
-"""`python -m launcher.node.supervisor`: one attempt of the job, from the lock to the exit code (a DRAFT of the loop
-the batch script's bash runs today: no template execs it yet; docs/supervisor.md says what is left). The decisions
-are `decide`'s; this module sequences them: the lock, the heartbeat, the nodes and the port, the node step (again
-after a restart, or on another port), the restart decision, the attempt's end."""
+"""`python -m launcher.node.supervisor`: one attempt of the job, from the lock to the exit code (the batch script execs
+it; docs/supervisor.md). The decisions are `decide`'s; this module sequences them: the lock, the heartbeat, the nodes
+and the port, the node step (again after a restart, or on another port), the restart decision, the attempt's end."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
+from pathlib import Path
 
 from launcher import protocol as P
 from launcher.node import restart
@@ -23,6 +23,7 @@ from launcher.node.supervisor.state import Action, Notice, Phase, State, Verdict
 from launcher.node.supervisor.supervise import StepEnd, Supervisor
 
 DECISION_TIMEOUT_S = 120  # the restart decision's answer, or none (the bash script's `timeout -k 5 120`)
+TWO_WRITERS = 4  # the exit code of a job that finds another job of its run holding the lock
 PORT_ATTEMPTS = 3  # ports tried when the first node finds its port taken before torchrun listens
 
 
@@ -71,7 +72,11 @@ class Attempt:
         """As each step ends: it must not judge the next step by this one's progress, nor fire meanwhile."""
         if self.watchdog is not None:
             self.watchdog.terminate()
-            self.watchdog.wait()
+            try:
+                self.watchdog.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait()
             self.watchdog = None
 
     # -- the nodes and the port
@@ -134,16 +139,30 @@ class Attempt:
         return Answer(Action(d.action), d.why, d.said, tuple(d.nodes), d.checkpoint, d.reason, d.fix, d.code, d.count)
 
     # -- the attempt
-    def run(self) -> int:
-        s, st, node = self.s, self.state, self.node
-        s.files.stop.unlink(missing_ok=True)
-        s.files.fresh_step()
+    def fresh_step(self) -> None:
+        """What a node step leaves behind gone before the next one starts: the step's files and training's ranks map
+        (the restart decision reads it to blame nodes: never an earlier step's)."""
+        self.s.files.fresh_step()
+        if self.s.ranks != Path(""):
+            self.s.ranks.unlink(missing_ok=True)
+
+    def lock(self) -> bool:
+        """One writer per run: the lock taken (or found this job's own), else `two_writers` said."""
+        s, node = self.s, self.node
         held = take_lock(s.checkpoints, s.job, lambda job: node.job_field(job, "JobState"))
         if held is not None:
             node.say("two_writers", holder=held[0], state=held[1], lock=s.checkpoints / P.LOCK,
                      checkpoints=s.checkpoints)  # fmt: skip
-            return 4
+        return held is None
+
+    def run(self) -> int:
+        s, st, node = self.s, self.state, self.node
+        s.files.stop.unlink(missing_ok=True)
+        self.fresh_step()
+        if not self.lock():
+            return TWO_WRITERS
         threading.Thread(target=self.heartbeat, daemon=True).start()
+        self.sup.kill_wait_s = node.kill_wait()
         st.batch_node = st.batch_node or (node.hostnames(s.nodelist) or [""])[0]
         self.choose_nodes()
         while True:
@@ -191,7 +210,7 @@ class Attempt:
             if nxt.kind == "restart":
                 st.restart_suffix, st.suspects = f".{answer.count}", []
                 st.notice = nxt.notice or st.notice
-                s.files.fresh_step()
+                self.fresh_step()
                 st.port = decide.next_port(st.rdzv_port or st.port)  # the last port may linger
                 continue
             if nxt.kind == "requeue":

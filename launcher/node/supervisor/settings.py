@@ -1,5 +1,5 @@
-"""The run's values, as the batch script exports them before it execs the supervisor (a DRAFT: no template exports
-them yet; docs/supervisor.md). Slurm's own (SLURM_JOB_ID, ...) come from the job's environment."""
+"""The run's values, as the batch script exports them before it execs the supervisor (their names:
+protocol.SUPERVISOR_ENV). Slurm's own (SLURM_JOB_ID, ...) come from the job's environment."""
 
 from __future__ import annotations
 
@@ -11,17 +11,7 @@ from pathlib import Path
 from launcher import protocol as P
 from launcher.node.supervisor.supervise import Files
 
-# the variables the draft template exports (to move into launcher/protocol.py when a template renders them)
-ENV = {
-    "python": "LAUNCHER_PYTHON", "node_script": "LAUNCHER_NODE_SCRIPT", "checkpoints": "LAUNCHER_CHECKPOINTS",
-    "log_dir": "LAUNCHER_LOG_DIR", "log": "LAUNCHER_LOG", "metrics": "LAUNCHER_METRICS",
-    "max_requeues": "LAUNCHER_MAX_REQUEUES", "max_restarts": "LAUNCHER_MAX_RESTARTS",
-    "layout": "LAUNCHER_LAYOUT_NODES", "allocated": "LAUNCHER_ALLOCATED_NODES", "max_excluded": "LAUNCHER_MAX_EXCLUDED",
-    "gpus": "LAUNCHER_GPUS_PER_NODE", "heartbeat_s": "LAUNCHER_HEARTBEAT_S", "watchdog": "LAUNCHER_WATCHDOG_ARGS",
-    "backend": "LAUNCHER_RDZV_BACKEND", "container": "LAUNCHER_CONTAINER_OPTIONS", "debug": "LAUNCHER_DEBUG",
-    "progress": "LAUNCHER_PROGRESS_FILE", "hung": "LAUNCHER_HUNG_FILE", "preflight": "LAUNCHER_PREFLIGHT_REPORT",
-    "port_taken": "LAUNCHER_PORT_TAKEN", "requeues": "LAUNCHER_REQUEUES", "restarts": "LAUNCHER_RESTARTS",
-}  # fmt: skip
+ENV = P.SUPERVISOR_ENV
 
 
 @dataclass(frozen=True)
@@ -56,7 +46,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """The settings from the job's environment; a KeyError names a value the batch script did not export."""
         e = {key: env.get(name, "") for key, name in ENV.items()}
-        files = Files(Path(env[P.ENV_STOP_FILE]), Path(env[P.ENV_OUTCOME_FILE]), Path(e["progress"]),
+        files = Files(Path(env[ENV["stop"]]), Path(env[ENV["outcome"]]), Path(e["progress"]),
                       Path(e["hung"]), Path(e["preflight"]), Path(e["port_taken"]), Path(e["requeues"]),
                       Path(e["restarts"]), Path(e["log_dir"]))  # fmt: skip
         return cls(
@@ -70,7 +60,7 @@ class Settings:
             checkpoints=Path(e["checkpoints"]),
             log=Path(e["log"]),
             metrics=Path(e["metrics"]),
-            ranks=Path(env.get(P.ENV_RANKS_FILE, "")),
+            ranks=Path(e["ranks"]),
             files=files,
             layout=int(e["layout"]),
             allocated=int(e["allocated"] or e["layout"]),

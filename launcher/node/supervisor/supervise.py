@@ -72,6 +72,8 @@ class Supervisor:
         self.node_script = list(node_script)  # the command that runs the bundle's node script (dump, stop)
         self.max_excluded = max_excluded
         self.stop_by: float | None = None  # after a hang: when srun itself is ended, if the step still runs
+        self.kill_wait_s: float | None = None  # Slurm's KillWait (Effects.kill_wait), read as the attempt starts
+        self.leave_by: float | None = None  # after a SIGTERM: when the step is left to Slurm (its SIGKILL is near)
 
     # -- notices
     def install(self) -> None:
@@ -82,8 +84,9 @@ class Supervisor:
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self.state.pending.append(signum)
 
-    def handle_pending(self) -> None:
-        """The notices that came, in order, by `decide.on_signal` in the phase the attempt is in now."""
+    def handle_pending(self) -> bool:
+        """The notices that came, in order, by `decide.on_signal` in the phase the attempt is in now. False: a
+        SIGTERM came and Slurm's SIGKILL is near: stop waiting for the step (its end is Slurm's)."""
         state = self.state
         if self.stop_by is not None and time.monotonic() >= self.stop_by:  # a hung step that did not end: srun ended
             self.stop_by = None
@@ -96,9 +99,12 @@ class Supervisor:
                 self.effects.say(name, **fields)
             if reaction.stop_file:
                 self.files.stop.touch()  # read (and removed) by training
+            if reaction.notice == Notice.TERMINATED and self.leave_by is None and state.phase in decide.STEP_PHASES:
+                self.leave_by = time.monotonic() + decide.wait_after_term(self.kill_wait_s)
             state.notice = reaction.notice
             if reaction.hang:
                 self.on_hang()
+        return self.leave_by is None or time.monotonic() < self.leave_by
 
     def on_hang(self) -> None:
         """The watchdog's hang: the step's stacks dumped, the suspects named, the step stopped."""
@@ -129,7 +135,8 @@ class Supervisor:
     def judge(self, status: int) -> StepEnd:
         """How the step that ended with `status` ended: the notice as it ended, training's word, the verdict."""
         state = self.state
-        preempt_time = self.effects.job_field(state.job, "PreemptTime")
+        # (after a SIGTERM, no preemption is read: Slurm's SIGKILL is near, and the notice stands)
+        preempt_time = "" if state.notice == Notice.TERMINATED else self.effects.job_field(state.job, "PreemptTime")
         report = _text(self.files.preflight) or ""
         state.notice, lines = decide.notice_at_step_end(state.notice, preempt_time, report)
         for name, fields in lines:

@@ -1,6 +1,6 @@
 """How a node step ended, as data: the notice, training's word (the first word of the outcome file) and srun's exit
-status give the verdict. The first row that matches is the verdict (the bash script's `case` did the same over
-`notice/word/status`; tests/test_supervisor_agreement.py runs that `case` against this table, row by row).
+status give the verdict. The first row that matches is the verdict (the bash batch script it replaced did the same
+in a `case` over `notice/word/status`, compared row by row until the switch-over).
 
   notice               training says   srun    verdict     what follows
   terminated           -               -       ended       exit with srun's status: a cancel or the time limit stands
