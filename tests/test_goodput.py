@@ -86,7 +86,7 @@ def assert_restarted_in_the_same_job(bundle_dir: Path, job_id: str, env: dict, o
 
 def test_a_killed_training_process_restarts_on_the_spare_in_the_same_job(tmp_path: Path, slurm_env: dict, demo_data):
     proc = launch(tmp_path, slurm_env, demo_data, "killed", "--train_steps", "200", "--save_interval", "5",
-                  "--spare_nodes", "1", nodes="1")  # fmt: skip
+                  "--spare_nodes", "1", "--time_limit", "20:00", nodes="1")  # fmt: skip  # no time-limit requeue
     bundle_dir, job_id = started(tmp_path, "killed", at_step=8, checkpoint=5)
     ranks = wait_for(lambda: len(t := trainers(job_id, slurm_env["SLURM_CONF"])) == 2 and t, timeout=30)
     pid, failed = ranks[1]
@@ -110,7 +110,7 @@ def test_a_hung_rank_restarts_on_the_spare_in_the_same_job(tmp_path: Path, slurm
     proc = launch(tmp_path, slurm_env, demo_data, "hung", "--train_steps", "30", "--save_interval", "3",
                   "--hang_timeout", "20", "--startup_timeout", "300", "--spare_nodes", "1", "--run_train_script",
                   wrapped_script(tmp_path), "--extra_env", f"HANG_AT=5 HANG_ONCE={tmp_path / 'hung-once'}",
-                  nodes="1")  # fmt: skip
+                  "--time_limit", "20:00", nodes="1")  # fmt: skip  # no time-limit requeue at load ~15
     code, out = finish(proc, timeout=600)
     (bundle_dir,) = bundles(tmp_path, "hung")
     log, job_id = log_of(bundle_dir), submitted_job_id(bundle_dir)
