@@ -6,7 +6,6 @@ test-side hook, LAUNCHER_TEST_BATCH_LOG)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,8 @@ import pytest
 import test_nanotron_slurm
 import yaml
 from cpu_nanotron import train
-from test_e2e_training import finish, manifest, saved_by_the_stop
 from test_nanoset_nanotron import ACCUMULATION, RANKS, _batches, _config, assert_trains_each_dp_rank_on_its_shard
-from test_nanotron_slurm import launch, training
+from test_nanotron_slurm import launch, preempt_to_the_end, training
 
 pytestmark = pytest.mark.nanotron_cpu
 four_slots = test_nanotron_slurm.four_slots  # its fixture: a cluster of 2 nodes x 4 slots
@@ -37,14 +35,7 @@ def test_a_preempted_8_rank_main_run_on_a_folder_resumes_at_the_next_sample(
     proc = launch(tmp_path, four_slots, demo_data, "main", "preempted", init, steps, "--save_interval", "100000",
                   "--max_requeues", "2", "--extra_env", env, "--dataset", folder)  # fmt: skip
     bundle_dir, job_id = training(tmp_path, "preempted")
-    urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "4",
-              "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
-    subprocess.run(urgent, env=four_slots, capture_output=True, text=True, check=True)
-    code, out = finish(proc, timeout=900)
-    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
-    assert code == 0 and "stop requested: checkpoint saved at step " in log, out + log[-6000:]
-    saved = saved_by_the_stop(log)
-    assert 4 <= saved < steps and f"job {job_id} attempt 2 started" in log and "requeued 1x" in out
+    log, _, saved = preempt_to_the_end(tmp_path, four_slots, proc, bundle_dir, job_id, steps)
     assert "engine: nanotron (requested)" in log and f"(latest: {saved})" in log
     straight_batches, preempted = _batches(tmp_path / "a"), _batches(tmp_path / "b")
     assert all(len(drawn) == steps * ACCUMULATION for drawn in straight_batches.values())

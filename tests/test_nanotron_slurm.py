@@ -104,6 +104,20 @@ def test_8_ranks_of_nanotron_through_the_launcher_train_as_one_process(
     assert_as_the_reference(bundle_dir, ref)
 
 
+def preempt_to_the_end(tmp_path: Path, four_slots: dict, proc: Any, bundle_dir: Path, job_id: str, steps: int):  # type: ignore[no-untyped-def]
+    """A job in `urgent` takes the 8 slots of the run `proc` follows: Slurm's SIGTERM, the save at the next step,
+    the requeue, the run to its end. The job's log, the launcher's output and the step the stop saved."""
+    urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "4",
+              "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
+    subprocess.run(urgent, env=four_slots, capture_output=True, text=True, check=True)
+    code, out = finish(proc, timeout=900)
+    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
+    assert code == 0 and "stop requested: checkpoint saved at step " in log, out + log[-6000:]
+    saved = saved_by_the_stop(log)
+    assert 4 <= saved < steps and f"job {job_id} attempt 2 started" in log and "requeued 1x" in out
+    return log, out, saved
+
+
 def test_a_preempted_8_rank_nanotron_run_saves_its_shards_requeues_and_resumes_exactly(
     tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any
 ):
@@ -114,14 +128,7 @@ def test_a_preempted_8_rank_nanotron_run_saves_its_shards_requeues_and_resumes_e
     proc = launch(tmp_path, four_slots, demo_data, "0.4", "preempted", init, steps, "--save_interval", "100000",
                   "--max_requeues", "2", "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
     bundle_dir, job_id = training(tmp_path, "preempted")
-    urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "4",
-              "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
-    subprocess.run(urgent, env=four_slots, capture_output=True, text=True, check=True)
-    code, out = finish(proc, timeout=900)
-    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
-    assert code == 0 and "stop requested: checkpoint saved at step " in log, out + log[-6000:]
-    saved = saved_by_the_stop(log)
-    assert 4 <= saved < steps and f"job {job_id} attempt 2 started" in log
+    log, out, saved = preempt_to_the_end(tmp_path, four_slots, proc, bundle_dir, job_id, steps)
     assert f"resuming from the run's own checkpoints in {Path(manifest(bundle_dir)['outputs']['checkpoints'])}" in log
     assert f"(latest: {saved})" in log and "ended COMPLETED" in out and "requeued 1x" in out
     shards = Path(manifest(bundle_dir)["outputs"]["checkpoints"]) / str(saved) / "optimizer"
