@@ -20,7 +20,6 @@ METRICS = "metrics.jsonl"  # one JSON object per logged step (the job appends; t
 RUNTIME_RECORD = "runtime.jsonl"  # one JSON object per attempt: what the job really ran (rank 0 appends at start)
 STOP_FILE = "stop-requested"  # the batch script's word to training: checkpoint at the next step and exit
 OUTCOME_FILE = "outcome"  # training's word to the batch script: OUTCOME_FORMAT
-SRUN_STATUS_FILE = "srun-exit-code"  # the training step's exit code, through a file (see the batch script)
 REQUEUES_FILE = "requeues"  # one REQUEUE_FORMAT line per requeue the job asked for
 RESTARTS_FILE = "restarts"  # one RESTART_FORMAT line per failure the job went on from (a restart, or a requeue)
 RANKS_FILE = "ranks"  # training's rank 0, as each node step starts: RANKS_FORMAT, a line a node

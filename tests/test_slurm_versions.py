@@ -100,7 +100,7 @@ def test_gres_beside_gpus_per_node(tmp_path: Path, slurm_env: dict):
 
 def test_a_step_that_fails_before_its_task_starts_fails_srun(tmp_path: Path, slurm_env: dict):
     """Slurm 26.05's srun no longer reports 0:0 for a step that aborted before a task started (its accounting
-    record). The launcher reads srun's own exit status (through a file, protocol's SRUN_STATUS_FILE), which is
+    record). The launcher reads srun's own exit status (its supervisor is srun's parent), which is
     non-zero for such a step on every release: stdin that cannot be opened, a task prolog that cannot run, a step
     the allocation cannot hold."""
     steps = "; ".join(

@@ -30,7 +30,6 @@ class BundlePaths:
     log: Path
     stop_file: Path
     outcome_file: Path
-    srun_status_file: Path
     requeues_file: Path  # one line per requeue the job asked for: "WHY attempt N step S nodes EXCLUDED"
     restarts_file: Path  # one line per failure the job went on from (P.RESTART_FORMAT): a restart, or a requeue
     ranks_file: Path  # which node holds which ranks, as the node step started (training's rank 0)
@@ -59,7 +58,6 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         log=logs / run_name / f"{stamp}{P.LOG_SUFFIX}",
         stop_file=bundle_dir / P.STOP_FILE,
         outcome_file=bundle_dir / P.OUTCOME_FILE,
-        srun_status_file=bundle_dir / P.SRUN_STATUS_FILE,
         requeues_file=bundle_dir / P.REQUEUES_FILE,
         restarts_file=bundle_dir / P.RESTARTS_FILE,
         ranks_file=bundle_dir / P.RANKS_FILE,

@@ -82,12 +82,6 @@ def read_outcome(text: str | None) -> str:
     return (text or "").rstrip("\n")
 
 
-def read_status(text: str | None) -> int:
-    """srun's exit status from its file; 1 where there is none (the step never reported one)."""
-    text = (text or "").strip()
-    return int(text) if text.lstrip("-").isdigit() else 1
-
-
 def preflight_suspects(report: str) -> list[str]:
     """The nodes that failed their check: the first field of each "NODE: WHAT" line of the report, once each."""
     return sorted({line.split(":", 1)[0] for line in report.splitlines() if line})
