@@ -206,7 +206,6 @@ def test_sacct_before_25_11_takes_128_from_an_exit_code(tmp_path: Path, acct_env
     job logged, as one read from scontrol does: the same line and verdict."""
     from test_slurm_versions import ENDS_WITH, ended_line
 
-    from launcher import submission
     from launcher.slurm import parse, releases, triage
 
     def sbatch(code: int) -> str:
