@@ -36,7 +36,7 @@ class NoSlurm(Node):
         (FOLDER / "requeued").write_text(job)
         return run(["kill", "-TERM", str(os.getpid())], 10).returncode == 0  # the requeue's own SIGTERM
 
-    def exclude(self, job: str, nodes: object) -> bool:
+    def exclude(self, job: str, nodes: object, excluded: str) -> bool:
         return True
 
 

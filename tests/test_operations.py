@@ -115,6 +115,8 @@ def test_a_hang_is_caught_dumped_and_the_run_goes_on_without_the_node(
     assert f"suspected: {first}" in log and f"requeueing without {first}" in log
     assert f"job {job_id} attempt 2 started" in log and "resumed from checkpoint step 3 " in log
     assert f"({rdzv}), 1 nodes x 2 processes" in log  # the rendezvous line says which
+    second = log.split(" attempt 2 started ")[1].split(" on ")[1].split()[0]
+    assert second != first and "could not exclude" not in log, log[-3000:]
     assert fields(job_id, slurm_env)["ExcNodeList"] == first and "ended COMPLETED" in out
     ledger = manifest(bundle_dir)["ledger"]  # the hang's cost: step 4 done again, the hang until the watchdog fired
     assert ledger["causes"] == {"hang": 1} and ledger["steps_thrown_away"] == 1

@@ -4,6 +4,7 @@ it to, where the restart decision has no answer or races a notice, here with rea
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,6 +13,9 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.node.restart import records
+from launcher.node.supervisor import effects
+from launcher.node.supervisor.state import Phase, State
+from launcher.node.supervisor.supervise import Files, Supervisor
 
 HARNESS = Path(__file__).resolve().parent / "supervisor_loop_harness.py"
 NUMBERS = ("layout", "allocated", "gpus", "max_requeues", "max_restarts", "max_excluded", "heartbeat_s", "debug")
@@ -70,6 +74,37 @@ def test_a_step_never_starts_on_fewer_nodes_than_the_layout(tmp_path: Path):
     (requeue,) = said(out, "requeue_without")
     assert requeue.endswith("; 1 of the layout's 2 nodes left in the allocation"), requeue
     assert (tmp_path / "requeued").read_text() == "77" and not said(out, "restart")
+
+
+class Requeued(effects.Node):
+    """Slurm's side of a requeue without a node: the job leaves node7 out already; once requeued, its processes
+    (the supervisor too) live KillWait s more (5 on the local cluster: a loaded CI machine once spent them on a read
+    of the job before the exclusion, and the next attempt ran where the hang was)."""
+
+    def __init__(self) -> None:
+        super().__init__(out=io.StringIO())
+        self.calls: list[str] = []
+
+    def job_field(self, job: str, name: str) -> str:
+        self.calls.append(f"read {name}")
+        return "node7"
+
+    def requeue(self, job: str) -> bool:
+        self.calls.append("requeue")
+        return True
+
+    def exclude(self, job: str, nodes: object, excluded: str) -> bool:
+        self.calls.append(f"exclude {nodes} beside {excluded}")
+        return True
+
+
+def test_a_requeue_without_a_node_asks_slurm_one_thing_after_the_requeue(tmp_path: Path):
+    slurm = Requeued()
+    state = State("48", 1, "node1", 20048, phase=Phase.DECIDING, step_nodes=["node1"])
+    supervisor = Supervisor(state, slurm, Files.in_dir(tmp_path))
+    assert supervisor.requeue("a hang", "3", ("node1",)) == 0
+    assert slurm.calls == ["read ExcNodeList", "requeue", "exclude ('node1',) beside node7"]
+    assert (tmp_path / P.REQUEUES_FILE).read_text().endswith(" node1\n")  # recorded before the requeue
 
 
 def test_an_exception_in_the_loop_ends_the_attempt_with_a_line_that_names_it(tmp_path: Path):

@@ -154,8 +154,11 @@ class Supervisor:
         append_requeue_record(self.files.requeues, why, state.attempt, saved, nodes)
         state.phase = Phase.REQUEUING  # the requeue's own SIGTERM comes to this process
         if not by_slurm:
+            # only a pending job takes a new exclusion, and the requeue's SIGKILL follows its SIGTERM by KillWait (5 s
+            # on the local cluster): what the job leaves out already is read before the requeue, not inside that window
+            excluded = self.effects.job_field(state.job, "ExcNodeList") if nodes else ""
             self.effects.requeue(state.job)
-            if nodes and not self.effects.exclude(state.job, nodes):  # only a pending job takes a new exclusion
+            if nodes and not self.effects.exclude(state.job, nodes, excluded):
                 self.effects.say("exclude_failed", nodes=" ".join(nodes))
         return 0
 
