@@ -48,16 +48,28 @@ def reference(tmp_path: Path, demo: Any, dialect: str, steps: int) -> tuple[Path
     return where / "ckpt" / "one" / "0", train(config, 1, dialect)
 
 
-def launch(
-    tmp_path: Path, env: dict, demo: Any, dialect: str, run_name: str, init: Path, steps: int, *flags: str
+EIGHT = ("--nodes", "2", "--gpus_per_node", "4", "--tp", "2", "--pp", "2")  # dp 2 x tp 2 x pp 2
+
+
+def launch(  # fmt: skip
+    tmp_path: Path,
+    env: dict,
+    demo: Any,
+    dialect: str,
+    run_name: str,
+    init: Path | None,
+    steps: int,
+    *flags: str,
+    layout: tuple[str, ...] = EIGHT,
 ) -> subprocess.Popen:
-    """slurm_launcher.py with the flags `cpu_nanotron.layout_spec` resolves, on 2 nodes x 4, following the job."""
+    """slurm_launcher.py with the flags `cpu_nanotron.layout_spec` resolves, on 2 nodes x 4 (`layout`), following
+    the job; from the reference's weights `init` (None: nanotron's own initialisation)."""
     user = tmp_path / f"{run_name}-start.yaml"  # the reference's weights, and its LR schedule (decay over 7 steps)
-    user.write_text(yaml.safe_dump({"model": {"init_method": {"path": str(init)}},
-                                    "optimizer": {"learning_rate_scheduler": {"lr_decay_steps": 7}}}))  # fmt: skip
+    start = {"optimizer": {"learning_rate_scheduler": {"lr_decay_steps": 7}}}
+    user.write_text(yaml.safe_dump(start if init is None else {"model": {"init_method": {"path": str(init)}}, **start}))
     argv = [
-        sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", run_name, "--nodes", "2", "--gpus_per_node",
-        "4", "--tp", "2", "--pp", "2", "--model_size", "tiny", "--hidden_size", "64", "--num_layers", "2",
+        sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", run_name, *layout,
+        "--model_size", "tiny", "--hidden_size", "64", "--num_layers", "2",
         "--max_seq_len", "64", "--micro_batch_size", "2", "--grad_accum_steps", "2", "--train_steps", str(steps),
         "--warmup_steps", "1", "--learning_rate", "1e-3", "--log_interval", "1", "--nanotron_dialect", dialect,
         "--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer), "--engine", "nanotron",
@@ -185,11 +197,13 @@ runpy.run_path({script!r}, run_name="__main__")
 
 
 def test_a_failure_inside_nanotron_is_named(tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any):
+    """Two ranks, one pipeline stage each, are enough to fail inside nanotron's pipeline engine (8 took ~3 minutes
+    of CI's 2 cores for the same verdict)."""
     script = tmp_path / "raises.py"
     script.write_text(RAISES_IN_NANOTRON.format(root=str(ROOT), script=str(ROOT / "run_train.py")))
-    init, _ = reference(tmp_path, demo_data, "0.4", 1)
-    proc = launch(tmp_path, four_slots, demo_data, "0.4", "fails", init, 5, "--run_train_script", str(script),
-                  "--max_requeues", "0")  # fmt: skip
+    two = ("--nodes", "1", "--gpus_per_node", "2", "--tp", "1", "--pp", "2")
+    proc = launch(tmp_path, four_slots, demo_data, "0.4", "fails", None, 5, "--run_train_script", str(script),
+                  "--max_requeues", "0", layout=two)  # fmt: skip
     code, out = finish(proc, timeout=900)
     assert code != 0
     verdict = out[out.rindex("ended FAILED") :]
