@@ -25,6 +25,10 @@ class SubmissionError(LauncherError):
     """Slurm refused the job (its own message is included); the bundle is kept."""
 
 
+class QueueFull(SubmissionError):
+    """Slurm cannot take a job now: its queue holds MaxJobCount jobs (a state of the cluster, not of the flags)."""
+
+
 class SlurmUnavailable(LauncherError):
     """Slurm's commands are missing or its controller does not answer."""
 

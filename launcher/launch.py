@@ -234,6 +234,7 @@ def submit_prepared(prepared: Prepared) -> int:
         return interactive.run(spec, paths)
     from launcher import submission  # imported here only for speed: a dry run never submits (~40 ms)
 
+    sys.stdout.flush()  # the summary out before sbatch, which may retry for minutes at a full queue (into a pipe too)
     return submission.submit_and_follow(paths, follow=spec.args.execution.show_logs)
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from launcher_helpers import ROOT
 from slurm_cluster import slurm_release
 from test_slurm_e2e import launch, script, wait_for
 
@@ -182,3 +184,59 @@ def test_an_expedited_requeue_where_the_cluster_enables_it(tmp_path: Path, slurm
         text = Path(run["files"]["script"]["path"]).read_text()
         asked = name == "expedited" and new
         assert ("#SBATCH --requeue=expedite\n" in text, "#SBATCH --requeue\n" in text) == (asked, not asked)
+
+
+@pytest.fixture(scope="module")
+def small_queue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A local cluster whose controller holds 3 jobs at most (MaxJobCount=3), finished ones for 2 s (MinJobAge=2:
+    purged within 10 s)."""
+    spec = ClusterSpec(tmp_path_factory.mktemp("queue"), nodes=1, gpus_per_node=2, max_job_count=3, min_job_age_s=2)
+    yield up(spec)
+    down(spec)
+
+
+def test_a_full_queue_is_waited_for_not_refused(tmp_path: Path, slurm_env: dict, small_queue: dict):
+    """A queue that holds MaxJobCount jobs (26.05 fills at 3; before, at 2: `>=`): `sbatch --test-only` fails at once,
+    26.05 saying "MaxJobCount limit reached", before it "Resource temporarily unavailable"; sbatch retries for 2
+    minutes, 26.05 saying "queue full". The launcher does not call that a refusal of the job: it says that Slurm
+    cannot judge it now and submits through sbatch's retries, which a job leaving the queue lets through."""
+    env = {**slurm_env, **small_queue}
+    new = slurm_release(slurm_env) >= (26, 5)
+    held = [sbatch(env, tmp_path, "--hold", "--wrap", "true") for _ in range(3 if new else 2)]
+    judged = subprocess.run(["sbatch", "--test-only", "--wrap", "true"], env=env, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert judged.returncode != 0, judged.stderr
+    assert ("MaxJobCount limit reached" if new else "Resource temporarily unavailable") in judged.stderr
+    retries = subprocess.Popen(["sbatch", "--wrap", "true"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    assert retries.stderr is not None
+    said = retries.stderr.readline()
+    retries.kill()
+    retries.wait()
+    assert ("queue full" if new else "temporarily unable to accept job") in said and "retrying" in said, said
+    argv = [sys.executable, str(ROOT / "slurm_launcher.py"), "--run_name", "full", "--nodes", "1", "--gpus_per_node",
+            "2", "--run_train_script", script(tmp_path, "ok.py", "print(1)\n"), "--dataset", "none", "--time_limit",
+            "5:00"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = []
+    while not any(line.lstrip().startswith("slurm ") for line in lines) and proc.poll() is None:
+        lines.append(proc.stdout.readline())
+    assert "slurm        cannot judge it now: its queue is full" in "".join(lines), "".join(lines)
+    subprocess.run(["scancel", held[0]], env=env, check=True)  # purged within 10 s: sbatch's next try gets through
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Submitted job " in out and "Traceback" not in err, out + err
+    run = json.loads(next((tmp_path / "logs/configs/full").glob("*/manifest.json")).read_text())
+    assert run["slurm"]["job_id"] and run["slurm"]["submitted"], run["slurm"]
+    subprocess.run(["scancel", *held[1:], run["slurm"]["job_id"]], env=env, check=True)
+
+
+def test_a_queue_that_stays_full_is_said_with_its_fix():
+    """What sbatch says when its retries end (26.05's words, and 22.05-24.11's), read as a full queue."""
+    for stderr in ("sbatch: error: Slurm job queue full, sleeping and retrying\nsbatch: error: Batch job submission "
+                   "failed: MaxJobCount limit reached", "sbatch: error: Slurm temporarily unable to accept job, "
+                   "sleeping and retrying\nsbatch: error: Batch job submission failed: Resource temporarily "
+                   "unavailable"):  # fmt: skip
+        said = client.rejection(stderr)
+        assert "fix nothing in the flags: Slurm's queue holds as many jobs as it may (MaxJobCount" in said, said
+        assert "check the #SBATCH options" not in said

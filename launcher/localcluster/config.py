@@ -63,6 +63,8 @@ class ClusterSpec:
     # whose ports are taken to a free slot, and keeps the slot its slurm.conf names (launcher.localcluster.ports)
     port_slot: int | None = None
     expedited_requeue: bool = False  # SlurmctldParameters=enable_expedited_requeue (Slurm 25.11+: --requeue=expedite)
+    max_job_count: int = 10000  # MaxJobCount (Slurm's default): the jobs the controller holds, finished ones included
+    min_job_age_s: int = 600  # MinJobAge: how long a finished job stays in scontrol/squeue (and counts in the above)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -155,7 +157,8 @@ MailProg=/bin/true
 {accounting.slurm_conf_lines(spec) if spec.accounting else "AccountingStorageType=accounting_storage/none"}
 JobCompType=jobcomp/filetxt
 JobCompLoc={d}/log/jobcomp.log
-MinJobAge=600
+MinJobAge={spec.min_job_age_s}
+MaxJobCount={spec.max_job_count}
 FirstJobId={spec.first_job_id}
 # Schedule at once; requeue allowed; nodes return to service when their slurmd registers again.
 SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=1

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from launcher.errors import SlurmUnavailable, SubmissionError
+from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
 from launcher.slurm.parse import (
     NODE_STATES,
     SACCT_FIELDS,
@@ -58,6 +58,15 @@ HINTS = (  # sbatch's words -> the flag to change
     ("invalid node name", "--nodelist / --exclude: use node names Slurm knows (`sinfo -N`)"),
     ("invalid number of nodes", "--nodelist: it names more nodes than --nodes"),
     ("dependency", "--dependency: name jobs that exist (`squeue --me`)"),
+)
+# A full queue (MaxJobCount jobs held, finished ones for MinJobAge included), as each release says it: 26.05 by
+# name; before, EAGAIN. sbatch itself then retries 15 times, sleeping 1, 2, ... 15 s (`sbatch --test-only` does not).
+QUEUE_FULL = ("maxjobcount limit reached", "queue full", "resource temporarily unavailable",
+              "temporarily unable to accept job")  # fmt: skip
+SBATCH_RETRIES_S = sum(range(1, 16))
+FULL_QUEUE_FIX = (
+    "nothing in the flags: Slurm's queue holds as many jobs as it may (MaxJobCount in `scontrol show config`, "
+    "finished jobs counted for MinJobAge); submit the kept script once jobs have left the queue"
 )
 
 
@@ -114,7 +123,7 @@ def rejection(stderr: str) -> str:
             f"sbatch cannot reach the Slurm controller:\n  {stderr}\n"
             f"Is slurmctld up, and SLURM_CONF ({os.environ.get('SLURM_CONF', 'not set')}) the right file? " + WHAT_NOW
         )
-    hints = [h for words, h in HINTS if words in stderr.lower()]
+    hints = [h for words, h in HINTS if words in stderr.lower()] + ([FULL_QUEUE_FIX] if queue_full(stderr) else [])
     return (
         "  "
         + stderr.replace("\n", "\n  ")
@@ -123,16 +132,24 @@ def rejection(stderr: str) -> str:
     )
 
 
+def queue_full(stderr: str) -> bool:
+    """Whether sbatch's words say that Slurm's queue is full (QUEUE_FULL)."""
+    return any(words in stderr.lower() for words in QUEUE_FULL)
+
+
 def check_submission(script_text: str) -> str:
     """Ask Slurm whether it would accept this batch script, submitting nothing (`sbatch --test-only`, the script
     on stdin); return its forecast ("to start at 2026-11-22T15:06:18 ... on nodes node[1-2] in partition debug").
-    Raises SubmissionError with sbatch's own words and the flags to change."""
+    Raises SubmissionError with sbatch's own words and the flags to change; QueueFull where Slurm's queue is full
+    (it judged nothing)."""
     try:
         out = subprocess.run(
             [_command("sbatch"), "--test-only"], input=script_text, capture_output=True, text=True, timeout=60
         )
     except subprocess.TimeoutExpired as e:
         raise SlurmUnavailable("sbatch did not answer within 60 s: is slurmctld up?") from e
+    if out.returncode != 0 and queue_full(out.stderr):
+        raise QueueFull(out.stderr.strip())
     if out.returncode != 0:
         raise SubmissionError("Slurm would reject the job:\n" + rejection(out.stderr))
     forecast = re.search(r"Job \d+ (to start at .*)", out.stderr)
@@ -141,8 +158,8 @@ def check_submission(script_text: str) -> str:
 
 def submit(script: Path, *options: str) -> str:
     """sbatch the script file itself (with sbatch `options`, e.g. a dependency); return the job id. Raises
-    SubmissionError with sbatch's own words."""
-    out = _run([_command("sbatch"), "--parsable", *options, str(script)], timeout=60)
+    SubmissionError with sbatch's own words. At a full queue sbatch retries for SBATCH_RETRIES_S: waited for."""
+    out = _run([_command("sbatch"), "--parsable", *options, str(script)], timeout=SBATCH_RETRIES_S + 60)
     if out.returncode != 0:
         raise SubmissionError("sbatch rejected the job:\n" + rejection(out.stderr))
     job_id = out.stdout.strip().split(";")[0]

@@ -25,7 +25,7 @@ from pathlib import Path
 from launcher.bundle import storage
 from launcher.config import hostlist, ranges
 from launcher.config.spec import RunSpec
-from launcher.errors import SlurmUnavailable, SubmissionError
+from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
 from launcher.nanotron_config import dialect, gpus
 from launcher.nanotron_config.layout import resume_relayout
 from launcher.perf import figures
@@ -214,6 +214,9 @@ def judge(spec: RunSpec, script_text: str) -> str:
     SubmissionError with Slurm's refusal."""
     try:
         return "accepts it (sbatch --test-only): " + client.check_submission(script_text)
+    except QueueFull as full:  # the cluster's state now, not the job's: sbatch's own retries may see it through
+        return (f"cannot judge it now: its queue is full (sbatch --test-only: {str(full)!r}); sbatch retries for up "
+                f"to {client.SBATCH_RETRIES_S // 60} minutes as it submits")  # fmt: skip
     except SubmissionError as refusal:
         held = holds_until_nodes_return(spec) if "node configuration is not available" in str(refusal) else None
         if held is None:
