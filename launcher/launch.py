@@ -19,7 +19,7 @@ from launcher.errors import ConfigError, LauncherError, SubmissionError
 from launcher.perf import figures, fit
 from launcher.problems import Problem, report
 from launcher.report import summary
-from launcher.slurm import interactive, preflight
+from launcher.slurm import client, interactive, preflight
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
@@ -210,7 +210,9 @@ def prepare(argv: list[str], parsed: cli.Parsed | None = None) -> Prepared:
 
 def launch_run(argv: list[str], parsed: cli.Parsed) -> int:
     """One run: its bundle written, summarised, submitted and (--show_logs) followed; returns the exit code."""
-    return submit_prepared(prepare(argv, parsed))
+    with client.fail_fast():  # the checks' questions to Slurm; following the job is outside
+        prepared = prepare(argv, parsed)
+    return submit_prepared(prepared)
 
 
 def submit_prepared(prepared: Prepared) -> int:
@@ -246,7 +248,8 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     if problems:
         raise ConfigError(report(problems))
     grid = sweep.points(argv, run_name, axes)
-    prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
+    with client.fail_fast():
+        prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
     a = prepared[0].spec.args
     record_dir = sweep.write_record(
         a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared]

@@ -192,6 +192,14 @@ def rerun(run: manifest.Manifest, run_name: str | None, dry_run: bool, strict: b
     argv = command_line(run, name, dry_run, resume, show_logs)
     parsed = parsed_line(argv)
     placed: dict[str, Any] = {"checkpoints": run.checkpoints} if resume else {"fresh": True}
+    with client.fail_fast():  # the checks' questions to Slurm; following the job is outside
+        prepared = _checked_and_prepared(run, name, argv, parsed, placed, strict)
+    return launch.submit_prepared(prepared)
+
+
+def _checked_and_prepared(run: manifest.Manifest, name: str, argv: list[str], parsed: cli.Parsed,
+                          placed: dict[str, Any], strict: bool) -> launch.Prepared:  # fmt: skip
+    """The rerun's checks, what it says of the original, and its bundle written."""
     spec, problems = launch.check(argv, parsed, **placed)
     if problems:
         raise ConfigError(report(problems))
@@ -225,4 +233,4 @@ def rerun(run: manifest.Manifest, run_name: str | None, dry_run: bool, strict: b
     origin = {"bundle": str(run.bundle_dir.absolute()), "bundle_id": run.data.get("bundle_id"), "job_id": run.job_id,
               "differs": differ, "unconfirmed": unconfirmed, "changed_inputs": changed_inputs(run)}  # fmt: skip
     manifest.record_origin(manifest.load(prepared.paths.bundle_dir), origin)
-    return launch.submit_prepared(prepared)
+    return prepared

@@ -7,11 +7,13 @@ State comes from `scontrol show job` (works without accounting, for MinJobAge se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
@@ -83,11 +85,41 @@ def _command(name: str) -> str:
     return path
 
 
-def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+# Inside `fail_fast()`: the controller found unreachable there (empty: not yet), which every later command raises
+_UNREACHABLE: list[SlurmUnavailable] | None = None
+
+
+@contextlib.contextmanager
+def fail_fast() -> Iterator[None]:
+    """A launch's checks: once one command finds the controller unreachable (each waits out Slurm's own retries,
+    ~9 s with MessageTimeout=10), every later one raises the same at once: a dead controller kept a launch's five
+    questions waiting 54 s. Never around following a job, whose queries outlive a controller's restart."""
+    global _UNREACHABLE
+    _UNREACHABLE = []
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        yield
+    finally:
+        _UNREACHABLE = None
+
+
+def _cannot_reach(name: str, said: str) -> SlurmUnavailable:
+    """The controller unreachable, as `name` said it (`said`), with what to do; remembered inside `fail_fast()`."""
+    error = SlurmUnavailable(
+        f"{name} cannot reach the Slurm controller:\n  {said}\n"
+        f"Is slurmctld up, and SLURM_CONF ({os.environ.get('SLURM_CONF', 'not set')}) the right file? " + WHAT_NOW
+    )
+    if _UNREACHABLE is not None:
+        _UNREACHABLE.append(error)
+    return error
+
+
+def _run(argv: list[str], timeout: float = 30, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    if _UNREACHABLE:
+        raise _UNREACHABLE[0]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input)
     except subprocess.TimeoutExpired as e:
-        raise SlurmUnavailable(f"{argv[0]} did not answer within {timeout:.0f} s: is slurmctld up?") from e
+        raise _cannot_reach(Path(argv[0]).name, f"no answer within {timeout:.0f} s") from e
 
 
 def _unreachable(stderr: str) -> bool:
@@ -111,7 +143,7 @@ def _query(name: str, *args: str) -> str | None:
     if out.returncode == 0:
         return out.stdout
     if _unreachable(out.stderr):
-        raise SlurmUnavailable(f"{name} cannot reach the Slurm controller: {out.stderr.strip()}")
+        raise _cannot_reach(name, out.stderr.strip())
     return None
 
 
@@ -119,10 +151,7 @@ def rejection(stderr: str) -> str:
     """sbatch's refusal, indented, with the flags to change; raises SlurmUnavailable if Slurm did not answer."""
     stderr = stderr.strip()
     if _unreachable(stderr):
-        raise SlurmUnavailable(
-            f"sbatch cannot reach the Slurm controller:\n  {stderr}\n"
-            f"Is slurmctld up, and SLURM_CONF ({os.environ.get('SLURM_CONF', 'not set')}) the right file? " + WHAT_NOW
-        )
+        raise _cannot_reach("sbatch", stderr)
     hints = [h for words, h in HINTS if words in stderr.lower()] + ([FULL_QUEUE_FIX] if queue_full(stderr) else [])
     return (
         "  "
@@ -142,12 +171,7 @@ def check_submission(script_text: str) -> str:
     on stdin); return its forecast ("to start at 2026-11-22T15:06:18 ... on nodes node[1-2] in partition debug").
     Raises SubmissionError with sbatch's own words and the flags to change; QueueFull where Slurm's queue is full
     (it judged nothing)."""
-    try:
-        out = subprocess.run(
-            [_command("sbatch"), "--test-only"], input=script_text, capture_output=True, text=True, timeout=60
-        )
-    except subprocess.TimeoutExpired as e:
-        raise SlurmUnavailable("sbatch did not answer within 60 s: is slurmctld up?") from e
+    out = _run([_command("sbatch"), "--test-only"], timeout=60, input=script_text)
     if out.returncode != 0 and queue_full(out.stderr):
         raise QueueFull(out.stderr.strip())
     if out.returncode != 0:
@@ -216,7 +240,7 @@ def job_states_many(job_ids: list[str]) -> dict[str, JobState]:
     if ids:
         out = _run([_command("squeue"), "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_STATES])
         if out.returncode != 0 and _unreachable(out.stderr):
-            raise SlurmUnavailable(f"squeue cannot reach the Slurm controller: {out.stderr.strip()}")
+            raise _cannot_reach("squeue", out.stderr.strip())
         found = {k: v for k, v in parse_squeue_states(out.stdout).items() if k in ids}
     for job_id in ids:
         if job_id not in found and (state := job_state(job_id)) is not None:
