@@ -21,7 +21,7 @@ from test_slurm_e2e import launch, script, wait_for
 from launcher import protocol as P
 from launcher import submission
 from launcher.localcluster import ClusterSpec, down, up
-from launcher.slurm import client, parse, releases, triage
+from launcher.slurm import client, follow, parse, releases, triage
 
 pytestmark = pytest.mark.slurm_versions
 
@@ -240,3 +240,36 @@ def test_a_queue_that_stays_full_is_said_with_its_fix():
         said = client.rejection(stderr)
         assert "fix nothing in the flags: Slurm's queue holds as many jobs as it may (MaxJobCount" in said, said
         assert "check the #SBATCH options" not in said
+
+
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: dict) -> Iterator[dict[str, str]]:
+    """A local cluster of 4 nodes in 2 topology blocks (topology/block, BlockSizes=2)."""
+    if slurm_release(slurm_cluster) < (23, 11):
+        pytest.skip("topology/block arrived in Slurm 23.11: 22.05 has no such reason to give")
+    spec = ClusterSpec(tmp_path_factory.mktemp("blocks"), nodes=4, gpus_per_node=2, block_nodes=2)
+    yield up(spec)
+    down(spec)
+
+
+def test_a_job_no_topology_block_holds_now(tmp_path: Path, slurm_env: dict, blocks: dict, monkeypatch):
+    """One node of each block busy: a 2-node job waits. 26.05 says why ("No_suitable_topology_unit_found" in
+    scontrol, with spaces in squeue), 24.11 "Resources"; the follower's line says what the topology reason means."""
+    env = {**slurm_env, **blocks}
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])  # the launcher's reading (client.job_state), of this cluster
+    busy = [sbatch(env, tmp_path, "--exclusive", "-w", node, "--wrap", "sleep 300") for node in ("node1", "node3")]
+    waiting = sbatch(env, tmp_path, "--nodes", "2", "--exclusive", "--wrap", "true")
+    new = slurm_release(slurm_env) >= (26, 5)
+    expected = "No_suitable_topology_unit_found" if new else "Resources"
+    try:
+        state = wait_for(lambda: (s := client.job_state(waiting)) is not None and s.reason == expected and s, 60)
+        squeue = subprocess.run(["squeue", "-h", "-j", waiting, "-o", "%r"], env=env, capture_output=True, text=True)
+        assert squeue.stdout.strip() == expected.replace("_", " "), squeue.stdout
+        said = follow.describe(state)
+        assert said.startswith(f"job {waiting} PENDING (reason: {expected}")
+        assert (follow.TOPOLOGY_WAIT in said, follow.TOPOLOGY_WAIT in follow.reason_said(squeue.stdout.strip())) == (
+            new,
+            new,
+        )
+    finally:
+        subprocess.run(["scancel", *busy, waiting], env=env, check=True)

@@ -155,11 +155,31 @@ class Watched:
     state: JobState | None = field(default=None, repr=False)
 
 
+# Slurm 26.05's topology rejections, where earlier releases said "Resources" (squeue spells them with spaces, scontrol
+# with underscores): a pending job's reason followed by TOPOLOGY_WAIT
+TOPOLOGY_REASONS = (
+    "no suitable topology unit found", "insufficient resources in topology unit", "no available nodes in topology",
+    "required nodes lack available resources", "required nodes do not fit topology",
+    "exceeded maximum node limit during topology allocation",
+    "weight-based selection could not satisfy request within topology unit",
+)  # fmt: skip
+TOPOLOGY_WAIT = (
+    "no block of the cluster's network topology has enough free nodes for it now (Slurm before 26.05 says "
+    "Resources); if it never starts, ask for no more nodes than a block holds (`scontrol show topology`)"
+)
+
+
+def reason_said(reason: str) -> str:
+    """A pending job's reason as the follower says it: Slurm's word, and what a topology rejection means."""
+    words = reason.replace("_", " ").lower()
+    return f"{reason}: {TOPOLOGY_WAIT}" if words.startswith(TOPOLOGY_REASONS) else reason
+
+
 def describe(state: JobState) -> str:
     """The job's state in one line; a pending job's with Slurm's reason and its estimate of the start."""
     text = f"job {state.job_id} {state.state}"
     if state.state == "PENDING":
-        why = [f"reason: {state.reason}"] if state.reason not in ("None", "") else []
+        why = [f"reason: {reason_said(state.reason)}"] if state.reason not in ("None", "") else []
         why += [f"waiting for {state.dependency}"] if state.dependency else []
         why += [f"Slurm expects it to start at {state.start.replace('T', ' ')}"] if state.start else []
         text += f" ({', '.join(why)})" if why else ""
