@@ -129,4 +129,5 @@ from slurm_cluster import (  # noqa: E402, F401
     slurm_cluster,
     slurm_cluster_spec,
     slurm_env,
+    slurm_nanoset,
 )

@@ -17,11 +17,15 @@ import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from launcher import localcluster
 from launcher.slurm import parse
+
+if TYPE_CHECKING:
+    from conftest import DemoData
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -125,3 +129,24 @@ def slurm_release(env: dict[str, str]) -> tuple[int, int]:
     out = subprocess.run(["sbatch", "--version"], env=env, capture_output=True, text=True, check=True).stdout
     major, minor = re.search(r"(\d+)\.(\d+)", out).groups()  # type: ignore[union-attr]
     return int(major), int(minor)
+
+
+def tokenize_on_slurm(env: dict[str, str], demo: DemoData, output: Path, tasks: int = 2) -> Path:
+    """`demo`'s dataset tokenized by `launcher.data tokenize --slurm` on the cluster of `env` (its SLURM_CONF):
+    datatrove's SlurmPipelineExecutor submits an array of `tasks` tasks, the command follows it to its end and checks
+    the folder (a Nanoset of `tasks` token files)."""
+    from launcher.data.__main__ import main
+
+    argv = ["tokenize", "--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer), "--output", str(output),
+            "--tasks", str(tasks), "--slurm", "--partition", "debug", "--time_limit", "10", "--show_logs"]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # sbatch, run by datatrove, reads SLURM_CONF from this process
+        patch.setenv("SLURM_CONF", env["SLURM_CONF"])
+        assert main(argv) == 0, f"tokenize --slurm failed: see {output / 'tokenize' / 'logs'}"
+    return output
+
+
+@pytest.fixture(scope="session")
+def slurm_nanoset(slurm_cluster: dict[str, str], demo_data: DemoData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`demo_data`'s dataset tokenized as a Slurm array job (2 tasks) on the session's cluster: the folder that
+    tests/test_data_slurm.py checks and the torch engine's preemption test (tests/test_preemption.py) trains on."""
+    return tokenize_on_slurm(slurm_cluster, demo_data, tmp_path_factory.mktemp("slurm-nanoset") / "out")

@@ -1,9 +1,12 @@
 """`tokenize --slurm` on the real local cluster: datatrove's SlurmPipelineExecutor submits the array, the command
-follows it to its end; the files are those the login node makes; a rerun submits only the unfinished task."""
+follows it to its end; the files are those the login node makes; a rerun submits only the unfinished task. The
+session's Slurm-made folder (`slurm_nanoset`) is the one checked here and trained on by the torch engine's preemption
+test; the nanotron one (tests/test_nanoset_slurm.py) makes its own on its 8-slot cluster."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,18 +27,20 @@ def _on_slurm(demo: DemoData, output: Path, *extra: str) -> int:
 
 
 def test_a_tokenization_as_a_slurm_array_job_and_its_continuation(
-    slurm_env: dict[str, str], demo_data: DemoData, tmp_path: Path, capsys
+    slurm_env: dict[str, str], slurm_nanoset: Path, demo_data: DemoData, tmp_path: Path, capsys
 ):
-    output = tmp_path / "out"
-    assert _on_slurm(demo_data, output) == 0, capsys.readouterr().err[-3000:]
-    assert _documents(output) == _expected(demo_data, _texts(demo_data))
-    logs = output / RECORD_DIR / "logs"
-    script = (logs / "launch_script.slurm").read_text()
+    """The session's folder (`slurm_nanoset`, which the torch engine's preemption test trains on) is the login
+    node's tokenization; a copy of it with one task lost is continued by the same command."""
+    assert _documents(slurm_nanoset) == _expected(demo_data, _texts(demo_data))
+    script = (slurm_nanoset / RECORD_DIR / "logs" / "launch_script.slurm").read_text()
     assert "#SBATCH --partition=debug" in script and "--qos" not in script  # no QOS the cluster lacks
-    record = json.loads((output / RECORD_DIR / RECORD).read_text())
+    record = json.loads((slurm_nanoset / RECORD_DIR / RECORD).read_text())
     assert record["status"] == "complete" and len(record["slurm_jobs"]) == 1 and record["documents"] == 150
 
     # task 1 lost (no completion record, no files): the same command resubmits it alone
+    output = tmp_path / "out"
+    shutil.copytree(slurm_nanoset, output)
+    logs = output / RECORD_DIR / "logs"
     (logs / "completions" / "00001").unlink()
     for path in output.glob("00001_*"):
         path.unlink()

@@ -1,5 +1,6 @@
-"""nanotron main's trainer on a tokenized folder (a Nanoset made by `launcher.data tokenize`) through
-`slurm_launcher.py` on the local cluster, 8 ranks (dp 2 x tp 2 x pp 2, 2 nodes x 4 slots, the CPU patches of
+"""The chain on one local cluster: a corpus tokenized as a Slurm array job (`launcher.data tokenize --slurm`:
+datatrove's SlurmPipelineExecutor, 2 tasks, 2 token files), then nanotron main's trainer on that folder through
+`slurm_launcher.py` on the same cluster, 8 ranks (dp 2 x tp 2 x pp 2, 2 nodes x 4 slots, the CPU patches of
 tests/cpu_nanotron), preempted by a job in `urgent`: Slurm's SIGTERM, the checkpoint at the next step, the requeue,
 and every rank's micro-batches, both attempts together, the token ids the uninterrupted run reads (logged by the
 test-side hook, LAUNCHER_TEST_BATCH_LOG)."""
@@ -12,7 +13,9 @@ from typing import Any
 import pytest
 import test_nanotron_slurm
 import yaml
+from conftest import DemoData
 from cpu_nanotron import train
+from slurm_cluster import tokenize_on_slurm
 from test_nanoset_nanotron import ACCUMULATION, RANKS, _batches, _config, assert_trains_each_dp_rank_on_its_shard
 from test_nanotron_slurm import launch, preempt_to_the_end, training
 
@@ -20,10 +23,17 @@ pytestmark = pytest.mark.nanotron_cpu
 four_slots = test_nanotron_slurm.four_slots  # its fixture: a cluster of 2 nodes x 4 slots
 
 
+@pytest.fixture(scope="module")
+def tokenized_on_slurm(four_slots: dict, demo_data: DemoData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo dataset tokenized as an array job of 2 tasks on the 8-slot cluster the runs train on."""
+    return tokenize_on_slurm(four_slots, demo_data, tmp_path_factory.mktemp("on-slurm") / "out")
+
+
 def test_a_preempted_8_rank_main_run_on_a_folder_resumes_at_the_next_sample(
-    tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any, nanoset_folders: list[Path]
+    tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any, tokenized_on_slurm: Path
 ):
-    steps, folder = 16, str(nanoset_folders[0])  # 15 steps make an epoch of the folder: the run crosses its end
+    steps, folder = 16, str(tokenized_on_slurm)  # ~15 steps make an epoch of the folder: the run crosses its end
+    assert len(list(tokenized_on_slurm.glob("*.ds"))) == 2  # one token file per array task
     straight = _config(tmp_path, "straight", demo_data, "--dataset", folder,
                        **{"tokens.train_steps": steps, "checkpoints.save_initial_state": True})  # fmt: skip
     dataset = yaml.safe_load(straight.read_text())["data_stages"][0]["data"]["dataset"]

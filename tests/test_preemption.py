@@ -10,11 +10,16 @@ than the run, so only the notice can have saved it.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+from launcher_helpers import ROOT
 from slurm_cluster import slurm_release
 from test_e2e_training import (
     assert_continuous,
@@ -37,6 +42,55 @@ from launcher.slurm.parse import parse_scontrol
 def last_logged_step(bundle_dir: Path) -> int:
     path = bundle_dir / "metrics.jsonl"
     return max((r["step"] for r in read_metrics(path)), default=0) if path.exists() else 0
+
+
+LOGGED_RUN_TRAIN = """# run_train.py, each micro-batch the torch engine draws logged per rank: [index, token ids]
+import json, os, runpy, sys
+sys.path.insert(0, {root!r})
+from launcher.train.data import PackedWindows
+
+real = PackedWindows.micro_batch
+
+def micro_batch(self, index):
+    batch = real(self, index)
+    with open({base!r} + ".rank" + os.environ.get("RANK", "0") + ".jsonl", "a") as out:
+        out.write(json.dumps([index, batch.tolist()]) + "\\n")
+    return batch
+
+PackedWindows.micro_batch = micro_batch
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def logged_run_train(where: Path, base: Path) -> Path:
+    """A --run_train_script: run_train.py with every micro-batch logged to `<base>.rank<RANK>.jsonl`."""
+    script = where / f"run_train_logged_{base.name}.py"
+    script.write_text(LOGGED_RUN_TRAIN.format(root=str(ROOT), base=str(base), script=str(ROOT / "run_train.py")))
+    return script
+
+
+def drawn(base: Path) -> dict[int, list]:
+    """{rank: every [index, token ids] it drew, in order}."""
+    return {int(p.name.split(".rank")[1].split(".")[0]): [json.loads(line) for line in p.read_text().splitlines()]
+            for p in base.parent.glob(f"{base.name}.rank*.jsonl")}  # fmt: skip
+
+
+def straight_run(tmp_path: Path, bundle_dir: Path, ranks: int) -> dict[int, list]:
+    """The bundle's own config trained uninterrupted (torchrun, `ranks` processes on this machine, its own
+    checkpoints): what each rank draws."""
+    config = yaml.safe_load((bundle_dir / "config.yaml").read_text())
+    config["checkpoints"]["checkpoints_path"] = str(tmp_path / "straight-ckpt")
+    path = tmp_path / "straight.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    script = logged_run_train(tmp_path, tmp_path / "straight")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+               str(script), "--config-file", str(path), "--engine", "torch"]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env.pop("SLURM_CONF", None)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return drawn(tmp_path / "straight")
 
 
 def preempt_and_follow(tmp_path: Path, env: dict, demo_data, run_name: str, *flags: str) -> tuple[str, int, str, str]:
@@ -76,9 +130,15 @@ def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: st
 
 
 @pytest.mark.slurm_versions
-def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
+def test_preemption_sigterm_checkpoints_requeues_and_resumes(
+    tmp_path: Path, slurm_env: dict, demo_data, slurm_nanoset: Path
+):
+    """On a tokenized folder made by a Slurm array job on this same cluster (`slurm_nanoset`): after the
+    preemption, every rank of the torch engine reads the micro-batches the uninterrupted run reads."""
     env = with_fake_nvidia_smi(tmp_path, slurm_env)  # so that each attempt starts the GPU monitor on each node
-    job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "preempted")
+    script = logged_run_train(tmp_path, tmp_path / "preempted")
+    flags = ("--dataset", str(slurm_nanoset), "--nanotron_dialect", "main", "--run_train_script", str(script))
+    job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "preempted", *flags)
     assert "preemption notice: Slurm preempted this job at" in log
     assert "time-limit or preemption notice (USR1)" not in log  # Slurm's notice here is SIGTERM to training
     (bundle_dir,) = bundles(tmp_path, "preempted")
@@ -92,6 +152,10 @@ def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     assert ledger["source"] == "job records" and ledger["causes"] == {"preemption": 1}
     assert ledger["steps_thrown_away"] == 0  # the notice's checkpoint was the step the preemption found
     assert ledger["lost_to_gpu_hours"]["preemption"] > 0 and "to 1 preemption" in out
+    preempted, straight = drawn(tmp_path / "preempted"), straight_run(tmp_path, bundle_dir, 4)
+    assert sorted(straight) == [0, 1, 2, 3] and all(len(rows) == 150 for rows in straight.values())
+    assert all([i for i, _ in rows] == list(range(150)) for rows in straight.values())  # one micro-batch a step
+    assert preempted == straight  # both attempts: every rank, every micro-batch, the straight run's token ids
 
 
 @pytest.fixture(scope="module")

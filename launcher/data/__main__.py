@@ -22,12 +22,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launcher.data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("tokenize", help="tokenize a dataset into nanotron's Nanoset files, with datatrove")
-    t.add_argument("--dataset", required=True, help="a save_to_disk directory, a data file, or a folder of "
-                   ".jsonl/.parquet files")  # fmt: skip
+    t.add_argument("--dataset", required=True, help="a save_to_disk directory, a data file, a folder of "
+                   ".jsonl/.parquet files, or a hub name in this machine's datasets cache (read offline)")  # fmt: skip
     t.add_argument("--tokenizer", required=True, help="a tokenizer directory (with tokenizer.json) or a hub name")
     t.add_argument("--output", required=True, help="the folder for the token files (new, or this command's own)")
     t.add_argument("--text_column", default="text", help="the column holding the text")
-    t.add_argument("--split", default="train", help="the split of a saved DatasetDict")
+    t.add_argument("--split", default="train", help="the split of a saved DatasetDict or a hub dataset")
     t.add_argument("--eos_token", default="auto", help="appended to every document: auto (the tokenizer's "
                    "eos_token), none, or a token")  # fmt: skip
     t.add_argument("--tasks", type=int, default=1, help="datatrove tasks: one token file each")

@@ -110,8 +110,10 @@ def submit(plan: Plan, s: SlurmArgs, command: list[str]) -> str | None:
         job_name=s.job_name,
         qos=s.qos or "",  # falsy: datatrove writes no --qos line
         sbatch_args={"account": s.account} if s.account else None,
-        # the array tasks run this same Python (its bin holds datatrove's launch_pickled_pipeline)
-        env_command=f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH",
+        # the array tasks run this same Python (its bin holds datatrove's launch_pickled_pipeline); a hub name is
+        # read from the datasets cache there too, offline
+        env_command=f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"
+        + ("; export HF_HUB_OFFLINE=1" if plan.reader == "hub" else ""),
         logging_dir=str(logs),
         slurm_logs_folder=str(logs / "slurm"),
         skip_completed=True,

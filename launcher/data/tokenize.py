@@ -32,7 +32,7 @@ FILE_READERS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}  # a
 
 @dataclass(frozen=True)
 class TokenizeArgs:
-    dataset: str  # a save_to_disk directory, a data file, or a folder of .jsonl/.parquet files
+    dataset: str  # a save_to_disk directory, a data file, a folder of .jsonl/.parquet files, or a cached hub name
     tokenizer: str  # a local tokenizer directory (with tokenizer.json) or a hub name
     output: str  # the folder the token files go to
     text_column: str = "text"
@@ -49,7 +49,8 @@ class Plan:
     """What the checks resolved: the reader, the tokenizer as datatrove loads it, the token size."""
 
     args: TokenizeArgs
-    reader: str  # "disk" (save_to_disk), "file" (a data file through datasets), "jsonl" or "parquet" (a folder)
+    reader: str  # "disk" (save_to_disk), "file" (a data file through datasets), "jsonl" or "parquet" (a folder),
+    # "hub" (a hub name from the datasets cache)
     source: str  # the path the reader reads
     tokenizer_path: str  # a local tokenizer's tokenizer.json (what datatrove loads) or the hub name
     vocab_size: int
@@ -65,17 +66,49 @@ class Plan:
         return nanoset.token_size_for(self.vocab_size)
 
 
-def _dataset(args: TokenizeArgs) -> tuple[tuple[str, str] | None, list[Problem]]:
-    """(reader, source) for --dataset, or its problems."""
-    if not is_local_path(args.dataset):
+def offline() -> None:
+    """Hub names are read from this machine's datasets cache, never downloaded: the hub client offline here (and in
+    the processes this one starts: datatrove's workers, the Slurm tasks through the environment sbatch passes)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    for module in ("huggingface_hub.constants", "datasets.config"):  # read at their import: already imported
+        if module in sys.modules:
+            sys.modules[module].HF_HUB_OFFLINE = True  # type: ignore[attr-defined]
+
+
+def _hub(args: TokenizeArgs) -> tuple[tuple[str, str] | None, list[Problem]]:
+    """A hub name, read from the datasets cache (as the job's `load_dataset` reads it offline): its split loaded
+    (memory-mapped arrow files) and its text column checked."""
+    offline()
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(args.dataset, split=args.split)
+    except Exception as e:  # datasets raises many types for a name it cannot resolve offline
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return None, [
             Problem(
                 "dataset",
-                f"{args.dataset!r} is not a local path (hub names are not read by tokenize yet)",
-                f"save it locally first (datasets.load_dataset({args.dataset!r}, split='train').save_to_disk(DIR)) "
-                "and give DIR",
+                f"{args.dataset!r} (split {args.split!r}) is not in this machine's datasets cache "
+                f"({datasets.config.HF_DATASETS_CACHE}): {first}; tokenize reads hub datasets from the cache only",
+                f"load it once where the hub is reachable (datasets.load_dataset({args.dataset!r})) with this "
+                "HF_DATASETS_CACHE, or save it to a local folder and give that",
             )
         ]
+    if args.text_column not in loaded.column_names:
+        return None, [
+            Problem(
+                "text_column",
+                f"{args.dataset} has no column {args.text_column!r} (columns: {', '.join(loaded.column_names)})",
+                f"use --text_column {loaded.column_names[0]}" if loaded.column_names else "give another dataset",
+            )
+        ]
+    return ("hub", args.dataset), []
+
+
+def _dataset(args: TokenizeArgs) -> tuple[tuple[str, str] | None, list[Problem]]:
+    """(reader, source) for --dataset, or its problems."""
+    if not is_local_path(args.dataset):
+        return _hub(args)
     path = Path(os.path.expanduser(args.dataset))
     if not path.exists():
         return None, [Problem("dataset", f"{path} does not exist", "give a save_to_disk directory or a data file")]
@@ -203,6 +236,8 @@ def pipeline(plan: Plan) -> list[Any]:
     reader: Any
     if plan.reader == "disk":
         reader = HuggingFaceDatasetReader(plan.source, {}, load_from_disk=True, text_key=args.text_column)
+    elif plan.reader == "hub":  # load_dataset(name, split=...) in each task, offline (`offline`)
+        reader = HuggingFaceDatasetReader(plan.source, {"split": args.split}, text_key=args.text_column)
     elif plan.reader == "file":
         builder = datacheck.DATA_FILE_BUILDERS[Path(plan.source).suffix]
         options = {"data_files": plan.source, "split": "train"}
