@@ -130,15 +130,9 @@ def assert_saved_by_the_notice(bundle_dir: Path, job_id: str, seen: int, out: st
 
 
 @pytest.mark.slurm_versions
-def test_preemption_sigterm_checkpoints_requeues_and_resumes(
-    tmp_path: Path, slurm_env: dict, demo_data, slurm_nanoset: Path
-):
-    """On a tokenized folder made by a Slurm array job on this same cluster (`slurm_nanoset`): after the
-    preemption, every rank of the torch engine reads the micro-batches the uninterrupted run reads."""
+def test_preemption_sigterm_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
     env = with_fake_nvidia_smi(tmp_path, slurm_env)  # so that each attempt starts the GPU monitor on each node
-    script = logged_run_train(tmp_path, tmp_path / "preempted")
-    flags = ("--dataset", str(slurm_nanoset), "--nanotron_dialect", "main", "--run_train_script", str(script))
-    job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "preempted", *flags)
+    job_id, seen, out, log = preempt_and_follow(tmp_path, env, demo_data, "preempted")
     assert "preemption notice: Slurm preempted this job at" in log
     assert "time-limit or preemption notice (USR1)" not in log  # Slurm's notice here is SIGTERM to training
     (bundle_dir,) = bundles(tmp_path, "preempted")
@@ -152,7 +146,23 @@ def test_preemption_sigterm_checkpoints_requeues_and_resumes(
     assert ledger["source"] == "job records" and ledger["causes"] == {"preemption": 1}
     assert ledger["steps_thrown_away"] == 0  # the notice's checkpoint was the step the preemption found
     assert ledger["lost_to_gpu_hours"]["preemption"] > 0 and "to 1 preemption" in out
-    preempted, straight = drawn(tmp_path / "preempted"), straight_run(tmp_path, bundle_dir, 4)
+
+
+def test_a_preempted_run_on_a_slurm_tokenized_folder_reads_what_the_straight_run_reads(
+    tmp_path: Path, slurm_env: dict, demo_data, slurm_nanoset: Path
+):
+    """The torch engine on a folder tokenized as a Slurm array job on this same cluster (`slurm_nanoset`): the loss
+    falls, and after a real preemption every rank's micro-batches of both attempts are those of an uninterrupted
+    torchrun of the bundle's own config (4 ranks, 150 each, across epochs). Not a release difference: `make test`
+    runs it on 26.05 alone (the preemption itself is the test above, on every release)."""
+    script = logged_run_train(tmp_path, tmp_path / "onfolder")
+    flags = ("--dataset", str(slurm_nanoset), "--nanotron_dialect", "main", "--run_train_script", str(script))
+    job_id, seen, out, log = preempt_and_follow(tmp_path, slurm_env, demo_data, "onfolder", *flags)
+    (bundle_dir,) = bundles(tmp_path, "onfolder")
+    assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log, slurm_env)
+    losses = [r["loss"] for r in read_metrics(bundle_dir / "metrics.jsonl")]
+    assert sum(losses[:10]) / 10 - sum(losses[-10:]) / 10 > 0.3, losses
+    preempted, straight = drawn(tmp_path / "onfolder"), straight_run(tmp_path, bundle_dir, 4)
     assert sorted(straight) == [0, 1, 2, 3] and all(len(rows) == 150 for rows in straight.values())
     assert all([i for i, _ in rows] == list(range(150)) for rows in straight.values())  # one micro-batch a step
     assert preempted == straight  # both attempts: every rank, every micro-batch, the straight run's token ids
