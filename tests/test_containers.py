@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,13 +29,13 @@ from test_e2e_training import (
     wait_for,
     with_fake_nvidia_smi,
 )
+from test_interactive import settled
 from test_operations import HANGS_ON, assert_caught_fast_and_named
 from test_preemption import assert_saved_by_the_notice, preempt_and_follow
 
 from launcher.config import container
 from launcher.localcluster import ClusterSpec, containers, down, up
 from launcher.report.plots import read_metrics
-from launcher.slurm.parse import parse_scontrol
 
 IN_CI = os.environ.get("CI") == "true"
 MISSING = containers.missing_sources()
@@ -165,6 +164,6 @@ def test_interactive_shell_in_the_container_through_a_terminal(tmp_path: Path, b
     finally:
         terminal.close()
     assert in_container(spec, job_id) == ["node1"]
-    state = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True)
-    assert parse_scontrol(state.stdout).get("JobState") == "COMPLETED", state.stdout  # released, not cancelled
+    state = settled(job_id, env)
+    assert state.get("JobState") == "COMPLETED", state  # released, not cancelled
     assert latest_step(tmp_path / "checkpoints/inter") == 8

@@ -10,11 +10,22 @@ from pathlib import Path
 
 import pytest
 from terminal import launcher_in_terminal
-from test_e2e_training import latest_step
+from test_e2e_training import latest_step, wait_for
 
 from launcher.slurm.parse import parse_scontrol
 
 pytestmark = pytest.mark.slurm
+
+
+def settled(job_id: str, env: dict) -> dict[str, str]:
+    """The job's `scontrol show job` fields once it has left COMPLETING (its nodes' cleanup: a container's takes
+    seconds at load ~15, and CI once read COMPLETING right after the shell's exit)."""
+
+    def read() -> dict[str, str]:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True)
+        return parse_scontrol(out.stdout)
+
+    return wait_for(lambda: (f := read()).get("JobState") not in (None, "COMPLETING") and f, timeout=60)
 
 
 def test_interactive_shell_on_the_first_node_runs_the_node_step_on_both(tmp_path: Path, slurm_env: dict, demo_data):
@@ -40,7 +51,6 @@ def test_interactive_shell_on_the_first_node_runs_the_node_step_on_both(tmp_path
         terminal.wait("LAUNCHER-EXIT=0", timeout=60)
     finally:
         terminal.close()
-    state = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=slurm_env, capture_output=True, text=True)
-    fields = parse_scontrol(state.stdout)
-    assert fields.get("JobState") == "COMPLETED" and fields.get("NumNodes") == "2", state.stdout
+    fields = settled(job_id, slurm_env)
+    assert fields.get("JobState") == "COMPLETED" and fields.get("NumNodes") == "2", fields
     assert latest_step(tmp_path / "checkpoints/inter2") == 6
