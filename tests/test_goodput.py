@@ -28,7 +28,7 @@ from test_e2e_training import (
     submitted_job_id,
     wait_for,
 )
-from test_preemption import last_logged_step
+from test_preemption import drawn, last_logged_step, logged_run_train, straight_run
 from wandb_records import offline_runs
 
 from launcher import protocol as P
@@ -84,9 +84,16 @@ def assert_restarted_in_the_same_job(bundle_dir: Path, job_id: str, env: dict, o
     return record
 
 
-def test_a_killed_training_process_restarts_on_the_spare_in_the_same_job(tmp_path: Path, slurm_env: dict, demo_data):
+def test_a_killed_training_process_restarts_on_the_spare_in_the_same_job(
+    tmp_path: Path, slurm_env: dict, demo_data, slurm_nanoset: Path
+):
+    """On a folder tokenized as a Slurm array job on this cluster (`slurm_nanoset`): after the restart from the
+    checkpoint, each rank draws the micro-batches the uninterrupted run draws (the steps after the checkpoint drawn
+    again, the same)."""
+    script = logged_run_train(tmp_path, tmp_path / "killed")
     proc = launch(tmp_path, slurm_env, demo_data, "killed", "--train_steps", "200", "--save_interval", "5",
-                  "--spare_nodes", "1", "--time_limit", "20:00", nodes="1")  # fmt: skip  # no time-limit requeue
+                  "--spare_nodes", "1", "--time_limit", "20:00", "--dataset", str(slurm_nanoset),
+                  "--nanotron_dialect", "main", "--run_train_script", str(script), nodes="1")  # fmt: skip
     bundle_dir, job_id = started(tmp_path, "killed", at_step=8, checkpoint=5)
     ranks = wait_for(lambda: len(t := trainers(job_id, slurm_env["SLURM_CONF"])) == 2 and t, timeout=30)
     pid, failed = ranks[1]
@@ -102,6 +109,11 @@ def test_a_killed_training_process_restarts_on_the_spare_in_the_same_job(tmp_pat
     assert_continuous(bundle_dir, 200)
     assert_restarted_in_the_same_job(bundle_dir, job_id, slurm_env, out, "failure")
     assert "restarts     after failure at step " in out and f"without {failed}" in out
+    straight = straight_run(tmp_path, bundle_dir, 2)
+    for rank, rows in drawn(tmp_path / "killed").items():
+        last = {index: tokens for index, tokens in rows}  # each index as drawn last: after the restart
+        assert all(last[index] == tokens for index, tokens in rows), rank  # drawn again: the same tokens
+        assert [i for i, _ in rows].count(0) == 1 and last == dict(straight[rank]), rank
 
 
 def test_a_hung_rank_restarts_on_the_spare_in_the_same_job(tmp_path: Path, slurm_env: dict, demo_data):
