@@ -25,8 +25,9 @@ from launcher.slurm.parse import TERMINAL, JobState, SacctRecord
 LAG_S, LAG_POLL_S = 15.0, 1.0  # how long to wait for slurmdbd to record an end the controller already knows
 SUBMIT_SLACK_S = 120  # sacct records of a job id submitted before its bundle was made are another job's
 # The job's records stamp whole seconds, start after Slurm's allocation and end before it is released:
-# per attempt, allocated GPU-seconds agree within this many seconds times its GPUs (or 2%, the larger).
-TOLERANCE_S, TOLERANCE_FRACTION = 3.0, 0.02
+# per attempt, allocated GPU-seconds agree within this many seconds times its GPUs (or 2%, the larger): at load ~9
+# a batch script started 3 s per GPU late once (CI's fresh-clone run, 26.05).
+TOLERANCE_S, TOLERANCE_FRACTION = 5.0, 0.02
 
 
 def _created(data: dict) -> float:

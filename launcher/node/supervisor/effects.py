@@ -139,6 +139,9 @@ def field_of(text: str, name: str) -> str:
     return ""
 
 
+EXCLUDE_TRIES, EXCLUDE_EVERY_S = 6, 0.5  # the exclusion's tries after a requeue: within KillWait (5 s here)
+
+
 class Effects(Protocol):
     """What the supervisor does to the world, and all it reads of it besides its own files."""
 
@@ -200,7 +203,11 @@ class Node:
         """Leave `nodes` out of the (requeued, pending) job, beside `excluded` (its ExcNodeList, read before the
         requeue): one RPC, inside KillWait's window between the requeue's SIGTERM and its SIGKILL."""
         names = [n for n in excluded.split(",") if n and excluded != "(null)"] + list(nodes)
-        return run([self.scontrol, "update", f"JobId={job}", f"ExcNodeList={','.join(names)}"], 60).returncode == 0
+        for _ in range(EXCLUDE_TRIES):  # 26.05 at CI's load refused the first update right after the requeue once
+            if run([self.scontrol, "update", f"JobId={job}", f"ExcNodeList={','.join(names)}"], 60).returncode == 0:
+                return True
+            time.sleep(EXCLUDE_EVERY_S)
+        return False
 
     def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], bool]) -> int:
         """The node step as a child process, to its end: its exit status (a signal's: 128 + its number, as bash
