@@ -152,6 +152,7 @@ fi
 rc=0
 chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH="$pybin:/usr/sbin:/usr/bin:/sbin:/bin" \
     CI="${CI:-}" PYTHONPATH="${PYTHONPATH:-}" LAUNCHER_LOCALCLUSTER_DIR="$checkout/.slurm-$release" \
+    LAUNCHER_TEST_TIMELINE="${LAUNCHER_TEST_TIMELINE:-}" \
     /bin/bash -c "cd \"\$0\" && exec \"\$@\"" "$checkout" "$@" || rc=$?
 exit "$rc"
 '

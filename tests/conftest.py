@@ -122,6 +122,9 @@ def write_config(path: Path, config: dict) -> Path:
     return path
 
 
+# The long test files first, and where the time goes (tests/timeline.py).
+pytest_plugins = ["timeline"]
+
 # The session's real Slurm cluster (tests/slurm_cluster.py).
 from slurm_cluster import (  # noqa: E402, F401
     pytest_collection_modifyitems,

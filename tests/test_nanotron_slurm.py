@@ -2,9 +2,11 @@
 x 4 slots, torchrun's c10d rendezvous, `--engine nanotron`, the job's Python a wrapper that loads the test-side CPU
 patches (tests/cpu_nanotron/). Each run starts from the weights of a one-process run (its step 0, through a
 `--config` that sets `model.init_method.path`) and is held to that run's losses at every step, in either dialect:
-0.4's across a real preemption (Slurm's SIGTERM, the sharded checkpoint, the requeue), main's across the time-limit
-notice (the stop file); a run straight through would hold to less (it was a test of its own, ~3 minutes of CI's 2
-cores for no check these lack). A failure inside nanotron is named by the launcher's verdict.
+0.4's here across the time-limit notice (the stop file, the sharded checkpoint, the requeue); main's across a real
+preemption in tests/test_nanoset_slurm.py, on a folder tokenized on Slurm, held to its own 8-rank run. A run straight
+through would hold to less (it was a test of its own, ~3 minutes of CI's 2 cores for no check these lack), and so
+would each dialect through both the notice and a preemption (~4 minutes more: the batch script turns both into the
+same stop file, tests/test_preemption.py). A failure inside nanotron is named by the launcher's verdict.
 
 Marked `nanotron_cpu`: the 22.05 cluster runs them (a second Slurm release changes nothing nanotron does).
 """
@@ -122,33 +124,16 @@ def preempt_to_the_end(tmp_path: Path, four_slots: dict, proc: Any, bundle_dir: 
     return log, out, saved
 
 
-def test_a_preempted_8_rank_nanotron_run_saves_its_shards_requeues_and_resumes_exactly(
+def test_the_time_limit_notice_stops_an_8_rank_04_run_which_saves_its_shards_requeues_and_resumes(
     tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any
 ):
-    """A job in `urgent` takes the 8 slots: Slurm's SIGTERM reaches nanotron's ranks, which save the sharded model
-    and optimizer at the next step; the job is requeued and resumes at that step, the LR and the loss continuing."""
-    steps = 24
-    init, ref = reference(tmp_path, demo_data, "0.4", steps)
-    proc = launch(tmp_path, four_slots, demo_data, "0.4", "preempted", init, steps, "--save_interval", "100000",
-                  "--max_requeues", "2", "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
-    bundle_dir, job_id = training(tmp_path, "preempted")
-    log, out, saved = preempt_to_the_end(tmp_path, four_slots, proc, bundle_dir, job_id, steps)
-    assert f"resuming from the run's own checkpoints in {Path(manifest(bundle_dir)['outputs']['checkpoints'])}" in log
-    assert f"(latest: {saved})" in log and "ended COMPLETED" in out and "requeued 1x" in out
-    shards = Path(manifest(bundle_dir)["outputs"]["checkpoints"]) / str(saved) / "optimizer"
-    assert len(list(shards.glob("optimizer_pp-*-of-2_tp-*-of-2*.pt"))) == 4  # each pp x tp rank's own
-    assert_launched_as_eight(out, log, bundle_dir)
-    assert_as_the_reference(bundle_dir, ref)  # every step, before the preemption and after it
-
-
-def test_the_time_limit_notice_stops_an_8_rank_main_run_through_its_stop_file(
-    tmp_path: Path, slurm_env: dict, four_slots: dict, demo_data: Any
-):
-    """Slurm's warning before the time limit (USR1 to the batch script) makes the stop file: nanotron main's ranks
-    save, the job requeues itself and resumes, every step as the one-process run's."""
+    """Slurm's warning before the time limit (USR1 to the batch script) makes the stop file: nanotron 0.4's ranks
+    save the sharded model and optimizer at the next step, the job requeues itself and resumes at that step, every
+    step as the one-process run's, the LR and the loss continuing. (main's trainer through a real preemption, from
+    its own 8-rank run's weights: tests/test_nanoset_slurm.py.)"""
     steps = 16
-    init, ref = reference(tmp_path, demo_data, "main", steps)
-    proc = launch(tmp_path, four_slots, demo_data, "main", "warned", init, steps, "--save_interval", "100000",
+    init, ref = reference(tmp_path, demo_data, "0.4", steps)
+    proc = launch(tmp_path, four_slots, demo_data, "0.4", "warned", init, steps, "--save_interval", "100000",
                   "--max_requeues", "2", "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
     bundle_dir, job_id = training(tmp_path, "warned")
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=four_slots, check=True)
@@ -156,9 +141,14 @@ def test_the_time_limit_notice_stops_an_8_rank_main_run_through_its_stop_file(
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0 and "stop requested: checkpoint saved at step " in log, out + log[-6000:]
     saved = saved_by_the_stop(log)
-    assert "requeueing after the time-limit notice (1 of 2)" in log and f"(latest: {saved})" in log
+    assert 4 <= saved < steps and f"job {job_id} attempt 2 started" in log and "requeued 1x" in out
+    assert "requeueing after the time-limit notice (1 of 2)" in log
+    assert f"resuming from the run's own checkpoints in {Path(manifest(bundle_dir)['outputs']['checkpoints'])}" in log
+    assert f"(latest: {saved})" in log
+    shards = Path(manifest(bundle_dir)["outputs"]["checkpoints"]) / str(saved) / "optimizer"
+    assert len(list(shards.glob("optimizer_pp-*-of-2_tp-*-of-2*.pt"))) == 4  # each pp x tp rank's own
     assert_launched_as_eight(out, log, bundle_dir)
-    assert_as_the_reference(bundle_dir, ref)
+    assert_as_the_reference(bundle_dir, ref)  # every step, before the notice and after it
 
 
 RAISES_IN_NANOTRON = """

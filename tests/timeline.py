@@ -1,0 +1,90 @@
+"""Where a `make test` part's time goes, and the order that shortens it.
+
+`make test` runs each part on two pytest-xdist workers, a test file at a time (`--dist loadfile`): a part ends
+when its busier worker does, and a long file handed out last leaves the other worker idle meanwhile. So:
+- the files known to be long go out first (`LONG_FILES`, longest first: the usual remedy for such a schedule);
+  every other file keeps pytest's order after them. Every worker sorts alike, as xdist needs.
+- with LAUNCHER_TEST_TIMELINE=FILE, pytest's main process writes a row per test (worker, when it ended in seconds
+  from the start, its setup + call + teardown seconds, its id) to FILE: `make test` writes logs/timeline-*.tsv,
+  for whoever trims the suite next (docs/performance.md says how to read it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+# Seconds each file took in a quiet fresh-clone run (the sum of its tests' setup, call and teardown on one worker;
+# logs/timeline-*.tsv), over a minute only. A file's place matters, not its figure.
+LONG_FILES = {
+    "test_goodput.py": 600,
+    "test_nanotron_slurm.py": 420,
+    "test_e2e_training.py": 420,
+    "test_nanoset_slurm.py": 330,
+    "test_operations.py": 330,
+    "test_preemption.py": 300,
+    "test_containers.py": 300,
+    "test_nanotron_multirank.py": 300,
+    "test_nanoset_nanotron.py": 280,
+    "test_export.py": 200,
+    "test_accounting.py": 180,
+    "test_nanotron_main_cpu.py": 150,
+    "test_rerun_e2e.py": 110,
+    "test_reference_examples.py": 100,
+    "test_slurm_versions.py": 100,
+    "test_export_chain.py": 75,
+    "test_train_engine.py": 70,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long files first, longest first; a stable sort keeps every other test where pytest put it."""
+
+    def weight(item: pytest.Item) -> int:
+        return -LONG_FILES.get(Path(str(item.fspath)).name, 0)
+
+    items.sort(key=weight)
+
+
+_START = time.monotonic()
+_SPENT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In pytest's main process (xdist's controller, where reports carry the worker's node), a row per test once
+    its teardown is reported."""
+    where = os.environ.get("LAUNCHER_TEST_TIMELINE")
+    if not where:
+        return
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if node is None and "PYTEST_XDIST_WORKER" in os.environ:
+        return  # a worker's own report: its controller writes the row
+    _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown":
+        ended = time.monotonic() - _START
+        with open(where, "a", encoding="utf-8") as out:
+            out.write(f"{worker}\t{ended:.1f}\t{_SPENT.pop(report.nodeid):.1f}\t{report.nodeid}\n")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Each worker's tests, busy seconds and end, and the files that took longest: what LONG_FILES follows."""
+    where = os.environ.get("LAUNCHER_TEST_TIMELINE")
+    if not where or "PYTEST_XDIST_WORKER" in os.environ or not Path(where).is_file():
+        return
+    workers: dict[str, list[float]] = {}
+    files: dict[str, float] = {}
+    for line in Path(where).read_text(encoding="utf-8").splitlines():
+        worker, ended, spent, nodeid = line.split("\t")
+        tests, busy, last = workers.get(worker, [0, 0.0, 0.0])
+        workers[worker] = [tests + 1, busy + float(spent), max(last, float(ended))]
+        name = nodeid.split("::")[0].rsplit("/", 1)[-1]
+        files[name] = files.get(name, 0.0) + float(spent)
+    terminalreporter.section("where the time went (tests/timeline.py)")
+    for worker, (tests, busy, last) in sorted(workers.items()):
+        terminalreporter.write_line(f"{worker}: {tests:.0f} tests, busy {busy:.0f} s, its last ended at {last:.0f} s")
+    longest = sorted(files.items(), key=lambda kv: -kv[1])[:12]
+    terminalreporter.write_line("longest files: " + ", ".join(f"{name} {spent:.0f} s" for name, spent in longest))
