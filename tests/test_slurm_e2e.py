@@ -108,7 +108,12 @@ def test_failing_job_reports_failed_and_exits_nonzero(tmp_path: Path, slurm_env:
     out = launch(tmp_path, slurm_env, "failing", script(tmp_path, "fail.py", FAIL), "--show_logs")
     assert out.returncode == 1
     assert "about to fail" in out.stdout
-    assert "ended FAILED, exit code 1" in out.stdout  # torchrun's code for a failed worker, via srun and the script
+    # torchrun's code for a failed worker, via srun and the script; or, where srun stopped the other node's torchrun
+    # before it ended on its own (a loaded machine: CI's at load ~4 on 26.05), srun's 143 (137), which the verdict
+    # says is not a second failure
+    code = re.search(r"ended FAILED, exit code (\d+)", out.stdout)
+    assert code and code[1] in ("1", "137", "143"), out.stdout
+    assert code[1] == "1" or f"exit code {code[1]} is srun stopping the other ranks after it" in out.stdout, out.stdout
     assert "Traceback (most recent call last)" not in out.stderr  # no launcher traceback
 
 
