@@ -33,17 +33,20 @@ demo: cluster
 # On 26.05, the newest: every Slurm test but those two kinds (~22 min). On 24.11, between them: `slurm_versions`.
 HOST_MARK = not slurm or containers or nanotron_cpu or main_job or slurm_versions
 
-# Each part writes where its time went to logs/timeline-<release>.tsv (tests/timeline.py)
+# Two workers, a test file at a time, handed out in the order tests/timeline.py sets (the long files first: xdist's
+# own order, by number of tests, had the 8-rank files last); each part writes where its time went to
+# logs/timeline-<release>.tsv
+XDIST = -n 2 --dist loadfile --no-loadscope-reorder
 TIMELINE = mkdir -p logs && rm -f logs/timeline-$(1).tsv && LAUNCHER_TEST_TIMELINE=logs/timeline-$(1).tsv
 
 test: setup
-	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=25 -m "$(HOST_MARK)"
+	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(XDIST) --durations=25 -m "$(HOST_MARK)"
 	$(MAKE) --no-print-directory -o setup test-slurm26
 	$(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS=slurm_versions
 
 # Every Slurm test on Debian 12's 22.05, the host's own cluster
 test-slurm22: setup
-	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=15 -m slurm
+	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(XDIST) --durations=15 -m slurm
 
 # The tests that use the local cluster (-m slurm) on a newer Slurm release (docs/slurm-versions.md): Debian 13's
 # 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or two),
@@ -55,8 +58,8 @@ RELEASE_24 := 24.11
 RELEASE_26 := 26.05
 
 test-slurm24 test-slurm26: test-slurm%: setup
-	$(call TIMELINE,$(RELEASE_$*)) PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q -n 2 --durations=15 \
-	  --dist loadfile -m "$(SLURM_MARK)"
+	$(call TIMELINE,$(RELEASE_$*)) PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q $(XDIST) \
+	  --durations=15 -m "$(SLURM_MARK)"
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

@@ -5,8 +5,8 @@ when its busier worker does, and a long file handed out last leaves the other wo
 - the files known to be long go out first (`LONG_FILES`, longest first: the usual remedy for such a schedule);
   every other file keeps pytest's order after them. Every worker sorts alike, as xdist needs.
 - with LAUNCHER_TEST_TIMELINE=FILE, pytest's main process writes a row per test (worker, when it ended in seconds
-  from the start, its setup + call + teardown seconds, its id) to FILE: `make test` writes logs/timeline-*.tsv,
-  for whoever trims the suite next (docs/performance.md says how to read it).
+  from the start, its setup + call + teardown seconds, ok or failed, its id) to FILE: `make test` writes
+  logs/timeline-*.tsv, for whoever trims the suite next (docs/performance.md says how to read it).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 _START = time.monotonic()
 _SPENT: dict[str, float] = {}
+_FAILED: set[str] = set()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -64,10 +65,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if node is None and "PYTEST_XDIST_WORKER" in os.environ:
         return  # a worker's own report: its controller writes the row
     _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + report.duration
+    if report.failed:
+        _FAILED.add(report.nodeid)
     if report.when == "teardown":
         ended = time.monotonic() - _START
+        outcome = "failed" if report.nodeid in _FAILED else "ok"
         with open(where, "a", encoding="utf-8") as out:
-            out.write(f"{worker}\t{ended:.1f}\t{_SPENT.pop(report.nodeid):.1f}\t{report.nodeid}\n")
+            out.write(f"{worker}\t{ended:.1f}\t{_SPENT.pop(report.nodeid):.1f}\t{outcome}\t{report.nodeid}\n")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -78,7 +82,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     workers: dict[str, list[float]] = {}
     files: dict[str, float] = {}
     for line in Path(where).read_text(encoding="utf-8").splitlines():
-        worker, ended, spent, nodeid = line.split("\t")
+        worker, ended, spent, _, nodeid = line.split("\t")
         tests, busy, last = workers.get(worker, [0, 0.0, 0.0])
         workers[worker] = [tests + 1, busy + float(spent), max(last, float(ended))]
         name = nodeid.split("::")[0].rsplit("/", 1)[-1]
