@@ -10,7 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import DemoData
+from test_data_hub import NAME, cache_as_hub
 from test_data_tokenize import _documents, _expected, _texts
 
 from launcher.data import on_slurm
@@ -104,3 +106,29 @@ def test_an_output_path_datatrove_would_write_unquoted_is_refused(demo_data: Dem
     assert main(argv[:-3]) == 0  # on the login node nothing reaches a shell: the same path is fine there
     assert nanoset.inspect(weird)[0] is not None
     assert not (Path.cwd() / "pwned").exists()
+
+
+def test_a_hub_name_is_tokenized_on_slurm_from_the_cache_this_machine_read(
+    slurm_env: dict[str, str], demo_data: DemoData, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+):
+    """A hub name checked in this machine's datasets cache is read by the array's tasks from that same cache,
+    offline: here a cache that only this process knows (no HF_DATASETS_CACHE in the environment sbatch passes on, as
+    a cache set in a Python session or a site's profile on the login node alone), which the tasks are told of."""
+    import datasets
+
+    cache = tmp_path / "hf" / "datasets"
+    cache_as_hub(demo_data, cache, NAME)
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))  # the tasks' default cache: empty
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # tokenize sets it: restored after the test
+    monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])  # read by the sbatch datatrove runs
+    output = tmp_path / "out"
+    argv = ["tokenize", "--dataset", NAME, "--tokenizer", str(demo_data.tokenizer), "--output", str(output),
+            "--tasks", "2", "--slurm", "--partition", "debug", "--time_limit", "10", "--show_logs"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err[-3000:]
+    script = (output / RECORD_DIR / "logs" / "launch_script.slurm").read_text()
+    assert f"HF_DATASETS_CACHE={cache}" in script and "HF_HUB_OFFLINE=1" in script
+    assert _documents(output) == _expected(demo_data, _texts(demo_data))  # every document, through the cache
+    record = json.loads((output / RECORD_DIR / RECORD).read_text())
+    assert record["dataset"]["hub"] == NAME and record["status"] == "complete" and len(record["slurm_jobs"]) == 1

@@ -93,6 +93,16 @@ def live_job_problems(plan: Plan, slurm_needed: bool) -> list[Problem]:
     ]
 
 
+def hub_environment(plan: Plan) -> str:
+    """For a hub name: the tasks read it, offline, from the datasets cache this machine checked it in (on a shared
+    filesystem; a node's own default cache may lack it, or hold another version)."""
+    if plan.reader != "hub":
+        return ""
+    import datasets
+
+    return f"; export HF_HUB_OFFLINE=1 HF_DATASETS_CACHE={shlex.quote(str(datasets.config.HF_DATASETS_CACHE))}"
+
+
 def submit(plan: Plan, s: SlurmArgs, command: list[str]) -> str | None:
     """The array job submitted by datatrove's executor; its id, or None where every task had already finished."""
     from datatrove.executor import SlurmPipelineExecutor
@@ -110,10 +120,8 @@ def submit(plan: Plan, s: SlurmArgs, command: list[str]) -> str | None:
         job_name=s.job_name,
         qos=s.qos or "",  # falsy: datatrove writes no --qos line
         sbatch_args={"account": s.account} if s.account else None,
-        # the array tasks run this same Python (its bin holds datatrove's launch_pickled_pipeline); a hub name is
-        # read from the datasets cache there too, offline
-        env_command=f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"
-        + ("; export HF_HUB_OFFLINE=1" if plan.reader == "hub" else ""),
+        # the array tasks run this same Python (its bin holds datatrove's launch_pickled_pipeline)
+        env_command=f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH" + hub_environment(plan),
         logging_dir=str(logs),
         slurm_logs_folder=str(logs / "slurm"),
         skip_completed=True,
