@@ -108,16 +108,28 @@ def report(bench: str, settings: str, before: tuple[float, ...], lines: list[str
         out.write_text(text + "\n")
 
 
-def one_run(path: str, n: int, work: Path, env: dict, data: tuple[Path, Path]) -> Run:
-    name = f"{path}-{n}"
-    argv = launch_argv(name, data, *PATHS[path])
+def saved_step(checkpoints: Path) -> int:
+    """The run's latest checkpoint step: the torch engine's `latest`, nanotron's `latest.txt` (0: none yet)."""
+    for name in ("latest", "latest.txt"):
+        try:
+            return int((checkpoints / name).read_text() or 0)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def one_run(path: str, n: int, work: Path, env: dict, data: tuple[Path, Path], *flags: str, name: str = "") -> Run:
+    """`path`'s run (with `flags` after the bench's own), killed and timed to its next step (bench_nanoset.py
+    times a restart of each engine on each kind of data with it)."""
+    name = name or f"{path}-{n}"
+    argv = launch_argv(name, data, *PATHS[path], *flags)
     proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         (bundle,) = wait_for(lambda: list((work / "logs/configs" / name).glob("*/manifest.json")), 60)
         job_id = wait_for(lambda: json.loads(bundle.read_text())["slurm"].get("job_id"), 60)
-        metrics, latest = bundle.parent / "metrics.jsonl", work / "checkpoints" / name / "latest"
-        wait_for(lambda: max((r["step"] for r in rows(metrics)), default=0) >= 25 and latest.is_file()
-                 and int(latest.read_text() or 0) >= 20, 300)  # fmt: skip
+        metrics, checkpoints = bundle.parent / "metrics.jsonl", work / "checkpoints" / name
+        wait_for(lambda: max((r["step"] for r in rows(metrics)), default=0) >= 25 and saved_step(checkpoints) >= 20,
+                 600)  # fmt: skip
         pid = wait_for(lambda: rank_pid(job_id, env["SLURM_CONF"], 1), 30)
         load, killed = os.getloadavg()[0], time.time()
         os.kill(pid, signal.SIGKILL)

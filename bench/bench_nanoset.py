@@ -14,6 +14,10 @@ its first step with a Nanoset vs the same text tokenized at start (not a test).
    one that resumes from the first's checkpoint (a requeue or a restart in the allocation: a new process, the same
    checkpoints, the tokenized-at-start path's pack cache there). The nanotron engine runs nanotron main's trainer on
    CPU with the test-side patches (tests/cpu_nanotron), as the tests run it.
+4. `--parts larger --larger-mb N`: the same start-up on N MB of the corpus tokenized at start (1040: all of it).
+5. `--parts restart`: a failure to the next step through a restart in the allocation, each engine on 50 MB
+   tokenized at start and on the whole corpus's Nanoset (bench_goodput.py's run and measure, on a local cluster of
+   2 nodes: the job's node and a spare).
 """
 
 from __future__ import annotations
@@ -207,6 +211,41 @@ def startup(b: Bench, sources: list[tuple[str, str, Path]], tokenizer: Path, eng
             shutil.rmtree(work / "checkpoints", ignore_errors=True)
 
 
+def restart(b: Bench, sources: list[tuple[str, str, Path]], tokenizer: Path, engines: list[str]) -> None:
+    """A failure to the next step through a restart in the allocation (bench_goodput.py's run: 1 node x 2
+    processes and a spare, rank 1 SIGKILLed once step 25 is logged and step 20 saved), for each engine and data."""
+    import bench_goodput as bg
+    from cpu_nanotron import python
+
+    from launcher import localcluster
+
+    b.say("\n## A failure to the next step: a restart in the allocation (1 node x 2 processes, a spare node)\n")
+    b.say("| engine | data | size | failure → next step (s) | resumed at step | load at the kill |\n"
+          "|---|---|---|---|---|---|")  # fmt: skip
+    spec = localcluster.ClusterSpec(b.work / "cluster-restart", nodes=2, gpus_per_node=2)
+    env = {**os.environ, **localcluster.up(spec)}
+    try:
+        for engine in engines:
+            for kind, size, data in sources:
+                label = f"restart-{engine}-{kind}-{size}".replace(" ", "_").replace(".", "_")
+                if b.left() < 300:
+                    b.say(f"| {engine} | {kind} | {size} | skipped, out of time | | |")
+                    continue
+                flags = ["--nanotron_dialect", "main", "--max_seq_len", "128", "--micro_batch_size", "4",
+                         "--engine", engine]  # fmt: skip
+                if engine == "nanotron":  # nanotron main's trainer on CPU, as tests/test_nanotron_slurm.py runs it
+                    flags += ["--python", str(python(b.work, main=True)), "--cpus_per_node", "2"]
+                try:
+                    run = bg.one_run("restart", 0, b.work, env, (data, tokenizer), *flags, name=label)
+                except (TimeoutError, RuntimeError) as e:
+                    b.say(f"| {engine} | {kind} | {size} | FAILED: {e} | | |")
+                    continue
+                b.say(f"| {engine} | {kind} | {size} | {run.to_next_step:.1f} | {run.resumed_at} | {run.load:.1f} |")
+                shutil.rmtree(b.work / "checkpoints" / label, ignore_errors=True)
+    finally:
+        localcluster.down(spec)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, required=True)
@@ -214,7 +253,12 @@ def main() -> None:
     p.add_argument("--budget-min", type=float, default=35)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--engines", nargs="+", default=["torch", "nanotron"])
-    p.add_argument("--parts", nargs="+", default=["tokenize", "startup"], help="or `larger`: with --larger-mb")
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        default=["tokenize", "startup"],
+        help="or `larger` (with --larger-mb), `restart` (makes the login node's folder first, as `tokenize` does)",
+    )
     p.add_argument("--kinds", nargs="+", default=["start", "Nanoset"], help="start-up's data: start, Nanoset")
     p.add_argument("--larger-mb", type=int, default=200, help="`larger`: the start-up tokenized at start of N MB")
     a = p.parse_args()
@@ -226,7 +270,8 @@ def main() -> None:
     made = time.monotonic()
     corpus_dir, small, tokenizer = corpus(a.work, a.gb)
     b.say(f"\nthe corpus: {text_bytes(corpus_dir) / 1e9:.2f} GB of text, made in {time.monotonic() - made:.0f} s")
-    local = throughput(b, corpus_dir, tokenizer) if "tokenize" in a.parts else a.work / "tok-local"
+    made_here = {"tokenize", "restart"} & set(a.parts)  # the login node's folder of the whole corpus
+    local = throughput(b, corpus_dir, tokenizer) if made_here else a.work / "tok-local"
     if "startup" in a.parts:
         small_set = a.work / "tok-small"
         if not (small_set / "tokenize" / "record.json").exists():
@@ -241,6 +286,11 @@ def main() -> None:
         startup(b, [x for x in sources if x[0].split()[-1] in a.kinds], tokenizer, a.engines)
     if "tokenize" in a.parts:
         on_slurm(b, corpus_dir, tokenizer, local)
+    if "restart" in a.parts:  # the failure -> next step of each engine, tokenized at start (50 MB) and a Nanoset
+        medium = on_disk(a.work / "medium" / "part-00.jsonl", a.work / "disk-medium")
+        whole = f"{text_bytes(corpus_dir) / 1e9:.2f} GB"
+        sources = [("tokenized at start", "50 MB", medium), ("Nanoset", whole, local)]
+        restart(b, sources, tokenizer, a.engines)
     if "larger" in a.parts:  # one larger text tokenized at start: does its start-up grow with it?
         path = a.work / "larger" / "part-00.jsonl"
         if not path.exists():
