@@ -17,26 +17,31 @@ from pathlib import Path
 
 import pytest
 
-# Seconds each file took in a quiet fresh-clone run (the sum of its tests' setup, call and teardown on one worker;
-# logs/timeline-*.tsv), over a minute only. A file's place matters, not its figure.
+# Seconds each file took in a quiet fresh-clone run (2026-11-28, 39ba727: the sum of its tests' setup, call and
+# teardown on one worker, logs/timeline-*.tsv; a file in two parts: the larger), over a minute only. A file's place
+# matters, not its figure.
 LONG_FILES = {
-    "test_goodput.py": 600,
-    "test_nanotron_slurm.py": 420,
-    "test_e2e_training.py": 420,
-    "test_nanoset_slurm.py": 330,
-    "test_operations.py": 330,
-    "test_preemption.py": 300,
+    "test_goodput.py": 590,
+    "test_operations.py": 460,
+    "test_e2e_training.py": 440,
+    "test_nanotron_multirank.py": 350,
     "test_containers.py": 300,
-    "test_nanotron_multirank.py": 300,
-    "test_nanoset_nanotron.py": 280,
+    "test_nanoset_slurm.py": 300,
+    "test_preemption.py": 290,
+    "test_nanotron_slurm.py": 270,
+    "test_slurm_e2e.py": 230,
+    "test_nanoset_nanotron.py": 220,
     "test_export.py": 200,
-    "test_accounting.py": 180,
-    "test_nanotron_main_cpu.py": 150,
-    "test_rerun_e2e.py": 110,
-    "test_reference_examples.py": 100,
-    "test_slurm_versions.py": 100,
-    "test_export_chain.py": 75,
-    "test_train_engine.py": 70,
+    "test_accounting.py": 150,
+    "test_supervisor_slurm.py": 140,
+    "test_nanotron_main_cpu.py": 120,
+    "test_slurm_versions.py": 110,
+    "test_train_engine.py": 100,
+    "test_rerun_e2e.py": 90,
+    "test_follow.py": 85,
+    "test_export_chain.py": 85,
+    "test_reference_examples.py": 70,
+    "test_report.py": 65,
 }
 
 
