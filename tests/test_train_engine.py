@@ -510,6 +510,20 @@ def base_cfg(demo_data: DemoData, tmp_path: Path) -> TrainConfig:
     return load_train_config(str(write_config(tmp_path / "c.yaml", tiny_config(demo_data, tmp_path / "ckpt"))))
 
 
+def test_a_corpus_tokenized_a_chunk_at_a_time_packs_the_same_windows(base_cfg: TrainConfig) -> None:
+    """The torch engine's tokenization at start (`tokenize_and_pack`) takes the texts a chunk at a time, so that
+    only the tokens and the windows of a large corpus are held (bench_nanoset.py: 1.04 GB of text took over 24 GB
+    all at once): the windows are those of the whole text list tokenized and packed in one go, however it is cut."""
+    from launcher.train.data import build_windows, tokenize, tokenize_and_pack
+
+    texts = load_texts(base_cfg)
+    whole = pack(*tokenize(base_cfg, texts), base_cfg.sequence_length)
+    assert len(whole) > 10
+    for chunk in (1, 7, len(texts) - 1, len(texts) + 5):
+        assert np.array_equal(tokenize_and_pack(base_cfg, texts, chunk=chunk), whole), chunk
+    assert np.array_equal(build_windows(base_cfg), whole)
+
+
 def test_data_files_and_splits(base_cfg: TrainConfig, tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text('{"text": "a b"}\n{"text": "c"}\n')
     (tmp_path / "d.txt").write_text("first line\nsecond line\n")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -220,16 +221,20 @@ def _eos_of(directory: Path) -> str | None:
     return None
 
 
-def tokenize(cfg: TrainConfig, texts: list[str]) -> tuple[list[list[int]], int]:
-    """Every text's token ids (no special tokens) and the eos id that joins them, checked against the model's
-    vocabulary. A local directory with a tokenizer.json is read by `tokenizers` itself: the ids transformers'
-    fast tokenizer gives (a test holds them equal), without the ~2 s of CPU transformers' import costs every
-    rank. Anything else goes through AutoTokenizer."""
+Encoder = Callable[[list[str]], list[list[int]]]
+CHUNK = 10_000  # texts tokenized at a time: a batch's encodings and Python ints live only until packed
+
+
+def encoder(cfg: TrainConfig) -> tuple[Encoder, int]:
+    """The run's tokenizer as a function of texts to their token ids (no special tokens), and the eos id that joins
+    them, checked against the model's vocabulary. A local directory with a tokenizer.json is read by `tokenizers`
+    itself: the ids transformers' fast tokenizer gives (a test holds them equal), without the ~2 s of CPU
+    transformers' import costs every rank. Anything else goes through AutoTokenizer."""
     directory = Path(os.path.expanduser(cfg.tokenizer)) if cfg.tokenizer else None
     if directory is None or not (directory / "tokenizer.json").is_file():
         tokenizer = load_tokenizer(cfg)
         eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else cfg.model.eos_token_id
-        return tokenizer(texts, add_special_tokens=False)["input_ids"], eos_id
+        return (lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]), eos_id
     from tokenizers import Tokenizer
 
     try:
@@ -239,25 +244,51 @@ def tokenize(cfg: TrainConfig, texts: list[str]) -> tuple[list[list[int]], int]:
     _check_vocabulary(cfg, fast.get_vocab_size(with_added_tokens=True))
     eos = _eos_of(directory)
     eos_id = fast.token_to_id(eos) if eos is not None else None
-    ids = [encoding.ids for encoding in fast.encode_batch(texts, add_special_tokens=False)]
-    return ids, eos_id if eos_id is not None else cfg.model.eos_token_id
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in fast.encode_batch(texts, add_special_tokens=False)]
+
+    return encode, eos_id if eos_id is not None else cfg.model.eos_token_id
 
 
-def pack(token_lists: list[list[int]], eos_id: int, sequence_length: int) -> np.ndarray:
-    """Join documents with eos and cut windows of sequence_length + 1 tokens that overlap by one token."""
-    tokens = np.fromiter((t for doc in token_lists for t in (*doc, eos_id)), dtype=np.int64)
+def tokenize(cfg: TrainConfig, texts: list[str]) -> tuple[list[list[int]], int]:
+    """Every text's token ids and the eos id that joins them (`encoder`)."""
+    encode, eos_id = encoder(cfg)
+    return encode(texts), eos_id
+
+
+def _joined(token_lists: list[list[int]], eos_id: int) -> np.ndarray:
+    return np.fromiter((t for doc in token_lists for t in (*doc, eos_id)), dtype=np.int64)
+
+
+def _windows(tokens: np.ndarray, sequence_length: int) -> np.ndarray:
     count = (len(tokens) - 1) // sequence_length
     starts = np.arange(count, dtype=np.int64)[:, None] * sequence_length
     return tokens[starts + np.arange(sequence_length + 1, dtype=np.int64)]
 
 
+def pack(token_lists: list[list[int]], eos_id: int, sequence_length: int) -> np.ndarray:
+    """Join documents with eos and cut windows of sequence_length + 1 tokens that overlap by one token."""
+    return _windows(_joined(token_lists, eos_id), sequence_length)
+
+
+def tokenize_and_pack(cfg: TrainConfig, texts: list[str], chunk: int = CHUNK) -> np.ndarray:
+    """`pack(*tokenize(cfg, texts), ...)`, the same windows, tokenized `chunk` texts at a time: a corpus's memory is
+    its tokens and its windows (8 bytes a token each), never every text's encoding at once (1.04 GB of text, 215M
+    tokens, took over 24 GB that way and was killed; docs/performance.md)."""
+    encode, eos_id = encoder(cfg)
+    parts = [_joined(encode(texts[start : start + chunk]), eos_id) for start in range(0, len(texts), chunk)]
+    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    del parts
+    return _windows(tokens, cfg.sequence_length)
+
+
 def build_windows(cfg: TrainConfig) -> np.ndarray:
-    """The configured dataset, tokenized and packed into windows (`pack`); a mixture's, each dataset packed on
-    its own (`part_windows`) and the windows joined in the config's order."""
+    """The configured dataset, tokenized and packed into windows (`tokenize_and_pack`); a mixture's, each dataset
+    packed on its own (`part_windows`) and the windows joined in the config's order."""
     if cfg.mixture:
         return np.concatenate(part_windows(cfg))
-    token_lists, eos_id = tokenize(cfg, load_texts(cfg))
-    return pack(token_lists, eos_id, cfg.sequence_length)
+    return tokenize_and_pack(cfg, load_texts(cfg))
 
 
 def part_windows(cfg: TrainConfig) -> list[np.ndarray]:
@@ -266,8 +297,7 @@ def part_windows(cfg: TrainConfig) -> list[np.ndarray]:
     out = []
     for part, weight in mixture_parts(cfg):
         texts = [text for text in _kept(load_split(part), weight, part.text_column)[part.text_column] if text]
-        token_lists, eos_id = tokenize(part, texts)
-        out.append(pack(token_lists, eos_id, cfg.sequence_length))
+        out.append(tokenize_and_pack(part, texts))  # (the part's config is the run's, its dataset one of them)
     return out
 
 
