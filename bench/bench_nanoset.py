@@ -17,7 +17,8 @@ its first step with a Nanoset vs the same text tokenized at start (not a test).
 4. `--parts larger --larger-mb N`: the same start-up on N MB of the corpus tokenized at start (1040: all of it).
 5. `--parts restart`: a failure to the next step through a restart in the allocation, each engine on 50 MB
    tokenized at start and on the whole corpus's Nanoset (bench_goodput.py's run and measure, on a local cluster of
-   2 nodes: the job's node and a spare).
+   2 nodes: the job's node and a spare); `--restart-mb N`: the text of `larger`'s N MB instead of 50 MB, `--kinds`
+   to run one kind only.
 """
 
 from __future__ import annotations
@@ -261,6 +262,7 @@ def main() -> None:
     )
     p.add_argument("--kinds", nargs="+", default=["start", "Nanoset"], help="start-up's data: start, Nanoset")
     p.add_argument("--larger-mb", type=int, default=200, help="`larger`: the start-up tokenized at start of N MB")
+    p.add_argument("--restart-mb", type=int, default=0, help="`restart`: text tokenized at start of `larger`'s N MB")
     a = p.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     out = a.out or a.work / "report.md"
@@ -286,11 +288,13 @@ def main() -> None:
         startup(b, [x for x in sources if x[0].split()[-1] in a.kinds], tokenizer, a.engines)
     if "tokenize" in a.parts:
         on_slurm(b, corpus_dir, tokenizer, local)
-    if "restart" in a.parts:  # the failure -> next step of each engine, tokenized at start (50 MB) and a Nanoset
-        medium = on_disk(a.work / "medium" / "part-00.jsonl", a.work / "disk-medium")
-        whole = f"{text_bytes(corpus_dir) / 1e9:.2f} GB"
-        sources = [("tokenized at start", "50 MB", medium), ("Nanoset", whole, local)]
-        restart(b, sources, tokenizer, a.engines)
+    if "restart" in a.parts:  # the failure -> next step of each engine, tokenized at start and a Nanoset
+        if a.restart_mb:  # the text of `larger` (made there first)
+            text = ("tokenized at start", f"{a.restart_mb} MB", a.work / f"disk-{a.restart_mb}")
+        else:
+            text = ("tokenized at start", "50 MB", on_disk(a.work / "medium" / "part-00.jsonl", a.work / "disk-medium"))
+        sources = [text, ("Nanoset", f"{text_bytes(corpus_dir) / 1e9:.2f} GB", local)]
+        restart(b, [x for x in sources if x[0].split()[-1] in a.kinds], tokenizer, a.engines)
     if "larger" in a.parts:  # one larger text tokenized at start: does its start-up grow with it?
         path = a.work / "larger" / "part-00.jsonl"
         if not path.exists():
