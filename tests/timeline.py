@@ -66,9 +66,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not where:
         return
     node = getattr(report, "node", None)
-    worker = node.gateway.id if node is not None else os.environ.get("PYTEST_XDIST_WORKER", "main")
     if node is None and "PYTEST_XDIST_WORKER" in os.environ:
         return  # a worker's own report: its controller writes the row
+    worker = node.gateway.id if node is not None else "main"  # ("main": pytest without xdist)
     _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + report.duration
     if report.failed:
         _FAILED.add(report.nodeid)

@@ -274,8 +274,8 @@ def pack(token_lists: list[list[int]], eos_id: int, sequence_length: int) -> np.
 
 def tokenize_and_pack(cfg: TrainConfig, texts: list[str], chunk: int = CHUNK) -> np.ndarray:
     """`pack(*tokenize(cfg, texts), ...)`, the same windows, tokenized `chunk` texts at a time: a corpus's memory is
-    its tokens and its windows (8 bytes a token each), never every text's encoding at once (1.04 GB of text, 215M
-    tokens, took over 24 GB that way and was killed; docs/performance.md)."""
+    its tokens (twice while the chunks are joined) and its windows, 8 bytes a token each, never every text's encoding
+    at once (1.04 GB of text, 215M tokens, took over 24 GB that way and was killed; docs/performance.md)."""
     encode, eos_id = encoder(cfg)
     parts = [_joined(encode(texts[start : start + chunk]), eos_id) for start in range(0, len(texts), chunk)]
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
