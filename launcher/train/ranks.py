@@ -6,8 +6,10 @@
 - **Stragglers**: in data parallel training every rank waits for the slowest at each step's gradient all-reduce, so
   a step's wall time is the same everywhere; what differs is a rank's own work before it waits (its data, its
   forward passes, the micro-batches it accumulates alone). Each rank times that part of every step; every
-  `straggler_every` steps rank 0 gathers every rank's mean (one all_reduce of a float a rank) and compares them with
-  their median. A rank above SLOWER x the median at PERSISTENT looks in a row is named: in the log, once
+  `straggler_every` steps rank 0 gathers every rank's mean and its mean step time (one all_reduce of two floats a
+  rank) and compares them with their median. A rank above SLOWER x the median whose excess over it is also at least
+  COSTLY of a step (less is the timer's noise under a busy CPU, and costs the run little) at PERSISTENT looks in a
+  row is named: in the log, once
   (`straggler: rank 3 on node2 ...`; a node all of whose ranks are named is named as the node), and at every look
   while it stays slow in `LAUNCHER_STRAGGLERS_FILE` (JSON lines), which the run's summary and training.png read.
 """
@@ -28,6 +30,7 @@ from launcher.train.environment import JobEnvironment
 
 SLOWER = 1.2  # a rank whose own work takes this many times the median rank's is slow at one look
 PERSISTENT = 3  # looks in a row: a straggler, not a hiccup (a checkpoint, a page cache miss)
+COSTLY = 0.1  # and its excess over the median is this share of a step at least: below it, noise that costs little
 
 
 def nodes_of_ranks(job: JobEnvironment) -> list[str]:
@@ -75,10 +78,12 @@ class Straggler:
         )
 
 
-def slow_ranks(seconds: list[float]) -> tuple[float, list[int]]:
-    """(the median, the ranks above SLOWER x it) of one look's per-rank seconds."""
+def slow_ranks(seconds: list[float], step_s: float) -> tuple[float, list[int]]:
+    """(the median, the ranks above SLOWER x it by COSTLY of a step of `step_s` at least) of one look's per-rank
+    seconds."""
     median = statistics.median(seconds)
-    return median, [r for r, s in enumerate(seconds) if median > 0 and s > SLOWER * median]
+    return median, [r for r, s in enumerate(seconds) if median > 0 and s > SLOWER * median and
+                    s - median >= COSTLY * step_s]  # fmt: skip
 
 
 class StragglerWatch:
@@ -87,23 +92,26 @@ class StragglerWatch:
 
     def __init__(self, job: JobEnvironment, nodes: list[str], device: torch.device):
         self.job, self.nodes, self.device = job, nodes, device
-        self.every, self.total, self.count = job.straggler_every, 0.0, 0
+        self.every, self.total, self.step_total, self.count = job.straggler_every, 0.0, 0.0, 0
         self.streak = [0] * len(nodes)  # looks in a row each rank has been slow
         self.named: set[str] = set()
 
-    def timed(self, seconds: float) -> None:
-        self.total, self.count = self.total + seconds, self.count + 1
+    def timed(self, seconds: float, step_s: float) -> None:
+        """A step's own part of `seconds`, of a step of `step_s` (the same on every rank: all wait for the last)."""
+        self.total, self.step_total, self.count = self.total + seconds, self.step_total + step_s, self.count + 1
 
     def look(self, step: int, now: float) -> list[Straggler]:
         """At every `every`-th step: gather every rank's mean and name the stragglers (on rank 0; [] elsewhere)."""
         if step % self.every or len(self.nodes) < 2:
             return []
-        values = torch.zeros(len(self.nodes), dtype=torch.float64, device=self.device)
+        world = len(self.nodes)
+        values = torch.zeros(2 * world, dtype=torch.float64, device=self.device)  # every rank's own part, step
         values[self.job.rank] = self.total / max(self.count, 1)
+        values[world + self.job.rank] = self.step_total / max(self.count, 1)
         dist.all_reduce(values)
-        self.total, self.count = 0.0, 0
-        seconds = values.tolist()
-        median, slow = slow_ranks(seconds)
+        self.total, self.step_total, self.count = 0.0, 0.0, 0
+        seconds, steps = values[:world].tolist(), values[world:].tolist()
+        median, slow = slow_ranks(seconds, statistics.median(steps))
         self.streak = [s + 1 if r in slow else 0 for r, s in enumerate(self.streak)]
         if not self.job.is_main:
             return []

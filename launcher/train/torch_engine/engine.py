@@ -171,7 +171,7 @@ class TorchTrainer:
             stepping = time.perf_counter()
             loss_sum, grad_norm = self.train_step(ddp)
             self.step_s = time.perf_counter() - stepping
-            self.stragglers.timed(self.own_work_done - stepping)
+            self.stragglers.timed(self.own_work_done - stepping, self.step_s)
             self.stragglers.look(self.step, time.time())
             window_steps += 1
             if (self.step - 1) % max(cfg.log_interval, 1) == 0 or self.step == cfg.train_steps:
