@@ -83,7 +83,8 @@ def test_a_rerun_trains_to_the_same_losses_and_a_diff_finds_where_runs_part(tmp_
     assert record["nodes"] in ("node1", "node2") and record["world_size"] == 2
     assert record["data"] == {str(demo_data.dataset): provenance.local_fingerprint(demo_data.dataset)}
     assert record["tokenizer"] == provenance.local_fingerprint(demo_data.tokenizer)
-    assert record["nanotron"]["version"] == "0.4" and record["torch"]["gpu"] is None and record["took_s"] < 2
+    assert record["nanotron"]["version"] == "0.4" and record["torch"]["gpu"] is None
+    assert record["took_s"] < 5  # well under 1 s on a quiet machine: this catches a blow-up, at any load
 
     # jobs diff of the two: the flag, the config key it changed, the first step where the losses part
     a, b = losses(orig), losses(lower)

@@ -101,7 +101,8 @@ def test_a_sigterm_with_a_step_that_outlives_it_ends_the_attempt_before_slurms_s
     lines = proc.communicate(timeout=60)[0].splitlines()
     result = json.loads((tmp_path / "result.json").read_text())
     assert (code, result["verdict"], result["status"]) == (128 + signal.SIGTERM, "ended", 128 + 15), lines
-    assert names(lines) == ["terminated", "outcome"] and 1 <= took < 2, (took, lines)
+    # 2 s before KillWait's 3: the supervisor ends after ~1 s, and before Slurm's SIGKILL however busy the machine
+    assert names(lines) == ["terminated", "outcome"] and 1 <= took < 3, (took, lines)
 
 
 def test_the_lock_one_writer_per_run(tmp_path: Path):
