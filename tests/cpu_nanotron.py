@@ -70,6 +70,20 @@ def layout_spec(where: Path, demo: Any, dialect: str, dp: int, tp: int, pp: int,
     return spec, problems + validate(spec)
 
 
+def parameters_line(where: Path, demo: Any, dialect: str) -> str:
+    """The line the nanotron engine's rank 0 says of dp 2 x tp 2 x pp 2 (`say_parameters_per_rank`), with the counts
+    the launcher's memory model assumes for that layout: the two must agree."""
+    from launcher.perf import memory
+    from launcher.perf.fit import layout_of
+    from launcher.train.nanotron_engine.trainer import PARAMETERS_LINE
+
+    spec, _ = layout_spec(where, demo, dialect, 2, 2, 2)
+    lay = layout_of(spec)
+    assumed = [[memory.stage_params(spec.shape, stage, 2, lay.vocab_multiple)] * 2
+               for stage in memory.stages(spec.shape, 2, 2, lay.vocab_multiple)]  # fmt: skip
+    return PARAMETERS_LINE.format(counts=assumed)
+
+
 def written_config(spec: Any, where: Path, name: str, **yaml_paths: Any) -> Path:
     """The config the launcher writes for `spec` (checkpoints in `where/ckpt/name`), with `yaml_paths` (dotted)
     set afterwards and one LR schedule whatever train_steps (decay over 7 steps)."""

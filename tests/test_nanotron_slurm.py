@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cpu_nanotron import launcher_config, python, train
+from cpu_nanotron import launcher_config, parameters_line, python, train
 from launcher_helpers import ROOT
 from test_e2e_training import bundles, finish, manifest, saved_by_the_stop, submitted_job_id, wait_for
 from test_preemption import last_logged_step
@@ -149,6 +149,9 @@ def test_the_time_limit_notice_stops_an_8_rank_04_run_which_saves_its_shards_req
     assert len(list(shards.glob("optimizer_pp-*-of-2_tp-*-of-2*.pt"))) == 4  # each pp x tp rank's own
     assert_launched_as_eight(out, log, bundle_dir)
     assert_as_the_reference(bundle_dir, ref)  # every step, before the notice and after it
+    # the memory model's parameters per rank are what nanotron built on each of the 8, at each attempt
+    said = {line.strip() for line in log.splitlines() if "parameters per rank (" in line}
+    assert said == {parameters_line(tmp_path, demo_data, "0.4")}, said
 
 
 RAISES_IN_NANOTRON = """
