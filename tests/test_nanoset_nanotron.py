@@ -9,6 +9,7 @@ with the checks kept here (`assert_trains_each_dp_rank_on_its_shard`)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,22 +44,21 @@ def _batches(base: Path) -> dict[int, list]:
 def _straight_and_resumed(
     tmp_path: Path, demo: DemoData, stop: int, steps: int, *flags: str
 ) -> tuple[dict, dict, dict]:
-    """The run to `steps` straight, and the same run stopped after `stop` steps (its train_steps) and resumed to
-    `steps` (a new torchrun from its own checkpoint): their metrics and the micro-batches every rank drew. (A stop
-    while it trains, Slurm's SIGTERM: tests/test_nanoset_slurm.py.)"""
-    straight = _config(tmp_path, "straight", demo, *flags, **{"tokens.train_steps": steps})
-    ckpt = {"checkpoints.checkpoints_path": str(tmp_path / "ckpt" / "b")}
-    first = _config(tmp_path, "first", demo, *flags, **{**ckpt, "tokens.train_steps": stop})
-    rest = _config(tmp_path, "rest", demo, *flags, **{**ckpt, "tokens.train_steps": steps})
+    """The run to `steps` straight, saving at `stop` as well, and a run resumed to `steps` from that checkpoint (a
+    new torchrun, the checkpoint copied to its own folder, as a run stopped there leaves it): their metrics and the
+    micro-batches every rank drew (the resumed run's: those after `stop`). (A stop while it trains, Slurm's SIGTERM:
+    tests/test_nanoset_slurm.py.)"""
+    straight = _config(tmp_path, "straight", demo, *flags, **{"tokens.train_steps": steps,
+                                                              "checkpoints.checkpoint_interval": stop})  # fmt: skip
+    ckpt = tmp_path / "ckpt" / "b"
+    rest = _config(tmp_path, "rest", demo, *flags, **{"checkpoints.checkpoints_path": str(ckpt),
+                                                      "tokens.train_steps": steps})  # fmt: skip
     a = train(straight, RANKS, "main", LAUNCHER_TEST_BATCH_LOG=str(tmp_path / "a"))
-    metrics = tmp_path / "b.jsonl"
-    train(first, RANKS, "main", metrics, LAUNCHER_TEST_BATCH_LOG=str(tmp_path / "b"))
-    assert len(_batches(tmp_path / "b")[0]) == stop * ACCUMULATION  # what the first attempt read, and no more
-    b = train(rest, RANKS, "main", metrics, LAUNCHER_TEST_BATCH_LOG=str(tmp_path / "b"))
-    assert f"resuming from the run's own checkpoints in {tmp_path / 'ckpt' / 'b'} (latest: {stop})" in (
-        rest.with_suffix(".log").read_text()
-    )
-    assert sorted(b) == list(range(1, steps + 1)), sorted(b)
+    shutil.copytree(tmp_path / "ckpt" / "straight" / str(stop), ckpt / str(stop))
+    (ckpt / "latest.txt").write_text(str(stop))
+    b = train(rest, RANKS, "main", LAUNCHER_TEST_BATCH_LOG=str(tmp_path / "b"))
+    assert f"resuming from the run's own checkpoints in {ckpt} (latest: {stop})" in rest.with_suffix(".log").read_text()
+    assert sorted(b) == list(range(stop + 1, steps + 1)), sorted(b)
     return a, _batches(tmp_path / "a"), _batches(tmp_path / "b")
 
 
@@ -91,7 +91,8 @@ def test_8_ranks_resume_inside_a_later_stage_over_a_mixture(
     a, b = nanoset_folders
     flags = ("--dataset", f"{a}:1,{b}:3", "--data_stages", f"two@4={b}")
     _, straight, resumed = _straight_and_resumed(tmp_path, demo_data, 5, 7, *flags)
-    assert resumed == straight and all(len(drawn) == 7 * ACCUMULATION for drawn in straight.values())
+    assert all(len(drawn) == 7 * ACCUMULATION for drawn in straight.values())
+    assert resumed == {rank: drawn[5 * ACCUMULATION :] for rank, drawn in straight.items()}
     second = {tuple(row) for batch in straight[0][3 * ACCUMULATION :] for row in batch}
     assert second <= {w[:64] for w in _windows(b)}  # from step 4 on: the second stage's folder only
 
