@@ -114,9 +114,10 @@ def job_log(fixture: str, slurm: str = SRUN_KILL) -> str:
 
 # run_train.py itself, with what a test asks of it through the job's environment (--extra_env), test-side only:
 # SLOW_RANK/SLOW_S: that rank sleeps SLOW_S before each step (a straggler); STEP_S: every rank sleeps STEP_S before
-# each step (a run slow enough to outlast Slurm's notice of a dead node); CRASH_AT/RAISE_AT: rank 1 dies of
-# SIGKILL, or raises, at that step, in every node step (a run that cannot progress); HANG_AT: rank 1 stops
-# answering at that step, once (the file HANG_ONCE marks it done).
+# each step (a run slow enough to outlast Slurm's notice of a dead node), until the file STEP_S_UNTIL is made where it
+# is given (the test makes it once the restart is under way: the steps after it go at full speed); CRASH_AT/RAISE_AT:
+# rank 1 dies of SIGKILL, or raises, at that step, in every node step (a run that cannot progress); HANG_AT: rank 1
+# stops answering at that step, once (the file HANG_ONCE marks it done).
 WRAPPED = """
 import os, runpy, signal, sys, time
 sys.path.insert(0, {root!r})
@@ -128,7 +129,8 @@ def wrapped(self, ddp):
     env = os.environ
     if str(self.where.rank) == env.get("SLOW_RANK"):
         time.sleep(float(env["SLOW_S"]))
-    time.sleep(float(env.get("STEP_S", "0")))
+    if not (env.get("STEP_S_UNTIL") and os.path.exists(env["STEP_S_UNTIL"])):
+        time.sleep(float(env.get("STEP_S", "0")))
     if self.where.rank == 1 and str(self.step) == env.get("CRASH_AT"):
         os.kill(os.getpid(), signal.SIGKILL)
     if self.where.rank == 1 and str(self.step) == env.get("RAISE_AT"):

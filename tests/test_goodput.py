@@ -151,17 +151,21 @@ def test_a_node_whose_slurmd_stops_is_left_out_and_training_goes_on_on_the_spare
     tmp_path: Path, slurm_env: dict, three_nodes, demo_data
 ):
     env, spec = {**slurm_env, **three_nodes[0]}, three_nodes[1]
-    # 2 nodes train, 1 is spare; each step takes at least 50 ms, so that the run outlasts Slurm's notice (20-30 s);
-    # 20 minutes, so that no time-limit notice comes first (at load ~12 the 1,000 steps outlasted 5:00's notice)
-    proc = launch(tmp_path, env, demo_data, "nodefails", "--train_steps", "1000", "--save_interval", "20",
+    # 2 nodes train, 1 is spare; each step takes at least 200 ms until the restart, so that the run outlasts Slurm's
+    # notice (20-30 s, more at load: the 400 steps take 80 s at least); the steps after it at full speed; 20 minutes,
+    # so that no time-limit notice comes first
+    fast = tmp_path / "restarted"
+    proc = launch(tmp_path, env, demo_data, "nodefails", "--train_steps", "400", "--save_interval", "20",
                   "--spare_nodes", "1", "--run_train_script", wrapped_script(tmp_path),
-                  "--extra_env", "STEP_S=0.05", "--time_limit", "20:00")  # fmt: skip
+                  "--extra_env", f"STEP_S=0.2 STEP_S_UNTIL={fast}", "--time_limit", "20:00")  # fmt: skip
     bundle_dir, job_id = started(tmp_path, "nodefails", at_step=25, checkpoint=20)
     ranks = wait_for(lambda: len(t := trainers(job_id, env["SLURM_CONF"])) == 4 and t, timeout=30)
     first = ranks[0][1]  # the rendezvous host, where the batch script runs
     failed = next(node for _, node in ranks.values() if node != first)
     os.kill(int((spec.dir / f"run/slurmd.{failed}.pid").read_text()), signal.SIGKILL)  # the node stops answering
     try:
+        wait_for(lambda: "training again on" in log_of(bundle_dir), timeout=300)
+        fast.touch()
         code, out = finish(proc, timeout=600)
         log = log_of(bundle_dir)
         assert code == 0, out[-3000:] + log[-3000:]
@@ -171,7 +175,7 @@ def test_a_node_whose_slurmd_stops_is_left_out_and_training_goes_on_on_the_spare
         assert restart.endswith(f"after a node failure ({failed} left the allocation)"), restart
         assert f"srun: error: Node failure on {failed}" in log
         assert sorted((bundle_dir / P.RANKS_FILE).read_text().split()[::3]) == sorted([first, spare])
-        assert_continuous(bundle_dir, 1000)
+        assert_continuous(bundle_dir, 400)
         record = assert_restarted_in_the_same_job(bundle_dir, job_id, env, out, "node failure")
         steps = [a for a in record["ledger"]["attempts"] if a["number"] == 1]
         assert [a["gpus"] for a in steps] == [6, 4]  # the failed node's GPUs left the allocation with it
