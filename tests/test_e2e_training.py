@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -236,28 +237,6 @@ def test_a_mixture_of_two_local_datasets_trains(tmp_path: Path, slurm_env: dict,
     assert [r["step"] for r in read_metrics(bundle / "metrics.jsonl")] == list(range(1, 7))
 
 
-def test_preemption_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_env: dict, demo_data):
-    # Steps paced to 0.15 s and the stop file looked for every 0.2 s: the notice lands with 110 steps (16 s) to go
-    # on any machine (unpaced, a quiet machine finished the run before rank 0 looked for the stop file).
-    paced = tmp_path / "paced_train.py"
-    paced.write_text(PACED_TRAIN.format(pace=0.15, root=str(ROOT), script=str(ROOT / "run_train.py")))
-    proc = launch(tmp_path, slurm_env, demo_data, "preempt", "--train_steps", "120", "--max_requeues", "2",
-                  "--run_train_script", str(paced), "--extra_env", "LAUNCHER_STOP_FILE_EVERY_S=0.2")  # fmt: skip
-    (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/preempt").glob("*")), timeout=30)
-    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
-    wait_for(lambda: latest_step(tmp_path / "checkpoints/preempt") >= 10, timeout=120)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm_env, check=True)
-    code, out = finish(proc, timeout=400)
-    assert code == 0, out
-    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
-    saved = saved_by_the_stop(log)
-    assert saved >= 10
-    assert "requeueing after the time-limit notice (1 of 2)" in log and f"job {job_id} attempt 2 started" in log
-    assert f"resumed from checkpoint step {saved}" in log
-    assert "ended COMPLETED" in out and "requeued 1x" in out
-    assert_continuous(bundle_dir, 120)
-
-
 PACED_TRAIN = """
 # run_train.py itself, with every optimizer step taking at least {pace} s: the run's length in wall-clock time
 # no longer depends on how fast or loaded the machine is (the test's timing needs that, the product does not).
@@ -279,13 +258,21 @@ runpy.run_path({script!r}, run_name="__main__")
 """
 
 
+def paced(tmp_path: Path, pace: float = 0.5) -> str:
+    """PACED_TRAIN written into `tmp_path`: its path. At 0.5 s a step, a run that waits for something else (Slurm's
+    end of it, a second job) without its ranks taking the CPUs the other tests need."""
+    script = tmp_path / "paced_train.py"
+    script.write_text(PACED_TRAIN.format(pace=pace, root=str(ROOT), script=str(ROOT / "run_train.py")))
+    return str(script)
+
+
 def test_time_limit_is_crossed_over_allocations(tmp_path: Path, slurm_env: dict, demo_data):
     # 3 minutes per allocation, a warning 50 s before the end. Slurm may send it up to 60 s early (sbatch --signal),
     # so it lands 70-130 s into an allocation, after ~5-15 s of start-up: each allocation trains ~55-125 s.
     # 650 steps paced to 0.2 s are 130 s of training: 2 or 3 allocations on any machine (--max_requeues 4).
     # The warning that often lands as the last allocation finishes must not turn the run into a requeue or failure.
-    paced = tmp_path / "paced_train.py"
-    paced.write_text(PACED_TRAIN.format(pace=0.2, root=str(ROOT), script=str(ROOT / "run_train.py")))
+    # (The notice's path on 2 nodes, the stop file, the save and the resume, is the preemption tests' too:
+    # tests/test_preemption.py, where the job's own signal is the notice.)
     proc = launch(
         tmp_path,
         slurm_env,
@@ -302,7 +289,7 @@ def test_time_limit_is_crossed_over_allocations(tmp_path: Path, slurm_env: dict,
         "--save_interval",
         "100",
         "--run_train_script",
-        str(paced),
+        paced(tmp_path, 0.2),
         nodes="1",
     )
     code, out = finish(proc, timeout=900)
@@ -310,8 +297,11 @@ def test_time_limit_is_crossed_over_allocations(tmp_path: Path, slurm_env: dict,
     (bundle_dir,) = bundles(tmp_path, "timelimit")
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert log.count("time-limit or preemption notice (USR1)") >= 1 and "attempt 2 started" in log
+    saved = saved_by_the_stop(log)  # the step the first allocation's notice saved
+    assert "requeueing after the time-limit notice (1 of 4)" in log, log[-3000:]
+    assert f"resumed from checkpoint step {saved}" in log
     assert_continuous(bundle_dir, 650)
-    assert "ended COMPLETED" in out
+    assert "ended COMPLETED" in out and re.search(r"requeued [12]x", out), out
 
 
 def test_cancel_ends_every_process(tmp_path: Path, slurm_env: dict, demo_data):

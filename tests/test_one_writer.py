@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from launcher_helpers import spec_for
-from test_e2e_training import bundles, finish, launch, manifest, submitted_job_id, wait_for
+from test_e2e_training import bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 
 from launcher import protocol as P
 from launcher.problems import Problem
@@ -41,7 +41,8 @@ def test_a_live_job_of_the_run_is_named_unless_awaited(tmp_path: Path, monkeypat
 
 
 def test_a_second_launch_of_a_live_run_is_refused(tmp_path: Path, slurm_env: dict, demo_data):
-    first = launch(tmp_path, slurm_env, demo_data, "twice", "--train_steps", "100000", follow=False, nodes="1")
+    first = launch(tmp_path, slurm_env, demo_data, "twice", "--train_steps", "100000", "--run_train_script",
+                   paced(tmp_path), follow=False, nodes="1")  # fmt: skip
     assert finish(first, timeout=60)[0] == 0
     job_id = submitted_job_id(bundles(tmp_path, "twice")[0])
     try:
@@ -56,7 +57,8 @@ def test_a_second_launch_of_a_live_run_is_refused(tmp_path: Path, slurm_env: dic
 
 
 def test_a_script_submitted_twice_trains_once(tmp_path: Path, slurm_env: dict, demo_data):
-    first = launch(tmp_path, slurm_env, demo_data, "dup", "--train_steps", "100000", follow=False, nodes="1")
+    first = launch(tmp_path, slurm_env, demo_data, "dup", "--train_steps", "100000", "--run_train_script",
+                   paced(tmp_path), follow=False, nodes="1")  # fmt: skip
     assert finish(first, timeout=60)[0] == 0
     (bundle_dir,) = bundles(tmp_path, "dup")
     job_id = submitted_job_id(bundle_dir)

@@ -20,6 +20,7 @@ from test_e2e_training import (
     launch,
     leftover_processes,
     manifest,
+    paced,
     steps_of_attempts,
     submitted_job_id,
     wait_for,
@@ -180,7 +181,7 @@ def test_a_node_failure_is_named(tmp_path: Path, slurm_env: dict, three_nodes, d
     env, spec, _ = three_nodes
     env = {**slurm_env, **env}
     proc = launch(tmp_path, env, demo_data, "nodefail", "--nodelist", "node3", "--train_steps", "100000",
-                  "--max_requeues", "0", nodes="1")  # fmt: skip
+                  "--max_requeues", "0", "--run_train_script", paced(tmp_path), nodes="1")  # fmt: skip
     (bundle_dir,) = wait_for(lambda: (tmp_path / "logs/configs/nodefail").is_dir() and bundles(tmp_path, "nodefail"),
                              timeout=60)  # fmt: skip
     job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
@@ -242,7 +243,8 @@ def test_a_failed_run_says_why(tmp_path: Path, slurm_env: dict, demo_data, name:
 
 def test_a_time_limit_with_no_requeue_left_says_so(tmp_path: Path, slurm_env: dict, demo_data):
     proc = launch(tmp_path, slurm_env, demo_data, "short", "--train_steps", "100000", "--time_limit", "1",
-                  "--signal_grace", "30", "--max_requeues", "0", nodes="1")  # fmt: skip
+                  "--signal_grace", "30", "--max_requeues", "0", "--run_train_script", paced(tmp_path),
+                  nodes="1")  # fmt: skip
     code, out = finish(proc, timeout=300)
     assert code == 1 and "ended TIMEOUT" in out, out
     assert "--time_limit" in out.split("ended TIMEOUT")[1]
