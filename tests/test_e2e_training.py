@@ -330,3 +330,6 @@ def test_cancel_ends_every_process(tmp_path: Path, slurm_env: dict, demo_data):
     code, out = finish(follower, timeout=60)
     assert code == 1 and f"Job {job_id} ended CANCELLED" in out
     wait_for(lambda: leftover_processes(job_id) == [], timeout=30)
+    # scancel's SIGTERM reaches the batch script and training alike: a cancel, never requeued
+    text = log.read_text()
+    assert "termination signal" in text and "requeueing" not in text and "attempt 2" not in text, text[-3000:]

@@ -35,7 +35,6 @@ from test_e2e_training import (
 from launcher import protocol as P
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.report.plots import read_metrics
-from launcher.slurm import client
 from launcher.slurm.parse import parse_scontrol
 
 
@@ -184,17 +183,3 @@ def test_preemption_with_the_jobs_own_signal(tmp_path: Path, slurm_env: dict, us
     assert "preemption notice: Slurm preempted this job at" in log  # and knew it for a preemption
     (bundle_dir,) = bundles(tmp_path, "signalled")
     assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log, env)
-
-
-def test_a_cancel_is_not_requeued(tmp_path: Path, slurm_env: dict, demo_data):
-    """scancel sends SIGTERM to the batch script and to training alike: training may save, the job is not
-    requeued and ends CANCELLED."""
-    proc = launch(tmp_path, slurm_env, demo_data, "cancelled", "--train_steps", "100000", "--save_interval", "100000")
-    (bundle_dir,) = wait_for(lambda: list((tmp_path / "logs/configs/cancelled").glob("*")), timeout=30)
-    job_id = wait_for(lambda: submitted_job_id(bundle_dir), timeout=60)
-    wait_for(lambda: last_logged_step(bundle_dir) >= 3, timeout=180)
-    client.cancel(job_id)
-    code, out = finish(proc, timeout=120)
-    assert code == 1 and f"Job {job_id} ended CANCELLED" in out, out
-    log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
-    assert "termination signal" in log and "requeueing" not in log and "attempt 2" not in log
