@@ -21,17 +21,17 @@ import pytest
 # teardown on one worker, logs/timeline-*.tsv; a file in two parts: the larger), over a minute only. A file's place
 # matters, not its figure.
 LONG_FILES = {
-    "test_goodput.py": 590,
-    "test_operations.py": 460,
-    "test_e2e_training.py": 440,
-    "test_nanotron_multirank.py": 350,
+    "test_goodput.py": 490,
+    "test_operations.py": 430,
+    "test_e2e_training.py": 350,
     "test_containers.py": 300,
     "test_nanoset_slurm.py": 300,
-    "test_preemption.py": 290,
+    "test_nanotron_multirank.py": 270,
     "test_nanotron_slurm.py": 270,
+    "test_preemption.py": 265,
     "test_slurm_e2e.py": 230,
-    "test_nanoset_nanotron.py": 220,
     "test_export.py": 200,
+    "test_nanoset_nanotron.py": 165,
     "test_accounting.py": 150,
     "test_supervisor_slurm.py": 140,
     "test_nanotron_main_cpu.py": 120,
