@@ -7,7 +7,9 @@ failure.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -57,6 +59,13 @@ def running(pid: int) -> bool:
         return False
 
 
+def ctld_port(spec: ClusterSpec) -> int:
+    """The slurmctld port the cluster's slurm.conf names: one of a slot's."""
+    port = int(re.search(r"^SlurmctldPort=(\d+)$", spec.conf.read_text(), re.MULTILINE).group(1))
+    assert (port - config.PORT_BASE) % config.PORT_STEP == 0, port
+    return port
+
+
 def test_ports_derive_from_the_directory(tmp_path: Path) -> None:
     a, b = ClusterSpec(tmp_path / "a", 2, 0), ClusterSpec(tmp_path / "b", 2, 0)
     assert a.ctld_port == ClusterSpec(tmp_path / "a", 3, 1).ctld_port
@@ -94,6 +103,47 @@ def test_ports_in_the_ephemeral_range_are_never_chosen(tmp_path: Path, monkeypat
         ports.settle(spec)
 
 
+def test_a_window_of_job_ids_a_running_cluster_holds_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot whose job ids (and so its jobs' rendezvous ports) are those of a running cluster, one on another slot
+    of the same window, is passed over like a slot whose own port is taken; where every window is held, the first
+    slot whose ports are free is taken all the same (a job's rendezvous then moves to the next free port)."""
+    held: set[int] = set()
+    monkeypatch.setattr(ports, "taken", lambda port: OSError(98, "Address already in use") if port in held else None)
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: range(0))
+    spec = ClusterSpec(tmp_path, 2, 0, port_slot=0)
+    assert spec.first_job_id == 1 and ClusterSpec(tmp_path, 2, 0, port_slot=config.JOB_ID_WINDOWS).first_job_id == 1
+    assert ports.settle(spec) == spec
+    held.add(ClusterSpec(tmp_path, 2, 0, port_slot=config.JOB_ID_WINDOWS).ctld_port)  # a cluster on window 0
+    settled = ports.settle(spec)
+    assert settled.port_slot == 1 and settled.first_job_id == 1 + config.JOB_ID_WINDOW
+    # every window held by a cluster on slots JOB_ID_WINDOWS.. : slot 0's ports are free, and it is taken
+    held.update(ClusterSpec(tmp_path, 2, 0, port_slot=config.JOB_ID_WINDOWS + w).ctld_port
+                for w in range(config.JOB_ID_WINDOWS))  # fmt: skip
+    assert ports.settle(spec) == spec
+
+
+def test_two_clusters_on_one_window_get_job_ids_of_their_own(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two clusters whose slots share a window of job ids, started at once (as the tests' workers start theirs): the
+    second takes another window, and their jobs' ids (their rendezvous ports and ids) never meet. The case a run of
+    the suite on four workers met: two clusters' job 11002 met in one rendezvous, and one of the runs restarted."""
+    first = ClusterSpec(tmp_path_factory.mktemp("one"), nodes=1, gpus_per_node=0, port_slot=7)
+    second = ClusterSpec(tmp_path_factory.mktemp("two"), nodes=1, gpus_per_node=0,
+                         port_slot=7 + config.JOB_ID_WINDOWS)  # fmt: skip
+    assert first.first_job_id == second.first_job_id
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(localcluster.up, (first, second)))
+        ids = [int(run(spec, "sbatch", "--parsable", "--output=/dev/null", "--wrap", "true")) for spec in (first, second)]
+        windows = [(job_id - 1) // config.JOB_ID_WINDOW for job_id in ids]
+        assert windows[0] != windows[1], ids
+        assert [ctld_port(first), ctld_port(second)] != [first.ctld_port, second.ctld_port]  # one of them moved
+    finally:
+        localcluster.down(first)
+        localcluster.down(second)
+
+
 def test_up_takes_other_ports_where_its_own_are_held(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,7 +155,7 @@ def test_up_takes_other_ports_where_its_own_are_held(
         localcluster.up(spec)
         assert f"port {spec.ctld_port} is taken" in capsys.readouterr().out
         conf = spec.conf.read_text()
-        assert f"SlurmctldPort={spec.ctld_port + config.PORT_STEP}\n" in conf
+        assert ctld_port(spec) != spec.ctld_port  # the next free slot (where no running cluster's job ids are)
         assert sorted(run(spec, "srun", "-N2", "hostname").split()) == [socket.gethostname()] * 2
         localcluster.up(spec)
         assert "already running" in capsys.readouterr().out and spec.conf.read_text() == conf
@@ -134,7 +184,7 @@ def test_up_tries_other_ports_when_a_daemon_finds_its_own_taken(
             localcluster.up(spec)
         out = capsys.readouterr().out
         assert "(Address already in use): trying other ports" in out and f"port {spec.slurmd_port(2)} is taken" in out
-        assert f"SlurmctldPort={spec.ctld_port + config.PORT_STEP}\n" in spec.conf.read_text()
+        assert ctld_port(spec) != spec.ctld_port
         assert localcluster.is_up(spec)
     finally:
         localcluster.down(spec)

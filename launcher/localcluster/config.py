@@ -102,11 +102,17 @@ class ClusterSpec:
         return [self.ctld_port, *nodes, *([self.dbd_port] if self.accounting else [])]
 
     @property
+    def job_id_window(self) -> int:
+        """Which of the JOB_ID_WINDOWS windows of job ids the cluster's take: its port slot's (`slot`)."""
+        return self.slot % JOB_ID_WINDOWS
+
+    @property
     def first_job_id(self) -> int:
         """Job ids start in a window of 1,000 of this cluster's own: the job's rendezvous port derives from its id
         (launcher.protocol: 20000 + id % 12000), and clusters on one machine share 127.0.0.1, so two clusters' job 1
-        must not meet (where their windows do, the job's fallback moves to the next free port)."""
-        return 1 + JOB_ID_WINDOW * (zlib.crc32(str(self.dir).encode()) % JOB_ID_WINDOWS)
+        must not meet: two jobs with one id would take one port, and the rendezvous named by that id, and train as
+        one. `launcher.localcluster.ports` starts a cluster on a slot whose window no running cluster's holds."""
+        return 1 + JOB_ID_WINDOW * self.job_id_window
 
     @property
     def node_names(self) -> list[str]:

@@ -21,6 +21,7 @@ runs as user munge. CLI: `python -m launcher.localcluster {up,down,status,env} [
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import shutil
@@ -37,6 +38,9 @@ from launcher.localcluster.config import ClusterSpec, config_files
 READY_TIMEOUT_S, STOP_TIMEOUT_S, PIDFILE_TIMEOUT_S = 30.0, 10.0, 10.0
 READY_STATES = {"idle", "mixed", "allocated", "completing"}
 PORT_TAKEN = "Address already in use"  # what a daemon logs (strerror(EADDRINUSE)) when its port is taken
+# held while a cluster settles on its ports and window of job ids and starts, until ready: one at a time on the
+# machine (launcher.localcluster.ports), as the tests' workers start theirs at once
+START_LOCK = Path("/tmp/launcher-localcluster-start.lock")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol")
 
 
@@ -249,18 +253,20 @@ def up(spec: ClusterSpec) -> dict[str, str]:
 def _start_on_free_ports(spec: ClusterSpec) -> dict[str, str]:
     """Stop what runs, then start the cluster on free ports and wait until ready; stop what started if it fails."""
     down(spec)
-    try:
-        spec = ports.settle(spec)
-    except ports.NoFreePorts as e:
-        raise ClusterError(str(e)) from None
-    _prepare(spec)
-    try:
-        _start(spec)
-        _wait_ready(spec)
-    except BaseException:  # a daemon that would not start, nodes never ready, Ctrl-C: stop what this started
-        print(f"the cluster in {spec.dir} did not come up: stopping what was started")
-        down(spec)
-        raise
+    with START_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        try:
+            spec = ports.settle(spec)
+        except ports.NoFreePorts as e:
+            raise ClusterError(str(e)) from None
+        _prepare(spec)
+        try:
+            _start(spec)
+            _wait_ready(spec)
+        except BaseException:  # a daemon that would not start, nodes never ready, Ctrl-C: stop what this started
+            print(f"the cluster in {spec.dir} did not come up: stopping what was started")
+            down(spec)
+            raise
     return spec.env()
 
 

@@ -6,6 +6,12 @@ end at any moment, so no slot with a port in it is chosen (the slots, 10000-1999
 holds bound: another cluster's daemon, a test's socket, a stale process) is found by binding it here first, as the
 daemons will (all addresses, SO_REUSEADDR): the cluster then takes the next slot, and says so. A cluster that
 already has a slurm.conf keeps the slot it names, so that restarting it (or `up` again) finds it where it was.
+
+A slot also names the cluster's window of job ids (`ClusterSpec.job_id_window`), from which its jobs' rendezvous
+ports derive: a slot whose window a running cluster holds (another slot of that window with its slurmctld's port
+taken) is passed over too, while another will do, so that two clusters' jobs never share an id, and with it a port
+and a rendezvous. `daemons.up` settles and starts one cluster at a time on the machine (`START_LOCK`), so that two
+starting at once cannot both pick a window.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import re
 import socket
 from pathlib import Path
 
-from launcher.localcluster.config import PORT_BASE, PORT_SLOTS, PORT_STEP, ClusterSpec
+from launcher.localcluster.config import JOB_ID_WINDOWS, PORT_BASE, PORT_SLOTS, PORT_STEP, ClusterSpec
 
 RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL = range(32768, 61000)  # Linux's default, where RANGE_FILE cannot be read
@@ -72,18 +78,31 @@ def problem(ports: list[int], ephemeral: range) -> str | None:
     return None
 
 
+def window_holder(spec: ClusterSpec) -> str | None:
+    """Why the spec's window of job ids will not do (None: it will): another slot of that window with its slurmctld's
+    port taken, a running cluster's."""
+    for slot in range(spec.job_id_window, PORT_SLOTS, JOB_ID_WINDOWS):
+        port = PORT_BASE + PORT_STEP * slot
+        if slot != spec.slot and taken(port):
+            return f"job ids {spec.first_job_id}.. are those of the cluster on port {port}"
+    return None
+
+
 def settle(spec: ClusterSpec) -> ClusterSpec:
-    """The spec on the first slot, from its own on, whose ports are all outside the ephemeral range and free."""
+    """The spec on the first slot, from its own on, whose ports are all outside the ephemeral range and free and
+    whose window of job ids no running cluster holds; where every window is held, the first whose ports will do
+    (its jobs' rendezvous then move to the next free port where a port is taken)."""
     ephemeral, skipped = ephemeral_range(), list[str]()
-    for k in range(PORT_SLOTS):
-        candidate = dataclasses.replace(spec, port_slot=(spec.slot + k) % PORT_SLOTS)
-        said = problem(candidate.ports, ephemeral)
-        if said is None:
-            if skipped:
-                print(f"{skipped[0]}: the cluster in {spec.dir} takes ports {candidate.ports[0]}-"
-                      f"{candidate.ports[-1]} instead")  # fmt: skip
-            return candidate
-        skipped.append(said)
+    for own_window in (True, False):
+        for k in range(PORT_SLOTS):
+            candidate = dataclasses.replace(spec, port_slot=(spec.slot + k) % PORT_SLOTS)
+            said = problem(candidate.ports, ephemeral) or (window_holder(candidate) if own_window else None)
+            if said is None:
+                if skipped:
+                    print(f"{skipped[0]}: the cluster in {spec.dir} takes ports {candidate.ports[0]}-"
+                          f"{candidate.ports[-1]} and job ids {candidate.first_job_id}.. instead")  # fmt: skip
+                return candidate
+            skipped.append(said)
     raise NoFreePorts(
         f"no free ports for the local cluster in {PORT_BASE}-{PORT_BASE + PORT_STEP * PORT_SLOTS - 1}, outside the "
         f"kernel's ephemeral range: {skipped[0]}, and every other slot has one taken too"
