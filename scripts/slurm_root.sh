@@ -19,7 +19,7 @@
 # .slurm-RELEASE (not .slurm), so the 22.05 cluster of the same checkout is never taken for it. Root only
 # (mmdebstrap, namespaces, chroot).
 #
-#   bash scripts/slurm_root.sh 26.05 python3 -m pytest -m slurm -n 2 --dist loadfile   # the Slurm tests on 26.05
+#   bash scripts/slurm_root.sh 26.05 python3 -m pytest -m slurm -n 4 --dist loadfile   # the Slurm tests on 26.05
 #   bash scripts/slurm_root.sh 24.11 bash -c 'python3 -m launcher.localcluster up && ...'  # (one shell: see above)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,6 +6,7 @@ is tested in tests/test_e2e_training.py (the demo flow) and tests/test_ledger.py
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -19,7 +20,7 @@ from test_preemption import last_logged_step
 from launcher import localcluster, submission, sweep, usage
 from launcher.bundle import sweep_record
 from launcher.bundle.manifest import load as manifest_of
-from launcher.localcluster.config import PORT_STEP
+from launcher.localcluster.config import DBD_OFFSET, PORT_STEP
 from launcher.slurm import client
 
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
@@ -185,7 +186,10 @@ def test_accounting_comes_up_where_its_ports_are_held(
     try:
         env = {**os.environ, **localcluster.up(spec)}
         assert f"port {spec.ctld_port} is taken" in capsys.readouterr().out
-        assert f"DbdPort={spec.dbd_port + PORT_STEP}\n" in spec.conf.with_name("slurmdbd.conf").read_text()
+        # the next free slot (where no running cluster's job ids are): slurmdbd's port is its slurmctld's + 20
+        dbd_port = int(re.search(r"^DbdPort=(\d+)$", spec.conf.with_name("slurmdbd.conf").read_text(), re.M)[1])
+        ctld_port = int(re.search(r"^SlurmctldPort=(\d+)$", spec.conf.read_text(), re.M)[1])
+        assert dbd_port != spec.dbd_port and dbd_port == ctld_port + DBD_OFFSET and ctld_port % PORT_STEP == 0
         mariadbd = localcluster.daemon_pids(spec)["mariadbd"]
         assert mariadbd and listening_tcp_ports(mariadbd) == []
         sbatch = ["sbatch", "--parsable", "-A", "research", "--output", str(tmp_path / "%j.out"), "--wrap", "true"]
