@@ -34,21 +34,25 @@ demo: cluster
 # them: `slurm_versions`.
 HOST_MARK = not slurm or containers or nanotron_cpu or main_job or slurm_versions
 
-# Four workers, a test file at a time, handed out in the order tests/timeline.py sets (the long files first: xdist's
-# own order, by number of tests, had the 8-rank files last); each part writes where its time went to
-# logs/timeline-<release>.tsv. Four, on 2 cores: a Slurm test waits for Slurm (a queue, a requeue's delay, a paced
-# run) much of its time, and the other workers' tests take the CPU meanwhile (two left it idle a fifth of the time).
-XDIST = -n 4 --dist loadfile --no-loadscope-reorder
+# A test file at a time to each pytest-xdist worker, handed out in the order tests/timeline.py sets (the long files
+# first: xdist's own order, by number of tests, had the 8-rank files last); each part writes where its time went to
+# logs/timeline-<release>.tsv. Two workers where the tests keep both cores busy (the host part: 21 min, 23 with
+# four); four where a Slurm test waits for Slurm (a queue, a requeue's delay, a paced run) much of its time and
+# another worker's test takes the CPU meanwhile (the 26.05 part: 21 min with two, the CPU idle a fifth of it; 17 with
+# four, busy 97 %).
+XDIST = --dist loadfile --no-loadscope-reorder
+HOST_WORKERS = -n 2
+SLURM_WORKERS = -n 4
 TIMELINE = mkdir -p logs && rm -f logs/timeline-$(1).tsv && LAUNCHER_TEST_TIMELINE=logs/timeline-$(1).tsv
 
 test: setup
-	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(XDIST) --durations=25 -m "$(HOST_MARK)"
+	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(HOST_WORKERS) $(XDIST) --durations=25 -m "$(HOST_MARK)"
 	$(MAKE) --no-print-directory -o setup test-slurm26
 	$(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS=slurm_versions
 
 # Every Slurm test on Debian 12's 22.05, the host's own cluster
 test-slurm22: setup
-	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(XDIST) --durations=15 -m slurm
+	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(SLURM_WORKERS) $(XDIST) --durations=15 -m slurm
 
 # The tests that use the local cluster (-m slurm) on a newer Slurm release (docs/slurm-versions.md): Debian 13's
 # 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or two),
@@ -60,8 +64,8 @@ RELEASE_24 := 24.11
 RELEASE_26 := 26.05
 
 test-slurm24 test-slurm26: test-slurm%: setup
-	$(call TIMELINE,$(RELEASE_$*)) PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q $(XDIST) \
-	  --durations=15 -m "$(SLURM_MARK)"
+	$(call TIMELINE,$(RELEASE_$*)) PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q \
+	  $(SLURM_WORKERS) $(XDIST) --durations=15 -m "$(SLURM_MARK)"
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

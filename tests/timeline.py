@@ -1,7 +1,8 @@
 """Where a `make test` part's time goes, and the order that shortens it.
 
-`make test` runs each part on four pytest-xdist workers, a test file at a time (`--dist loadfile`): a part ends
-when its busiest worker does, and a long file handed out last leaves the others idle meanwhile. So:
+`make test` runs each part on pytest-xdist workers (two for the host part, four for a Slurm release's), a test file
+at a time (`--dist loadfile`): a part ends when its busiest worker does, and a long file handed out last leaves the
+others idle meanwhile. So:
 - the files known to be long go out first (`LONG_FILES`, longest first: the usual remedy for such a schedule);
   every other file keeps pytest's order after them. Every worker sorts alike, as xdist needs.
 - with LAUNCHER_TEST_TIMELINE=FILE, pytest's main process writes a row per test (worker, when it ended in seconds
