@@ -136,7 +136,8 @@ def test_two_clusters_on_one_window_get_job_ids_of_their_own(tmp_path_factory: p
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(localcluster.up, (first, second)))
-        ids = [int(run(spec, "sbatch", "--parsable", "--output=/dev/null", "--wrap", "true")) for spec in (first, second)]
+        sbatch = ("sbatch", "--parsable", "--output=/dev/null", "--wrap", "true")
+        ids = [int(run(spec, *sbatch)) for spec in (first, second)]
         windows = [(job_id - 1) // config.JOB_ID_WINDOW for job_id in ids]
         assert windows[0] != windows[1], ids
         assert [ctld_port(first), ctld_port(second)] != [first.ctld_port, second.ctld_port]  # one of them moved

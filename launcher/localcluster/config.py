@@ -110,8 +110,8 @@ class ClusterSpec:
     def first_job_id(self) -> int:
         """Job ids start in a window of 1,000 of this cluster's own: the job's rendezvous port derives from its id
         (launcher.protocol: 20000 + id % 12000), and clusters on one machine share 127.0.0.1, so two clusters' job 1
-        must not meet: two jobs with one id would take one port, and the rendezvous named by that id, and train as
-        one. `launcher.localcluster.ports` starts a cluster on a slot whose window no running cluster's holds."""
+        must not meet: two jobs with one id would meet on one port and in the rendezvous named by that id, and break
+        it. `launcher.localcluster.ports` starts a cluster on a slot whose window no running cluster holds."""
         return 1 + JOB_ID_WINDOW * self.job_id_window
 
     @property

@@ -82,7 +82,7 @@ def window_holder(spec: ClusterSpec) -> str | None:
     """Why the spec's window of job ids will not do (None: it will): another slot of that window with its slurmctld's
     port taken, a running cluster's."""
     for slot in range(spec.job_id_window, PORT_SLOTS, JOB_ID_WINDOWS):
-        port = PORT_BASE + PORT_STEP * slot
+        port = dataclasses.replace(spec, port_slot=slot).ctld_port
         if slot != spec.slot and taken(port):
             return f"job ids {spec.first_job_id}.. are those of the cluster on port {port}"
     return None
