@@ -96,7 +96,9 @@ def test_ports_in_the_ephemeral_range_are_never_chosen(tmp_path: Path, monkeypat
     """Where a machine's ephemeral range reaches down over the cluster's slot, it takes the first slot beyond."""
     spec = ClusterSpec(tmp_path, 2, 0, port_slot=0)
     monkeypatch.setattr(ports, "RANGE_FILE", tmp_path / "range")
-    monkeypatch.setattr(ports, "window_holder", lambda spec: None)  # whatever clusters run on the machine now
+    # the rule alone: whatever clusters run on the machine now (another worker's took slot 3 in a CI run)
+    monkeypatch.setattr(ports, "taken", lambda port: None)
+    monkeypatch.setattr(ports, "window_holder", lambda spec: None)
     (tmp_path / "range").write_text(f"{spec.ctld_port}\t{spec.ctld_port + 2 * config.PORT_STEP}\n")
     assert ports.settle(spec).ctld_port == spec.ctld_port + 3 * config.PORT_STEP
     (tmp_path / "range").write_text(f"1024\t{config.PORT_BASE + config.PORT_STEP * config.PORT_SLOTS}\n")
