@@ -6,6 +6,11 @@ import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is first imported: set it before that
+# One OpenMP thread in every process of the suite (read when torch loads libgomp): the workers' own torch, what they
+# start, and the local cluster's jobs, whose virtual nodes share the machine's two cores. With two, libgomp's idle
+# thread spins between the tiny model's ops: tests/test_train_engine.py took 112 CPU s against 62 with one.
+# (A job still derives its own where nothing is inherited: test_operations.py's SBATCH_EXPORT=NONE run.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
