@@ -1,8 +1,7 @@
 # The two commands a newcomer runs (README):
 #   make demo   set everything up and run the main job end to end on a local 2-node Slurm cluster
-#   make test   set everything up and run the test suite: what needs no cluster, containers, nanotron's trainer
-#               through Slurm, the README's main job and the differences between releases on Slurm 22.05; every
-#               Slurm test on 26.05; the differences between releases on 24.11 (the same command CI runs);
+#   make test   set everything up and run the test suite: all of it on Slurm 22.05, every Slurm test again on
+#               26.05, the differences between releases on 24.11 (the same command CI runs);
 #               `make test-slurm22`, `make test-slurm24` and `make test-slurm26` run every Slurm test on one release
 PYTHON ?= python3
 DEMO_DIR := .demo
@@ -25,14 +24,13 @@ demo: cluster
 	  --train_steps 40 --warmup_steps 4 --learning_rate 3e-3 --min_lr 3e-4 --grad_accum_steps 1 --save_interval 10 \
 	  --time_limit 10:00 --wandb_disabled true --show_logs
 
-# Every test runs once, the Slurm ones on the release that tells the most (CI's 50 minutes on 2 cores: the ~100
-# Slurm tests on 22.05 as well took CI to 57 minutes, docs/performance.md). On Debian 12's own 22.05, where `make
-# demo` runs: the tests that need no cluster, containers (pyxis is built against 22.05's libslurm), nanotron's trainer
-# through Slurm (nothing of it depends on the release), the README's main job (`main_job`) and the tests of what
-# differs between releases (`slurm_versions`: each reproduces a difference outside the launcher, then meets it
-# through the launcher). On 26.05, the newest: every Slurm test but those two kinds (~17 min). On 24.11, between
-# them: `slurm_versions`.
-HOST_MARK = not slurm or containers or nanotron_cpu or main_job or slurm_versions
+# The whole suite on Debian 12's own 22.05, where `make demo` runs, in two parts: what keeps both cores busy (the
+# tests that need no cluster, containers (pyxis is built against 22.05's libslurm) and nanotron's trainer through
+# Slurm, whose 8 ranks need a second release to change nothing) on two workers; then every other Slurm test on four
+# (`test-slurm22`). Every Slurm test but those two kinds again on 26.05, the newest; on 24.11, between them, the
+# tests of what differs between releases (`slurm_versions`: each reproduces a difference outside the launcher, then
+# meets it through the launcher). CI has 50 minutes on 2 cores for it (docs/performance.md).
+HOST_MARK = not slurm or containers or nanotron_cpu
 
 # A test file at a time to each pytest-xdist worker, handed out in the order tests/timeline.py sets (the long files
 # first: xdist's own order, by number of tests, had the 8-rank files last); each part writes where its time went to
@@ -46,13 +44,15 @@ SLURM_WORKERS = -n 4
 TIMELINE = mkdir -p logs && rm -f logs/timeline-$(1).tsv && LAUNCHER_TEST_TIMELINE=logs/timeline-$(1).tsv
 
 test: setup
-	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(HOST_WORKERS) $(XDIST) --durations=25 -m "$(HOST_MARK)"
+	$(call TIMELINE,22.05-host) $(PYTHON) -m pytest -q $(HOST_WORKERS) $(XDIST) --durations=25 -m "$(HOST_MARK)"
+	$(MAKE) --no-print-directory -o setup test-slurm22 SLURM22_MARK="$(SLURM_MARK)"
 	$(MAKE) --no-print-directory -o setup test-slurm26
 	$(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS=slurm_versions
 
-# Every Slurm test on Debian 12's 22.05, the host's own cluster
+# Every Slurm test on Debian 12's 22.05, the host's own cluster (`make test`: those the host part has not run)
+SLURM22_MARK ?= slurm
 test-slurm22: setup
-	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(SLURM_WORKERS) $(XDIST) --durations=15 -m slurm
+	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(SLURM_WORKERS) $(XDIST) --durations=15 -m "$(SLURM22_MARK)"
 
 # The tests that use the local cluster (-m slurm) on a newer Slurm release (docs/slurm-versions.md): Debian 13's
 # 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or two),
