@@ -34,10 +34,10 @@ HOST_MARK = not slurm or containers or nanotron_cpu
 
 # A test file at a time to each pytest-xdist worker, handed out in the order tests/timeline.py sets (the long files
 # first: xdist's own order, by number of tests, had the 8-rank files last); each part writes where its time went to
-# logs/timeline-<release>.tsv. Two workers where the tests keep both cores busy (the host part: 21 min, 23 with
-# four); four where a Slurm test waits for Slurm (a queue, a requeue's delay, a paced run) much of its time and
-# another worker's test takes the CPU meanwhile (the 26.05 part: 21 min with two, the CPU idle a fifth of it; 17 with
-# four, busy 97 %).
+# logs/timeline-<part>.tsv. Two workers where the tests keep both cores busy (the host part: 21 min, 23 with four,
+# when they still ran two OpenMP threads a process); four where a Slurm test waits for Slurm (a queue, a requeue's
+# delay, a paced run) much of its time and another worker's test takes the CPU meanwhile (the 26.05 part: 21 min with
+# two, the CPU idle a fifth of it; 17 with four, busy 97 %). The whole of `make test`: ~35 min (docs/performance.md).
 XDIST = --dist loadfile --no-loadscope-reorder
 HOST_WORKERS = -n 2
 SLURM_WORKERS = -n 4
