@@ -212,7 +212,7 @@ def test_a_job_that_needs_a_drained_node_is_held_in_the_queue_not_refused(tmp_pa
     """`sbatch --test-only` places a job on the nodes in service only, and refuses one that needs a drained node;
     sbatch takes it and holds it until the node returns. The launcher submits it and says for which node it will
     wait; a job not even every node of the partition could hold stays refused, nothing written. (Slurm's pending
-    reason is its own: ReqNodeNotAvail as a rule, but a 26.05 run under load kept another for two minutes; what is
+    reason is its own: ReqNodeNotAvail as a rule, but one 26.05 run showed no ReqNodeNotAvail for two minutes; what is
     held to account is the job waiting, then starting once the node returns.)"""
     resume = ["scontrol", "update", "nodename=node2", "state=resume"]
     subprocess.run(["scontrol", "update", "nodename=node2", "state=drain", "reason=held by a test"], check=True)
