@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from launcher.errors import as_command  # noqa: E402
-from launcher.launch import main  # noqa: E402
+from launcher.runs.launch import main  # noqa: E402
 
 # For speed: what the imports made lives as long as the process; kept out of the collector's sight, it is not
 # scanned again at every collection the launch triggers (~20 ms of CPU, an eighth of a dry run).

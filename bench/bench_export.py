@@ -53,17 +53,17 @@ def saving_only(trainer_class: Any) -> Any:
 
 def write_checkpoint(config: str) -> None:
     """(One rank of torchrun.) nanotron builds the model of `config` and saves it."""
-    from launcher.train.config import load_train_config
     from launcher.train.nanotron_engine import engine
+    from launcher.train.settings import load_train_config
 
     engine.trainer_class = saving_only(engine.trainer_class)
     engine.train(config, load_train_config(config))
 
 
 def bundle(where: Path) -> Any:
-    from launcher import launch
     from launcher.bundle import manifest
     from launcher.localcluster.demo_data import make_demo
+    from launcher.runs import launch
 
     dataset, tokenizer = make_demo(where / "demo")
     (where / "user.yaml").write_text(USER_YAML)

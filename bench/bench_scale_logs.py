@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 CHILD = {
     "pictures": "from launcher.report import pictures; from pathlib import Path; import sys\n"
     "d = Path(sys.argv[1]); print(pictures.gpus_picture(d, '99', d / 'gpus.png', 'bench'))",
-    "triage": "from launcher import submission; from launcher.slurm import triage; from pathlib import Path\n"
+    "triage": "from launcher.runs import submission; from launcher.slurm import triage; from pathlib import Path\n"
     "import sys; print(triage.verdict('FAILED', submission.read_log(Path(sys.argv[1])), exit_code=1))",
     "attach": "from launcher.slurm.follow import LogTail; from pathlib import Path; import sys\n"
     "out = open('/dev/null', 'wb'); print(LogTail(Path(sys.argv[1]), out).pump())",

@@ -29,9 +29,9 @@ import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
 from launcher.nanotron_config.shape import ModelShape  # noqa: E402
-from launcher.train.config import LRSchedule, TrainConfig  # noqa: E402
 from launcher.train.environment import JobEnvironment  # noqa: E402
 from launcher.train.metrics import peak_flops  # noqa: E402
+from launcher.train.settings import LRSchedule, TrainConfig  # noqa: E402
 from launcher.train.torch_engine.engine import Rank, TorchTrainer, init_distributed  # noqa: E402
 from launcher.train.torch_engine.model import count_parameters, flops_per_token  # noqa: E402
 

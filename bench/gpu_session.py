@@ -189,8 +189,8 @@ def _read(path: Path) -> str:
 
 
 def judge_resume(s, dialect, a_file, b_file, rest, saved_after_30, after_stop, final, stopped_log):  # type: ignore[no-untyped-def]
-    from launcher.train.config import load_train_config
     from launcher.train.schedule import lr_at
+    from launcher.train.settings import load_train_config
 
     a, b = ({m["step"]: m for m in map(json.loads, f.read_text().splitlines())} for f in (a_file, b_file))
     schedule = load_train_config(str(rest)).lr

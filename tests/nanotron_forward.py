@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from launcher.train.config import load_train_config
 from launcher.train.nanotron_engine import engine
+from launcher.train.settings import load_train_config
 
 NEW_TOKENS = 5
 

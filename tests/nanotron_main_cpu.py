@@ -228,8 +228,8 @@ def engines(runs: list[dict]) -> list[dict]:
     after another in this process, with the run's `env` set (None: unset; wandb reads its settings once a process)
     (and its stop file made where `stop` says): how each ended. A line `LEG n` starts run n's output."""
     from launcher.errors import TrainError
-    from launcher.train.config import load_train_config
     from launcher.train.nanotron_engine import engine as nanotron_engine
+    from launcher.train.settings import load_train_config
 
     nanotron_engine.missing = lambda: []  # it asks for a CUDA GPU and NCCL: this run is the CPU's, on gloo
     ended = []

@@ -17,10 +17,12 @@ from slurm_cluster import require_slurm, slurm_release
 from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
-from launcher import localcluster, submission, sweep, usage
+from launcher import localcluster
 from launcher.bundle import sweep_record
 from launcher.bundle.manifest import load as manifest_of
-from launcher.localcluster.config import DBD_OFFSET, PORT_STEP
+from launcher.ledger import usage
+from launcher.localcluster.slurm_conf import DBD_OFFSET, PORT_STEP
+from launcher.runs import submission, sweep
 from launcher.slurm import client
 
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never

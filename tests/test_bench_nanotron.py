@@ -16,8 +16,8 @@ import torch
 import yaml
 from conftest import ROOT
 
-from launcher.train.config import to_train_config
 from launcher.train.nanotron_engine.compat import import_nanotron_config
+from launcher.train.settings import to_train_config
 from launcher.train.torch_engine.model import flops_per_token
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import launch
 from launcher.bundle import files as bundle
 from launcher.bundle import manifest
 from launcher.errors import ConfigError
+from launcher.runs import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "hf_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token

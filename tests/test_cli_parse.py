@@ -129,7 +129,7 @@ def test_a_dry_run_never_imports_simple_parsing_nor_does_a_mistake(tmp_path: Pat
 
 
 def test_a_launch_parses_each_command_line_once(tmp_path: Path, monkeypatch):
-    from launcher import launch
+    from launcher.runs import launch
 
     monkeypatch.chdir(tmp_path)
     seen: list[list[str]] = []

@@ -33,9 +33,9 @@ from test_interactive import settled
 from test_operations import HANGS_ON, assert_caught_fast_and_named
 from test_preemption import assert_saved_by_the_notice, preempt_and_follow
 
+from launcher.bundle.records import read_metrics
 from launcher.config import container
 from launcher.localcluster import ClusterSpec, containers, down, up
-from launcher.report.plots import read_metrics
 
 IN_CI = os.environ.get("CI") == "true"
 MISSING = containers.missing_sources()

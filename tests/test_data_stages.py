@@ -15,10 +15,10 @@ from nanotron_main import judge
 from test_train_engine import door, metrics
 
 from launcher.nanotron_config import dialect, schema, stages
-from launcher.perf.figures import derived
+from launcher.perf.sizes import derived
 from launcher.report.summary import _data_note
-from launcher.train.config import to_train_config
 from launcher.train.data import StagedBatches, build_micro_batches
+from launcher.train.settings import to_train_config
 
 
 @pytest.fixture(autouse=True)

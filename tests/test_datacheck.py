@@ -19,8 +19,8 @@ from launcher_helpers import config_of, run_launcher, spec_for
 from launcher.config.datacheck import JSON_CHUNK, dataset_problems, tokenizer_problems
 from launcher.config.validate import validate
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import load_texts, load_tokenizer
+from launcher.train.settings import TrainConfig, load_train_config
 
 ROWS = {"body": ["the cat", "the dog"], "n": [1, 2]}
 

@@ -17,12 +17,12 @@ from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
 
 from launcher.nanotron_config import schema
-from launcher.perf.figures import derived
+from launcher.perf.sizes import derived
 from launcher.report.summary import _data_note
 from launcher.train import packcache
-from launcher.train.config import to_train_config
 from launcher.train.data import PackedWindows, build_windows, load_split, pack, part_windows, tokenize
 from launcher.train.nanotron_engine.compat import import_nanotron_config
+from launcher.train.settings import to_train_config
 
 
 def _flags(demo_data, second: Path, mix: str, *more: str) -> list[str]:

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from launcher_helpers import fixed_paths, spec_for
 
-from launcher import launch
 from launcher.bundle import render
 from launcher.config import dependency_syntax
 from launcher.config.validate import validate
 from launcher.errors import SlurmUnavailable
+from launcher.runs import launch
 from launcher.slurm import awaited_jobs, client
 from launcher.slurm.parse import JobState
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import jobs, launch
+from launcher import jobs
 from launcher.bundle import manifest
 from launcher.report import compare
+from launcher.runs import launch
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "jobs-diff.txt"
 DATA = {"path": "/data/owt", "files": 3, "bytes": 1234, "sha256": "ab" * 32, "hashed": 3}

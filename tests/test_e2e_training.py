@@ -20,10 +20,10 @@ import pytest
 from launcher_helpers import ROOT
 from nanotron_main import judge, python_with_main
 
-from launcher.report.plots import read_metrics
+from launcher.bundle.records import read_metrics
 from launcher.slurm import client as slurm
-from launcher.train.config import load_train_config
 from launcher.train.schedule import lr_at
+from launcher.train.settings import load_train_config
 
 
 def launch(

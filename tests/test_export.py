@@ -25,10 +25,11 @@ import torch
 import yaml
 from cpu_nanotron import ROOT, environment, launcher_config, train
 
-from launcher import jobs, launch
+from launcher import jobs
 from launcher.bundle import manifest
 from launcher.export import checkpoints, folder, weights
 from launcher.export.command import export
+from launcher.runs import launch
 
 if TYPE_CHECKING:
     from conftest import DemoData
@@ -114,7 +115,7 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory, demo_data: DemoData) -> 
 def torch_engine_model(run: manifest.Manifest) -> Any:
     """The torch engine's own Llama as the job builds it from the run's config (its vocabulary padded), its
     checkpoint at step 5 loaded."""
-    from launcher.train.config import load_train_config
+    from launcher.train.settings import load_train_config
     from launcher.train.torch_engine.llama import LlamaForCausalLM
 
     model = LlamaForCausalLM(load_train_config(str(config_of(run))).model)

@@ -14,10 +14,10 @@ import pytest
 from test_e2e_training import bundles, finish, launch, wait_for
 from test_slurm_e2e import FAIL, script
 
-from launcher import launch as launcher_launch
 from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.errors import ConfigError
+from launcher.runs import launch as launcher_launch
 from launcher.slurm import client as slurm
 
 

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from launcher_helpers import all_problems, spec_for
 
-from launcher import launch
 from launcher.config.validate import validate
 from launcher.errors import ConfigError
 from launcher.nanotron_config import gpus
 from launcher.perf import fit
 from launcher.perf.memory import GIB, estimate
+from launcher.runs import launch
 from launcher.slurm import client, preflight
 
 EIGHT_B_ON_ONE_NODE = ("--model_size", "8b", "--nodes", "1", "--gpus_per_node", "8", "--tp", "1", "--dataset", "none")

@@ -23,9 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher import jobs, launch
+from launcher import jobs
 from launcher.config import cli, ranges
 from launcher.errors import as_command
+from launcher.runs import launch
 from launcher.slurm import client
 
 FLAGS = sorted(set(re.findall(r"(?<![\w-])--([a-z][a-z_]*)", cli.help_text(width=200))) - {"help"})

@@ -1,5 +1,5 @@
 """The end of a followed job, without Slurm: "Job N ended STATE", then the verdict's lines, and both recorded in
-the manifest (launcher/submission.py `report_end`, used by --show_logs, `jobs attach` and `jobs status`)."""
+the manifest (launcher/runs/submission.py `report_end`, used by --show_logs, `jobs attach` and `jobs status`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from launcher_helpers import job_log
 
 from launcher import jobs
 from launcher import protocol as P
-from launcher import submission as submit
 from launcher.bundle import manifest
 from launcher.config.cli import parse
+from launcher.runs import submission as submit
 from launcher.slurm import client, follow
 from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState

@@ -1,5 +1,5 @@
-"""The GPU-hour ledger's figures (pure: launcher.report.ledger) and the job's own records it reads
-(launcher.report.attempts). On the real cluster: tests/test_accounting.py (with sacct) and
+"""The GPU-hour ledger's figures (pure: launcher.ledger.breakdown) and the job's own records it reads
+(launcher.ledger.attempts). On the real cluster: tests/test_accounting.py (with sacct) and
 tests/test_e2e_training.py (without)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher import protocol as P
-from launcher.report import attempts as records
-from launcher.report.ledger import OVERHEAD, Attempt, Work, compute, summary
+from launcher.ledger import attempts as records
+from launcher.ledger.breakdown import OVERHEAD, Attempt, Work, compute, summary
 
 
 def steps(start: float, first: int, last: int, every: float = 1.0) -> tuple[tuple[float, int], ...]:
@@ -205,7 +205,7 @@ def test_a_step_logged_just_before_a_restart_is_the_failed_steps(tmp_path: Path)
 def test_sacct_lagging_behind_the_controller_is_waited_for_then_left(monkeypatch: pytest.MonkeyPatch):
     """slurmdbd records a job's end after the controller knows it: the ledger waits (bounded) for sacct to agree,
     and where it does not, it is not used (the job's records are). sacct's answers are recorded ones, replayed."""
-    from launcher import usage
+    from launcher.ledger import usage
     from launcher.slurm import client
     from launcher.slurm.parse import JobState, parse_sacct_records
 
@@ -233,9 +233,9 @@ def test_sacct_lagging_behind_the_controller_is_waited_for_then_left(monkeypatch
 def _bundle_without_controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log: str, ended: dict | None):
     """A submitted bundle whose job's log is `log`, with Slurm's controller unreachable (its client says so, as
     it does when scontrol cannot connect: tests/test_rerun_e2e.py makes it so on the local cluster)."""
-    from launcher import usage
     from launcher.bundle import manifest
     from launcher.errors import SlurmUnavailable
+    from launcher.ledger import usage
 
     def unreachable(job_id: str):
         raise SlurmUnavailable("scontrol cannot reach the Slurm controller: Connection refused")

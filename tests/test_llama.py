@@ -69,8 +69,8 @@ def test_the_engines_tokenizer_reads_as_transformers_does(demo_data, tmp_path):
     from conftest import tiny_config, write_config
 
     from launcher.errors import TrainError
-    from launcher.train.config import load_train_config
     from launcher.train.data import load_texts, load_tokenizer, tokenize
+    from launcher.train.settings import load_train_config
 
     cfg = load_train_config(str(write_config(tmp_path / "c.yaml", tiny_config(demo_data, tmp_path / "ck"))))
     texts = load_texts(cfg)[:200]

@@ -21,7 +21,7 @@ import pytest
 
 from launcher import localcluster
 from launcher import protocol as P
-from launcher.localcluster import ClusterSpec, accounting, config, ports
+from launcher.localcluster import ClusterSpec, accounting, ports, slurm_conf
 
 pytestmark = [
     pytest.mark.slurm,
@@ -62,7 +62,7 @@ def running(pid: int) -> bool:
 def ctld_port(spec: ClusterSpec) -> int:
     """The slurmctld port the cluster's slurm.conf names: one of a slot's."""
     port = int(re.search(r"^SlurmctldPort=(\d+)$", spec.conf.read_text(), re.MULTILINE).group(1))
-    assert (port - config.PORT_BASE) % config.PORT_STEP == 0, port
+    assert (port - slurm_conf.PORT_BASE) % slurm_conf.PORT_STEP == 0, port
     return port
 
 
@@ -82,9 +82,11 @@ def test_no_port_is_in_the_kernels_ephemeral_range(tmp_path: Path) -> None:
     open their rendezvous on the same 127.0.0.1). MariaDB listens on no TCP port at all."""
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert ports.ephemeral_range() == range(low, high + 1)
-    daemons = [port for slot in range(config.PORT_SLOTS) for port in
-               ClusterSpec(tmp_path, config.MAX_NODES, 0, accounting=True, port_slot=slot).ports]  # fmt: skip
-    assert len(set(daemons)) == len(daemons) == config.PORT_SLOTS * (config.MAX_NODES + 2)  # no two slots share one
+    daemons = [port for slot in range(slurm_conf.PORT_SLOTS) for port in
+               ClusterSpec(tmp_path, slurm_conf.MAX_NODES, 0, accounting=True, port_slot=slot).ports]  # fmt: skip
+    assert (
+        len(set(daemons)) == len(daemons) == slurm_conf.PORT_SLOTS * (slurm_conf.MAX_NODES + 2)
+    )  # no two slots share one
     rendezvous = range(P.RDZV_PORT_LOW, P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN)
     assert not [port for port in [*daemons, *rendezvous] if low <= port <= high]
     assert not set(daemons) & set(rendezvous)
@@ -99,9 +101,9 @@ def test_ports_in_the_ephemeral_range_are_never_chosen(tmp_path: Path, monkeypat
     # the rule alone: whatever clusters run on the machine now (another worker's took slot 3 in a CI run)
     monkeypatch.setattr(ports, "taken", lambda port: None)
     monkeypatch.setattr(ports, "window_holder", lambda spec: None)
-    (tmp_path / "range").write_text(f"{spec.ctld_port}\t{spec.ctld_port + 2 * config.PORT_STEP}\n")
-    assert ports.settle(spec).ctld_port == spec.ctld_port + 3 * config.PORT_STEP
-    (tmp_path / "range").write_text(f"1024\t{config.PORT_BASE + config.PORT_STEP * config.PORT_SLOTS}\n")
+    (tmp_path / "range").write_text(f"{spec.ctld_port}\t{spec.ctld_port + 2 * slurm_conf.PORT_STEP}\n")
+    assert ports.settle(spec).ctld_port == spec.ctld_port + 3 * slurm_conf.PORT_STEP
+    (tmp_path / "range").write_text(f"1024\t{slurm_conf.PORT_BASE + slurm_conf.PORT_STEP * slurm_conf.PORT_SLOTS}\n")
     with pytest.raises(ports.NoFreePorts, match="no free ports for the local cluster in 10000-19999"):
         ports.settle(spec)
 
@@ -116,14 +118,14 @@ def test_a_window_of_job_ids_a_running_cluster_holds_is_passed_over(
     monkeypatch.setattr(ports, "taken", lambda port: OSError(98, "Address already in use") if port in held else None)
     monkeypatch.setattr(ports, "ephemeral_range", lambda: range(0))
     spec = ClusterSpec(tmp_path, 2, 0, port_slot=0)
-    assert spec.first_job_id == 1 and ClusterSpec(tmp_path, 2, 0, port_slot=config.JOB_ID_WINDOWS).first_job_id == 1
+    assert spec.first_job_id == 1 and ClusterSpec(tmp_path, 2, 0, port_slot=slurm_conf.JOB_ID_WINDOWS).first_job_id == 1
     assert ports.settle(spec) == spec
-    held.add(ClusterSpec(tmp_path, 2, 0, port_slot=config.JOB_ID_WINDOWS).ctld_port)  # a cluster on window 0
+    held.add(ClusterSpec(tmp_path, 2, 0, port_slot=slurm_conf.JOB_ID_WINDOWS).ctld_port)  # a cluster on window 0
     settled = ports.settle(spec)
-    assert settled.port_slot == 1 and settled.first_job_id == 1 + config.JOB_ID_WINDOW
+    assert settled.port_slot == 1 and settled.first_job_id == 1 + slurm_conf.JOB_ID_WINDOW
     # every window held by a cluster on slots JOB_ID_WINDOWS.. : slot 0's ports are free, and it is taken
-    held.update(ClusterSpec(tmp_path, 2, 0, port_slot=config.JOB_ID_WINDOWS + w).ctld_port
-                for w in range(config.JOB_ID_WINDOWS))  # fmt: skip
+    held.update(ClusterSpec(tmp_path, 2, 0, port_slot=slurm_conf.JOB_ID_WINDOWS + w).ctld_port
+                for w in range(slurm_conf.JOB_ID_WINDOWS))  # fmt: skip
     assert ports.settle(spec) == spec
 
 
@@ -133,14 +135,14 @@ def test_two_clusters_on_one_window_get_job_ids_of_their_own(tmp_path_factory: p
     the suite on four workers met: two clusters' job 11002 met in one rendezvous, and one of the runs restarted."""
     first = ClusterSpec(tmp_path_factory.mktemp("one"), nodes=1, gpus_per_node=0, port_slot=7)
     second = ClusterSpec(tmp_path_factory.mktemp("two"), nodes=1, gpus_per_node=0,
-                         port_slot=7 + config.JOB_ID_WINDOWS)  # fmt: skip
+                         port_slot=7 + slurm_conf.JOB_ID_WINDOWS)  # fmt: skip
     assert first.first_job_id == second.first_job_id
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(localcluster.up, (first, second)))
         sbatch = ("sbatch", "--parsable", "--output=/dev/null", "--wrap", "true")
         ids = [int(run(spec, *sbatch)) for spec in (first, second)]
-        windows = [(job_id - 1) // config.JOB_ID_WINDOW for job_id in ids]
+        windows = [(job_id - 1) // slurm_conf.JOB_ID_WINDOW for job_id in ids]
         assert windows[0] != windows[1], ids
         assert [ctld_port(first), ctld_port(second)] != [first.ctld_port, second.ctld_port]  # one of them moved
     finally:

@@ -12,7 +12,7 @@ from launcher_helpers import all_problems, config_of, run_launcher, spec_for
 from nanotron_main import judge, source
 
 from launcher.nanotron_config import nanoset, schema
-from launcher.perf.figures import data_volume
+from launcher.perf.sizes import data_volume
 
 MAIN = ("--nanotron_dialect", "main")
 

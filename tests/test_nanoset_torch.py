@@ -12,9 +12,9 @@ from conftest import DemoData, tiny_config, write_config
 from test_train_engine import door, metrics
 
 from launcher.nanotron_config import dialect, nanoset, nanoset_yaml
-from launcher.train.config import to_train_config
 from launcher.train.data import PackedWindows, build_micro_batches
 from launcher.train.main import NANOSET_NANOTRON
+from launcher.train.settings import to_train_config
 from launcher.train.tokenized import FolderWindows
 
 

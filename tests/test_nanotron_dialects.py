@@ -20,7 +20,7 @@ from launcher.config.validate import validate
 from launcher.errors import TrainError
 from launcher.nanotron_config import dialect, schema
 from launcher.nanotron_config.presets import preset_names
-from launcher.train import config as train_config
+from launcher.train import settings as train_config
 from launcher.train.nanotron_engine.compat import import_nanotron_config
 
 PRESET_JOBS = {"70b": ("--nodes", "4"), "13b": ("--nodes", "1"), "7b": ("--nodes", "1"), "8b": ("--nodes", "1")}

@@ -28,13 +28,13 @@ import torch.distributed as dist
 from conftest import tiny_config, write_config
 
 from launcher.errors import TrainError
-from launcher.train.config import load_train_config
 from launcher.train.nanotron_engine import compat as nanotron_compat
 from launcher.train.nanotron_engine import engine as nanotron_engine
 from launcher.train.nanotron_engine import flash_attn_compat
 from launcher.train.nanotron_engine import trainer as nanotron_trainer
 from launcher.train.nanotron_engine.engine import EPOCH_MESSAGE, epochs
 from launcher.train.nanotron_engine.pointer import POINTER, pointer_writes_dropped, write_pointer
+from launcher.train.settings import load_train_config
 from launcher.train.stop import STOP_MESSAGE
 
 if TYPE_CHECKING:

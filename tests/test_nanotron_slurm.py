@@ -27,8 +27,8 @@ from launcher_helpers import ROOT
 from test_e2e_training import bundles, finish, manifest, saved_by_the_stop, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
+from launcher.bundle.records import read_metrics
 from launcher.localcluster import ClusterSpec, down, up
-from launcher.report.plots import read_metrics
 
 pytestmark = pytest.mark.nanotron_cpu
 TOLERANCE = 1e-3

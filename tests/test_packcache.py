@@ -17,8 +17,8 @@ from conftest import tiny_config, write_config
 
 from launcher.errors import TrainError
 from launcher.train import packcache
-from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import build_micro_batches, build_windows
+from launcher.train.settings import TrainConfig, load_train_config
 from launcher.train.torch_engine import shared_data
 
 

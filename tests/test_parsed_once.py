@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from launcher import launch
 from launcher.bundle import manifest
 from launcher.config import dependency_syntax
 from launcher.nanotron_config import dialect, mixture, schema, stages
+from launcher.runs import launch
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, calls: collections.Counter, module: Any, name: str) -> None:

@@ -13,12 +13,12 @@ from launcher_helpers import run_launcher
 from test_dry_run import HEAVY
 from test_memory import B1, B3, B8, B80, DOC, V
 
-from launcher import launch
 from launcher.nanotron_config import gpus
 from launcher.nanotron_config.layout import ParallelDims, check_layout
 from launcher.nanotron_config.shape import ModelShape
 from launcher.perf.memory import Layout
 from launcher.perf.planner import evaluate, search
+from launcher.runs import launch
 
 GOLDEN = Path(__file__).parent / "golden"
 H100 = gpus.table()["h100"]

@@ -33,8 +33,8 @@ from test_e2e_training import (
 )
 
 from launcher import protocol as P
+from launcher.bundle.records import read_metrics
 from launcher.localcluster import ClusterSpec, down, up
-from launcher.report.plots import read_metrics
 from launcher.slurm.parse import parse_scontrol
 
 

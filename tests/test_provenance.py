@@ -15,8 +15,8 @@ from conftest import tiny_config
 
 from launcher.nanotron_config import provenance as pv
 from launcher.train import record
-from launcher.train.config import to_train_config
 from launcher.train.environment import JobEnvironment
+from launcher.train.settings import to_train_config
 
 MIB = 1 << 20
 

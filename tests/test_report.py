@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher import sweep
 from launcher.bundle import sweep_record
 from launcher.bundle.manifest import load as load_manifest
 from launcher.bundle.sweep_record import SweepPoint
 from launcher.report import __main__ as report_cli
 from launcher.report import dmon, pictures
+from launcher.runs import sweep
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DMON = FIXTURES / "dmon"
@@ -134,7 +134,7 @@ def test_render_draws_nothing_it_has_no_data_for(tmp_path: Path):
 
 
 def test_matplotlib_is_imported_only_to_draw():
-    code = "import sys, launcher.report.pictures, launcher.submission; print('matplotlib' in sys.modules)"
+    code = "import sys, launcher.report.pictures, launcher.runs.submission; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

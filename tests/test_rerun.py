@@ -13,14 +13,15 @@ import pytest
 import yaml
 from launcher_helpers import spec_for
 
-from launcher import jobs, launch, rerun
+from launcher import jobs
 from launcher.bundle import manifest
 from launcher.errors import ConfigError
 from launcher.nanotron_config import presets, provenance
 from launcher.report.compare import PLACE_KEYS, config_of
+from launcher.runs import launch, rerun
 from launcher.train import record
-from launcher.train.config import load_train_config
 from launcher.train.environment import JobEnvironment
+from launcher.train.settings import load_train_config
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from launcher.bundle import manifest
+from launcher.bundle.records import read_metrics
 from launcher.nanotron_config import provenance
-from launcher.report.plots import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_FILES = ("launcher", "configs", "slurm_launcher.py", "run_train.py")

@@ -183,8 +183,8 @@ def test_a_nodelist_longer_than_nodes_is_refused_by_the_launcher(tmp_path: Path,
 
 def test_refusal_at_submission_keeps_the_bundle(tmp_path: Path, slurm_env: dict, monkeypatch: pytest.MonkeyPatch):
     """A bundle written by a dry run and submitted later, when Slurm refuses it then: kept, failure recorded."""
-    from launcher import launch, submission
     from launcher.errors import LauncherError
+    from launcher.runs import launch, submission
 
     monkeypatch.chdir(tmp_path)
     prepared = launch.prepare(["--run_name", "later", "--nodes", "1", "--gpus_per_node", "2", "--dataset", "none",
@@ -477,7 +477,7 @@ def test_dependency_syntax_agrees_with_slurm(slurm_env: dict):
 @pytest.mark.slurm_versions
 def test_dependency_on_an_array_is_judged_on_every_task(tmp_path: Path, slurm_env: dict, monkeypatch):
     """The launcher's verdict on each dependency is the one Slurm reaches when a job waits on it for real."""
-    from launcher import launch
+    from launcher.runs import launch
 
     def sbatch(*flags: str) -> str:
         argv = ["sbatch", "--parsable", "--nodes", "1", "--output", str(tmp_path / "%j.out"), *flags]

@@ -19,8 +19,8 @@ from slurm_cluster import slurm_release
 from test_slurm_e2e import launch, script, wait_for
 
 from launcher import protocol as P
-from launcher import submission
 from launcher.localcluster import ClusterSpec, down, up
+from launcher.runs import submission
 from launcher.slurm import client, follow, parse, releases, triage
 
 pytestmark = pytest.mark.slurm_versions

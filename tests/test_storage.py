@@ -10,7 +10,7 @@ import pytest
 from launcher_helpers import all_problems, run_launcher, spec_for
 
 from launcher.bundle import storage
-from launcher.perf import figures
+from launcher.perf import sizes
 
 
 def flags_of(*flags: str) -> list[str]:
@@ -35,23 +35,23 @@ def test_unwritable_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_checkpoint_count_over_a_run() -> None:
-    assert figures.checkpoint_count(1000, 300, save_initial_state=True) == 3 + 1 + 1  # 300, 600, 900; last; initial
-    assert figures.checkpoint_count(900, 300, False) == 3
+    assert sizes.checkpoint_count(1000, 300, save_initial_state=True) == 3 + 1 + 1  # 300, 600, 900; last; initial
+    assert sizes.checkpoint_count(900, 300, False) == 3
     spec, _ = spec_for("--dataset", "none", "--train_steps", "1000", "--save_interval", "300")
-    assert figures.derived(spec)["checkpoint_bytes"] == figures.parameters(spec) * figures.BYTES_PER_PARAMETER
+    assert sizes.derived(spec)["checkpoint_bytes"] == sizes.parameters(spec) * sizes.BYTES_PER_PARAMETER
     free = storage.free_bytes("/")
     assert free is not None and 0 < free <= shutil.disk_usage("/").total
 
 
 def test_no_room_for_one_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, _ = spec_for("--model_size", "8b", "--nodes", "1", "--dataset", "none", cwd=tmp_path)
-    least = figures.parameters(spec) * figures.MIN_BYTES_PER_PARAMETER
+    least = sizes.parameters(spec) * sizes.MIN_BYTES_PER_PARAMETER
     for free, refused in ((least - 1, True), (least, False)):
         monkeypatch.setattr(storage.shutil, "disk_usage", lambda path, free=free: shutil._ntuple_diskusage(0, 0, free))
         problems = [p for p in all_problems(spec, []) if p.flag == "checkpoints_path"]
         assert bool(problems) == refused
     monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, least - 1))
-    (problem,) = storage.space_problems(figures.parameters(spec), "/ck")
+    (problem,) = storage.space_problems(sizes.parameters(spec), "/ck")
     assert "less than one checkpoint of this model (at least 96.4 GB)" in problem.message
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from launcher_helpers import ROOT, run_launcher
 
-from launcher import launch, sweep
 from launcher.bundle import sweep_record
 from launcher.config import cli
 from launcher.problems import Problem
+from launcher.runs import launch, sweep
 
 BASE = ["--run_name", "lr", "--dataset", "none", "--learning_rate", "1e-2", "--train_steps", "20", "--warmup_steps",
         "2", "--sweep", "learning_rate=1e-3,3e-3 seed=1,2"]  # fmt: skip

@@ -29,9 +29,9 @@ from conftest import ROOT, tiny_config, write_config
 from torch.utils.data import DataLoader
 
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import PackedWindows, RandomTokens, load_texts, pack
 from launcher.train.environment import JobEnvironment
+from launcher.train.settings import TrainConfig, load_train_config
 from launcher.train.stop import StopRequest, deaf_to_the_notice
 from launcher.train.torch_engine import engine as torch_engine
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.train.config import LRSchedule
 from launcher.train.schedule import lr_at
+from launcher.train.settings import LRSchedule
 
 
 def sched(**kw: object) -> LRSchedule:
@@ -119,15 +119,15 @@ def test_a_config_file_schedules_as_nanotron_parses_and_schedules_it(
 ) -> None:
     """The whole way: the config dict through nanotron's own get_config_from_dict (whose Config.__post_init__ fills
     a null lr_decay_steps with train_steps - warmup) and its lr_scheduler_builder, against schedule.py's LR from
-    the same dict through launcher.train.config, at every step. (T=100, W=10, S=30 once differed at 69 steps.)"""
+    the same dict through launcher.train.settings, at every step. (T=100, W=10, S=30 once differed at 69 steps.)"""
     import copy
 
     import torch
     import yaml
     from conftest import BASE_CONFIG
 
-    from launcher.train.config import to_train_config
     from launcher.train.nanotron_engine import compat as nanotron_compat
+    from launcher.train.settings import to_train_config
 
     nanotron_compat.apply()
     import nanotron.config as config

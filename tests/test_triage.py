@@ -15,10 +15,10 @@ from launcher_helpers import END, SRUN_KILL, START, TRIAGE_FIXTURES, job_log
 
 from launcher import protocol as P
 from launcher.node import failures
+from launcher.runs.submission import read_log
 from launcher.slurm import fixes, triage
 from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.parse import JobState
-from launcher.submission import read_log
 
 
 def judge(text: str, state: str = "FAILED", **slurm: object) -> triage.Verdict:
@@ -283,8 +283,8 @@ def test_a_chained_exception_is_named_by_its_last_link():
 
 
 def test_a_big_log_is_read_from_its_end_only(tmp_path: Path):
+    from launcher.runs.submission import read_log
     from launcher.slurm import logread
-    from launcher.submission import read_log
 
     log = tmp_path / "big.out"
     with open(log, "w") as f:

@@ -261,7 +261,7 @@ def record_end(run: Manifest, ended: dict, verdict: dict | None) -> None:
 
 
 def record_ledger(run: Manifest, ledger: dict) -> None:
-    """Where the run's GPU time went (launcher.report.ledger's record: GPU-hours allocated, trained, lost and to
+    """Where the run's GPU time went (launcher.ledger.breakdown's record: GPU-hours allocated, trained, lost and to
     what, every attempt), once it has ended; in the manifest in hand, and its file."""
     run.data["ledger"] = ledger
     write_manifest(run.path, run.data)

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from launcher.perf.figures import MIN_BYTES_PER_PARAMETER, human_bytes
+from launcher.perf.sizes import MIN_BYTES_PER_PARAMETER, human_bytes
 from launcher.problems import Problem
 
 

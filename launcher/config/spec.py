@@ -43,7 +43,7 @@ class RunSpec:
     # The tokenized folders the stages read (nanotron main's Nanosets), by absolute path: each as it read whole, or
     # None where it did not (resolution said why)
     nanosets: dict[str, TokenizedFolder | None] = field(default_factory=dict)
-    # Where a rerun places its checkpoints (`launcher.rerun`): the directory it resumes (None: the run's own), and
+    # Where a rerun places its checkpoints (`launcher.runs.rerun`): the directory it resumes (None: the run's own), and
     # whether it starts in a directory of its own even where the run's holds no checkpoint yet.
     checkpoints: Path | None = None
     fresh: bool = False

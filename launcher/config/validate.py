@@ -2,7 +2,7 @@
 
 It reads the spec and local files (a dataset, a tokenizer, the training script), never the cluster: the second
 phase, `launcher.slurm.preflight`, asks the world as it is now (output directories, disk, the jobs a dependency
-names, Slurm's verdict). `launcher.launch.check` runs both and reports every problem at once.
+names, Slurm's verdict). `launcher.runs.launch.check` runs both and reports every problem at once.
 
 The model/parallelism rules live in `launcher.nanotron_config.layout`, shared with the training job, so the launcher and
 the trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing

@@ -1,11 +1,8 @@
 """Which checkpoint an export reads: the step (asked for, else the newest complete one), the engine that wrote it,
 nanotron's dialect and the model's shape; refused by name where it is incomplete, missing or not a Llama.
 
-Both engines' layouts under a run's `checkpoints_path`:
-
-    torch:     <step>/state.pt, <step>/meta.json; `latest`; a save in progress is `.tmp-<step>-<random>`
-    nanotron:  <step>/model/.../model_<param>[_pp-rank-P-of-PP_tp-rank-T-of-TP].safetensors, <step>/config.yaml,
-               <step>/checkpoint_metadata.json (written last: a step without it is a save in progress); `latest.txt`
+The checkpoints folder's layout is launcher/checkpoint_layout.py's; a nanotron step's weights are
+<step>/model/.../model_<param>[_pp-rank-P-of-PP_tp-rank-T-of-TP].safetensors.
 
 Standard library and PyYAML only: a login node finds and refuses without torch.
 """
@@ -18,13 +15,11 @@ from pathlib import Path
 
 import yaml
 
+from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.errors import LauncherError
 from launcher.nanotron_config import dialect as dialects
 from launcher.nanotron_config.shape import ModelShape, from_model_config
-
-TORCH_STATE = "state.pt"  # launcher.train.torch_engine.checkpoint's (the launcher never imports the job)
-TORCH_META = "meta.json"
 
 
 class ExportError(LauncherError):
@@ -64,38 +59,9 @@ class Checkpoint:
         return ((self.config.get("tokenizer") or {}).get("tokenizer_name_or_path")) or None
 
 
-def _engine_of(step_dir: Path) -> str | None:
-    if (step_dir / TORCH_STATE).is_file() and (step_dir / TORCH_META).is_file():
-        return "torch"
-    if (step_dir / "model").is_dir() and (step_dir / P.NANOTRON_METADATA).is_file():
-        return "nanotron"
-    return None
-
-
-def complete_steps(root: Path) -> dict[int, str]:
-    """Every complete checkpoint under `root`: step -> engine."""
-    found = {}
-    for child in root.iterdir() if root.is_dir() else ():
-        if child.name.isdigit() and (engine := _engine_of(child)) is not None:
-            found[int(child.name)] = engine
-    return found
-
-
-def _in_progress(root: Path, step: int) -> str | None:
-    """What says `step` is being written (or was cut short), or None."""
-    step_dir = root / str(step)
-    if any(root.glob(f".tmp-{step}-*")):
-        return f"the torch engine's save of step {step} is in progress ({root}/.tmp-{step}-*)"
-    if step_dir.is_dir() and (step_dir / "model").is_dir() and not (step_dir / P.NANOTRON_METADATA).is_file():
-        return f"{step_dir} has weights but no {P.NANOTRON_METADATA}, which nanotron writes last"
-    if step_dir.is_dir() and (step_dir / TORCH_STATE).is_file() and not (step_dir / TORCH_META).is_file():
-        return f"{step_dir} has {TORCH_STATE} but no {TORCH_META}"
-    return None
-
-
 def choose_step(root: Path, step: int | None) -> tuple[int, str]:
     """(step, engine): the step asked for, or the newest complete one; a named refusal otherwise."""
-    steps = complete_steps(root)
+    steps = layout.complete_steps(root)
     if step is None:
         if not steps:
             leftover = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
@@ -106,7 +72,7 @@ def choose_step(root: Path, step: int | None) -> tuple[int, str]:
             )
         step = max(steps)
     if step not in steps:
-        why = _in_progress(root, step)
+        why = layout.in_progress(root, step)
         if why is not None:
             raise CheckpointIncomplete(f"checkpoint step {step} is not complete: {why}; wait for the save to end, "
                                        f"or export a complete step ({_listed(steps)})")  # fmt: skip

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from launcher.export.checkpoints import TORCH_STATE, Checkpoint, CheckpointIncomplete, ShardsMissing, UnknownModel
+from launcher.checkpoint_layout import TORCH_STATE
+from launcher.export.checkpoints import Checkpoint, CheckpointIncomplete, ShardsMissing, UnknownModel
 from launcher.nanotron_config.shape import ModelShape
 
 SHARD = re.compile(r"^(?P<leaf>.+?)_pp-rank-(?P<pp>\d+)-of-(?P<pp_size>\d+)_tp-rank-(?P<tp>\d+)-of-(?P<tp_size>\d+)$")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from launcher.errors import closed_pipe
 from launcher.localcluster import containers
-from launcher.localcluster.config import ClusterSpec, default_dir
 from launcher.localcluster.daemons import ClusterError, down, status, up
+from launcher.localcluster.slurm_conf import ClusterSpec, default_dir
 
 
 def _print_env(spec: ClusterSpec) -> None:

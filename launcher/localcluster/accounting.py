@@ -13,7 +13,7 @@ slurmctld then stores every job in slurmdbd (`AccountingStorageType=accounting_s
 `AccountingStorageTRES=gres/gpu`, so `sacct`'s AllocTRES names the GPUs), and the cluster, an account
 (`research`) and the user (root, and the user who ran sudo) are registered with `sacctmgr -i`; with
 `AccountingStorageEnforce=associations` Slurm refuses a job of an account the user has no association with, as
-sites do. slurmdbd listens on the cluster's port slot + 20 (launcher/localcluster/config.py: below the kernel's
+sites do. slurmdbd listens on the cluster's port slot + 20 (launcher/localcluster/slurm_conf.py: below the kernel's
 ephemeral range, apart from the jobs' rendezvous ports). slurmdbd's MySQL client finds MariaDB's socket through
 MYSQL_UNIX_PORT (StorageHost=localhost: the client's default socket, which that variable names; Slurm passes the
 client no socket of its own). Installed by scripts/install_accounting.sh.
@@ -40,7 +40,7 @@ INNODB = ["--innodb-log-file-size=4M", "--innodb-buffer-pool-size=16M"]  # 22 MB
 
 
 class Spec(Protocol):
-    """What this module needs of a launcher.localcluster.config.ClusterSpec."""
+    """What this module needs of a launcher.localcluster.slurm_conf.ClusterSpec."""
 
     @property
     def dir(self) -> Path: ...

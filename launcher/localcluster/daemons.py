@@ -33,7 +33,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.localcluster import accounting, containers, ports
-from launcher.localcluster.config import ClusterSpec, config_files
+from launcher.localcluster.slurm_conf import ClusterSpec, config_files
 
 READY_TIMEOUT_S, STOP_TIMEOUT_S, PIDFILE_TIMEOUT_S = 30.0, 10.0, 10.0
 READY_STATES = {"idle", "mixed", "allocated", "completing"}

@@ -21,7 +21,7 @@ import re
 import socket
 from pathlib import Path
 
-from launcher.localcluster.config import JOB_ID_WINDOWS, PORT_BASE, PORT_SLOTS, PORT_STEP, ClusterSpec
+from launcher.localcluster.slurm_conf import JOB_ID_WINDOWS, PORT_BASE, PORT_SLOTS, PORT_STEP, ClusterSpec
 
 RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL = range(32768, 61000)  # Linux's default, where RANGE_FILE cannot be read

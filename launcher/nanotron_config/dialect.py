@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher import checkpoint_layout
 from launcher import protocol as P
 
 DIALECTS = ("0.4", "main")
@@ -68,8 +69,10 @@ def of_checkpoints(root: Path) -> tuple[str | None, str]:
         recorded = ""
     if recorded in DIALECTS:
         return recorded, f"{root / RECORD} says {recorded}"
+    step = checkpoint_layout.pointer_step(root)
+    if step is None:
+        return None, ""
     try:
-        step = int((root / P.NANOTRON_POINTER).read_text(encoding="utf-8").strip())
         version = json.loads((root / str(step) / METADATA).read_text(encoding="utf-8"))["version"]
     except (OSError, ValueError, KeyError, TypeError):
         return None, ""
@@ -82,8 +85,10 @@ def saved_layout(root: Path) -> tuple[dict[str, int] | None, str]:
     where it was read; (None, "") where there is none."""
     import yaml
 
+    step = checkpoint_layout.pointer_step(root)
+    if step is None:
+        return None, ""
     try:
-        step = int((root / P.NANOTRON_POINTER).read_text(encoding="utf-8").strip())
         where = root / str(step) / "config.yaml"
         config = yaml.safe_load(where.read_text(encoding="utf-8"))
         p = config["parallelism"]

@@ -3,7 +3,7 @@
 The layout is one value, `ParallelDims` (after torchtitan's), beside `ModelShape`: the degrees, the micro-batches a
 step, and the job it runs on. `check_layout(shape, dims)` (or `dims.problems(shape)`) says every rule it breaks.
 Shared by the launcher (`launcher.config.validate`, on the flags; the planner, on each candidate) and the training
-job (`launcher.train.config`, on the config and the processes torchrun actually started), so the two cannot
+job (`launcher.train.settings`, on the config and the processes torchrun actually started), so the two cannot
 disagree. Pure.
 """
 

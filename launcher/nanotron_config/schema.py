@@ -11,7 +11,7 @@
 - `flags_from_config(config)`: a nanotron YAML's values (either dialect) under the launcher's flag names.
 - `shape_problems(config, reference)`: where a YAML cannot be what nanotron loads.
 
-The training job reads a config through `launcher.train.config`, which uses `get_path` and `train_split` from
+The training job reads a config through `launcher.train.settings`, which uses `get_path` and `train_split` from
 here, on `dialect.to_canonical` of the file.
 """
 

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from launcher import checkpoint_layout
 from launcher import protocol as P
 from launcher.node import failures
 
@@ -220,14 +221,7 @@ def last_logged_step(metrics: Path) -> int | None:
 
 def checkpoint_step(checkpoints: Path) -> int:
     """The run's latest checkpoint, as its pointer names it (either engine's); 0 before any."""
-    for pointer in P.POINTERS:
-        try:
-            text = (checkpoints / pointer).read_text(encoding="utf-8").strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            return int(text)
-    return 0
+    return checkpoint_layout.pointer_step(checkpoints) or 0
 
 
 def find(step: Step, log_text: str, ranks: dict[int, str], gpus: int, at: int | None) -> Found:

@@ -15,8 +15,8 @@ import yaml
 
 from launcher import protocol as P
 from launcher.bundle import manifest
+from launcher.bundle.records import read_metrics
 from launcher.report import environment as env
-from launcher.report.plots import read_metrics
 
 TOLERANCE = 1e-6  # losses part where |a - b| > TOLERANCE x max(1, |a|, |b|)
 # The config's keys that name the run and place it: they differ between any two runs, and are said apart.

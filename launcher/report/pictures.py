@@ -1,7 +1,8 @@
-"""A run's pictures, as PNGs in its bundle: training.png (loss, learning rate, gradient norm and throughput over steps,
-from metrics.jsonl; the ranks training named as stragglers marked on the throughput) and gpus.png (utilisation,
-memory, power and temperature of every GPU over time, one colour a node, from the `nvidia-smi dmon` logs the job
-writes beside its log). matplotlib is imported only to draw.
+"""A run's pictures, as PNGs in its bundle: loss.png (loss and learning rate over steps), training.png (loss,
+learning rate, gradient norm and throughput over steps, from metrics.jsonl; the ranks training named as stragglers
+marked on the throughput) and gpus.png (utilisation, memory, power and temperature of every GPU over time, one colour
+a node, from the `nvidia-smi dmon` logs the job writes beside its log); a sweep's loss curves, one line a point.
+matplotlib is imported only to draw.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 from launcher import protocol as P
 from launcher.bundle import manifest
+from launcher.bundle.records import read_metrics
 from launcher.report import dmon, stragglers
-from launcher.report.plots import read_metrics
 
 TRAINING = (  # metrics.jsonl field -> panel title, y label
     ("loss", "loss", "loss"),
@@ -34,6 +35,47 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def sweep_curves(series: dict[str, Path], png: Path) -> Path:
+    """A sweep's points on one plot: each one's loss against step."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for name, metrics in series.items():
+        rows = {r["step"]: r for r in read_metrics(metrics) if "step" in r and "loss" in r} if metrics.exists() else {}
+        steps = sorted(rows)
+        ax.plot(steps, [rows[s]["loss"] for s in steps], label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False)
+    ax.set_title(f"sweep of {len(series)} runs: loss")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
+def loss_curve(metrics: Path, png: Path) -> Path:
+    """Plot loss (and learning rate) against step; requeued attempts show as one continuous curve."""
+    plt = _pyplot()
+    rows = {r["step"]: r for r in read_metrics(metrics) if "step" in r and "loss" in r}  # a resumed step wins
+    steps = sorted(rows)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, [rows[s]["loss"] for s in steps], color="tab:blue", label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    lr_ax = ax.twinx()
+    lr_ax.plot(steps, [rows[s].get("lr", 0.0) for s in steps], color="tab:orange", alpha=0.6, label="lr")
+    lr_ax.set_ylabel("learning rate")
+    lines = ax.get_lines() + lr_ax.get_lines()  # one legend for both axes
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="upper right", frameon=False)
+    ax.set_title(f"{metrics.parent.parent.name}: loss over {len(steps)} steps")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return png
 
 
 def steps_and_resumes(rows: list[dict]) -> tuple[dict[int, dict], list[int]]:

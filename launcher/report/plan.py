@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from launcher.config.spec import RunSpec
 from launcher.perf import fit, planner
-from launcher.perf.figures import human_count, parameters
+from launcher.perf.sizes import human_count, parameters
 
 ROWS = 10  # layouts shown; yours is added below them when it is not among them
 HEADER = ("#", "tp", "pp", "dp", "ZeRO", "micro", "accum", "pp engine", "tp mode", "memory/GPU", "s/step", "MFU")

@@ -9,7 +9,7 @@ from launcher.bundle.storage import free_bytes
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
-from launcher.perf.figures import human_bytes, human_count
+from launcher.perf.sizes import human_bytes, human_count
 
 
 def _checkpoint_note(spec: RunSpec, figures: dict) -> str:

@@ -12,7 +12,7 @@
 
 Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
 flag says, for the memory check, and `with_requeue_mode` whether it takes `--requeue=expedite`. A dry run asks
-Slurm nothing. `launcher.launch.check` runs this after the pure phase (`launcher.config.validate`) and reports the
+Slurm nothing. `launcher.runs.launch.check` runs this after the pure phase (`launcher.config.validate`) and reports the
 problems of both at once.
 """
 
@@ -28,7 +28,7 @@ from launcher.config.spec import RunSpec
 from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
 from launcher.nanotron_config import dialect, gpus
 from launcher.nanotron_config.layout import resume_relayout
-from launcher.perf import figures
+from launcher.perf import sizes
 from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer, releases
 
@@ -102,7 +102,7 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
         out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     said = {p.flag for p in earlier + out}
     if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"} and not ranges.problems(a):
-        out += storage.space_problems(figures.parameters(spec), a.paths.checkpoints_path)
+        out += storage.space_problems(sizes.parameters(spec), a.paths.checkpoints_path)
     return out
 
 

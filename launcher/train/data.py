@@ -25,7 +25,7 @@ import torch
 
 from launcher.errors import TrainError
 from launcher.nanotron_config.datasource import DATA_FILE_BUILDERS, is_local_path
-from launcher.train.config import TrainConfig
+from launcher.train.settings import TrainConfig
 
 
 class MicroBatches(Protocol):

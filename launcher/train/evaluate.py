@@ -21,8 +21,8 @@ from pathlib import Path
 
 from launcher import atomic
 from launcher.errors import LauncherError
-from launcher.train.config import TrainConfig, load_train_config
 from launcher.train.data import load_split, pack, tokenize
+from launcher.train.settings import TrainConfig, load_train_config
 
 HELD_OUT_SPLITS = ("validation", "valid", "test")
 DOCUMENTS = 64

@@ -8,13 +8,12 @@ from pathlib import Path
 import torch
 import yaml
 
-from launcher import atomic
-from launcher import protocol as P
+from launcher import atomic, checkpoint_layout
 from launcher.errors import ConfigError, TrainError
 from launcher.nanotron_config import dialect
-from launcher.train.config import TrainConfig, check_train_config, load_train_config
 from launcher.train.environment import JobEnvironment
 from launcher.train.record import append as record_attempt
+from launcher.train.settings import TrainConfig, check_train_config, load_train_config
 
 ENGINES = ("auto", "torch", "nanotron")
 
@@ -73,27 +72,10 @@ def nanotron_mismatch(config_dialect: str) -> str | None:
     return None if found in (None, config_dialect) else OTHER_NANOTRON.format(config=config_dialect, found=what)
 
 
-ENGINE_RECORD = "engine"  # beside the checkpoints: the engine that wrote them
-POINTERS = P.POINTERS  # each engine's pointer, for runs saved before the record
-
-
-def recorded_engine(checkpoints_path: str) -> str | None:
-    """The engine whose checkpoints this run holds: the record, else the pointer found; None before any save."""
-    root = Path(checkpoints_path)
-    try:
-        recorded = (root / ENGINE_RECORD).read_text(encoding="utf-8").strip()
-    except OSError:
-        recorded = ""
-    saved = [engine for pointer, engine in POINTERS.items() if (root / pointer).exists()]
-    if not saved:
-        return None  # nothing saved yet: any engine may start the run
-    return recorded if recorded in ENGINES else saved[0]
-
-
 def settle_engine(cfg: TrainConfig, chosen: str, why: str, job: JobEnvironment) -> None:
     """One engine per run: a later attempt that would run another engine than the one whose checkpoints the run
     holds fails with the reason, instead of restarting from step 0 beside them. Rank 0 records the engine."""
-    recorded = recorded_engine(cfg.checkpoints_path)
+    recorded = checkpoint_layout.recorded_engine(Path(cfg.checkpoints_path))
     if recorded is not None and recorded != chosen:
         where = "a CUDA GPU with nanotron" if recorded == "nanotron" else "run_train.py --engine torch"
         raise TrainError(
@@ -112,7 +94,7 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str, job: JobEnvironment) 
     if job.is_main:
         root = Path(cfg.checkpoints_path)
         root.mkdir(parents=True, exist_ok=True)
-        for name, value in ((ENGINE_RECORD, chosen), (dialect.RECORD, cfg.dialect)):
+        for name, value in ((checkpoint_layout.ENGINE_RECORD, chosen), (dialect.RECORD, cfg.dialect)):
             atomic.replace(root / name, f"{value}\n")
 
 

@@ -20,8 +20,8 @@ import torch
 
 from launcher.nanotron_config import gpus
 from launcher.train import tracker
-from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
+from launcher.train.settings import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from launcher import atomic
 from launcher import protocol as P
-from launcher.train.config import TrainConfig
+from launcher.train.settings import TrainConfig
 
 CACHE_DIR = P.DATA_CACHE  # under checkpoints_path; the nanotron engine's packed datasets go there too
 VERSION = 1  # of the packing (data.pack): a change to it must change the key

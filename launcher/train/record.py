@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from launcher.nanotron_config import provenance
-from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
+from launcher.train.settings import TrainConfig
 
 
 def slurm_release() -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from launcher.train.config import LRSchedule
+from launcher.train.settings import LRSchedule
 
 
 def nanotron_lambda(current_step: int, s: LRSchedule) -> float:

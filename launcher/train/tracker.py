@@ -29,7 +29,7 @@ from typing import Any
 from launcher import atomic
 from launcher import protocol as P
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig
+from launcher.train.settings import TrainConfig
 
 WANDB_FIX = "run `wandb login`, or set WANDB_MODE=offline (sync later) or disabled"
 

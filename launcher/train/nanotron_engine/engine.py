@@ -34,7 +34,6 @@ from launcher.errors import TrainError
 from launcher.nanotron_config import dialect
 from launcher.nanotron_config.layout import resume_relayout
 from launcher.train import packcache
-from launcher.train.config import TrainConfig
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.environment import JobEnvironment
 from launcher.train.nanotron_engine import compat as nanotron_compat
@@ -42,6 +41,7 @@ from launcher.train.nanotron_engine import flash_attn_compat, folders, triton_co
 from launcher.train.nanotron_engine import mends as nanotron_mends
 from launcher.train.nanotron_engine.pointer import POINTER as NANOTRON_POINTER
 from launcher.train.nanotron_engine.trainer import trainer_class
+from launcher.train.settings import TrainConfig
 from launcher.train.stop import deaf_to_the_notice, report_outcome
 
 EPOCH_MESSAGE = "data: the dataset is exhausted; epoch {epoch} begins at step {step}"  # the torch engine's words

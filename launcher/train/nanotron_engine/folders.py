@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 import torch.distributed as dist
 
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig
 from launcher.train.data import PackedWindows
+from launcher.train.settings import TrainConfig
 from launcher.train.tokenized import FolderWindows
 
 

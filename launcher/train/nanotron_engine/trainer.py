@@ -35,11 +35,11 @@ import torch
 import torch.distributed as dist
 
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig
 from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import StepMetrics, append_metrics, peak_flops
 from launcher.train.nanotron_engine.pointer import pointer_writes_dropped, write_pointer
 from launcher.train.ranks import nodes_of_ranks, write_rank_map
+from launcher.train.settings import TrainConfig
 from launcher.train.stop import STOP_MESSAGE, StopRequest, report_outcome, report_progress
 from launcher.train.tracker import WANDB_FIX, one_wandb_run
 

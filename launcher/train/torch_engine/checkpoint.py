@@ -36,7 +36,7 @@ from torch import nn
 from launcher import atomic
 from launcher import protocol as P
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig
+from launcher.train.settings import TrainConfig
 
 STATE_FILE = "state.pt"
 POINTER = P.TORCH_POINTER

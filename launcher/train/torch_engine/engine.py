@@ -25,12 +25,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig
 from launcher.train.data import StagedBatches
 from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import Reporter, StepMetrics, peak_flops
 from launcher.train.ranks import StragglerWatch, nodes_of_ranks, write_rank_map
 from launcher.train.schedule import lr_at
+from launcher.train.settings import TrainConfig
 from launcher.train.stop import STOP_MESSAGE, StopRequest, grace_warning, report_outcome, report_progress
 from launcher.train.torch_engine import checkpoint
 from launcher.train.torch_engine.model import WithLoss, build_model, compile_for_gpu, count_parameters, flops_per_token

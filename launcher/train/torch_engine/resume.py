@@ -14,8 +14,8 @@ from torch import nn
 
 from launcher import protocol as P
 from launcher.errors import TrainError
-from launcher.train.config import TrainConfig
 from launcher.train.metrics import Reporter
+from launcher.train.settings import TrainConfig
 from launcher.train.torch_engine import checkpoint
 
 

@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from launcher.errors import TrainError
 from launcher.train import packcache
-from launcher.train.config import TrainConfig
 from launcher.train.data import MicroBatches, StagedBatches, build_micro_batches, build_windows
+from launcher.train.settings import TrainConfig
 
 HEARTBEAT_S = 30.0  # while rank 0 packs the data, it tells the waiting ranks this often (far inside any timeout)
 

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher.report.ledger import COMPLETED, Attempt, Work
-from launcher.report.plots import read_metrics
+from launcher.bundle.records import read_metrics
+from launcher.ledger.breakdown import COMPLETED, Attempt, Work
 
 STARTED, ENDED = P.pattern("attempt_started", whole=False), P.pattern("attempt_ended")
 RESUMED = re.compile("^" + re.escape(P.RESUMED_LINE[: P.RESUMED_LINE.index("{")]) + r"(?P<step>\d+) ")

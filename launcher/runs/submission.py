@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher import usage
 from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
+from launcher.ledger import attempts, usage
 from launcher.node import restart
-from launcher.report import attempts, pictures, plots, stragglers, summary
+from launcher.report import pictures, stragglers, summary
 from launcher.slurm import client, follow, logread, releases, triage
 from launcher.slurm.parse import JobState
 
@@ -130,9 +130,9 @@ def outputs(run: manifest.Manifest, final: JobState | None = None) -> dict[str, 
     found: dict[str, object] = {"bundle": run.bundle_dir}
     found.update({name: Path(named[name]) for name in ("log", "checkpoints") if named.get(name)})
     if run.metrics.exists():
-        found["loss curve"] = plots.loss_curve(run.metrics, run.bundle_dir / "loss.png")
+        found["loss curve"] = pictures.loss_curve(run.metrics, run.bundle_dir / "loss.png")
     found.update(pictures.render(run))
-    found["gpu-hours"] = usage.line(run, final)  # the ledger (launcher.usage), kept in the manifest
+    found["gpu-hours"] = usage.line(run, final)  # the ledger (launcher.ledger.usage), kept in the manifest
     if restarted := restarts_of(run, final.job_id if final else None):
         found["restarts"] = "; ".join(
             f"after {r['why'].replace('-', ' ')} at step {r['at']}" + (f", without {r['nodes']}" if r["nodes"] != "-"

@@ -18,15 +18,15 @@ import sys
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher import rerun, sweep
 from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.export.command import export
-from launcher.gpu_hours import ledger_command, run_ledger_line, sweep_ledger_line
+from launcher.ledger.command import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
+from launcher.runs import rerun, sweep
+from launcher.runs.submission import export_lines, follow_to_end, record_export, report_end
 from launcher.slurm import client, follow
-from launcher.submission import export_lines, follow_to_end, record_export, report_end
 
 
 def _resolve_target(target: str) -> tuple[str, Path, str, manifest.Manifest | None]:
@@ -259,7 +259,3 @@ def _act(action: str, target_text: str) -> int:
         print(f"Cancelled job {job_id}.")
         return 0
     return _status(job_id, log, run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

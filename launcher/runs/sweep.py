@@ -1,5 +1,5 @@
 """--sweep: one run per point of a grid of flag values: the grid, the sweep's record, following its points
-together and the results table. `launcher.launch.launch_sweep` launches them, all or none.
+together and the results table. `launcher.runs.launch.launch_sweep` launches them, all or none.
 
     python slurm_launcher.py --run_name lr --sweep "learning_rate=1e-4,3e-4,1e-3 seed=1,2" ...
 
@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher import usage
 from launcher.bundle import files, manifest, sweep_record
 from launcher.bundle.sweep_record import SweepPoint
 from launcher.config import flags
+from launcher.ledger import usage
 from launcher.problems import Problem
-from launcher.report import plots as plotting
+from launcher.report import pictures
+from launcher.runs.submission import how_to, judge_end
 from launcher.slurm.follow import Cadence, LogTail, Watched, watch
 from launcher.slurm.parse import JobState
-from launcher.submission import how_to, judge_end
 
 MAX_POINTS = 64
 NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
@@ -190,7 +190,7 @@ def _verdict(bundle: Path) -> dict | None:
 
 
 def _final(metrics: Path) -> dict | None:
-    rows = plotting.read_metrics(metrics) if metrics.exists() else []
+    rows = pictures.read_metrics(metrics) if metrics.exists() else []
     return max(rows, key=lambda r: r.get("step", -1)) if rows else None
 
 
@@ -221,5 +221,5 @@ def results(record_dir: Path, states: dict[str, str], plot: bool = True) -> str:
             lines.append(f"      fix: {verdict.get('fix', '')}")
     series = {f"{e.run_name} ({values_text(e.values)})": e.bundle / P.METRICS for e in record.points}
     if plot and any(path.exists() for path in series.values()):
-        lines.append(f"  loss curves  {plotting.sweep_curves(series, record_dir / 'loss.png')}")
+        lines.append(f"  loss curves  {pictures.sweep_curves(series, record_dir / 'loss.png')}")
     return "\n".join(lines)

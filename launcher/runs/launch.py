@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any, NamedTuple
 
+from launcher import checkpoint_layout
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
 from launcher.config import cli, container, ranges, validate
 from launcher.config.flags import LaunchArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
-from launcher.errors import ConfigError, LauncherError, SubmissionError
-from launcher.perf import figures, fit
+from launcher.errors import ConfigError, LauncherError, SubmissionError, as_command
+from launcher.perf import fit, sizes
 from launcher.problems import Problem, report
 from launcher.report import summary
 from launcher.slurm import client, interactive, preflight
@@ -24,20 +24,10 @@ from launcher.slurm import client, interactive, preflight
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
 
-def latest_checkpoint_step(checkpoints: Path) -> int | None:
-    """The step of a run's newest checkpoint: the torch engine's `latest` pointer or nanotron's `latest.txt`."""
-    for pointer in P.POINTERS:
-        try:
-            return int((checkpoints / pointer).read_text().strip())
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 class Prepared(NamedTuple):
     spec: RunSpec
     paths: files.BundlePaths
-    figures: dict  # config.figures.derived
+    figures: dict  # config.sizes.derived
     forecast: str | None  # Slurm's verdict (preflight.judge: its forecast, or held until nodes return); None: dry run
 
 
@@ -122,7 +112,7 @@ class _Draft(NamedTuple):
 def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
     """Claim the run's bundle directory and render its files (nothing written into it yet)."""
     a = spec.args
-    fresh = not a.paths.resume and (spec.fresh or latest_checkpoint_step(spec.checkpoints_dir) is not None)
+    fresh = not a.paths.resume and (spec.fresh or checkpoint_layout.pointer_step(spec.checkpoints_dir) is not None)
     try:  # validation checked the directories; a full disk, a quota or root on /proc can still say no
         paths = files.claim(
             a.run_name,
@@ -147,7 +137,7 @@ def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
 
 
 def _write(draft: _Draft, forecast: str | None) -> Prepared:
-    derived = figures.derived(draft.spec)
+    derived = sizes.derived(draft.spec)
     backend, why = draft.spec.rendezvous
     derived["rendezvous"] = {"backend": backend, "why": why}
     paths = draft.paths
@@ -226,7 +216,7 @@ def submit_prepared(prepared: Prepared) -> int:
         where = spec.args.slurm.export_partition or spec.args.slurm.partition or "the default partition"
         print(f"  export       after the run, a CPU job on {where} exports it as a Hugging Face model and prints its "
               f"held-out perplexity: {paths.bundle_dir / P.EXPORT_SCRIPT}")  # fmt: skip
-    step = latest_checkpoint_step(paths.checkpoints)
+    step = checkpoint_layout.pointer_step(paths.checkpoints)
     if step is not None:
         print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")
     if spec.args.execution.dry_run:
@@ -234,7 +224,7 @@ def submit_prepared(prepared: Prepared) -> int:
         return 0
     if spec.args.execution.interactive:
         return interactive.run(spec, paths)
-    from launcher import submission  # imported here only for speed: a dry run never submits (~40 ms)
+    from launcher.runs import submission  # imported here only for speed: a dry run never submits (~40 ms)
 
     sys.stdout.flush()  # the summary out before sbatch, which may retry for minutes at a full queue (into a pipe too)
     return submission.submit_and_follow(paths, follow=spec.args.execution.show_logs)
@@ -242,7 +232,7 @@ def submit_prepared(prepared: Prepared) -> int:
 
 def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     """A sweep: every point's bundle (all or none), the sweep's record, every point submitted and followed."""
-    from launcher import submission, sweep  # imported here only for speed: a single run's dry run needs neither
+    from launcher.runs import submission, sweep  # imported here only for speed: a single run's dry run needs neither
 
     axes, problems = sweep.parse(sweep_text)
     if problems:
@@ -289,3 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.execution.sweep is not None:
         return launch_sweep(argv, args.execution.sweep, args.run_name)
     return launch_run(argv, parsed)
+
+
+def command() -> int:
+    """`slurm-launcher` (pyproject.toml's console script), as `python slurm_launcher.py`: errors as exit codes."""
+    return as_command(main)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.report.ledger import HOUR, Ledger, plural
+from launcher.ledger.breakdown import HOUR, Ledger, plural
 from launcher.report.pictures import _pyplot
 
 PARTS = (  # (what, colour)

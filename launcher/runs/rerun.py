@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher import launch
 from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.config import cli
@@ -33,6 +32,7 @@ from launcher.nanotron_config import mixture, provenance, schema
 from launcher.problems import report
 from launcher.report import compare
 from launcher.report import environment as env
+from launcher.runs import launch
 from launcher.slurm import client
 
 ORIGINAL, RERUN = "the original", "the rerun"

@@ -1,8 +1,8 @@
-"""The GPU-hour ledger of runs (launcher.report.ledger), from what Slurm and the job recorded.
+"""The GPU-hour ledger of runs (launcher.ledger.breakdown), from what Slurm and the job recorded.
 
 Where the cluster keeps accounting, each attempt's start, end and GPUs come from `sacct --duplicates` (a requeue
 keeps the job id, each attempt its record; AllocTRES's gres/gpu); elsewhere from the job's own records: the batch
-script's start and end lines in the job's log and the GPUs the manifest asked for (`launcher.report.attempts`).
+script's start and end lines in the job's log and the GPUs the manifest asked for (`launcher.ledger.attempts`).
 Either way the steps come from the job (metrics.jsonl; the checkpoint each attempt resumed from in its log): Slurm
 knows no steps. The two sources agree within TOLERANCE (tests/test_accounting.py holds them to it).
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.errors import LauncherError, SlurmUnavailable
-from launcher.report import attempts as records
-from launcher.report import ledger_png
-from launcher.report.ledger import COMPLETED, Attempt, Ledger, compute, hours, summary
+from launcher.ledger import attempts as records
+from launcher.ledger import picture
+from launcher.ledger.breakdown import COMPLETED, Attempt, Ledger, compute, hours, summary
 from launcher.slurm import client
 from launcher.slurm.parse import TERMINAL, JobState, SacctRecord
 
@@ -220,6 +220,6 @@ def several(bundles: list[tuple[str, Path]], png: Path | None, title: str) -> li
     total = sum(x.allocated for _, x in drawn)
     lost = sum(x.lost for _, x in drawn)
     lines.append(f"  total: {hours(total)} GPU-hours over {len(drawn)} run(s), {hours(lost)} lost")
-    if png is not None and drawn and (picture := ledger_png.draw(drawn, png, title)):
-        lines.append(f"  gpu-hours picture  {picture}")
+    if png is not None and drawn and (drawing := picture.draw(drawn, png, title)):
+        lines.append(f"  gpu-hours picture  {drawing}")
     return lines

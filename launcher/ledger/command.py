@@ -5,7 +5,7 @@
     python -m launcher.jobs ledger --since 2026-11-01          every run under --configs_path launched since
 
 Each run's ledger comes from sacct where the cluster keeps accounting, else from the job's own records
-(launcher.usage; how each figure is computed: launcher.report.ledger, docs/ledger.md). A sweep's and a
+(launcher.ledger.usage; how each figure is computed: launcher.ledger.breakdown, docs/ledger.md). A sweep's and a
 period's are drawn as gpu-hours.png (in the sweep's directory; in the configs path for a period).
 """
 
@@ -16,10 +16,10 @@ from datetime import datetime
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher import usage
 from launcher.bundle import manifest, sweep_record
 from launcher.errors import ConfigError, LauncherError
-from launcher.report.ledger import table
+from launcher.ledger import usage
+from launcher.ledger.breakdown import table
 from launcher.slurm.parse import JobState
 
 DEFAULT_DAYS = 7

@@ -1,0 +1,5 @@
+import sys
+
+from launcher.jobs.command import main
+
+sys.exit(main())
