@@ -15,6 +15,7 @@ import time
 # The bundle's files (in the bundle directory), and where the batch script and the job's log go.
 CONFIG = "config.yaml"
 MANIFEST = "manifest.json"
+JOB_FILE = "job.json"  # the job's settings (launcher/node/job.py), written once with the bundle
 NODE_SCRIPT = "node.sh"
 METRICS = "metrics.jsonl"  # one JSON object per logged step (the job appends; the launcher plots)
 RUNTIME_RECORD = "runtime.jsonl"  # one JSON object per attempt: what the job really ran (rank 0 appends at start)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher import protocol as P
 from launcher.bundle import files as bundle
-from launcher.bundle import manifest
+from launcher.bundle import manifest, render
 from launcher.errors import ConfigError
+from launcher.node import job
 from launcher.runs import launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +116,37 @@ def test_manifest_describes_the_launch(workdir: Path):
     assert data["inputs"]["base_config"]["sha256"] and "config" not in data["inputs"]
 
 
+def test_the_jobs_settings_are_one_file_of_the_bundle_that_reads_back_as_written(workdir: Path):
+    spec, paths, _, _ = launch.prepare(flags("--extra_env", "A='x y'", "--max_requeues", "2", "--hang_timeout", "0"))
+    data = json.loads(paths.manifest.read_text())
+    sha = hashlib.sha256(paths.job.read_bytes()).hexdigest()
+    assert data["files"]["job"] == {"path": str(paths.job), "sha256": sha}
+    written = job.load(paths.bundle_dir)  # the bundle's directory, or the file itself
+    assert written == job.load(paths.job) == render.job_settings(spec, paths)
+    assert (written.bundle, written.config, written.checkpoints) == (paths.bundle_dir, paths.config, paths.checkpoints)
+    assert (written.nodes, written.gpus_per_node, written.max_requeues, written.extra_env) == (1, 2, 2, {"A": "x y"})
+    assert written.file(P.STOP_FILE) == paths.stop_file and written.watchdog_options() == []
+    assert written.python.is_absolute() and (written.project / "launcher/node/job.py").is_file()
+
+
+def test_a_job_file_of_another_format_is_refused_in_words(tmp_path: Path):
+    settings = job.Job("r", tmp_path, tmp_path / "r.out", tmp_path / "ck", Path("/usr/bin/python3"), ROOT,
+                       tmp_path / "train.py", tmp_path / "config.yaml", "auto", 2, 8, Path("/tmp"))  # fmt: skip
+    assert job.from_json(settings.to_json()) == settings
+    data = json.loads(settings.to_json())
+    for changed, said in (
+        ({"version": 99}, "format 99, where this launcher reads format 1"),
+        ({"nodes_typo": 2}, "unknown settings nodes_typo"),
+        ({"version": None}, "format None"),
+    ):
+        with pytest.raises(job.JobFileError, match=said):
+            job.from_json(json.dumps({**data, **changed}))
+    with pytest.raises(job.JobFileError, match="missing 1 required"):
+        job.from_json(json.dumps({k: v for k, v in data.items() if k != "engine"}))
+    with pytest.raises(job.JobFileError, match=f"cannot read {tmp_path}/none.json"):
+        job.load(tmp_path / "none.json")
+
+
 def test_the_jobs_runtime_record_is_read_beside_the_manifest(workdir: Path):
     _, paths, _, _ = launch.prepare(flags())
     run = manifest.load(paths.bundle_dir)
@@ -133,7 +166,7 @@ def test_no_secret_reaches_the_bundle(workdir: Path):
     it in the commands, a --config YAML that holds it. The bundle carries none of them."""
     argv = flags("--pre_launch_commands", 'export HF_TOKEN="$HF_TOKEN"')
     _, paths, _, _ = launch.prepare(argv)
-    for f in (paths.config, paths.script, paths.manifest):
+    for f in (paths.config, paths.script, paths.job, paths.manifest):
         assert SECRET not in f.read_text()
     assert 'export HF_TOKEN="$HF_TOKEN"' in paths.script.read_text()  # the reference, for the job's shell
     leaky = workdir / "leaky.yaml"

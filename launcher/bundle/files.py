@@ -26,6 +26,7 @@ class BundlePaths:
     config: Path
     manifest: Path
     script: Path
+    job: Path  # the job's settings (P.JOB_FILE): what the supervisor and the node step read
     node_script: Path  # what every node runs (srun's task), beside the config in the bundle
     log: Path
     stop_file: Path
@@ -54,6 +55,7 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         config=bundle_dir / P.CONFIG,
         manifest=bundle_dir / P.MANIFEST,
         script=scripts / run_name / f"{stamp}{P.SCRIPT_SUFFIX}",
+        job=bundle_dir / P.JOB_FILE,
         node_script=bundle_dir / P.NODE_SCRIPT,
         log=logs / run_name / f"{stamp}{P.LOG_SUFFIX}",
         stop_file=bundle_dir / P.STOP_FILE,

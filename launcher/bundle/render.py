@@ -25,6 +25,7 @@ from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.node import nodecheck
+from launcher.node.job import Job
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -130,6 +131,42 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "container": container_options(spec, paths),
         "image": a.container.container_image,
     }
+
+
+def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
+    """The job's settings (the bundle's job.json): everything the supervisor and the node step read of the run."""
+    a = spec.args
+    return Job(
+        run_name=a.run_name,
+        bundle=paths.bundle_dir,
+        log=paths.log,
+        checkpoints=paths.checkpoints,
+        python=Path(_python(spec)),
+        project=PROJECT,
+        train_script=Path(a.paths.run_train_script),
+        config=paths.config,
+        engine=a.job.engine,
+        nodes=a.slurm.nodes,
+        gpus_per_node=a.slurm.gpus_per_node,
+        tmp_dir=Path(a.slurm.tmp_dir),
+        spare_nodes=a.slurm.spare_nodes,
+        max_requeues=a.slurm.max_requeues,
+        max_restarts=a.slurm.max_restarts,
+        signal_grace=a.slurm.signal_grace if a.slurm.max_requeues else 0,
+        rdzv_backend=spec.rendezvous[0],
+        hang_timeout=float(a.job.hang_timeout or 0),
+        hang_factor=float(a.job.hang_factor),
+        startup_timeout=None if a.job.startup_timeout is None else float(a.job.startup_timeout),
+        node_check=a.job.preflight,
+        modules=tuple(_modules(spec).split(",")),
+        inputs=tuple(_local_inputs(spec, paths)[2:]),
+        image=a.container.container_image or "",
+        container_options=tuple(container_options(spec, paths)),
+        debug=a.job.debug,
+        wandb_disabled=a.logging.wandb_disabled,
+        extra_env=dict(spec.extra_env),
+        heartbeat_s=float(HEARTBEAT_S),
+    )
 
 
 def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:

@@ -106,6 +106,7 @@ class _Draft(NamedTuple):
     config_text: str
     script_text: str
     node_text: str
+    job_text: str  # job.json: the job's settings
     export_text: str | None  # --export_hf: the export job's batch script
 
 
@@ -132,6 +133,7 @@ def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
         render.config_yaml(spec, paths),
         render.sbatch_script(spec, paths),
         render.node_script(spec, paths),
+        render.job_settings(spec, paths).to_json(),
         render.export_script(spec, paths) if a.execution.export_hf else None,
     )
 
@@ -150,6 +152,7 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
             "config": files.write_new(paths.config, draft.config_text),
             "script": files.write_new(paths.script, draft.script_text, mode=0o755),
             "node_script": files.write_new(paths.node_script, draft.node_text, mode=0o755),
+            "job": files.write_new(paths.job, draft.job_text),
         }
         data = manifest.at_launch(draft.spec.args, draft.argv, paths, hashes, derived)
         if draft.export_text is not None:
