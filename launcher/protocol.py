@@ -115,6 +115,7 @@ LINES = {
     "two_writers": "two jobs of one run: job {holder} ({state}) holds {lock} and trains into {checkpoints}; this job "
     "does not train beside it. Cancel one of them, or chain them: --dependency afterany:{holder}",
     "heartbeat": "heartbeat",
+    "no_rank": "node {node} is not in the job's node list ({nodes}): no rank",
     "no_free_port": "no free port for the rendezvous on {node} (tried {ports})",
     "rendezvous": "rendezvous {endpoint} ({backend}), {nodes} nodes x {gpus} processes, python {python}",
     "port_taken": "rendezvous port {port} was taken on {node} before torchrun could listen on it: trying another",
