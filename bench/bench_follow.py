@@ -34,13 +34,13 @@ from launcher.localcluster.sdiag import rpc_counts, served  # noqa: E402
 from launcher.slurm import client as slurm  # noqa: E402
 from launcher.slurm import follow  # noqa: E402
 
-MARKS = "\n".join(  # the batch script's own lines at an attempt's start and end, from the contract
+STARTED = P.LINES["attempt_started"].format(job="$SLURM_JOB_ID", attempt="1", when="$(date)", nodes="node")
+ENDED = P.LINES["attempt_ended"].format(job="$SLURM_JOB_ID", attempt="1", when="$(date)", code="$?")
+MARKS = "\n".join(  # the job's own lines at an attempt's start and end, from the contract, its fields bash's
     [
         'log() { printf \'[launcher %s] %s\\n\' "$(date +%H:%M:%S.%3N)" "$*"; }',
-        "log " + P.bash_line("attempt_started", job="$SLURM_JOB_ID", attempt="1", when="$(date)", nodes="node"),
-        "trap 'log "
-        + P.bash_line("attempt_ended", job="$SLURM_JOB_ID", attempt="1", when="$(date)", code="$?")
-        + "' EXIT",
+        f'log "{STARTED}"',
+        f"trap 'log \"{ENDED}\"' EXIT",
     ]
 )
 JOB = """#!/bin/bash

@@ -1,9 +1,9 @@
 """The contract between the launcher and the job, in one place: what the launcher writes and the job reads, and what
-the job (its batch script, its node script, its Python) writes and the launcher reads.
+the job (its supervisor, its node step, training) writes and the launcher reads.
 
-Standard library only: the launcher imports it, the job imports it, and the two templates are rendered from it
-(`bash_line` turns a line's format into the text of a bash `log` call). Triage builds its patterns from the same
-formats (`pattern`), so a line's words cannot drift between the script that prints it and the code that reads it.
+Standard library only: the launcher imports it, and so does the job. The job's lines are written by one function
+(`line`), and triage builds its patterns from the same formats (`pattern`), so a line's words cannot drift between
+the code that prints it and the code that reads it.
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ import time
 CONFIG = "config.yaml"
 MANIFEST = "manifest.json"
 JOB_FILE = "job.json"  # the job's settings (launcher/node/job.py), written once with the bundle
-NODE_SCRIPT = "node.sh"
 METRICS = "metrics.jsonl"  # one JSON object per logged step (the job appends; the launcher plots)
 RUNTIME_RECORD = "runtime.jsonl"  # one JSON object per attempt: what the job really ran (rank 0 appends at start)
-STOP_FILE = "stop-requested"  # the batch script's word to training: checkpoint at the next step and exit
-OUTCOME_FILE = "outcome"  # training's word to the batch script: OUTCOME_FORMAT
+STOP_FILE = "stop-requested"  # the supervisor's word to training: checkpoint at the next step and exit
+OUTCOME_FILE = "outcome"  # training's word to the supervisor: OUTCOME_FORMAT
 REQUEUES_FILE = "requeues"  # one REQUEUE_FORMAT line per requeue the job asked for
 RESTARTS_FILE = "restarts"  # one RESTART_FORMAT line per failure the job went on from (a restart, or a requeue)
 RANKS_FILE = "ranks"  # training's rank 0, as each node step starts: RANKS_FORMAT, a line a node
 STRAGGLERS_FILE = "stragglers.jsonl"  # training's rank 0: one JSON object per rank it names as slower than the others
 PROGRESS_FILE = "progress"  # PROGRESS_FORMAT, written by training's rank 0, read by the hang watchdog
 HUNG_FILE = "hung"  # the watchdog's finding: HUNG_FILE_FORMAT
-PREFLIGHT_REPORT = "preflight"  # the node checks' problems, one "NODE: WHAT" a line
+NODE_CHECK_REPORT = "node-check"  # the node checks' problems, one "NODE: WHAT" a line
 PORT_TAKEN_FILE = "port-taken"  # left by the first node when its rendezvous port was taken
 INTERACTIVE_RC = "interactive.rc"  # --interactive: the shell's start-up file (the run's environment)
 SWEEP_RECORD = "sweep.json"  # a sweep's record, in its own directory beside the points' bundles
@@ -48,7 +47,7 @@ WANDB_RUN_ID_FILE = "wandb-run-id"  # the run's one experiment-tracker run: ever
 WANDB_LOGGED_FILE = "wandb-logged-to"  # the last step that wandb run holds for certain (written as a run finishes)
 NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
 
-# What the job reads from its environment (set by the node script).
+# What training reads from its environment (set by the node step).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
 ENV_OUTCOME_FILE = "LAUNCHER_OUTCOME_FILE"
 ENV_METRICS_FILE = "LAUNCHER_METRICS_FILE"
@@ -56,23 +55,10 @@ ENV_PROGRESS_FILE = "LAUNCHER_PROGRESS_FILE"
 ENV_RUNTIME_FILE = "LAUNCHER_RUNTIME_FILE"  # RUNTIME_RECORD's path (unset: the job records nothing)
 ENV_SIGNAL_GRACE = "LAUNCHER_SIGNAL_GRACE"  # seconds the time-limit warning comes early (where the job requeues)
 ENV_STOP_FILE_EVERY = "LAUNCHER_STOP_FILE_EVERY_S"  # seconds between rank 0's looks for the stop file (default 5)
-ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE", marks a node's training processes (for stack dumps and stop)
+ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE": the job and the node a training process runs on
 ENV_RANKS_FILE = "LAUNCHER_RANKS_FILE"  # where rank 0 writes which node holds which ranks (RANKS_FILE)
 ENV_STRAGGLERS_FILE = "LAUNCHER_STRAGGLERS_FILE"  # where rank 0 records the stragglers it names (STRAGGLERS_FILE)
 ENV_STRAGGLER_EVERY = "LAUNCHER_STRAGGLER_EVERY"  # steps between rank 0's looks at every rank's step time (100)
-# What the job's supervisor reads (launcher/node/supervisor/settings.py), by its setting: the batch script exports
-# them before it execs the supervisor (and srun hands them on to the node step).
-SUPERVISOR_ENV = {
-    "python": "LAUNCHER_PYTHON", "node_script": "LAUNCHER_NODE_SCRIPT", "checkpoints": "LAUNCHER_CHECKPOINTS",
-    "log_dir": "LAUNCHER_LOG_DIR", "log": "LAUNCHER_LOG", "metrics": "LAUNCHER_METRICS",
-    "max_requeues": "LAUNCHER_MAX_REQUEUES", "max_restarts": "LAUNCHER_MAX_RESTARTS",
-    "layout": "LAUNCHER_LAYOUT_NODES", "allocated": "LAUNCHER_ALLOCATED_NODES", "max_excluded": "LAUNCHER_MAX_EXCLUDED",
-    "gpus": "LAUNCHER_GPUS_PER_NODE", "heartbeat_s": "LAUNCHER_HEARTBEAT_S", "watchdog": "LAUNCHER_WATCHDOG_ARGS",
-    "backend": "LAUNCHER_RDZV_BACKEND", "container": "LAUNCHER_CONTAINER_OPTIONS", "debug": "LAUNCHER_DEBUG",
-    "progress": ENV_PROGRESS_FILE, "hung": "LAUNCHER_HUNG_FILE", "preflight": "LAUNCHER_PREFLIGHT_REPORT",
-    "port_taken": "LAUNCHER_PORT_TAKEN", "requeues": "LAUNCHER_REQUEUES", "restarts": "LAUNCHER_RESTARTS",
-    "stop": ENV_STOP_FILE, "outcome": ENV_OUTCOME_FILE, "ranks": ENV_RANKS_FILE,
-}  # fmt: skip
 
 # The rendezvous port on the first node (torchrun's store, and the node check before it): RDZV_PORT_LOW + job id %
 # RDZV_PORT_SPAN, or where that is taken the next free one, wrapping inside the window (RDZV_PORT_TRIES at most):
@@ -82,15 +68,15 @@ SUPERVISOR_ENV = {
 RDZV_PORT_LOW, RDZV_PORT_SPAN, RDZV_PORT_TRIES = 20000, 12000, 500
 RDZV_PORT_WINDOW = f"{RDZV_PORT_LOW}-{RDZV_PORT_LOW + RDZV_PORT_SPAN - 1}"
 
-# Training's words as it ends (OUTCOME_FILE), read by the batch script's end-of-attempt table.
+# Training's words as it ends (OUTCOME_FILE), read by the supervisor's end-of-attempt table.
 FINISHED, STOPPED = "finished", "stopped"
 OUTCOME_FORMAT = "{word} {step}\n"
 PROGRESS_FORMAT = "{step} {time:.3f} {phase}\n"
 HUNG_FILE_FORMAT = "{step} {idle} {limit}\n"
 REQUEUE_FORMAT = "{why} attempt {attempt} step {step} nodes {nodes}"  # why: one of REQUEUE_WHY
-REQUEUE_WHY = ("preemption", "time-limit", "hang", "preflight", "node-failure", "failure")
+REQUEUE_WHY = ("preemption", "time-limit", "hang", "node-check", "node-failure", "failure")
 RANKS_FORMAT = "{node} {first} {last}\n"  # the global ranks first..last run on node (torchrun gives a node's in a row)
-# why: hang | preflight | node-failure | failure; action: restart (in the allocation) | requeue; job: the Slurm job
+# why: hang | node-check | node-failure | failure; action: restart (in the allocation) | requeue; job: the Slurm job
 # whose step failed (a script submitted again appends to the same file: each job counts only its own); checkpoint
 # steps at the step's start and end; step: the last step training logged (- for none); failure: "KIND: SUMMARY" or -
 RESTART_FORMAT = (
@@ -98,14 +84,13 @@ RESTART_FORMAT = (
 )
 RESTART_FORMAT_NO_JOB = RESTART_FORMAT.replace(" job {job}", "")  # the records written before they named their job
 
-# The job's own lines in its log. The batch script and the node check print them behind LINE_PREFIX; each names
-# its fields in braces. Static text stays inside bash double quotes: none of  " $ ` \  (a test holds it so).
+# The job's own lines in its log, behind LINE_PREFIX (`line` writes them); each names its fields in braces.
 LINE_PREFIX = "[launcher {stamp}] "
 LINE_START = LINE_PREFIX[: LINE_PREFIX.index("{")]
 LINES = {
     "attempt_started": "job {job} attempt {attempt} started {when} on {nodes}",
     "attempt_ended": "job {job} attempt {attempt} ended {when}, exit code {code}",
-    "debug": "--debug: the node script traces its commands; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, "
+    "debug": "--debug: the node step prints each command it runs; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, "
     "CUDA_LAUNCH_BLOCKING=1",
     "warned": "time-limit or preemption notice (USR1): the run checkpoints at its next step and is requeued",
     "terminated": "termination signal (a cancel, the time limit, or the end of a preemption's grace time): this "
@@ -120,7 +105,7 @@ LINES = {
     "rendezvous": "rendezvous {endpoint} ({backend}), {nodes} nodes x {gpus} processes, python {python}",
     "port_taken": "rendezvous port {port} was taken on {node} before torchrun could listen on it: trying another",
     "preemption": "preemption notice: {what}",
-    "preflight_failed": "preflight failed on {node}: {what}",
+    "node_check_failed": "node check failed on {node}: {what}",
     "node_warning": "warning on {node}: {what}",
     "exclude_failed": "could not exclude {nodes} from the requeued job",
     "requeue_preemption": "checkpoint saved at step {step}; requeueing after the preemption; the next attempt resumes",
@@ -150,7 +135,9 @@ LINES = {
     "supervisor_failed": "the job's supervisor failed: {error} (a launcher bug: its traceback is above, please report "
     "it); this attempt ends",
 }
-# What the node checks say of a container (the `what` of preflight_failed); triage knows the cause by its start.
+# Words a line had before, still read in older logs (same fields, in the same order).
+FORMER_LINES = {"node_check_failed": ("preflight failed on {node}: {what}",)}
+# What the node checks say of a container (the `what` of node_check_failed); triage knows the cause by its start.
 CONTAINER_START = "the container "
 CONTAINER_NO_PYTHON = CONTAINER_START + "{image} has no Python at {python}"
 CONTAINER_LACKS = CONTAINER_START + "{image}: {python} lacks {modules}"
@@ -164,12 +151,6 @@ STAMP_PATTERN = r"\d\d:\d\d:\d\d(?:\.\d+)?"
 STEP_LINE = "step {step}/{steps} | "
 STOP_MESSAGE = "stop requested: checkpoint saved at step {step}; exiting"
 RESUMED_LINE = "resumed from checkpoint step {step} ({path}); rng digest {digest}"  # the torch engine's; the ledger's
-SHELL_UNSAFE = re.compile(r'["$`\\]')
-
-
-def printf_format(fmt: str) -> str:
-    """A format with its fields as printf's `%s`, ending in a newline (for the batch script's records)."""
-    return re.sub(r"\{[^}]*\}", "%s", fmt) + "\\n"
 
 
 def fields(name: str) -> list[str]:
@@ -177,26 +158,27 @@ def fields(name: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(LINES[name]) if f]
 
 
+def now_stamp(now: float | None = None) -> str:
+    """A line's time stamp: HH:MM:SS.mmm, local time."""
+    now = time.time() if now is None else now
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
 def line(name: str, stamp: str | None = None, **values: object) -> str:
-    """A whole line as the job prints it from Python (the node check): prefix, then the line."""
-    stamp = stamp or time.strftime("%H:%M:%S.000")
-    return LINE_PREFIX.format(stamp=stamp) + LINES[name].format(**values)
+    """A whole line as the job prints it: prefix, then the line (the one writer of the job's lines)."""
+    return LINE_PREFIX.format(stamp=stamp or now_stamp()) + LINES[name].format(**values)
 
 
-def bash_line(name: str, **expressions: str) -> str:
-    """The argument of the batch script's `log` for a line: its format with each field replaced by a bash
-    expression, in double quotes (so the expressions expand and the static text stays as it is)."""
-    assert not SHELL_UNSAFE.search(LINES[name].replace("{", "").replace("}", "")), name
-    missing = set(fields(name)) - set(expressions)
-    assert not missing, f"{name}: no bash expression for {missing}"
-    return '"' + LINES[name].format(**expressions) + '"'
-
-
-def _regex(fmt: str) -> str:
-    """A format's regular expression: its static text literally, each field a named group."""
+def _regex(fmt: str, *former: str) -> str:
+    """A format's regular expression: its static text literally (or a former format's in its place), each field a
+    named group."""
     out, seen = [], set()
-    for text, field, _, _ in string.Formatter().parse(fmt):
-        out.append(re.escape(text))
+    parts = [list(string.Formatter().parse(f)) for f in (fmt, *former)]
+    assert all([p[1] for p in other] == [p[1] for p in parts[0]] for other in parts), f"fields differ: {fmt}"
+    for chunks in zip(*parts, strict=True):
+        field = chunks[0][1]
+        texts = sorted({re.escape(c[0]) for c in chunks})
+        out.append(texts[0] if len(texts) == 1 else "(?:" + "|".join(texts) + ")")
         if field:
             out.append(f"(?P={field})" if field in seen else f"(?P<{field}>{FIELD_PATTERNS.get(field, '.*?')})")
             seen.add(field)
@@ -208,7 +190,7 @@ PREFIX_PATTERN = "^" + re.escape(LINE_START) + STAMP_PATTERN + re.escape("] ")
 
 def pattern(name: str, whole: bool = True) -> re.Pattern[str]:
     """A line's regular expression: the prefix, then the line (`whole`: to its end, else only its start)."""
-    return re.compile(PREFIX_PATTERN + _regex(LINES[name]) + (r"\s*$" if whole else ""))
+    return re.compile(PREFIX_PATTERN + _regex(LINES[name], *FORMER_LINES.get(name, ())) + (r"\s*$" if whole else ""))
 
 
 def step_pattern() -> re.Pattern[str]:

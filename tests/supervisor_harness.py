@@ -1,19 +1,23 @@
 """A real supervisor process for tests/test_supervisor_process.py: `python supervisor_harness.py DIR`, one node step
 (TRAINING below, a real child process that honours the stop file as training does), then the attempt's end, exit
-code and all. Only Slurm is absent: the job's fields are empty, and a requeue is a real child process that sends
-the supervisor SIGTERM, as `scontrol requeue` makes Slurm do."""
+code and all. DIR is the bundle. Only Slurm is absent: the job's fields are empty, a requeue is a real child process
+that sends the supervisor SIGTERM (as `scontrol requeue` makes Slurm do), and the node step's `stop` beside the step
+ends the training process, as the step's own `stop` does on a node."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.node.job import Job
 from launcher.node.supervisor import decide
+from launcher.node.supervisor.attempt import Attempt
 from launcher.node.supervisor.effects import Node, run
-from launcher.node.supervisor.state import State
-from launcher.node.supervisor.supervise import Files, Supervisor
+from launcher.node.supervisor.state import Allocation
 
 TRAINING = r"""
 import os, signal, sys, time
@@ -21,11 +25,19 @@ from pathlib import Path
 folder = Path(sys.argv[1])
 (folder / "progress").write_text("1 0.0 train\n")
 (folder / "training.pid").write_text(str(os.getpid()))
+if (folder / "saves").exists():  # checkpoints 2, 2 again, 4 while it runs, and 6 as it ends
+    for step in (2, 2, 4):
+        (folder / "ck" / "latest").write_text(f"{step}\n")
+        time.sleep(0.6)
+    (folder / "ck" / "latest").write_text("6\n")
+    (folder / "outcome").write_text("finished 6\n")
+    sys.exit(0)
 while not (folder / "stop-requested").exists():
     time.sleep(0.05)
 (folder / "stop-requested").unlink()
 (folder / "outcome").write_text("stopped 10\n")
 """
+FOLDER = Path(sys.argv[1])
 
 
 class NoSlurm(Node):
@@ -39,24 +51,35 @@ class NoSlurm(Node):
     def exclude(self, job: str, nodes: object, excluded: str) -> bool:
         return True
 
+    def overlap(self, nodes: Sequence[str], argv: Sequence[str], timeout: float) -> int:
+        if argv[-1] == "stop":  # (a training process stopped by the test, SIGSTOP, ends too)
+            training = int((FOLDER / "training.pid").read_text())
+            os.kill(training, signal.SIGTERM)
+            os.kill(training, signal.SIGCONT)
+        return 0
 
-FOLDER = Path(sys.argv[1])
+
+class Noticing(Attempt):
+    def on_checkpoint(self, step: int) -> None:
+        with open(FOLDER / "noticed", "a") as f:
+            f.write(f"{step}\n")
 
 
 def main() -> int:
-    files = Files.in_dir(FOLDER)
-    supervisor = Supervisor(State("77", 1, "node1", decide.first_port(77), step_nodes=["node1"]), NoSlurm(), files)
-    supervisor.install()
+    (FOLDER / "ck").mkdir(exist_ok=True)
+    job = Job("t", FOLDER, FOLDER / "job.log", FOLDER / "ck", Path(sys.executable), Path.cwd(), FOLDER / "train.py",
+              FOLDER / "config.yaml", "auto", 1, 1, FOLDER, max_requeues=2)  # fmt: skip
+    attempt = Noticing(job, Allocation("77", 1, "node1", "node1"), NoSlurm())
+    attempt.state.step_nodes = ["node1"]
+    decide.CHECKPOINT_EVERY_S = 0.1
+    attempt.install()
     if (FOLDER / "killwait").exists():  # Slurm's KillWait, where a test sets it (else unknown: the default's)
-        supervisor.kill_wait_s = float((FOLDER / "killwait").read_text())
+        attempt.kill_wait_s = float((FOLDER / "killwait").read_text())
     (FOLDER / "supervisor.pid").write_text(str(os.getpid()))
-    end = supervisor.judge(supervisor.run_step([sys.executable, "-c", TRAINING, str(FOLDER)]))
-    code = supervisor.finish(end, max_requeues=2)
-    (FOLDER / "result.json").write_text(
-        json.dumps(
-            {"verdict": end.verdict.value, "status": end.status, "notice": supervisor.state.notice.value, "code": code}
-        )
-    )
+    end = attempt.judge(attempt.run_step([sys.executable, "-c", TRAINING, str(FOLDER)]))
+    code = attempt.finish(end)
+    result = {"verdict": end.verdict.value, "status": end.status, "notice": attempt.state.notice.value, "code": code}
+    (FOLDER / "result.json").write_text(json.dumps(result))
     return code
 
 

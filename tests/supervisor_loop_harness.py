@@ -1,9 +1,9 @@
-"""The supervisor's loop (launcher/node/supervisor/main.py) as a real process for tests/test_supervisor_loop.py:
-`python supervisor_loop_harness.py DIR MODE LAYOUT`. Job 77 on node1-node3, node1 the batch host. Slurm is absent:
-its commands are answered from DIR (the allocation from DIR/nodelist), and the node step is a real child process
-in place of srun that plays training: the first step fails (exit 7), a later one honours the stop file ("stopped
-10") or finishes ("finished 10"). MODE races the restart decision as the bash script's tests did: "none" (it
-raises: no answer), "warn"/"term" (a USR1/SIGTERM to this process while it runs), "shrink" (a node leaves the
+"""The supervisor's orchestrator (launcher/node/supervisor/attempt.py) as a real process for
+tests/test_supervisor_loop.py: `python supervisor_loop_harness.py DIR MODE LAYOUT`. Job 77 on node1-node3, node1 the
+batch host, DIR the bundle. Slurm is absent: its commands are answered from DIR (the allocation from DIR/nodelist),
+and the node step is a real child process in place of srun that plays training: the first step fails (exit 7), a
+later one honours the stop file ("stopped 10") or finishes ("finished 10"). MODE races the restart decision: "none"
+(it raises: no answer), "warn"/"term" (a USR1/SIGTERM to this process while it runs), "shrink" (a node leaves the
 allocation while it runs)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher.node import restart
+from launcher.node.job import Job
+from launcher.node.supervisor.attempt import Attempt
 from launcher.node.supervisor.effects import Node, run
-from launcher.node.supervisor.main import Attempt
-from launcher.node.supervisor.settings import Settings
-from launcher.node.supervisor.supervise import Files
+from launcher.node.supervisor.state import Allocation
 
 FOLDER, MODE, LAYOUT = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 TRAINING = r"""
@@ -57,24 +57,13 @@ class NoSlurm(Node):
         (FOLDER / "requeued").write_text(job)
         return run(["kill", "-TERM", str(os.getpid())], 10).returncode == 0  # the requeue's own SIGTERM
 
-    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], bool]) -> int:
+    def run_step(self, argv: Sequence[str], wake: Callable[[], bool]) -> int:
         with open(FOLDER / "srun.calls", "a") as f:
             f.write(" ".join(argv) + "\n")
-        return super().run_step([sys.executable, "-c", TRAINING, str(FOLDER)], env, wake)
+        return super().run_step([sys.executable, "-c", TRAINING, str(FOLDER)], wake)
 
-
-def main() -> int:
-    (FOLDER / "nodelist").write_text("node1,node2,node3\n")
-    files = Files.in_dir(FOLDER)
-    settings = Settings("77", 0, "node1,node2,node3", "node1", "debug", sys.executable, FOLDER / "node.sh",
-                        FOLDER / "ck", FOLDER / "job.log", FOLDER / "metrics.jsonl", FOLDER / "ranks", files,
-                        LAYOUT, LAYOUT + 1, 1, 1, 10, 1, 300, ("--factor", "10", "--floor", "600"), "c10d", (),
-                        False)  # fmt: skip
-    attempt = Attempt(settings, NoSlurm())
-    answer = restart.answer
-
-    def racing(*args, **kwargs):  # type: ignore[no-untyped-def]
-        (FOLDER / "watchdog-in-decision").write_text(str(attempt.watchdog is not None))
+    def restart_decision(self, step: restart.Step, job: Job, job_id: str, offset: int) -> restart.Decision:
+        (FOLDER / "watchdog-in-decision").write_text(str(self.watchdog is not None))
         if MODE == "none":
             raise RuntimeError("no answer")
         if MODE in ("warn", "term"):
@@ -82,10 +71,16 @@ def main() -> int:
             time.sleep(1)
         if MODE == "shrink":
             (FOLDER / "nodelist").write_text("node1\n")
-        return answer(*args, **kwargs)
+        return super().restart_decision(step, job, job_id, offset)
 
-    restart.answer = racing
-    attempt.sup.install()
+
+def main() -> int:
+    (FOLDER / "nodelist").write_text("node1,node2,node3\n")
+    job = Job("t", FOLDER, FOLDER / "job.log", FOLDER / "ck", Path(sys.executable), Path.cwd(), FOLDER / "train.py",
+              FOLDER / "config.yaml", "auto", LAYOUT, 1, FOLDER, spare_nodes=1, max_requeues=1, max_restarts=10,
+              hang_timeout=600, heartbeat_s=300)  # fmt: skip
+    attempt = Attempt(job, Allocation("77", 1, "node1,node2,node3", "node1", "debug"), NoSlurm())
+    attempt.install()
     try:
         code = attempt.run()
     finally:

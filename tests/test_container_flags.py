@@ -4,7 +4,7 @@ the image, --interactive's salloc options: no cluster needed (the end-to-end tes
 from __future__ import annotations
 
 import hashlib
-import shlex
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +15,9 @@ from launcher import protocol
 from launcher.bundle import render
 from launcher.config import container
 from launcher.node import nodecheck
+from launcher.node.supervisor.attempt import Attempt
+from launcher.node.supervisor.effects import Node
+from launcher.node.supervisor.state import Allocation
 from launcher.slurm import interactive, triage
 
 BASE = ["--nodes", "2", "--gpus_per_node", "2", "--dataset", "none", "--wandb_disabled", "true"]
@@ -83,9 +86,9 @@ def test_every_path_the_node_step_touches_is_mounted(tmp_path: Path):
         assert any(path == Path(s) or Path(s) in path.parents for s in sources), path
     for prefix in container.python_prefixes(sys.executable):  # this Python, unless the system's own
         assert prefix in sources
-    # the node script runs with them: render it, and its srun line carries them, quoted
-    script = render.sbatch_script(spec, paths)
-    assert shlex.quote(options[1]) in script and "--container-writable" not in script
+    # the node step runs with them: the job's settings carry them to the supervisor's srun line
+    job = render.job_settings(spec, paths)
+    assert job.container_options == tuple(options) and "--container-writable" not in options
 
 
 def test_mounts_nest_once():
@@ -112,28 +115,36 @@ def test_interactive_asks_salloc_for_the_scripts_resources():
     assert "--time=2:00:00" in options and not any(o.startswith(("--output", "--signal", "--requeue")) for o in options)
 
 
-def test_the_node_scripts_container_check_is_triaged(tmp_path: Path):
-    """The rendered node script, in a container whose Python is missing, says so in one line before torchrun; triage
-    reads that line as the container's fault. And the node check's words for missing modules, likewise."""
+def test_a_container_without_the_jobs_python_is_said_per_node_and_triaged(tmp_path: Path):
+    """srun cannot start the node step in an image without the job's Python (exit 2, execve's ENOENT): the
+    supervisor says so of every node of the step, in the node check's line, before the verdict (every node failed its
+    check); triage reads that line as the container's fault. And the node check's words for missing modules."""
     image = tmp_path / "img.sqsh"
     image.write_bytes(b"squash")
     spec, _ = spec_for(*BASE, "--container_image", str(image), "--python", str(tmp_path / "none/bin/python3"))
     paths = fixed_paths("t", tmp_path)
     paths.bundle_dir.mkdir(parents=True)
-    script = tmp_path / "node.sh"
-    script.write_text(render.node_script(spec, paths))
-    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "node1", "SLURM_JOB_ID": "7"}
-    proc = subprocess.run(["bash", str(script), "run", "127.0.0.1:29999", "node1"], env=env, capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
-    assert proc.returncode == 5, proc.stderr
+    heard = Heard()
+    attempt = Attempt(render.job_settings(spec, paths), Allocation("7", 1, "node[1-2]", "node1"), heard)
+    attempt.state.step_nodes = ["node1", "node2"]
+    end = attempt.judge(2)
     said = f"the container {image} has no Python at {tmp_path}/none/bin/python3"
-    assert proc.stdout.count("\n") == 1 and said in proc.stdout
-    assert paths.preflight_report.read_text() == f"node1: {said}\n"
-    found = triage.verdict("FAILED", proc.stdout, exit_code=5)
+    out = heard.out.getvalue()  # type: ignore[union-attr]
+    assert out.count(said) == 2 and "node check failed on node2: " in out and end.verdict.value == "unhealthy"
+    assert attempt.state.suspects == ["node1", "node2"]
+    found = triage.verdict("FAILED", out, exit_code=5)
     assert found is not None and found.cause == "container" and said in found.message, found
     lacks = nodecheck.module_problems(["torch", "no_such_module_here"], str(image))
     assert lacks == [f"the container {image}: {sys.executable} lacks no_such_module_here"]
-    assert triage.verdict("FAILED", protocol.line("preflight_failed", node="n2", what=lacks[0])).cause == "container"
+    assert triage.verdict("FAILED", protocol.line("node_check_failed", node="n2", what=lacks[0])).cause == "container"
+
+
+class Heard(Node):
+    def __init__(self) -> None:
+        super().__init__(out=io.StringIO())
+
+    def job_field(self, job: str, name: str) -> str:
+        return ""
 
 
 def test_the_interactive_shells_start_up_file_parses(tmp_path: Path):

@@ -24,8 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher import jobs
+from launcher import protocol as P
 from launcher.config import cli, ranges
 from launcher.errors import as_command
+from launcher.node.job import load as load_job
 from launcher.runs import launch
 from launcher.slurm import client
 
@@ -89,10 +91,12 @@ def holds(code: int, out: str, err: str, where: Path, flags: list[str]) -> None:
             assert written(where) == [], out
             return
         if code == 0:
-            scripts = [*where.rglob("*.sbatch"), *where.rglob("node.sh")]
+            scripts = list(where.rglob("*.sbatch"))
             assert scripts, out  # (a sweep's points, or one run's)
             for script in scripts:
                 assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0, script.read_text()
+            for settings in where.rglob(P.JOB_FILE):
+                load_job(settings)  # the job reads its settings back
             return
         assert code == 2, err
         lines = err.splitlines()

@@ -42,7 +42,7 @@ def test_interactive_shell_on_the_first_node_runs_the_node_step_on_both(tmp_path
         banner = terminal.shown().split("on every node:  ", 1)[1].split("\n", 1)[0].strip()
         assert banner.startswith(f"srun --jobid={job_id} --overlap --nodes=2 --ntasks=2 --export=ALL "), banner
         step = 'srun --jobid="$SLURM_JOB_ID" --overlap --nodes=2 --ntasks=2 --export=ALL '
-        step += 'bash "$LAUNCHER_NODE_SCRIPT" run "$LAUNCHER_RDZV" "$LAUNCHER_NODES"'
+        step += '"$LAUNCHER_PYTHON" -m launcher.node.step "$LAUNCHER_JOB" run "$LAUNCHER_RDZV" "$LAUNCHER_NODES"'
         terminal.send(f'{step}; printf "STEP-%s=%s\\n" EXIT $?', "Enter")  # the echoed command lacks what it prints
         terminal.wait("STEP-EXIT=", timeout=300)
         shown = terminal.shown()

@@ -143,8 +143,8 @@ def test_the_node_check_runs_in_the_step_and_its_findings_end_it(tmp_path: Path)
     argv = [sys.executable, "-m", "launcher.node.step", str(tmp_path / "job.json"), "run"]
     out = subprocess.run([*argv, "127.0.0.1:1", "n1"], env=env, capture_output=True, text=True, timeout=60)
     lines = out.stdout.splitlines()  # (the bundle's config is not there either)
-    assert out.returncode == 5 and all(P.pattern("preflight_failed").match(line) for line in lines), out
-    report = (tmp_path / "bundle" / P.PREFLIGHT_REPORT).read_text().splitlines()
+    assert out.returncode == 5 and all(P.pattern("node_check_failed").match(line) for line in lines), out
+    report = (tmp_path / "bundle" / P.NODE_CHECK_REPORT).read_text().splitlines()
     assert f"n1: cannot see {tmp_path}/no-such-dataset (not there from this node)" in report
     assert not (tmp_path / "rank0").exists()
     job_in(tmp_path, node_check=True)

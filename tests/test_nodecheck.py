@@ -88,7 +88,7 @@ def test_the_head_reports_for_all(tmp_path: Path, capsys: pytest.CaptureFixture[
             "--writable", str(tmp_path / "f" / "x"), "--report", str(report)]  # fmt: skip
     code = nodecheck.main(argv)
     out = capsys.readouterr().out
-    assert code == nodecheck.FAILED and "preflight failed on node1: cannot write" in out
+    assert code == nodecheck.FAILED and "node check failed on node1: cannot write" in out
     assert report.read_text().startswith(f"node1: cannot write {tmp_path / 'f' / 'x'}")
 
 

@@ -68,11 +68,11 @@ def test_every_process_gets_a_cpu_and_a_site_exporting_nothing_still_runs(tmp_pa
     job = fields(submitted_job_id(bundle_dir), slurm_env)
     assert job["NumCPUs"] == "4" and job["CPUs/Task"] == "2"  # 2 per node: every process has one
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
-    assert "--debug: the node script traces its commands" in log
-    assert "torch.distributed.run" in log and "+ " in log  # bash tracing of the node side reached the log
-    assert "hf_" not in log and "WANDB_API_KEY" not in log  # nothing secret is traced: exports come before set -x
+    assert "--debug: the node step prints each command it runs" in log
+    assert "torch.distributed.run" in log and "+ " in log  # the node step's trace of its commands reached the log
+    assert "hf_" not in log and "WANDB_API_KEY" not in log  # the step traces commands, never the environment
     data = json.loads((bundle_dir / "manifest.json").read_text())
-    assert data["files"]["node_script"]["sha256"] and Path(data["files"]["node_script"]["path"]).is_file()
+    assert data["files"]["job"]["sha256"] and Path(data["files"]["job"]["path"]).is_file()
 
 
 def assert_caught_fast_and_named(log: str, bundle_dir: Path, job_id: str, at: int, limit: int) -> None:
@@ -156,8 +156,8 @@ def test_a_node_that_cannot_write_is_left_out(tmp_path: Path, slurm_env: dict, t
     (bundle_dir,) = bundles(tmp_path, "readonly")
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0, out + log[-3000:]
-    assert f"preflight failed on node2: cannot write {shared / 'ckpt' / 'readonly'} (Read-only file system)" in log
-    assert log.index("preflight failed") < log.index("requeueing without node2") < log.index("step 1/")
+    assert f"node check failed on node2: cannot write {shared / 'ckpt' / 'readonly'} (Read-only file system)" in log
+    assert log.index("node check failed") < log.index("requeueing without node2") < log.index("step 1/")
     assert fields(submitted_job_id(bundle_dir), env)["ExcNodeList"] == "node2" and "ended COMPLETED" in out
 
 
@@ -173,7 +173,7 @@ def test_a_node_short_of_gpus_is_left_out(tmp_path: Path, slurm_env: dict, three
     (bundle_dir,) = bundles(tmp_path, "gpus")
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0, out + log[-3000:]
-    assert "preflight failed on node1: sees 1 GPUs (nvidia-smi -L), the job runs 2 processes on it" in log
+    assert "node check failed on node1: sees 1 GPUs (nvidia-smi -L), the job runs 2 processes on it" in log
     assert "requeueing without node1" in log and "ended COMPLETED" in out
 
 

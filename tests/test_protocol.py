@@ -1,8 +1,8 @@
 """The contract between launcher and job (launcher/protocol.py), end to end: every line of the contract is printed
-by someone (the job's supervisor, its batch script, the node check), the supervisor's lines are made here by its own
+by someone (the job's supervisor, its node step, the node check), the supervisor's lines are made here by its own
 functions (the decisions, its hang handler, its `say`), the node check prints its line for real, and triage reads
 what they printed. A line whose words drift between the job and triage fails here (the time-limit warning once did:
-triage looked for "preemption or time-limit signal" while the script said "time-limit or preemption notice")."""
+triage looked for "preemption or time-limit signal" while the job said "time-limit or preemption notice")."""
 
 from __future__ import annotations
 
@@ -14,27 +14,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from launcher_helpers import fixed_paths, spec_for
-
 from launcher import protocol as P
-from launcher.bundle import render
-from launcher.node.supervisor import decide, effects
-from launcher.node.supervisor.decide import Answer
-from launcher.node.supervisor.state import WARN, Action, Notice, Phase, State, Verdict
-from launcher.node.supervisor.supervise import Files, Supervisor
+from launcher.node import restart, step
+from launcher.node.job import Job
+from launcher.node.restart import Decision
+from launcher.node.supervisor import decide, effects, records
+from launcher.node.supervisor.attempt import Attempt
+from launcher.node.supervisor.state import WARN, Allocation, Notice, Phase, Verdict
 from launcher.slurm import triage
 
 ROOT = Path(__file__).resolve().parent.parent
-SUPERVISOR = ROOT / "launcher/node/supervisor"
+NODE = ROOT / "launcher/node"
 SAID = (("why", "a failure (rank 1 on node1: died of SIGKILL (exit code -9), with no traceback)"),)
 REASON = "the same exception as the failure before, at the same point of the run (after step 21): ValueError: bad"
-
-
-def _script() -> str:
-    spec, problems = spec_for("--run_name", "p", "--dataset", "none", "--debug", "true", "--max_requeues", "3")
-    assert not problems
-    return render.sbatch_script(spec, fixed_paths("p"))
 
 
 def _consts(node: ast.AST) -> set[str]:
@@ -46,15 +38,14 @@ def _consts(node: ast.AST) -> set[str]:
 
 
 def said_by_the_job() -> set[str]:
-    """The lines the supervisor's code says (a `say` call's name, a decision's `(name, fields)`) and the batch
-    script's `say` calls (the pre-launch commands' lines)."""
-    names = set(re.findall(r'say\("(\w+)"', (ROOT / "launcher/bundle/templates/sbatch.sh.j2").read_text()))
-    for source in SUPERVISOR.glob("*.py"):
+    """The lines the job's code says: a `say` or `line` call's name, a decision's `(name, fields)`."""
+    names = set()
+    for source in NODE.rglob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
             if (
                 isinstance(node, ast.Call)
                 and node.args
-                and getattr(node.func, "attr", getattr(node.func, "id", "")) == "say"
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("say", "line")
             ):
                 names |= _consts(node.args[0])
             if isinstance(node, ast.Tuple) and len(node.elts) == 2 and isinstance(node.elts[1], ast.Dict):
@@ -67,6 +58,9 @@ class Heard(effects.Node):
 
     def __init__(self) -> None:
         super().__init__(out=io.StringIO())
+
+    def overlap(self, nodes: object, argv: object, timeout: float) -> int:
+        return 0  # (the step's stack dumps and stop, on the nodes)
 
     def lines(self) -> list[str]:
         assert self.out is not None
@@ -81,15 +75,18 @@ def printed_lines(tmp_path: Path) -> list[str]:
     lines += decide.notice_at_step_end(Notice.NONE, "2026-11-24T08:00:00", "")[1]
     lines += decide.end_of_attempt(Verdict.REQUEUE, Notice.WARNED, 0, "520", 3, 3, False).lines
     lines += decide.end_of_attempt(Verdict.STOPPED, Notice.NONE, 0, "520", 0, 3, False).lines
-    stop = Answer(Action.STOP, dict(SAID)["why"], reason=REASON, fix="correct what its traceback points at")
+    why = dict(SAID)["why"]
+    stop = Decision(restart.STOP, "failure", why, [], 20, REASON, "correct what its traceback points at")
     lines += decide.after_decision(Notice.NONE, stop, Verdict.FAILED, 1).lines
-    again = Answer(Action.RESTART, dict(SAID)["why"], nodes=("node1",), checkpoint=20, count=1)
+    again = Decision(restart.RESTART, "failure", why, ["node1"], 20, count=1)
     lines += decide.restart_on_nodes(Notice.NONE, again, Verdict.FAILED, ["node2"], 1, 3, 10).lines
     for name, fields in lines:
         heard.say(name, **fields)
-    files = Files.in_dir(tmp_path, tmp_path / "logs")
-    files.hung.write_text("812 615 600\n")
-    hang = Supervisor(State("48", 2, "node1", 20048, phase=Phase.STEP, step_nodes=["node1", "node2"]), heard, files)
+    job = Job("p", tmp_path, tmp_path / "logs/p.out", tmp_path / "ck", Path(sys.executable), ROOT,
+              tmp_path / "train.py", tmp_path / "config.yaml", "auto", 2, 8, tmp_path)  # fmt: skip
+    (tmp_path / P.HUNG_FILE).write_text("812 615 600\n")
+    hang = Attempt(job, Allocation("48", 2, "node[1-2]", "node1"), heard)
+    hang.state.phase, hang.state.step_nodes = Phase.STEP, ["node1", "node2"]
     hang.on_hang()
     return heard.lines()
 
@@ -99,9 +96,7 @@ def names_of(line: str) -> list[str]:
 
 
 def test_every_line_of_the_contract_is_printed_by_the_job():
-    # every line of the contract is the supervisor's or its batch script's, except the node check's (below)
-    assert set(P.LINES) - said_by_the_job() == {"preflight_failed", "node_warning"}
-    assert said_by_the_job() <= set(P.LINES)
+    assert said_by_the_job() == set(P.LINES)
 
 
 def test_the_supervisors_lines_are_lines_of_the_contract(tmp_path: Path):
@@ -161,43 +156,42 @@ def test_triage_judges_the_last_node_step_of_a_restarted_attempt(tmp_path: Path)
 
 def test_the_node_check_prints_its_line_and_triage_names_the_node(tmp_path: Path):
     missing = tmp_path / "no-such-dataset"
-    run = subprocess.run(  # as the node script runs it: a module, the project on PYTHONPATH
+    run = subprocess.run(  # on its own: a module, the project on PYTHONPATH
         [sys.executable, "-m", "launcher.node.nodecheck", "--head", "127.0.0.1", "--port", "0", "--nodes", "node7",
          "--node", "node7", "--readable", str(missing), "--timeout", "5"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert run.returncode == 5, run.stdout + run.stderr
     (line,) = [line for line in run.stdout.splitlines() if line.startswith(P.LINE_START)]
-    assert names_of(line) == ["preflight_failed"]
+    assert names_of(line) == ["node_check_failed"]
     verdict = triage.verdict("FAILED", line + "\n")
     assert verdict is not None and (verdict.cause, verdict.node) == ("preflight", "node7")
     assert str(missing) in verdict.message
 
 
-@pytest.mark.parametrize("name", sorted(P.LINES))
-def test_every_lines_static_text_is_safe_in_bash_double_quotes(name: str):
-    expressions = {field: "X" for field in P.fields(name)}
-    assert P.bash_line(name, **expressions).count('"') == 2
+def test_the_node_step_sets_every_variable_training_reads_of_the_launcher(tmp_path: Path):
+    """What launcher/train/environment.py reads of the contract's variables, the node step sets (but the two knobs
+    a user sets with --extra_env, which training reads with a default)."""
+    read = set(re.findall(r"P\.(ENV_\w+)", (ROOT / "launcher/train/environment.py").read_text()))
+    knobs = {"ENV_STOP_FILE_EVERY", "ENV_STRAGGLER_EVERY"}
+    job = Job("p", tmp_path, tmp_path / "p.out", tmp_path / "ck", Path(sys.executable), ROOT, tmp_path / "train.py",
+              tmp_path / "config.yaml", "auto", 2, 8, tmp_path, signal_grace=120)  # fmt: skip
+    env = step.environment(job, {}, "48", "node1")
+    assert read - knobs and {getattr(P, name) for name in read - knobs} <= set(env)
+    assert not {getattr(P, name) for name in knobs} & set(env)
 
 
-def test_the_templates_speak_the_contracts_words():
-    script, node = _script(), render.node_script(*_spec_and_paths())
-    for name in (P.ENV_STOP_FILE, P.ENV_OUTCOME_FILE):
-        assert f"export {name}=" in script and f"export {name}=" in node
-    for name in (P.ENV_METRICS_FILE, P.ENV_PROGRESS_FILE, P.ENV_NODE_TAG):
-        assert f"export {name}=" in node
-    for name in P.SUPERVISOR_ENV.values():  # every value the supervisor reads
-        assert f"\nexport {name}=" in script, name
-
-
-def _spec_and_paths():
-    spec, _ = spec_for("--run_name", "p", "--dataset", "none")
-    return spec, fixed_paths("p")
+def test_old_words_of_a_line_are_still_read():
+    """A log written before the node check had its name says "preflight failed": triage and the ledger read both."""
+    old = "[launcher 07:41:02] preflight failed on node1: sees 1 GPUs (nvidia-smi -L), the job runs 2 processes on it"
+    assert names_of(old) == ["node_check_failed"] == names_of(P.line("node_check_failed", node="node1", what="x"))
+    verdict = triage.verdict("FAILED", old + "\n")
+    assert verdict is not None and (verdict.cause, verdict.node) == ("preflight", "node1")
 
 
 def test_the_requeue_record_the_supervisor_writes_reads_back_by_its_format(tmp_path: Path):
     record = tmp_path / "requeues"
-    effects.append_requeue_record(record, "preemption", 2, "520", ["node2"])
+    records.append_requeue_record(record, "preemption", 2, "520", ["node2"])
     fields = re.fullmatch(P._regex(P.REQUEUE_FORMAT), record.read_text().rstrip("\n"))
     assert fields is not None and fields.groupdict() == {"why": "preemption", "attempt": "2", "step": "520",
                                                          "nodes": "node2"}  # fmt: skip

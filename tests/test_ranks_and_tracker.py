@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import DemoData, tiny_config, write_config
 from launcher_helpers import wrapped_script
-from test_train_engine import TORCHRUN_AS_THE_NODE_SCRIPT_DOES
+from test_train_engine import TORCHRUN_WITH_SIGTERM_BLOCKED
 
 from launcher import protocol as P
 from launcher.node.restart import ranks_map
@@ -104,7 +104,7 @@ def test_a_slowed_rank_is_named_in_the_log_and_the_stragglers_file(demo_data: De
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "SLOW_RANK": "1", "SLOW_S": "0.15",
            P.ENV_STRAGGLER_EVERY: "4", P.ENV_STRAGGLERS_FILE: str(tmp_path / "stragglers.jsonl"),
            P.ENV_RANKS_FILE: str(tmp_path / "ranks"), P.ENV_NODE_TAG: "48:node7"}  # fmt: skip
-    argv = [sys.executable, "-c", TORCHRUN_AS_THE_NODE_SCRIPT_DOES, "--nproc_per_node", "2", "--standalone",
+    argv = [sys.executable, "-c", TORCHRUN_WITH_SIGTERM_BLOCKED, "--nproc_per_node", "2", "--standalone",
             wrapped_script(tmp_path), "--config-file", str(write_config(tmp_path / "c.yaml", config))]  # fmt: skip
     run = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

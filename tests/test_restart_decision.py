@@ -1,19 +1,17 @@
-"""The batch script's restart decision (launcher/node/restart.py): which node failed, and whether training goes on in
+"""The supervisor's restart decision (launcher/node/restart.py): which node failed, and whether training goes on in
 the allocation, the job requeues, or it stops with the cause and its fix. Pure rules here, on the real torchrun logs
-of tests/fixtures/triage; tests/test_goodput.py holds the batch script to them on the local cluster."""
+of tests/fixtures/triage; tests/test_goodput.py holds the job to them on the local cluster."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from launcher_helpers import TRIAGE_FIXTURES
 
 from launcher import protocol as P
-from launcher.node import failures
-from launcher.node.restart import SEPARATOR, Found, Step, decide, find, main, ranks_map, records
+from launcher.node import failures, restart
+from launcher.node.restart import Found, Step, answer, decide, find, ranks_map, records
 
 ROOT = Path(__file__).resolve().parent.parent
 CRASH = failures.Failure("crash", "died of SIGKILL (exit code -9), with no traceback", 1, "node1")
@@ -107,10 +105,10 @@ def test_the_restarts_are_bounded():
 
 
 def test_every_node_failing_its_check_is_the_runs_problem():
-    found = Found("preflight", "a failed node check", ["node1", "node2"])
+    found = Found("node-check", "a failed node check", ["node1", "node2"])
     d = decide(step(verdict="unhealthy", suspects=["node1", "node2"]), found, [], 0)
     assert (d.action, d.code) == ("stop", 5)
-    one = decide(step(verdict="unhealthy"), Found("preflight", "a failed node check", ["node2"]), [], 0)
+    one = decide(step(verdict="unhealthy"), Found("node-check", "a failed node check", ["node2"]), [], 0)
     assert (one.action, one.nodes) == ("restart", ["node2"])
 
 
@@ -132,29 +130,26 @@ def test_the_failed_rank_is_found_on_its_node_by_the_rank_map(tmp_path: Path, mo
     assert find(nodes, log, {}, 2, 5).nodes == ["node9"]
 
 
-def test_the_batch_script_reads_one_answer_and_the_record_is_kept(tmp_path: Path):
+def test_the_supervisors_call_reads_the_steps_part_of_the_log_and_the_record_is_kept(tmp_path: Path):
     log = tmp_path / "job.out"
     before = "[launcher 10:00:00.000] an earlier step's lines\n" + (TRIAGE_FIXTURES / "cuda-oom.log").read_text()
     log.write_text(before + (TRIAGE_FIXTURES / "exception-2nodes.log").read_text())
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / P.TORCH_POINTER).write_text("20\n")
     (tmp_path / "metrics.jsonl").write_text('{"step": 24, "loss": 1.0}\n')
-    argv = ["--verdict", "failed", "--layout", "2", "--gpus", "2", "--step-nodes", "node1,node2", "--allocation",
-            "node1,node2,node3", "--started-from", "10", "--log", str(log), "--offset", str(len(before.encode())),
-            "--metrics", str(tmp_path / "metrics.jsonl"), "--checkpoints", str(tmp_path / "ckpt"), "--records",
-            str(tmp_path / "restarts"), "--job", "48"]  # fmt: skip
-    run = subprocess.run([sys.executable, "-m", "launcher.node.restart", *argv], capture_output=True, text=True,
-                         cwd=ROOT, check=True)  # fmt: skip
-    action, why, said, nodes, checkpoint, *_, count = run.stdout.rstrip("\n").split(SEPARATOR)
+    decision = answer(step(started_from=10), "48", tmp_path / "ckpt", tmp_path / "restarts", 2, log,
+                      len(before.encode()), None, tmp_path / "metrics.jsonl")  # fmt: skip
     # the step's own failure (rank 3's ValueError), not the OOM an earlier step left in the log
-    assert (action, why, nodes, checkpoint, count) == ("restart", "failure", "", "20", "1") and "ValueError" in said
+    d = decision
+    assert (d.action, d.why, d.nodes, d.checkpoint, d.count) == ("restart", "failure", [], 20, 1), d
+    assert "ValueError" in d.said
     (record,) = records(tmp_path / "restarts")
     assert record == {"why": "failure", "action": "restart", "job": "48", "attempt": "1", "start": "10", "end": "20",
                       "at": "24", "nodes": "-", "failure": record["failure"]}  # fmt: skip
     assert record["failure"].startswith("exception: ValueError")
 
 
-def test_the_budget_is_the_jobs_own_not_an_earlier_job_of_the_same_script(tmp_path: Path, capsys):
+def test_the_budget_is_the_jobs_own_not_an_earlier_job_of_the_same_script(tmp_path: Path):
     """`sbatch <script>` again (what the script's header says to do) is a new job appending to the same restarts
     file: the earlier job's restarts and steps without progress do not count against it."""
     path = tmp_path / "restarts"
@@ -164,23 +159,20 @@ def test_the_budget_is_the_jobs_own_not_an_earlier_job_of_the_same_script(tmp_pa
     path.write_text("\n".join(lines) + "\n")
     (tmp_path / "ckpt").mkdir()
 
-    def decided(job: str) -> list[str]:
-        argv = ["--verdict", "failed", "--layout", "1", "--step-nodes", "node1", "--allocation", "node1,node2",
-                "--checkpoints", str(tmp_path / "ckpt"), "--records", str(path), "--job", job]  # fmt: skip
-        assert main(argv) == 0
-        return capsys.readouterr().out.rstrip("\n").split(SEPARATOR)
+    def decided(job: str) -> restart.Decision:
+        return answer(step(layout=1, step_nodes=["node1"], allocation=["node1", "node2"]), job, tmp_path / "ckpt", path)
 
     first = decided("48")
-    assert (first[0], first[-1]) == ("restart", "1")  # its first restart, not an 11th
-    assert decided("48")[0] == "restart"  # 2 of its own steps without progress: not yet 3
+    assert (first.action, first.count) == ("restart", 1)  # its first restart, not an 11th
+    assert decided("48").action == "restart"  # 2 of its own steps without progress: not yet 3
     assert [r["job"] for r in records(path)] == ["47"] * 10 + ["", "48", "48"]  # the one before job ids: no job's
     assert len(records(path, "48")) == 2
     stopped = decided("47")  # the earlier job itself stays bounded
-    assert stopped[0] == "stop" and "--max_restarts 10" in stopped[5]
+    assert stopped.action == "stop" and "--max_restarts 10" in stopped.reason
 
 
-@pytest.mark.parametrize("verdict,expected", [("hung", "hang"), ("unhealthy", "preflight")])
-def test_a_hang_and_a_failed_check_blame_the_nodes_the_script_names(verdict: str, expected: str):
+@pytest.mark.parametrize("verdict,expected", [("hung", "hang"), ("unhealthy", "node-check")])
+def test_a_hang_and_a_failed_check_blame_the_nodes_the_supervisor_names(verdict: str, expected: str):
     found = find(step(verdict=verdict, suspects=["node2"]), "", {}, 2, 7)
     assert (found.why, found.nodes, found.at) == (expected, ["node2"], 7)
 

@@ -1,4 +1,5 @@
-"""The rendered sbatch script: golden files per preset, bash -n and shellcheck, quoting of hostile values."""
+"""The rendered batch script and the job's settings beside it: golden files per preset, bash -n and shellcheck, quoting
+of hostile values, at most 40 lines by default and no value the job reads from its job.json."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from launcher_helpers import fixed_paths, spec_for
 from launcher import protocol as P
 from launcher.bundle import render
 from launcher.config.validate import validate
+from launcher.jobs.command import _bundle_of_script
 from launcher.nanotron_config.presets import preset_names
+from launcher.node import step
+from launcher.node.job import from_json
 from launcher.node.supervisor import decide
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -83,16 +87,6 @@ def test_golden_sbatch(case: str):
     check_golden(GOLDEN / f"sbatch-{case}.sbatch", golden_script(case))
 
 
-def golden_node_script(case: str) -> str:
-    spec = golden_spec(case, *SCRIPT_CASES[case])
-    return render.node_script(spec, fixed_paths(spec.args.run_name))
-
-
-@pytest.mark.parametrize("case", ["default", "every-option"])
-def test_golden_node_script(case: str):
-    check_golden(GOLDEN / f"node-{case}.sh", golden_node_script(case))
-
-
 @pytest.mark.parametrize("preset", preset_names())
 def test_golden_config_per_preset(preset: str):
     check_golden(GOLDEN / f"config-{preset}.yaml", golden_config(preset))
@@ -110,25 +104,33 @@ def lint(text: str, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout
 
 
-def shell_value(text: str, variable: str) -> str:
-    """What bash assigns to `variable` from its line in the script (executing only that assignment)."""
-    line = next(x for x in text.split("\n") if x.startswith(f"{variable}=") or x.startswith(f"export {variable}="))
-    start = text.index(line)
-    # a quoted value may span lines: take the assignment up to the next line that starts a new statement
-    end = text.index("\n", start + len(line))
-    while True:
-        probe = subprocess.run(["bash", "-n", "-c", text[start:end]], capture_output=True)
-        if probe.returncode == 0:
-            break
-        end = text.index("\n", end + 1)
-    out = subprocess.run(["bash", "-c", text[start:end] + f'\nprintf %s "${variable}"'], capture_output=True, text=True)
-    return out.stdout
+def exec_argv(text: str, cwd: Path) -> list[str]:
+    """What the script's last command execs, as bash reads it (printed, not run: the script up to there runs)."""
+    at = text.rindex("\nPYTHONPATH=")  # (a quoted path with a line break in it spans lines)
+    head, last = text[:at], text[at + 1 :]
+    out = subprocess.run(["bash", "-c", head + "\n" + last.replace(" exec ", " printf '%s\\0' ", 1)], cwd=cwd,
+                         env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\0")[:-1]
 
 
 @pytest.mark.parametrize("case", SCRIPT_CASES)
 def test_scripts_lint_clean(case: str, tmp_path: Path):
     lint(golden_script(case), tmp_path)
-    lint(golden_node_script(case), tmp_path)
+
+
+def test_the_default_script_is_its_header_and_one_exec_of_the_supervisor_with_the_bundles_job():
+    """At most 40 lines; none of them (but comments) holds a value the job reads from job.json, besides what starts
+    the supervisor: its Python, the launcher's package and job.json's path."""
+    text = golden_script("default")
+    assert len(text.splitlines()) <= 40
+    spec = golden_spec("default")
+    job = render.job_settings(spec, fixed_paths(spec.args.run_name))
+    starts = {str(job.python), str(job.project), str(job.file(P.JOB_FILE))}
+    values = {str(v) for k, v in vars(job).items() if isinstance(v, (str, Path)) and len(str(v)) > 3} - starts
+    code = [line for line in text.splitlines() if not line.startswith("#") and line]
+    assert code[0] == "set -euo pipefail" and code[-1].split()[1:3] == ["exec", str(job.python)], code
+    assert [line for line in code for value in values if value in line.replace(str(job.file(P.JOB_FILE)), "")] == []
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -154,17 +156,14 @@ def test_hostile_paths_are_quoted(name: str, tmp_path: Path):
     ]
     spec, _ = spec_for(*flags, cwd=tmp_path)
     paths = dataclasses.replace(fixed_paths("h", root=root), log=tmp_path / "logs" / "h.out")  # see next tests
-    text, node = render.sbatch_script(spec, paths), render.node_script(spec, paths)
+    text = render.sbatch_script(spec, paths)
     lint(text, tmp_path)
-    lint(node, tmp_path)
-    assert shell_value(node, "LAUNCHER_TRAIN_SCRIPT") == str(root / "train.py")
-    assert shell_value(node, "LAUNCHER_CONFIG") == str(paths.config)
-    assert shell_value(text, "LAUNCHER_NODE_SCRIPT") == str(paths.node_script)
-    assert shell_value(text, "LAUNCHER_CHECKPOINTS") == str(paths.checkpoints)
-    for script in (text, node):
-        assert shell_value(script, "LAUNCHER_PYTHON") == str(root / "bin/python")
-    assert not (Path.cwd() / "pwned").exists()
-    for line in (text + node).splitlines():
+    assert exec_argv(text, tmp_path) == [str(root / "bin/python"), "-m", "launcher.node.supervisor", str(paths.job)]
+    job = render.job_settings(spec, paths)
+    assert (job.train_script, job.config, job.checkpoints) == (root / "train.py", paths.config, paths.checkpoints)
+    assert from_json(job.to_json()) == job  # job.json carries them as they are
+    assert not (Path.cwd() / "pwned").exists() and not (tmp_path / "pwned").exists()
+    for line in text.splitlines():
         if line.startswith("#") and not line.startswith(("#!", "#SBATCH")):
             assert "\n" not in line  # a line break in a path never escapes a comment
 
@@ -184,25 +183,24 @@ def test_log_dir_slurm_cannot_carry_is_refused(tmp_path: Path):
 
 
 def test_script_holds_the_operational_basics():
-    text = golden_script("default") + golden_node_script("default")
+    text = golden_script("default")
     for needle in (
         "set -euo pipefail",
-        'exec "$LAUNCHER_PYTHON" -m launcher.node.supervisor',  # the job's supervisor, Slurm's signals its own
-        "CUDA_DEVICE_MAX_CONNECTIONS=1",
-        '--rdzv_backend=c10d --rdzv_endpoint="$rdzv"',  # torchrun's c10d rendezvous at 2 nodes (auto)
-        '--rdzv_id="$SLURM_JOB_ID"',
-        "--engine auto",
-        "--nproc_per_node=8",
-        "WANDB_MODE=disabled",
+        " exec /usr/bin/python3 -m launcher.node.supervisor ",  # the job's supervisor, Slurm's signals its own
         "#SBATCH --ntasks-per-node=1",
         "#SBATCH --signal=B:USR1@120",
         "#SBATCH --open-mode=append",
     ):
         assert needle in text
-    assert "printenv" not in text and "env |" not in text and "--node_rank" not in text
-    static = golden_node_script("every-option")  # --rdzv_backend static --engine nanotron
-    assert '--node_rank="$node_rank" --master_addr="${rdzv%:*}"' in static and "--rdzv_backend=" not in static
-    assert '--master_port="${rdzv##*:}"' in static and "--engine nanotron" in static
+    assert "printenv" not in text and "env |" not in text
+    spec = golden_spec("default")
+    job = render.job_settings(spec, fixed_paths("t"))
+    argv = step.torchrun_argv(job, "7", "10.0.0.1:21234", None)  # torchrun's c10d rendezvous at 2 nodes (auto)
+    assert "--rdzv_backend=c10d" in argv and "--nproc_per_node=8" in argv and argv[-2:] == ["--engine", "auto"]
+    assert step.environment(job, {}, "7", "n1")["WANDB_MODE"] == "disabled"
+    static = golden_spec("every-option", *SCRIPT_CASES["every-option"])  # --rdzv_backend static --engine nanotron
+    argv = step.torchrun_argv(render.job_settings(static, fixed_paths("t")), "7", "10.0.0.1:21234", 1)
+    assert "--node_rank=1" in argv and "--master_addr=10.0.0.1" in argv and argv[-1] == "nanotron"
 
 
 @pytest.mark.parametrize(("nodes", "flag", "backend"), [(2, "auto", "c10d"), (256, "auto", "c10d"),
@@ -210,13 +208,25 @@ def test_script_holds_the_operational_basics():
                                                          (2, "static", "static")])  # fmt: skip
 def test_the_rendezvous_is_c10d_up_to_what_its_keep_alive_serves(nodes: int, flag: str, backend: str, tmp_path: Path):
     spec = golden_spec("r", "--nodes", str(nodes), "--rdzv_backend", flag)
-    node = render.node_script(spec, fixed_paths("r", tmp_path))
-    assert ("--rdzv_backend=c10d" in node) == (backend == "c10d") and ("--node_rank=" in node) == (backend == "static")
+    assert render.job_settings(spec, fixed_paths("r", tmp_path)).rdzv_backend == backend
     chosen, why = spec.rendezvous
     assert chosen == backend and (flag != "auto" or str(nodes) in why)
     if flag == "auto" and backend == "static":
         assert "more than the 256" in why
     lint(render.sbatch_script(spec, fixed_paths("r", tmp_path)), tmp_path)
+
+
+def test_a_jobs_bundle_is_found_from_its_batch_script(tmp_path: Path):
+    """`launcher.jobs` given a job id whose bundle is not under --configs_path: the script Slurm runs names it."""
+    spec = golden_spec("default")
+    paths = fixed_paths("t", tmp_path)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render.sbatch_script(spec, paths))
+    assert _bundle_of_script(script) == paths.bundle_dir
+    script.write_text("#!/bin/bash\nexport LAUNCHER_NODE_SCRIPT=/old/bundle/node.sh\nexec python -m x\n")  # before
+    assert _bundle_of_script(script) == Path("/old/bundle")
+    script.write_text("#!/bin/bash\nsleep 1\n")
+    assert _bundle_of_script(script) is None
 
 
 def test_engine_and_rendezvous_values_are_checked():

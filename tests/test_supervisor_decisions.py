@@ -1,6 +1,5 @@
 """The supervisor's pure decisions (launcher/node/supervisor/decide.py, table.py), case by case: every row of the
-verdict table, every notice during every phase, every end of an attempt. (tests/test_supervisor_agreement.py holds
-them to the bash script's; here they are held to what docs/supervisor.md says.)"""
+verdict table, every notice during every phase, every end of an attempt, held to what docs/supervisor.md says."""
 
 from __future__ import annotations
 
@@ -12,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from launcher import protocol as P
+from launcher.node import restart
+from launcher.node.restart import Decision
 from launcher.node.supervisor import decide, table
-from launcher.node.supervisor.decide import Answer
-from launcher.node.supervisor.state import HANG, TERM, WARN, Action, Notice, Phase, Verdict
+from launcher.node.supervisor.state import HANG, TERM, WARN, Notice, Phase, Then, Verdict
 
 N, V = Notice, Verdict
 
@@ -31,7 +31,7 @@ N, V = Notice, Verdict
         (N.WARNED, "other 3", 1, V.REQUEUE),
         (N.HUNG, "finished 10", 0, V.HUNG),  # row 4
         (N.HUNG, "", 143, V.HUNG),
-        (N.PREFLIGHT, "", 1, V.UNHEALTHY),  # row 5
+        (N.NODE_CHECK, "", 1, V.UNHEALTHY),  # row 5
         (N.NONE, "stopped 10", 0, V.STOPPED),  # row 6
         (N.NONE, "stopped 10", 1, V.FAILED),  # (a stopped report with a failed step is a failure)
         (N.NONE, "finished 10", 0, V.COMPLETE),  # row 7: finished, or no word at all, or any other
@@ -56,7 +56,7 @@ def test_what_training_said_and_what_was_saved():
     assert table.saved("stopped 120") == "120" and table.saved("finished 120") == "finished 120"
     assert table.saved("") == table.NO_WORD
     assert table.read_outcome("stopped 5\n\n") == "stopped 5" and table.read_outcome(None) == ""
-    assert table.preflight_suspects("node2: no GPU\nnode1: x\nnode2: y\n") == ["node1", "node2"]
+    assert table.node_check_suspects("node2: no GPU\nnode1: x\nnode2: y\n") == ["node1", "node2"]
 
 
 # -- a notice during each phase: what docs/supervisor.md's second table says
@@ -80,7 +80,7 @@ def test_every_notice_during_every_phase(phase: Phase, notice: Notice, signum: i
     assert (r.notice, tuple(name for name, _ in r.lines), r.stop_file, r.hang) == expected(phase, notice, signum)
 
 
-def test_the_bash_scripts_bugs_are_not_the_supervisors():
+def test_a_sigterm_is_final_and_a_stale_watchdog_does_nothing():
     # a watchdog's USR2 after its step ended (the decision ran beside it once) does nothing
     assert decide.on_signal(Phase.DECIDING, N.HUNG, HANG) == decide.Reaction(N.HUNG)
     # a hang during a time-limit warning's checkpoint: the step is stopped, the warning stands (a requeue)
@@ -99,7 +99,7 @@ def test_the_port_is_tried_again_only_where_it_was_taken_and_no_notice_came():
 def test_the_notice_as_the_step_ends():
     assert decide.notice_at_step_end(N.WARNED, "2026-11-24T08:00:00", "")[0] == N.PREEMPTED
     assert decide.notice_at_step_end(N.TERMINATED, "2026-11-24T08:00:00", "")[0] == N.TERMINATED
-    assert decide.notice_at_step_end(N.NONE, "None", "node2: x\n") == (N.PREFLIGHT, [])
+    assert decide.notice_at_step_end(N.NONE, "None", "node2: x\n") == (N.NODE_CHECK, [])
     assert decide.notice_at_step_end(N.HUNG, "", "node2: x\n") == (N.HUNG, [])
 
 
@@ -109,49 +109,54 @@ def test_the_decision_is_asked_after_failures_hangs_and_failed_checks_only():
     assert not any(decide.needs_decision(v, 0) for v in Verdict)
 
 
-RESTART = Answer(Action.RESTART, "hang", "a hang", ("node2",), 20, count=3)
+RESTART = Decision(restart.RESTART, "hang", "a hang", ["node2"], 20, count=3)
+NONE = None  # the decision had no answer
 
 
 @pytest.mark.parametrize(
-    "notice, action, kind, verdict, amend",
+    "notice, action, then, verdict, amend",
     [
-        (N.TERMINATED, Action.RESTART, "end", V.ENDED, "none"),  # a SIGTERM while it decided: the attempt ends
-        (N.TERMINATED, Action.REQUEUE, "end", V.ENDED, "none"),
-        (N.TERMINATED, Action.STOP, "end", V.ENDED, None),
-        (N.WARNED, Action.RESTART, "end", V.REQUEUE, "requeue"),  # a warning: a requeue, recorded as one
-        (N.WARNED, Action.NOTHING, "end", V.REQUEUE, None),
-        (N.WARNED, Action.REQUEUE, "requeue", V.HUNG, None),  # its own requeue or stop stands
-        (N.WARNED, Action.STOP, "exit", V.HUNG, None),
-        (N.HUNG, Action.RESTART, "restart", V.HUNG, None),
-        (N.HUNG, Action.REQUEUE, "requeue", V.HUNG, None),
-        (N.HUNG, Action.STOP, "exit", V.HUNG, None),
-        (N.HUNG, Action.NOTHING, "end", V.HUNG, None),  # no answer: as without restarts, and said
+        (N.TERMINATED, restart.RESTART, Then.END, V.ENDED, "none"),  # a SIGTERM while it decided: the attempt ends
+        (N.TERMINATED, restart.REQUEUE, Then.END, V.ENDED, "none"),
+        (N.TERMINATED, restart.STOP, Then.END, V.ENDED, None),
+        (N.WARNED, restart.RESTART, Then.END, V.REQUEUE, "requeue"),  # a warning: a requeue, recorded as one
+        (N.WARNED, NONE, Then.END, V.REQUEUE, None),
+        (N.WARNED, restart.REQUEUE, Then.REQUEUE, V.HUNG, None),  # its own requeue or stop stands
+        (N.WARNED, restart.STOP, Then.EXIT, V.HUNG, None),
+        (N.HUNG, restart.RESTART, Then.RESTART, V.HUNG, None),
+        (N.HUNG, restart.REQUEUE, Then.REQUEUE, V.HUNG, None),
+        (N.HUNG, restart.STOP, Then.EXIT, V.HUNG, None),
+        (N.HUNG, NONE, Then.END, V.HUNG, None),  # no answer: as without restarts, and said
     ],
 )
-def test_after_the_restart_decision(notice: Notice, action: Action, kind: str, verdict: Verdict, amend: str | None):
-    nxt = decide.after_decision(notice, Answer(action, "hang", "a hang", ("node2",), 20, code=2), V.HUNG, 7)
-    assert (nxt.kind, nxt.verdict, nxt.amend) == (kind, verdict, amend)
-    if kind == "exit":
+def test_after_the_restart_decision(notice: Notice, action: str | None, then: Then, verdict: Verdict,
+                                    amend: str | None):  # fmt: skip
+    decision = None if action is None else Decision(action, "hang", "a hang", ["node2"], 20, code=2)
+    nxt = decide.after_decision(notice, decision, V.HUNG, 7)
+    assert (nxt.then, nxt.verdict, nxt.amend) == (then, verdict, amend)
+    if then == Then.EXIT:
         assert nxt.code == 2
-    if action == Action.NOTHING and notice == N.HUNG:
+    if action is None and notice == N.HUNG:
         assert nxt.lines == (("no_decision", {"answer": "nothing"}),)
+    if then == Then.REQUEUE:
+        assert nxt.exclude == ("node2",) and nxt.why == "hang"
 
 
 def test_a_stop_after_a_failure_exits_with_sruns_status():
-    nxt = decide.after_decision(N.NONE, Answer(Action.STOP, code=2), V.FAILED, 7)
-    assert (nxt.kind, nxt.code) == ("exit", 7)
+    nxt = decide.after_decision(N.NONE, Decision(restart.STOP, "failure", "a failure", [], 0, code=2), V.FAILED, 7)
+    assert (nxt.then, nxt.code) == (Then.EXIT, 7)
 
 
 def test_a_restart_needs_the_layouts_nodes():
     ok = decide.restart_on_nodes(N.HUNG, RESTART, V.HUNG, ["node1", "node3"], 2, 3, 10)
-    assert (ok.kind, ok.notice) == ("restart", N.NONE)
+    assert (ok.then, ok.notice) == (Then.RESTART, N.NONE)
     assert ok.lines[0][1] == {"count": 3, "most": 10, "left": "node2", "nodes": "node1,node3", "step": 20,
                               "why": "a hang"}  # fmt: skip
     short = decide.restart_on_nodes(N.HUNG, RESTART, V.HUNG, ["node1"], 2, 3, 10)
-    assert (short.kind, short.amend, short.exclude) == ("requeue", "requeue", ("node2",))
+    assert (short.then, short.amend, short.exclude) == (Then.REQUEUE, "requeue", ("node2",))
     assert short.lines[0][1]["why"] == "a hang; 1 of the layout's 2 nodes left in the allocation"
     stuck = decide.restart_on_nodes(N.HUNG, RESTART, V.HUNG, ["node1"], 2, 0, 10)
-    assert (stuck.kind, stuck.amend, stuck.lines[0][0]) == ("end", "none", "no_restart")
+    assert (stuck.then, stuck.amend, stuck.lines[0][0]) == (Then.END, "none", "no_restart")
 
 
 @pytest.mark.parametrize(
@@ -162,7 +167,7 @@ def test_a_restart_needs_the_layouts_nodes():
         (V.REQUEUE, N.WARNED, 2, False, 0, "time-limit", ["requeue_time_limit"]),
         (V.REQUEUE, N.WARNED, 3, False, 3, None, ["no_requeue_left"]),  # --max_requeues 3 spent
         (V.HUNG, N.HUNG, 0, False, 1, None, []),
-        (V.UNHEALTHY, N.PREFLIGHT, 0, False, 5, None, []),
+        (V.UNHEALTHY, N.NODE_CHECK, 0, False, 5, None, []),
         (V.STOPPED, N.NONE, 0, False, 3, None, ["stop_file"]),
         (V.COMPLETE, N.NONE, 0, False, 0, None, []),
         (V.COMPLETE, N.WARNED, 0, False, 0, None, ["late_notice"]),
@@ -187,6 +192,19 @@ def test_the_nodes_and_the_ports():
     ports = decide.candidate_ports(P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN - 2)
     assert ports[:3] == [P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN - 2, P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN - 1,
                          P.RDZV_PORT_LOW] and len(ports) == P.RDZV_PORT_TRIES  # fmt: skip
+
+
+def test_a_container_without_the_jobs_python_is_known_by_sruns_status():
+    image = "/images/base.sqsh"
+    assert decide.python_missing(2, image, "") and decide.python_missing(13, image, "")
+    assert not decide.python_missing(2, "", "")  # no container: --python was checked before the queue
+    assert not decide.python_missing(2, image, "node1: cannot write /ck\n")  # the step ran: its node check spoke
+    assert not any(decide.python_missing(status, image, "") for status in (0, 1, 5, 6, 143))
+
+
+def test_a_new_checkpoint_is_one_the_pointer_names_past_the_last_seen():
+    assert decide.new_checkpoint(0, 2) and decide.new_checkpoint(2, 4)
+    assert not decide.new_checkpoint(4, 4) and not decide.new_checkpoint(4, None) and not decide.new_checkpoint(4, 2)
 
 
 def test_after_a_sigterm_the_step_is_waited_for_until_shortly_before_slurms_sigkill():

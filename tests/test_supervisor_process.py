@@ -1,5 +1,6 @@
 """The supervisor as a real process (tests/supervisor_harness.py): real signals to it, a real child process as its
-node step, its real lines, records and exit code. Only Slurm is absent (no cluster here: the harness says how)."""
+node step, its real lines, records and exit code, and its notice of each new checkpoint. Only Slurm is absent (no
+cluster here: the harness says how)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_a_sigterm_with_a_step_that_outlives_it_ends_the_attempt_before_slurms_s
 
 
 def test_the_lock_one_writer_per_run(tmp_path: Path):
-    from launcher.node.supervisor.effects import take_lock
+    from launcher.node.supervisor.records import take_lock
 
     states = {"41": "RUNNING", "40": "COMPLETED"}
     assert take_lock(tmp_path, "40", states.__getitem__) is None  # free: taken
@@ -117,14 +118,10 @@ def test_the_lock_one_writer_per_run(tmp_path: Path):
     assert (tmp_path / P.LOCK / P.LOCK_HOLDER).read_text() == "41\n" and len(list(tmp_path.iterdir())) == 1
 
 
-def test_the_restart_decision_is_a_function_call_with_the_scripts_answer(tmp_path: Path):
-    from launcher.node import restart
-
-    argv = ["--verdict", "hung", "--layout", "1", "--step-nodes", "node1", "--allocation", "node1,node2",
-            "--suspects", "node1", "--checkpoints", str(tmp_path), "--job", "7"]  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "launcher.node.restart", *argv, "--records", str(tmp_path / "a")],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    step = restart.Step("hung", 1, 1, ["node1"], ["node1", "node2"], suspects=["node1"])
-    decision = restart.answer(step, "7", tmp_path, tmp_path / "b")
-    assert decision.action == "restart" and decision.line() + "\n" == out
-    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() != ""
+def test_each_new_checkpoint_is_noticed_once_while_the_step_runs_and_as_it_ends(tmp_path: Path):
+    """Training saves steps 2, 4 and (as it ends) 6, its pointer written 2 twice: the attempt's one hook for what
+    follows a complete checkpoint is called once per new step, the last one seen as the step ends."""
+    (tmp_path / "saves").write_text("")
+    code, result, lines = signal_and_wait(tmp_path, start(tmp_path))
+    assert (code, result["verdict"]) == (0, "complete"), lines
+    assert (tmp_path / "noticed").read_text().split() == ["2", "4", "6"]

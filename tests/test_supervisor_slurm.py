@@ -30,7 +30,7 @@ def submit_draft(tmp_path: Path, env: dict, train: str, *flags: str, ck: Path | 
     for folder in (paths.bundle_dir, paths.script.parent, paths.log.parent):
         folder.mkdir(parents=True)
     paths.config.write_text(render.config_yaml(spec, paths))
-    paths.node_script.write_text(render.node_script(spec, paths))
+    paths.job.write_text(render.job_settings(spec, paths).to_json())
     paths.script.write_text(render.sbatch_script(spec, paths))
     job = subprocess.run(["sbatch", "--parsable", str(paths.script)], env=env, capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout.strip().split(";")[0]  # fmt: skip
@@ -97,7 +97,7 @@ if int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1:
     sys.exit(0)
 signalled = []
 signal.signal(signal.SIGTERM, lambda *_: signalled.append(1))  # a preemption's notice to training: save, exit
-signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # (node.sh starts torchrun with it blocked)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # (the node step starts torchrun with it blocked)
 print(f"rank {rank} training", flush=True)
 while not stop.exists() and not signalled:
     time.sleep(0.2)

@@ -17,7 +17,7 @@ def rendered() -> tuple[str, str]:
     spec, problems = spec_for("--nodes", "2", "--dataset", "none")
     assert problems == []
     paths = fixed_paths("t")
-    return render.sbatch_script(spec, paths), render.node_script(spec, paths)
+    return render.sbatch_script(spec, paths), render.export_script(spec, paths)
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_a_warm_cache_renders_the_same_scripts_and_compiles_nothing(cache_home: 
     plain = without_cache(monkeypatch)
     assert rendered() == plain  # cold: compiled, and the code kept
     kept = list((cache_home / "nanotron-launcher/templates").iterdir())
-    assert len(kept) == 3  # sbatch.sh.j2, the header it includes (sbatch_header.sh.j2), node.sh.j2
+    assert len(kept) == 2  # sbatch.sh.j2, export.sh.j2
     monkeypatch.setattr(jinja2.Environment, "compile", lambda *a, **k: pytest.fail("compiled with a warm cache"))
     assert rendered() == plain
 

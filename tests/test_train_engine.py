@@ -260,7 +260,7 @@ def test_resume_checkpoint_path_starts_a_new_run_from_another_runs_checkpoint(
     assert code == 2 and f"error: resume_checkpoint_path {tmp_path} is not a checkpoint of this engine" in err
 
 
-TORCHRUN_AS_THE_NODE_SCRIPT_DOES = (
+TORCHRUN_WITH_SIGTERM_BLOCKED = (
     "import os, signal, sys\n"
     "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
     "os.execv(sys.executable, [sys.executable, '-m', 'torch.distributed.run', *sys.argv[1:]])"
@@ -268,8 +268,8 @@ TORCHRUN_AS_THE_NODE_SCRIPT_DOES = (
 
 
 def torchrun_two_ranks(config: Path, env: dict, cwd: Path) -> subprocess.Popen:
-    """torchrun with two ranks, started as the node script starts it (SIGTERM blocked)."""
-    argv = [sys.executable, "-c", TORCHRUN_AS_THE_NODE_SCRIPT_DOES, "--nproc_per_node", "2", "--standalone",
+    """torchrun with two ranks, started as the node step starts it (SIGTERM blocked)."""
+    argv = [sys.executable, "-c", TORCHRUN_WITH_SIGTERM_BLOCKED, "--nproc_per_node", "2", "--standalone",
             str(ROOT / "run_train.py"), "--config-file", str(config)]  # fmt: skip
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -438,10 +438,10 @@ def test_tensor_or_pipeline_parallel_needs_the_nanotron_engine(demo_data: DemoDa
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
 def test_stop_request_by_signal_reaches_every_rank(sig: int) -> None:
     before = signal.getsignal(sig)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})  # as the node script starts torchrun: blocked until training
+    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})  # as the node step starts torchrun: blocked until training
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     # A notice that comes while the job starts: pending, not lost. (To this thread: in the job every thread has it
-    # blocked, inherited from the node script; here other tests' threads may not, and would take a process signal.)
+    # blocked, inherited from the node step; here other tests' threads may not, and would take a process signal.)
     signal.pthread_kill(threading.main_thread().ident, sig)
     stop = StopRequest(torch.device("cpu"), JobEnvironment())
     try:

@@ -143,7 +143,7 @@ def test_a_hang_points_at_the_stacks():
 
 
 def test_a_failed_node_check_names_the_node_to_exclude():
-    line = P.line("preflight_failed", node="node2", what="0 of 2 GPUs visible")
+    line = P.line("node_check_failed", node="node2", what="0 of 2 GPUs visible")
     v = judge(START + line + "\n", exit_code=1)
     assert (v.cause, v.node) == ("preflight", "node2") and "0 of 2 GPUs visible" in v.message
     assert "--exclude node2" in v.fix

@@ -27,7 +27,6 @@ class BundlePaths:
     manifest: Path
     script: Path
     job: Path  # the job's settings (P.JOB_FILE): what the supervisor and the node step read
-    node_script: Path  # what every node runs (srun's task), beside the config in the bundle
     log: Path
     stop_file: Path
     outcome_file: Path
@@ -37,7 +36,7 @@ class BundlePaths:
     stragglers_file: Path  # the ranks training named as slower than the others (JSON lines)
     progress_file: Path  # "STEP UNIXTIME PHASE", written by training's rank 0, read by the hang watchdog
     hung_file: Path  # the watchdog's finding: "STEP IDLE_S LIMIT_S"
-    preflight_report: Path  # the node checks' problems, one "NODE: WHAT" a line
+    node_check_report: Path  # the node checks' problems, one "NODE: WHAT" a line
     port_taken_file: Path  # left by the first node when its rendezvous port was taken
     metrics: Path
     runtime: Path  # one line per attempt, appended by the job's rank 0: what it really ran (P.RUNTIME_RECORD)
@@ -56,7 +55,6 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         manifest=bundle_dir / P.MANIFEST,
         script=scripts / run_name / f"{stamp}{P.SCRIPT_SUFFIX}",
         job=bundle_dir / P.JOB_FILE,
-        node_script=bundle_dir / P.NODE_SCRIPT,
         log=logs / run_name / f"{stamp}{P.LOG_SUFFIX}",
         stop_file=bundle_dir / P.STOP_FILE,
         outcome_file=bundle_dir / P.OUTCOME_FILE,
@@ -66,7 +64,7 @@ def paths_for(run_name: str, stamp: str, configs: Path, scripts: Path, logs: Pat
         stragglers_file=bundle_dir / P.STRAGGLERS_FILE,
         progress_file=bundle_dir / P.PROGRESS_FILE,
         hung_file=bundle_dir / P.HUNG_FILE,
-        preflight_report=bundle_dir / P.PREFLIGHT_REPORT,
+        node_check_report=bundle_dir / P.NODE_CHECK_REPORT,
         port_taken_file=bundle_dir / P.PORT_TAKEN_FILE,
         metrics=bundle_dir / P.METRICS,
         runtime=bundle_dir / P.RUNTIME_RECORD,

@@ -115,7 +115,6 @@ def at_launch(args: object, argv: list[str], paths: BundlePaths, hashes: dict[st
         "files": {
             "config": {"path": str(paths.config), "sha256": hashes["config"]},
             "script": {"path": str(paths.script), "sha256": hashes["script"]},
-            "node_script": {"path": str(paths.node_script), "sha256": hashes["node_script"]},
             "job": {"path": str(paths.job), "sha256": hashes["job"]},
         },
         "outputs": {"log": str(paths.log), "checkpoints": str(paths.checkpoints), "metrics": str(paths.metrics)},

@@ -1,6 +1,8 @@
 """The bundle's rendered files, pure functions of the resolved spec and the bundle's paths: the nanotron config
-(`config_yaml`, through the flag table of `launcher.nanotron_config.schema`), the sbatch script (`sbatch_script`, from
-templates/sbatch.sh.j2) and the node script every node runs (`node_script`, from templates/node.sh.j2).
+(`config_yaml`, through the flag table of `launcher.nanotron_config.schema`), the job's settings (`job_settings`:
+job.json, what the supervisor and the node step read) and the batch script (`sbatch_script`, from
+templates/sbatch.sh.j2: its #SBATCH lines, the --extra_env exports, the pre-launch commands and one exec of the
+supervisor with job.json).
 
 Every value that reaches the shell goes through `shlex.quote` (the `q` filter); values on #SBATCH lines are
 validated to a safe alphabet first (run name, partition, ...) or cannot hold what Slurm's parser chokes on (the
@@ -24,7 +26,6 @@ from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
-from launcher.node import nodecheck
 from launcher.node.job import Job
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -48,8 +49,6 @@ def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), bytecode_cache=template_cache.cache_for(OPTIONS), **OPTIONS)
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["comment"] = _comment
-    env.globals["P"] = protocol  # the contract's names: files, variables, words
-    env.globals["say"] = protocol.bash_line  # `log {{ say("name", field="bash expression") }}`
     return env
 
 
@@ -58,7 +57,7 @@ def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
     return schema.dump(schema.written(spec.config, spec.dialect.dialect, str(paths.checkpoints)))
 
 
-PROJECT = Path(__file__).resolve().parents[2]  # the directory holding the launcher package: the node helpers' path
+PROJECT = Path(__file__).resolve().parents[2]  # the directory holding the launcher package: the job's PYTHONPATH
 
 
 def _modules(spec: RunSpec) -> str:
@@ -95,42 +94,6 @@ def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
 
 def _python(spec: RunSpec) -> str:
     return spec.args.slurm.python or sys.executable
-
-
-def _values(spec: RunSpec, paths: BundlePaths) -> dict:
-    """What both scripts are rendered from."""
-    a = spec.args
-    return {
-        "run_name": a.run_name,
-        "nodes": a.slurm.nodes,
-        "gpus_per_node": a.slurm.gpus_per_node,
-        "python": _python(spec),
-        "train_script": a.paths.run_train_script,
-        "config_path": paths.config,
-        "log_dir": paths.log.parent,
-        "stop_file": paths.stop_file,
-        "outcome_file": paths.outcome_file,
-        "metrics_file": paths.metrics,
-        "runtime_file": paths.runtime,
-        "tmp_dir": a.slurm.tmp_dir,
-        "wandb_disabled": a.logging.wandb_disabled,
-        "extra_env": spec.extra_env,
-        "script_path": paths.script,
-        "node_script": paths.node_script,
-        "progress_file": paths.progress_file,
-        "preflight_report": paths.preflight_report,
-        "port_taken_file": paths.port_taken_file,
-        "project": PROJECT,
-        "nodecheck": nodecheck.__name__,  # run as a module with the job's Python (standard library only)
-        "preflight": a.job.preflight,
-        "debug": a.job.debug,
-        "engine": a.job.engine,
-        "rdzv_backend": spec.rendezvous[0],
-        "signal_grace": a.slurm.signal_grace if a.slurm.max_requeues else 0,
-        "expedited_requeue": spec.expedited_requeue,
-        "container": container_options(spec, paths),
-        "image": a.container.container_image,
-    }
 
 
 def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
@@ -171,52 +134,40 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
 
 def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
     """The batch script's text."""
-    return _batch(spec, paths, "sbatch.sh.j2")
-
-
-def _batch(spec: RunSpec, paths: BundlePaths, template: str) -> str:
     a = spec.args
     # Validation refuses such log paths (slurm_values.SBATCH_UNSAFE); reaching here with one is a launcher bug.
     assert not SBATCH_UNSAFE.search(str(paths.log)), f"unsafe #SBATCH path {paths.log!r}"
-    return (
-        _environment()
-        .get_template(template)
-        .render(
-            **_values(spec, paths),
-            cpus_per_node=a.slurm.cpus_per_node,
-            time_limit=a.slurm.time_limit,
-            partition=a.slurm.partition,
-            qos=a.slurm.qos,
-            account=a.slurm.account,
-            email=a.slurm.email,
-            dependency=a.slurm.dependency,
-            placement={name: getattr(a.slurm, name) for name in PLACEMENT},  # values checked by validation
-            exclusive=a.slurm.exclusive,
-            max_requeues=a.slurm.max_requeues,
-            log_path=paths.log,
-            requeues_file=paths.requeues_file,
-            restarts_file=paths.restarts_file,
-            ranks_file=paths.ranks_file,
-            stragglers_file=paths.stragglers_file,
-            spare_nodes=a.slurm.spare_nodes,
-            max_restarts=a.slurm.max_restarts,
-            hung_file=paths.hung_file,
-            hang_timeout=a.job.hang_timeout,
-            startup_timeout=a.job.startup_timeout,
-            hang_factor=a.job.hang_factor,
-            checkpoints=paths.checkpoints,
-            pre_launch_commands=a.slurm.pre_launch_commands,
-            bundle_dir=paths.bundle_dir,
-            heartbeat_s=HEARTBEAT_S,
-        )
-    )
+    values = {
+        "job": job_settings(spec, paths),
+        "job_file": paths.job,
+        "script_path": paths.script,
+        "bundle_dir": paths.bundle_dir,
+        "log_path": paths.log,
+        "cpus_per_node": a.slurm.cpus_per_node,
+        "time_limit": a.slurm.time_limit,
+        "partition": a.slurm.partition,
+        "qos": a.slurm.qos,
+        "account": a.slurm.account,
+        "email": a.slurm.email,
+        "dependency": a.slurm.dependency,
+        "placement": {name: getattr(a.slurm, name) for name in PLACEMENT},  # values checked by validation
+        "exclusive": a.slurm.exclusive,
+        "expedited_requeue": spec.expedited_requeue,
+        "pre_launch_commands": a.slurm.pre_launch_commands,
+    }
+    return _environment().get_template("sbatch.sh.j2").render(**values)
 
 
 def export_script(spec: RunSpec, paths: BundlePaths) -> str:
     """--export_hf: the export job's batch script (templates/export.sh.j2), in the bundle; its log beside the run's."""
     a = spec.args
     values = {
-        **_values(spec, paths),
+        "run_name": a.run_name,
+        "python": _python(spec),
+        "project": PROJECT,
+        "config_path": paths.config,
+        "tmp_dir": a.slurm.tmp_dir,
+        "extra_env": spec.extra_env,
         "time_limit": a.slurm.time_limit,
         "partition": a.slurm.export_partition or a.slurm.partition,
         "qos": a.slurm.qos,
@@ -231,17 +182,3 @@ def export_script(spec: RunSpec, paths: BundlePaths) -> str:
 
 def export_log(paths: BundlePaths) -> Path:
     return paths.log.with_name(paths.log.name.removesuffix(protocol.LOG_SUFFIX) + protocol.EXPORT_LOG_SUFFIX)
-
-
-def node_script(spec: RunSpec, paths: BundlePaths) -> str:
-    """The node script's text: what srun runs on every node."""
-    return (
-        _environment()
-        .get_template("node.sh.j2")
-        .render(
-            **_values(spec, paths),
-            modules=_modules(spec),
-            writable=[str(paths.checkpoints), str(paths.log.parent), str(paths.bundle_dir)],
-            readable=_local_inputs(spec, paths),
-        )
-    )

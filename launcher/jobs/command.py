@@ -129,11 +129,21 @@ def _job_of(manifest_path: Path) -> str | None:
         return None
 
 
+FORMER_NODE_SCRIPT = "LAUNCHER_NODE_SCRIPT="  # a batch script written before job.json exported its node script's path
+
+
 def _bundle_of_script(script: Path) -> Path | None:
-    """The bundle directory a launcher's batch script runs (its node script lies there)."""
+    """The bundle directory a launcher's batch script runs: where its supervisor's job.json lies (in a script
+    written before job.json: its node script)."""
     try:
         for line in script.read_text(encoding="utf-8").splitlines():
-            if line.removeprefix("export ").startswith(P.SUPERVISOR_ENV["node_script"] + "="):
+            if line.startswith("#"):
+                continue
+            if "launcher.node.supervisor" in line:
+                found = [Path(w) for w in shlex.split(line) if Path(w).name == P.JOB_FILE]
+                if found:
+                    return found[0].parent
+            if line.removeprefix("export ").startswith(FORMER_NODE_SCRIPT):
                 return Path(shlex.split(line.partition("=")[2], comments=True)[0]).parent
     except (OSError, ValueError, IndexError):
         return None

@@ -26,7 +26,7 @@ CAUSES = (  # the batch script's lines -> why an attempt ended (the first that m
     (P.pattern("requeue_preemption", whole=False), "preemption"),
     (P.pattern("requeue_time_limit", whole=False), "time limit"),
     (P.pattern("hung", whole=False), "hang"),
-    (P.pattern("preflight_failed", whole=False), "node check"),
+    (P.pattern("node_check_failed", whole=False), "node check"),
     (P.pattern("preemption", whole=False), "preemption"),
 )
 TERMINATED = P.pattern("terminated", whole=False)

@@ -19,6 +19,10 @@ from launcher import protocol as P
 
 VERSION = 1  # the file's format: a job refuses a file of another (written by another release of the launcher)
 PATHS = ("bundle", "log", "checkpoints", "python", "project", "train_script", "config", "tmp_dir")
+KINDS: dict[str, tuple[type, ...]] = {  # a field's annotation -> what its JSON value may be
+    "str": (str,), "Path": (str,), "int": (int,), "float": (int, float), "float | None": (int, float, type(None)),
+    "bool": (bool,), "tuple[str, ...]": (list,), "dict[str, str]": (dict,),
+}  # fmt: skip
 
 
 class JobFileError(ValueError):
@@ -106,9 +110,11 @@ def from_json(text: str) -> Job:
         raise JobFileError("not a JSON object")
     if data.get("version") != VERSION:
         raise JobFileError(f"format {data.get('version')!r}, where this launcher reads format {VERSION}")
-    names = {f.name for f in dataclasses.fields(Job)}
-    if unknown := sorted(set(data) - names):
+    kinds = {f.name: KINDS[str(f.type)] for f in dataclasses.fields(Job)}
+    if unknown := sorted(set(data) - set(kinds)):
         raise JobFileError(f"unknown settings {', '.join(unknown)}")
+    if wrong := [f"{name} {data[name]!r}" for name in data if not isinstance(data[name], kinds[name])]:
+        raise JobFileError(f"settings of the wrong kind: {', '.join(wrong)}")
     data.update({name: Path(data[name]) for name in PATHS if name in data})
     data.update({name: tuple(data[name]) for name in ("modules", "inputs", "container_options") if name in data})
     try:

@@ -5,17 +5,17 @@ paths the run writes are writable and the ones it reads are readable from here, 
 the engine needs. Then the nodes meet at the rendezvous host's port (the one torchrun uses next): every node sends
 its findings, the first node answers all of them with the verdict. That also proves the rendezvous works across
 the nodes; a node that cannot reach it is named. The first node prints one line per problem,
-`preflight failed on NODE: WHAT`, writes them to the report file for the batch script (which requeues the job
-without those nodes), and every node exits 5; a port already taken on the first node exits 6 (the batch script
-tries another); any other failure to listen is named as what it is (out of files, ...), not as a taken port.
+`node check failed on NODE: WHAT`, writes them to the report file for the supervisor (which goes on without those
+nodes), and every node exits 5; a port already taken on the first node exits 6 (the supervisor tries another); any
+other failure to listen is named as what it is (out of files, ...), not as a taken port.
 
 At thousands of nodes the first node never holds a socket per node: each node reports on a short connection and
 asks again every few seconds until the verdict is there (one selector loop, a bounded number of sockets open).
 The first node, where torchrun's rendezvous store listens next, also checks its own limits: the open-file limit
 (raised to the hard limit; about (GPUs + 1) x nodes needed) and the listen backlog (net.core.somaxconn).
 
-Standard library (and `launcher.protocol`) only: it runs with the job's Python before anything heavy is imported,
-as `python -m launcher.node.nodecheck ...` with the project on PYTHONPATH (the node script's).
+Standard library (and `launcher.protocol`) only: the node step runs it (`main`) in its own process, with the job's
+Python, before anything heavy is imported; `python -m launcher.node.nodecheck ...` runs it alone.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def head_limit_problems(nodes: int, gpus: int) -> tuple[list[str], list[str]]:
 
     torchrun's store on this node holds a connection from every node's agent and every training process: about
     (GPUs + 1) x nodes open files in one process. The open-file limit is raised to its hard limit first (the node
-    script does it too: Slurm passes the submitting shell's soft limit, often 1024). A listen backlog smaller
+    step does it too: Slurm passes the submitting shell's soft limit, often 1024). A listen backlog smaller
     than the nodes that connect at once makes the kernel drop connections, which clients retry after 1, 3, 7 s:
     slow, not fatal, so a warning."""
     problems, warnings = [], []
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [(node, what) for node in nodes for what in found.get(node, [])]
     if args.node == nodes[0] or nodes[0] not in found:  # the first node says it all; a node cut off, its own
         for node, what in failed:
-            print(protocol.line("preflight_failed", node=node, what=what), flush=True)
+            print(protocol.line("node_check_failed", node=node, what=what), flush=True)
         if args.report and failed:
             with open(args.report, "w", encoding="utf-8") as f:
                 f.writelines(f"{node}: {what}\n" for node, what in failed)

@@ -1,6 +1,6 @@
 """After a node step that training did not survive on its own (a process died, a node failed, a hang, a node check
-failed): restart it inside the allocation, requeue the job, or stop, and why. The batch script runs it once per such
-step (`python -m launcher.node.restart ...`) and acts on its one line of answer; docs/preemption.md tells the rules.
+failed): restart it inside the allocation, requeue the job, or stop, and why. The supervisor asks it once per such
+step (`answer`) and acts on its `Decision`; docs/preemption.md tells the rules.
 
 - **Which node**: a node that left the allocation (Slurm excised it: the job runs `--no-kill`), the hang's suspects,
   the nodes that failed their check, or the node of the rank whose failure came first in the step's part of the
@@ -17,14 +17,12 @@ step (`python -m launcher.node.restart ...`) and acts on its one line of answer;
 
 Every restart and requeue it answers is recorded in the bundle's `restarts` file (RESTART_FORMAT), with the job's
 id: the next decision reads the failures of the same job before it there (the script submitted again is a new job,
-with a budget of its own). Standard library and `launcher.protocol` only.
+with a budget of its own). Standard library and the ground floor only.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from launcher.node import failures
 RECORD = re.compile(P._regex(P.RESTART_FORMAT))
 RECORD_NO_JOB = re.compile(P._regex(P.RESTART_FORMAT_NO_JOB))  # written before records named their job
 RANK_LINE = re.compile(P._regex(P.RANKS_FORMAT.strip()))
+RESTART, REQUEUE, STOP = "restart", "requeue", "stop"  # the decision's actions
 NO_PROGRESS_STEPS = 3  # node steps in a row without a newer checkpoint: the run cannot progress
 SLICE = 4 << 20  # bytes of the step's log read from its start and from its end (a failure's first signs, its end)
 MISSING_FILE = re.compile(r"FileNotFoundError|No such file or directory")
@@ -47,13 +46,12 @@ REPEATS = (
 # failures of the run's code, config or size, not of a node: the step again on the same nodes (a node left out
 # for them would be a healthy one lost; a requeue would wait in the queue for the same failure)
 NOT_A_NODES = ("exception", "nanotron", "cuda_oom", "bad_input", "nccl_timeout")
-SEPARATOR = "\x1f"  # ASCII's unit separator: bash reads the fields with IFS=$'\x1f' (a tab would merge empty ones)
 RETRY = "launch the same command again once it is fixed: it resumes from the checkpoint of step {step}"
 
 
 @dataclass(frozen=True)
 class Step:
-    """What the batch script knows of the node step that just ended."""
+    """What the supervisor knows of the node step that just ended."""
 
     verdict: str  # "failed" (a process or a node), "hung", "unhealthy" (the node check)
     attempt: int
@@ -73,7 +71,7 @@ class Step:
 class Found:
     """What went wrong, from the log and the files."""
 
-    why: str  # REQUEUE_WHY's word: hang, preflight, node-failure, failure
+    why: str  # REQUEUE_WHY's word: hang, node-check, node-failure, failure
     said: str  # in words: "a node failure (node2 left the allocation)"
     nodes: list[str]  # the nodes to blame (none: no one node)
     failure: failures.Failure | None = None
@@ -82,21 +80,17 @@ class Found:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # restart | requeue | stop
+    """What follows the step: its action, why (REQUEUE_WHY's word, and in words), the nodes left out."""
+
+    action: str  # RESTART | REQUEUE | STOP
     why: str
     said: str
     nodes: list[str]  # restart: left out; requeue: excluded
     checkpoint: int
     reason: str = ""  # stop: why not
     fix: str = ""
-    code: int = 1  # stop: the batch script's exit code
+    code: int = 1  # stop: the job's exit code
     count: int = 0  # the job's restarts and failure requeues, this one included (its restart line says it)
-
-    def line(self) -> str:
-        """The answer the batch script reads: one line, its fields apart by SEPARATOR (an empty one stays a field)."""
-        fields = (self.action, self.why, self.said, ",".join(self.nodes), str(self.checkpoint), self.reason,
-                  self.fix, str(self.code), str(self.count))  # fmt: skip
-        return SEPARATOR.join(f.replace(SEPARATOR, " ").replace("\n", " ") for f in fields)
 
 
 def signature(found: Found) -> str:
@@ -155,27 +149,27 @@ def decide(step: Step, found: Found, past: list[dict[str, str]], checkpoint: int
     stop = stop_for(step, found, past, checkpoint)
     if stop is not None:
         reason, fix, code = stop
-        return Decision("stop", found.why, found.said, found.nodes, checkpoint, reason, fix, code)
-    if found.why == "preflight" and set(step.step_nodes) <= set(found.nodes):
+        return Decision(STOP, found.why, found.said, found.nodes, checkpoint, reason, fix, code)
+    if found.why == "node-check" and set(step.step_nodes) <= set(found.nodes):
         reason = "every node failed its check: the run's problem, not a node's"
         fix = "correct what the node checks say (paths, data, the Python), then launch again"
-        return Decision("stop", found.why, found.said, found.nodes, checkpoint, reason, fix, 5)
+        return Decision(STOP, found.why, found.said, found.nodes, checkpoint, reason, fix, 5)
     usable = [n for n in step.allocation if n not in step.left_out]
     healthy = [n for n in usable if n not in found.nodes]
     if len(healthy) >= step.layout:
-        return Decision("restart", found.why, found.said, found.nodes, checkpoint)
+        return Decision(RESTART, found.why, found.said, found.nodes, checkpoint)
     excludable = 0 < len(found.nodes) <= min(step.max_excluded, step.partition_spare)
     if not excludable and len(usable) >= step.layout and found.why != "node-failure":
-        return Decision("restart", found.why, found.said + ", on the same nodes: none spare", [], checkpoint)
+        return Decision(RESTART, found.why, found.said + ", on the same nodes: none spare", [], checkpoint)
     if not step.requeues_allowed:
         reason = "the allocation has no healthy node left for the layout, and the job may not requeue itself"
-        return Decision("stop", found.why, found.said, found.nodes, checkpoint, reason,
+        return Decision(STOP, found.why, found.said, found.nodes, checkpoint, reason,
                         "launch again to resume; --max_requeues N lets it requeue itself", 1)  # fmt: skip
     if found.nodes and not excludable:  # the requeued job could never start without them
         said = f"{found.said}; not leaving out {len(found.nodes)} nodes (at most {step.max_excluded}; the partition " \
             f"can spare {step.partition_spare})"  # fmt: skip
-        return Decision("requeue", found.why, said, [], checkpoint)
-    return Decision("requeue", found.why, found.said, found.nodes, checkpoint)
+        return Decision(REQUEUE, found.why, said, [], checkpoint)
+    return Decision(REQUEUE, found.why, found.said, found.nodes, checkpoint)
 
 
 def ranks_map(path: Path) -> dict[int, str]:
@@ -230,7 +224,7 @@ def find(step: Step, log_text: str, ranks: dict[int, str], gpus: int, at: int | 
         return Found("hang", "a hang" + (f" (suspected: {', '.join(step.suspects)})" if step.suspects else ""),
                      step.suspects, at=at)  # fmt: skip
     if step.verdict == "unhealthy":
-        return Found("preflight", f"a failed node check ({', '.join(step.suspects)})", step.suspects, at=at)
+        return Found("node-check", f"a failed node check ({', '.join(step.suspects)})", step.suspects, at=at)
     gone = [n for n in step.step_nodes if n not in step.allocation]
     if gone:
         return Found("node-failure", f"a node failure ({', '.join(gone)} left the allocation)", gone, at=at)
@@ -261,53 +255,17 @@ def answer(step: Step, job: str, checkpoints: Path, records_file: Path, gpus: in
            offset: int = 0, ranks: Path | None = None, metrics: Path | None = None) -> Decision:  # fmt: skip
     """The decision after `step`, from the job's log (from `offset`), training's rank map and metrics, the run's
     checkpoints and the job's records; a restart or a requeue is appended to the records (`records_file`). The
-    supervisor calls it; `main` is the batch script's door to it."""
+    supervisor calls it."""
     at = last_logged_step(metrics) if metrics else None
     text = log_slice(log, offset) if log and step.verdict == "failed" else ""
     found = find(step, text, ranks_map(ranks) if ranks else {}, gpus, at)
     checkpoint = checkpoint_step(checkpoints)
     past = records(records_file, job)
     decision = replace(decide(step, found, past, checkpoint), count=len(past) + 1)
-    if decision.action != "stop":
+    if decision.action != STOP:
         record = P.RESTART_FORMAT.format(why=found.why, action=decision.action, job=job, attempt=step.attempt,
                                          start=step.started_from, end=checkpoint, at="-" if at is None else at,
                                          nodes=",".join(decision.nodes) or "-", failure=signature(found))  # fmt: skip
         with open(records_file, "a", encoding="utf-8") as f:
             f.write(record + "\n")
     return decision
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--verdict", choices=("failed", "hung", "unhealthy"), required=True)
-    parser.add_argument("--attempt", type=int, default=1)
-    parser.add_argument("--layout", type=int, required=True, help="nodes the layout needs")
-    parser.add_argument("--gpus", type=int, default=0, help="training processes per node")
-    parser.add_argument("--step-nodes", default="", help="the step's nodes, comma-separated, rendezvous host first")
-    parser.add_argument("--allocation", default="", help="the job's nodes now")
-    parser.add_argument("--left-out", default="", help="nodes this attempt already left out")
-    parser.add_argument("--suspects", default="", help="a hang's suspects, or the nodes that failed their check")
-    parser.add_argument("--started-from", type=int, default=0, help="the checkpoint step the node step started from")
-    parser.add_argument("--max-restarts", type=int, default=10)
-    parser.add_argument("--requeues", type=int, default=1, help="1 where the job may requeue itself")
-    parser.add_argument("--max-excluded", type=int, default=1)
-    parser.add_argument("--partition-spare", type=int, default=0)
-    parser.add_argument("--log", type=Path, help="the job's log")
-    parser.add_argument("--offset", type=int, default=0, help="where the step's part of the log starts (bytes)")
-    parser.add_argument("--ranks", type=Path, help="training's rank map")
-    parser.add_argument("--metrics", type=Path, help="training's metrics file")
-    parser.add_argument("--checkpoints", type=Path, required=True)
-    parser.add_argument("--records", type=Path, required=True, help="the bundle's restarts file (read, appended)")
-    parser.add_argument("--job", required=True, help="the job's id: only its own records count")
-    a = parser.parse_args(argv)
-    step = Step(a.verdict, a.attempt, a.layout, _csv(a.step_nodes), _csv(a.allocation), _csv(a.left_out),
-                _csv(a.suspects), a.started_from, a.max_restarts, a.requeues > 0, a.max_excluded,
-                a.partition_spare)  # fmt: skip
-    decision = answer(step, a.job, a.checkpoints, a.records, gpus=a.gpus, log=a.log, offset=a.offset, ranks=a.ranks,
-                      metrics=a.metrics)  # fmt: skip
-    print(decision.line())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

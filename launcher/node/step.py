@@ -99,7 +99,7 @@ def node_check_argv(job: Job, rdzv: str, nodes: Sequence[str], node: str) -> lis
     """The node check's arguments (`python -m launcher.node.nodecheck`'s): what the run writes and reads."""
     head, port = rdzv.rsplit(":", 1)
     argv = ["--head", head, "--port", port, "--nodes", ",".join(nodes), "--node", node, "--gpus",
-            str(job.gpus_per_node), "--report", str(job.file(P.PREFLIGHT_REPORT)), "--modules", ",".join(job.modules),
+            str(job.gpus_per_node), "--report", str(job.file(P.NODE_CHECK_REPORT)), "--modules", ",".join(job.modules),
             "--timeout", f"{job.node_check_timeout:g}"]  # fmt: skip
     argv += ["--container", job.image] if job.image else []
     for path in (job.checkpoints, job.log_dir, job.bundle):

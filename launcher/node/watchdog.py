@@ -3,7 +3,7 @@ waits for a peer that never comes; a GPU kernel that never returns; a data loade
 whole allocation unless something ends it.
 
 Training's rank 0 writes its progress to the bundle's `progress` file ("STEP UNIXTIME PHASE": `step` after each
-step, `saving` around a checkpoint save). This watchdog, started by the batch script, reads it every few seconds
+step, `saving` around a checkpoint save). This watchdog, started by the supervisor, reads it every few seconds
 and counts time since it last changed, by its own clock (the file's writer may be another node). The limit:
 
 - before an attempt's first step: `--startup` seconds (start-up, data loading, compilation, a resume; default:
@@ -11,14 +11,14 @@ and counts time since it last changed, by its own clock (the file's writer may b
 - during a save: `--floor` seconds (a large checkpoint);
 - between steps: `--factor` x the median step time seen so far, at least min(60 s, floor).
 
-Past the limit it writes "STEP IDLE LIMIT" to `--hung-file` and sends SIGUSR2 to the batch script, which dumps every
+Past the limit it writes "STEP IDLE LIMIT" to `--hung-file` and sends SIGUSR2 to the supervisor, which dumps every
 rank's stacks, ends the training and starts it again without the suspected node (launcher/node/restart.py).
 
 `--suspects DIR` reads the stack dumps (py-spy's, one file a process, named NODE-PID.txt) and prints the nodes
 whose processes do something other than the great majority (where a hang starts, the others only wait for it),
 at most `--max-suspects` of them: more point at no one node, and a requeue without them could not start.
 
-Standard library (and `launcher.protocol`) only: the batch script runs it with the job's Python as
+Standard library (and `launcher.protocol`) only: the supervisor runs it with the job's Python as
 `python -m launcher.node.watchdog ...`, the project on PYTHONPATH.
 """
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--progress", type=Path, help="training's progress file")
     parser.add_argument("--hung-file", type=Path, help="where to write 'STEP IDLE LIMIT' on a hang")
-    parser.add_argument("--notify", type=int, help="the process to send SIGUSR2 on a hang (the batch script)")
+    parser.add_argument("--notify", type=int, help="the process to send SIGUSR2 on a hang (the supervisor)")
     parser.add_argument("--factor", type=float, default=10.0, help="limit between steps: x the median step time")
     parser.add_argument("--floor", type=float, default=1800.0, help="limit while saving, and least between steps")
     parser.add_argument("--startup", type=float, default=None, help="limit before the first step (default: --floor)")

@@ -1,5 +1,5 @@
 """The GPU monitor's logs, as data: what `nvidia-smi dmon -d 15 -s pumt -o DT -f gpu-JOBID-HOST.log` writes on
-each node of a job (the node script starts it wherever nvidia-smi exists; a later attempt on the same node writes
+each node of a job (the node step starts it wherever nvidia-smi exists; a later attempt on the same node writes
 gpu-JOBID-HOST.log.2, .3, ...). Pure: text in, samples out.
 
 The file is columns under two header lines, repeated now and then, each starting with '#': the names, then

@@ -105,7 +105,6 @@ class _Draft(NamedTuple):
     paths: files.BundlePaths
     config_text: str
     script_text: str
-    node_text: str
     job_text: str  # job.json: the job's settings
     export_text: str | None  # --export_hf: the export job's batch script
 
@@ -132,7 +131,6 @@ def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
         paths,
         render.config_yaml(spec, paths),
         render.sbatch_script(spec, paths),
-        render.node_script(spec, paths),
         render.job_settings(spec, paths).to_json(),
         render.export_script(spec, paths) if a.execution.export_hf else None,
     )
@@ -151,7 +149,6 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
         hashes = {
             "config": files.write_new(paths.config, draft.config_text),
             "script": files.write_new(paths.script, draft.script_text, mode=0o755),
-            "node_script": files.write_new(paths.node_script, draft.node_text, mode=0o755),
             "job": files.write_new(paths.job, draft.job_text),
         }
         data = manifest.at_launch(draft.spec.args, draft.argv, paths, hashes, derived)

@@ -1,7 +1,7 @@
 """`--interactive`: the run's allocation and a shell on its first node, to debug what the batch job would do.
 
 salloc asks for the resources of the bundle's batch script (its #SBATCH lines: the file that would be submitted), then
-a shell opens on the first node with the run's environment (TMPDIR, --extra_env, the LAUNCHER_* files), in the
+a shell opens on the first node with the run's environment (TMPDIR, --extra_env, the launcher on PYTHONPATH), in the
 container where --container_image gives one. From there the bundle's node step starts by hand: `node_step` on this
 node, or on every node with srun from a host shell of the allocation (the banner prints both). Ctrl-D (the shell's
 end) ends salloc, which releases the allocation.
@@ -16,7 +16,7 @@ import subprocess
 from launcher import protocol as P
 from launcher.bundle import files
 from launcher.bundle.files import BundlePaths
-from launcher.bundle.render import container_options
+from launcher.bundle.render import PROJECT, container_options, job_settings
 from launcher.config.spec import RunSpec
 
 # #SBATCH options salloc takes as they are (the others are the batch job's own: output, signal, requeue, mail)
@@ -55,22 +55,24 @@ def salloc_options(script_text: str) -> list[str]:
 
 def rc_text(spec: RunSpec, paths: BundlePaths) -> str:
     """The shell's start-up file: the run's environment, a prompt, and how to start the node step."""
-    a = spec.args
-    exports = {"TMPDIR": a.slurm.tmp_dir, **spec.extra_env}
-    exports |= {"LAUNCHER_NODE_SCRIPT": str(paths.node_script), P.ENV_STOP_FILE: str(paths.stop_file)}
-    exports |= {P.ENV_OUTCOME_FILE: str(paths.outcome_file)}
+    a, job = spec.args, job_settings(spec, paths)
+    exports = {"TMPDIR": a.slurm.tmp_dir, **spec.extra_env, "LAUNCHER_PYTHON": str(job.python),
+               "LAUNCHER_JOB": str(paths.job)}  # fmt: skip
     lines = [f"# The shell of `--interactive` for {a.run_name} (written by the launcher; read by bash --rcfile)."]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in exports.items()]
+    lines += [f"export PYTHONPATH={shlex.quote(str(PROJECT))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    step = '"$LAUNCHER_PYTHON" -m launcher.node.step "$LAUNCHER_JOB"'
+    shown = "env PYTHONPATH=${PYTHONPATH} ${LAUNCHER_PYTHON} -m launcher.node.step ${LAUNCHER_JOB}"  # from any shell
     where = "srun is not in the container" if a.container.container_image else "this one"
     lines += [
         f"PS1={shlex.quote(f'[{a.run_name} interactive] ')}'\\h:\\w\\$ '",
-        'node_step() { bash "$LAUNCHER_NODE_SCRIPT" run "$LAUNCHER_RDZV" "$LAUNCHER_NODES"; }',
+        f'node_step() {{ {step} run "$LAUNCHER_RDZV" "$LAUNCHER_NODES"; }}',
         'echo "Job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST}: a shell on ${SLURMD_NODENAME:-$(hostname)} with the '
         "run's environment. Ctrl-D releases the allocation.\"",
         'echo "  node_step       runs the bundle\'s node step on this node (torchrun; rendezvous ${LAUNCHER_RDZV})"',
         f'echo "  on every node:  srun --jobid=${{SLURM_JOB_ID}} --overlap --nodes={a.slurm.nodes} '
         f"--ntasks={a.slurm.nodes} --export=ALL ${{LAUNCHER_CONTAINER_OPTIONS}} "
-        'bash ${LAUNCHER_NODE_SCRIPT} run ${LAUNCHER_RDZV} ${LAUNCHER_NODES}"',
+        f'{shown} run ${{LAUNCHER_RDZV}} ${{LAUNCHER_NODES}}"',
         f"echo {shlex.quote('                 (from a shell on the host: ' + where + ')')}",
     ]
     return "\n".join(lines) + "\n"

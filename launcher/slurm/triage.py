@@ -21,9 +21,9 @@ from launcher.slurm.awaited_jobs import NEVER_SATISFIED
 from launcher.slurm.fixes import FIXES, RESUME, oom_fix
 from launcher.slurm.parse import JobState
 
-# The job's own lines (launcher/protocol.py's formats, which the batch script and the node check print).
+# The job's own lines (launcher/protocol.py's formats, which its supervisor, node step and node check print).
 HUNG = P.pattern("hung")
-PREFLIGHT = P.pattern("preflight_failed")
+NODE_CHECK = P.pattern("node_check_failed")
 PREEMPTION = P.pattern("preemption")
 ATTEMPT = P.pattern("attempt_started", whole=False)
 NO_REQUEUE_LEFT = P.pattern("no_requeue_left")
@@ -39,7 +39,7 @@ NODE_FAILURE = re.compile(r"srun: error: Node failure on (?P<node>\S+)")
 TAIL_LINES, WINDOWS, WINDOW_LINES, LINE_CHARS = 1500, 4, 150, 2000  # at most ~4 MB, whatever the log's size
 FIRST_SIGNS = re.compile(
     "|".join(
-        [r"Traceback \(most recent|^error: |Watchdog caught|NCCL error|Root Cause", HUNG.pattern, PREFLIGHT.pattern]
+        [r"Traceback \(most recent|^error: |Watchdog caught|NCCL error|Root Cause", HUNG.pattern, NODE_CHECK.pattern]
     )
 )
 
@@ -238,7 +238,7 @@ def _node_failure(e: Ending) -> Verdict | None:
 
 
 def _preflight(e: Ending) -> Verdict | None:
-    if not (found := e.last(PREFLIGHT)):
+    if not (found := e.last(NODE_CHECK)):
         return None
     message = f"the node check failed on {found['node']} before training: {found['what']}"
     if found["what"].startswith(P.CONTAINER_START):  # what the container lacks: the image's fault, not the node's

@@ -1,6 +1,6 @@
 """What the job reads from its environment, read in one place into one typed value (after submitit's
-`JobEnvironment`): torchrun's ranks, and the files and settings of the launcher's protocol that the node script
-exports (`launcher.protocol`'s ENV_* names).
+`JobEnvironment`): torchrun's ranks, and the files and settings of the launcher's protocol that the node step
+sets (`launcher.protocol`'s ENV_* names).
 
 `JobEnvironment.read()` is the job's only look at `os.environ`; the entry (`launcher.train.main.run`) reads it once
 and hands it to the engine, which hands it on (a caller that gives none gets the environment read then).
@@ -45,7 +45,7 @@ class JobEnvironment:
     local_rank: int = 0  # LOCAL_RANK: this process's GPU on its node
     world_size: int = 1  # WORLD_SIZE: the processes torchrun started
     distributed: bool = False  # RANK and WORLD_SIZE are both set: torchrun's process group (env://) to join
-    stop_file: str | None = None  # P.ENV_STOP_FILE: the batch script's word to checkpoint and exit
+    stop_file: str | None = None  # P.ENV_STOP_FILE: the supervisor's word to checkpoint and exit
     outcome_file: str | None = None  # P.ENV_OUTCOME_FILE: rank 0's word on how training ended
     metrics_file: str | None = None  # P.ENV_METRICS_FILE: one JSON line per logged step
     progress_file: str | None = None  # P.ENV_PROGRESS_FILE: rank 0's progress, for the hang watchdog
@@ -59,7 +59,7 @@ class JobEnvironment:
     straggler_every: int = STRAGGLER_EVERY  # P.ENV_STRAGGLER_EVERY: steps between looks at every rank's step time
     runtime_file: str | None = None  # P.ENV_RUNTIME_FILE: rank 0 appends what this attempt runs with
     job_id: str | None = None  # SLURM_JOB_ID
-    attempt: int = 1  # SLURM_RESTART_COUNT + 1: the batch script's count of this job's attempts
+    attempt: int = 1  # SLURM_RESTART_COUNT + 1: this job's attempt
     nodelist: str | None = None  # SLURM_JOB_NODELIST (a hostlist)
     hub_cache: Path = field(default_factory=lambda: hub_cache({}))  # huggingface_hub's (HF_HUB_CACHE, HF_HOME)
 

@@ -1,7 +1,7 @@
 """Which node each rank runs on, and which ranks are slower than the others.
 
 - **The rank map**: as training starts, every rank says its node (one `all_gather_object` of a name) and rank 0
-  writes `LAUNCHER_RANKS_FILE` (protocol.RANKS_FORMAT, a line a node): the batch script's restart decision finds the
+  writes `LAUNCHER_RANKS_FILE` (protocol.RANKS_FORMAT, a line a node): the supervisor's restart decision finds the
   node of a failed rank there (torchrun's c10d rendezvous numbers the nodes its own way).
 - **Stragglers**: in data parallel training every rank waits for the slowest at each step's gradient all-reduce, so
   a step's wall time is the same everywhere; what differs is a rank's own work before it waits (its data, its

@@ -1,5 +1,5 @@
 """What this attempt really runs with, recorded by rank 0 at its start (once per attempt): one JSON line appended to
-the bundle's runtime record (`P.RUNTIME_RECORD`, where the node script names it), beside the launch's manifest,
+the bundle's runtime record (`P.RUNTIME_RECORD`, where the node step names it), beside the launch's manifest,
 which it never touches.
 
 It says: the job and attempt, the nodes, the Python, nanotron's version and (a source install) its git commit and

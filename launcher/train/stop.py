@@ -1,15 +1,15 @@
 """Stop requests: SIGTERM, SIGUSR1, or the file named by `LAUNCHER_STOP_FILE` appearing on the shared filesystem.
 
 Each asks the job to save a checkpoint at the next step boundary and exit 0. SIGTERM is Slurm's notice to the
-training processes of a preemption (within its grace time), a cancel, or the time limit; the stop file is the batch
-script's word for the time-limit warning (USR1 to the batch script). The node script starts torchrun with SIGTERM
+training processes of a preemption (within its grace time), a cancel, or the time limit; the stop file is the job's
+supervisor's word for the time-limit warning (USR1 to the supervisor). The node step starts torchrun with SIGTERM
 blocked so that torchrun does not stop the processes itself; a StopRequest unblocks it once it can handle it. The
 ranks agree every step with an all_reduce(MAX) of their flags; only rank 0 looks for the stop file, every few
 seconds (at 32,000 ranks, one metadata request where there were 32,000 a step). The request is consumed: rank 0
 removes the stop file once the checkpoint is saved, so the requeued job trains on.
 
 The outcome is explicit: rank 0 writes `LAUNCHER_OUTCOME_FILE` as training ends, "finished STEP" or "stopped STEP"
-(at a checkpoint before the last step). The batch script requeues a stopped run and never a finished one, so a
+(at a checkpoint before the last step). The supervisor requeues a stopped run and never a finished one, so a
 request that comes as the run ends (the time-limit warning landing during the last steps) changes nothing.
 """
 
@@ -90,7 +90,7 @@ def _tell(job: JobEnvironment, path: str | None, text: str) -> None:
 
 
 def report_outcome(job: JobEnvironment, finished: bool, step: int) -> None:
-    """Tell the batch script how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
+    """Tell the supervisor how training ended (rank 0 only): "finished STEP" or "stopped STEP"."""
     _tell(job, job.outcome_file, P.OUTCOME_FORMAT.format(word=P.FINISHED if finished else P.STOPPED, step=step))
 
 

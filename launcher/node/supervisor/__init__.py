@@ -1,12 +1,14 @@
-"""The job's supervisor (issue 38): what the batch script (launcher/bundle/templates/sbatch.sh.j2) execs, the job
-around its node step, as typed state, tables and pure decisions, with the effects (srun, scontrol, the lock, the
-records, the `[launcher ...]` lines) behind one small interface. docs/supervisor.md: the state machine.
+"""The job's supervisor: what the batch script execs with the bundle's job.json, the job around its node step, as
+typed state, tables and pure decisions, one orchestrator, and the effects behind one interface. docs/supervisor.md:
+the state machine.
 
-- `state`: the words (notices, verdicts, phases) and the attempt's state, one dataclass.
+- `state`: the words (notices, verdicts, phases, what follows a step), the attempt's state, Slurm's word on the job.
 - `table`: how a step ended (notice x training's word x srun's status -> verdict), as data.
 - `decide`: every decision as a pure function: a notice during each phase, after a step, after the restart
   decision, at the attempt's end.
-- `effects`: the world (Slurm's commands, files, the log), and the node step as a real child process.
+- `attempt`: the orchestrator, one attempt from the lock to the exit code.
+- `effects`: the world (Slurm's commands, the node step, the log, the watchdog), behind `Effects`; `records`: the
+  lock and the bundle's records.
 
-Standard library and `launcher.protocol` only, like every node helper (the node helpers' import contract).
+Standard library and the node helpers only (the node helpers' import contract).
 """

@@ -1,7 +1,12 @@
-"""`python -m launcher.node.supervisor`: the job's one attempt (the batch script execs it: docs/supervisor.md);
-`--lock`: only the run's lock (the batch script, before the pre-launch commands); `--free-port START`: the first free
-rendezvous port from START on this node (run on the rendezvous host through `srun --overlap` where it is not the
-batch host)."""
+"""`python -m launcher.node.supervisor JOB`: one attempt of the job, JOB the bundle's job.json (the batch script execs
+it: docs/supervisor.md). Around the --pre_launch_commands, the batch script runs it twice more:
+
+- `JOB --before-pre-launch`: the attempt's start said and the run's lock taken before the commands run (exit 4, its
+  end said: another job of the run holds the lock);
+- `JOB --pre-launch-ended CODE COMMAND`: a command ended the attempt: which one, and the attempt's end;
+
+then execs `JOB --started-said`. `--free-port START`: the first free rendezvous port from START on this node (run on
+the rendezvous host through srun --overlap where it is not the batch host)."""
 
 from __future__ import annotations
 
@@ -11,44 +16,59 @@ import os
 import sys
 import traceback
 
-from launcher.node.supervisor.effects import say
-from launcher.node.supervisor.main import TWO_WRITERS, Attempt, free_port_here
-from launcher.node.supervisor.settings import Settings
+from launcher.node import job as jobs
+from launcher.node.supervisor.attempt import TWO_WRITERS, Attempt
+from launcher.node.supervisor.effects import Node, free_port_here, say
+from launcher.node.supervisor.state import Allocation
 
 
 def now() -> str:
-    """As `date --iso-8601=seconds`."""
+    """The attempt's start and end, to the second with the time zone (as `date --iso-8601=seconds`)."""
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m launcher.node.supervisor", description=__doc__.splitlines()[0])
+    parser.add_argument("job", nargs="?", help="the bundle's job.json (or the bundle's directory)")
     parser.add_argument("--free-port", type=int, help="print the first free rendezvous port from this one")
-    parser.add_argument("--started-said", action="store_true", help="the batch script said the attempt started")
-    parser.add_argument("--lock", action="store_true", help="only take the run's lock (exit 4: another job holds it)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--started-said", action="store_true", help="the attempt's start was said before")
+    parser.add_argument("--before-pre-launch", action="store_true", help="say the start, take the lock (exit 4: held)")
+    parser.add_argument("--pre-launch-ended", nargs=2, metavar=("CODE", "COMMAND"),
+                        help="a pre-launch command ended the attempt with CODE")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.free_port is not None:
         port = free_port_here(args.free_port)
         if port is not None:
             print(port)
         return 0 if port is not None else 1
+    slurm = Allocation.from_env(os.environ)
+    if args.pre_launch_ended:
+        code, command = args.pre_launch_ended
+        say("pre_launch_ended", command=command, code=code)
+        say("attempt_ended", job=slurm.job, attempt=slurm.attempt, when=now(), code=code)
+        return int(code) if code.isdigit() else 1
+    started = args.started_said
     try:
-        attempt = Attempt(Settings.from_env(os.environ))
-    except Exception as e:  # a value the batch script did not export, or not as a number: the template's bug
-        job, number = os.environ.get("SLURM_JOB_ID", "?"), int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
-        if not args.started_said and not args.lock:
-            say("attempt_started", job=job, attempt=number, when=now(), nodes=os.environ.get("SLURM_JOB_NODELIST"))
+        attempt = Attempt(jobs.load(args.job or ""), slurm, Node())
+    except Exception as e:  # job.json unreadable (a damaged bundle, another release's format)
+        if not started:
+            say("attempt_started", job=slurm.job, attempt=slurm.attempt, when=now(), nodes=slurm.nodelist)
         failed(e)
-        if not args.lock:  # (the batch script says the attempt's end where the lock's call fails)
-            say("attempt_ended", job=job, attempt=number, when=now(), code=1)
+        say("attempt_ended", job=slurm.job, attempt=slurm.attempt, when=now(), code=1)
         return 1
-    if args.lock:  # before the pre-launch commands (the batch script's bash)
-        return 0 if attempt.lock() else TWO_WRITERS
-    attempt.sup.install()
-    s = attempt.s
-    if not args.started_said:  # (it says it before the pre-launch commands)
-        say("attempt_started", job=s.job, attempt=attempt.state.attempt, when=now(), nodes=s.nodelist)
-    if s.debug:
+    if not started:
+        say("attempt_started", job=slurm.job, attempt=slurm.attempt, when=now(), nodes=slurm.nodelist)
+    if args.before_pre_launch:
+        if attempt.lock():
+            return 0
+        say("attempt_ended", job=slurm.job, attempt=slurm.attempt, when=now(), code=TWO_WRITERS)
+        return TWO_WRITERS
+    attempt.install()
+    if attempt.job.debug:
         say("debug")
     code = 1
     try:
@@ -57,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         failed(e)
     finally:
         attempt.close()
-        say("attempt_ended", job=s.job, attempt=attempt.state.attempt, when=now(), code=code)
+        say("attempt_ended", job=slurm.job, attempt=slurm.attempt, when=now(), code=code)
     return code
 
 

@@ -1,10 +1,7 @@
 """Every decision the supervisor makes, as pure functions of its state and what it read: what a notice does in each
 phase, whether the port is tried again, what follows the restart decision, and how the attempt ends. Each returns
-what to do (the lines to print as `(name, fields)`, the files to touch, the exit code); `effects` does it.
-
-The bash batch script it replaced made the same decisions in its traps, its loop and its final `case`
-(tests/test_supervisor_agreement.py compared them case by case until the switch-over, git history); where this
-differs from it on purpose (a notice's precedence, a stale watchdog's signal), docs/supervisor.md says so.
+what to do (the lines to print as `(name, fields)`, the files to touch, the exit code); the attempt does it through
+its effects. docs/supervisor.md has them as tables.
 """
 
 from __future__ import annotations
@@ -13,11 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher import protocol as P
-from launcher.node.supervisor.state import DECISION_VERDICTS, HANG, TERM, WARN, Action, Notice, Phase, Verdict
+from launcher.node import restart
+from launcher.node.restart import Decision
+from launcher.node.supervisor.state import DECISION_VERDICTS, HANG, TERM, WARN, Notice, Phase, Then, Verdict
 
 Line = tuple[str, dict[str, object]]  # a contract line: its name in protocol.LINES and its fields
 FINAL = (Notice.TERMINATED,)  # a notice nothing overrides: the attempt ends
 STEP_PHASES = (Phase.NODE_CHECK, Phase.STEP)  # where a step runs (a hang's stacks can be dumped, the step stopped)
+CHECKPOINT_EVERY_S = 5.0  # how often the pointer to the newest checkpoint is looked at while the step runs
 DEFAULT_KILL_WAIT_S = 30.0  # Slurm's KillWait where scontrol does not say
 TERM_MARGIN_S = 2.0  # after a SIGTERM: the attempt's last lines are out this long before Slurm's SIGKILL
 MIN_TERM_WAIT_S = 0.5
@@ -78,16 +78,25 @@ def retry_port(port_taken: bool, notice: Notice) -> bool:
     return port_taken and notice == Notice.NONE
 
 
-def notice_at_step_end(notice: Notice, preempt_time: str, preflight_report: str) -> tuple[Notice, list[Line]]:
+NO_PYTHON_STATUS = (2, 13)  # srun's status where the task's program cannot start: execve's ENOENT, EACCES
+
+
+def python_missing(status: int, image: str, report: str) -> bool:
+    """Whether the node step never started in the container: srun could not run the job's Python in the image (the
+    step itself never ends with those statuses, and a step that started would have reported its node check)."""
+    return bool(image) and status in NO_PYTHON_STATUS and not report
+
+
+def notice_at_step_end(notice: Notice, preempt_time: str, report: str) -> tuple[Notice, list[Line]]:
     """The notice as the step ends: a preemption Slurm recorded (PreemptTime) is the notice (a USR1 that came with it
-    was the preemption's), but after a SIGTERM; a failed node check is one where nothing else came."""
+    was the preemption's), but after a SIGTERM; a failed node check (its `report`) is one where nothing else came."""
     lines: list[Line] = []
     if notice != Notice.TERMINATED and preempt_time and preempt_time != "None":
         notice = Notice.PREEMPTED
         what = f"Slurm preempted this job at {preempt_time} for a job of higher priority"
         lines.append(("preemption", {"what": what}))
-    if preflight_report and notice == Notice.NONE:
-        notice = Notice.PREFLIGHT
+    if report and notice == Notice.NONE:
+        notice = Notice.NODE_CHECK
     return notice, lines
 
 
@@ -97,26 +106,11 @@ def needs_decision(verdict: Verdict, max_restarts: int) -> bool:
 
 
 @dataclass(frozen=True)
-class Answer:
-    """The restart decision's answer as the supervisor reads it (launcher/node/restart.py's Decision)."""
-
-    action: Action
-    why: str = ""
-    said: str = ""
-    nodes: tuple[str, ...] = ()  # restart: left out; requeue: excluded
-    checkpoint: int = 0
-    reason: str = ""
-    fix: str = ""
-    code: int = 1
-    count: int = 0
-
-
-@dataclass(frozen=True)
 class Next:
-    """What follows: "restart" (the step again), "requeue" (the job, without `exclude`), "exit" (with `code`), or
-    "end" (the attempt ends by `verdict`: end_of_attempt)."""
+    """What follows the restart decision (`then`), by what: its lines, the requeue's nodes left out and reason, the
+    exit code."""
 
-    kind: str
+    then: Then
     verdict: Verdict
     lines: tuple[Line, ...] = ()
     amend: str | None = None  # the restarts record's last line: "none" (dropped) or "requeue" (what the job did)
@@ -131,46 +125,47 @@ def _requeue_line(said: str, nodes: Sequence[str]) -> Line:
     return ("requeue_without", {"why": said, "without": f" without {' '.join(nodes)}" if nodes else ""})
 
 
-def after_decision(notice: Notice, answer: Answer, verdict: Verdict, status: int) -> Next:
-    """After the restart decision: a notice that came while it ran stands (a SIGTERM ends the attempt, a warning
-    requeues as it would have), else its answer. A restart is "restart" here: restart_on_nodes checks the nodes."""
-    action = answer.action
-    if notice == Notice.TERMINATED or (notice == Notice.WARNED and action not in (Action.REQUEUE, Action.STOP)):
+def after_decision(notice: Notice, decision: Decision | None, verdict: Verdict, status: int) -> Next:
+    """After the restart decision (None: it had no answer): a notice that came while it ran stands (a SIGTERM ends
+    the attempt, a warning requeues as it would have), else its answer. A restart is RESTART here: restart_on_nodes
+    checks the nodes."""
+    action = decision.action if decision is not None else ""
+    if notice == Notice.TERMINATED or (notice == Notice.WARNED and action not in (restart.REQUEUE, restart.STOP)):
         amend = None
-        if notice == Notice.TERMINATED and action in (Action.RESTART, Action.REQUEUE):
+        if notice == Notice.TERMINATED and action in (restart.RESTART, restart.REQUEUE):
             amend = "none"
-        elif action == Action.RESTART:
+        elif action == restart.RESTART:
             amend = "requeue"
         line: Line = ("notice_over_restart", {"notice": notice.value})
         verdict = Verdict.ENDED if notice == Notice.TERMINATED else Verdict.REQUEUE
-        return Next("end", verdict, (line,), amend, resaved=True)
-    if action == Action.RESTART:
-        return Next("restart", verdict)
-    if action == Action.REQUEUE:
-        return Next("requeue", verdict, (_requeue_line(answer.said, answer.nodes),), exclude=answer.nodes,
-                    why=answer.why)  # fmt: skip
-    if action == Action.STOP:
-        line = ("no_restart", {"why": answer.said, "reason": answer.reason, "fix": answer.fix})
-        return Next("exit", verdict, (line,), code=status if verdict == Verdict.FAILED else answer.code)
-    return Next("end", verdict, (("no_decision", {"answer": action.value or "nothing"}),))
+        return Next(Then.END, verdict, (line,), amend, resaved=True)
+    if decision is None or action not in (restart.RESTART, restart.REQUEUE, restart.STOP):
+        return Next(Then.END, verdict, (("no_decision", {"answer": action or "nothing"}),))
+    if action == restart.RESTART:
+        return Next(Then.RESTART, verdict)
+    if action == restart.REQUEUE:
+        return Next(Then.REQUEUE, verdict, (_requeue_line(decision.said, decision.nodes),),
+                    exclude=tuple(decision.nodes), why=decision.why)  # fmt: skip
+    line = ("no_restart", {"why": decision.said, "reason": decision.reason, "fix": decision.fix})
+    return Next(Then.EXIT, verdict, (line,), code=status if verdict == Verdict.FAILED else decision.code)
 
 
-def restart_on_nodes(notice: Notice, answer: Answer, verdict: Verdict, step_nodes: Sequence[str], layout: int,
+def restart_on_nodes(notice: Notice, decision: Decision, verdict: Verdict, step_nodes: Sequence[str], layout: int,
                      max_requeues: int, max_restarts: int) -> Next:  # fmt: skip
     """A restart, with the step's nodes chosen again without the failed ones: the step again where the layout's
     nodes are there; else a requeue without them (where the job may requeue itself), or the attempt's end."""
-    said = answer.said
+    said, nodes = decision.said, tuple(decision.nodes)
     if len(step_nodes) != layout:  # the allocation lost nodes since the decision read it
         said = f"{said}; {len(step_nodes)} of the layout's {layout} nodes left in the allocation"
         if max_requeues == 0:
             fix = "launch again to resume; --max_requeues N lets it requeue itself"
             line: Line = ("no_restart", {"why": said, "reason": "the job may not requeue itself", "fix": fix})
-            return Next("end", verdict, (line,), "none")
-        return Next("requeue", verdict, (_requeue_line(said, answer.nodes),), "requeue", answer.nodes, answer.why)
-    line = ("restart", {"count": answer.count, "most": max_restarts, "left": ",".join(answer.nodes) or "none",
-                        "nodes": ",".join(step_nodes), "step": answer.checkpoint, "why": said})  # fmt: skip
-    after = Notice.NONE if notice in (Notice.HUNG, Notice.PREFLIGHT) else notice
-    return Next("restart", verdict, (line,), notice=after)
+            return Next(Then.END, verdict, (line,), "none")
+        return Next(Then.REQUEUE, verdict, (_requeue_line(said, nodes),), "requeue", nodes, decision.why)
+    line = ("restart", {"count": decision.count, "most": max_restarts, "left": ",".join(nodes) or "none",
+                        "nodes": ",".join(step_nodes), "step": decision.checkpoint, "why": said})  # fmt: skip
+    after = Notice.NONE if notice in (Notice.HUNG, Notice.NODE_CHECK) else notice
+    return Next(Then.RESTART, verdict, (line,), notice=after)
 
 
 @dataclass(frozen=True)
@@ -212,6 +207,11 @@ def end_of_attempt(verdict: Verdict, notice: Notice, status: int, saved: str, ti
             lines.append(("slurm_requeues_finished", {"version": version}))
         return End(tuple(lines), 0)
     return End((), status)  # ended, failed
+
+
+def new_checkpoint(seen: int, pointer: int | None) -> bool:
+    """Whether the pointer names a complete checkpoint newer than the one the attempt saw last."""
+    return pointer is not None and pointer > seen
 
 
 def first_port(job: int) -> int:

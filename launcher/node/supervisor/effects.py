@@ -1,12 +1,12 @@
-"""The supervisor's effects: the contract lines it prints, the records it writes, the one-writer lock, Slurm's
-commands (argument lists, time-limited) and the node step as a child process. `Effects` is the interface the
-supervisor acts through; `Node` is the real one (tests use it too, with real child processes, and replace only the
-Slurm side where no cluster runs)."""
+"""The supervisor's effects: everything it does to the world and all it reads of it besides its own state. `Effects`
+is the interface the attempt acts through: the contract lines it prints, Slurm's commands (argument lists,
+time-limited), the node step and the commands beside it, the lock and the records, the restart decision, the free
+port, the watchdog. `Node` is the real one (tests use it too, with real child processes, and replace only the Slurm
+side where no cluster runs)."""
 
 from __future__ import annotations
 
-import os
-import re
+import socket
 import subprocess
 import sys
 import threading
@@ -16,100 +16,21 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from launcher import protocol as P
-from launcher.node.supervisor.decide import LEFT_STATUS
+from launcher.node import restart
+from launcher.node.job import Job
+from launcher.node.supervisor import decide, records
 
-# A holder in one of these states is alive (pending, running, requeued, ...): its lock stands.
-LIVE_STATES = frozenset(
-    "PENDING RUNNING SUSPENDED REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SIGNALING CONFIGURING COMPLETING STAGE_OUT "
-    "SPECIAL_EXIT".split()
-)
 POLL_S = 0.2  # how often the supervisor looks at its pending notices while the step runs
-RESTART_ACTION = re.compile(r"^(\S*) restart job ")
+EXCLUDE_TRIES, EXCLUDE_EVERY_S = 6, 0.5  # the exclusion's tries after a requeue: within KillWait (5 s here)
 _PRINTING = threading.Lock()  # the heartbeat's thread prints too: one whole line at a time
-
-
-def stamp() -> str:
-    """The lines' time stamp, as the script's `date +%H:%M:%S.%3N`."""
-    now = time.time()
-    return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
 def say(name: str, out: IO[str] | None = None, **fields: object) -> None:
     """A contract line (protocol.LINES), printed whole and at once: `[launcher HH:MM:SS.mmm] ...`."""
     stream = out or sys.stdout
     with _PRINTING:
-        stream.write(P.line(name, stamp=stamp(), **fields) + "\n")
+        stream.write(P.line(name, None, **fields) + "\n")
         stream.flush()
-
-
-def amend_restart_record(path: Path, how: str) -> None:
-    """The restart decision's record (the restarts file's last line) of a restart the job did not make: "none"
-    drops it (this attempt ends), else its action becomes `how` (the job requeued instead)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    except FileNotFoundError:
-        return
-    if lines and how == "none":
-        lines.pop()
-    elif lines:
-        lines[-1] = RESTART_ACTION.sub(lambda m: f"{m[1]} {how} job ", lines[-1], count=1)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(lines), encoding="utf-8")
-    tmp.replace(path)
-
-
-def append_requeue_record(path: Path, why: str, attempt: int, saved: str, nodes: Sequence[str]) -> None:
-    """One REQUEUE_FORMAT line: why the job requeued itself, in which attempt, from which step, without which nodes."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(P.REQUEUE_FORMAT.format(why=why, attempt=attempt, step=saved, nodes=" ".join(nodes) or "-") + "\n")
-
-
-def requeued(path: Path, why: str) -> int:
-    """How many times the job's records say it requeued for `why`."""
-    try:
-        return sum(line.startswith(why + " ") for line in path.read_text(encoding="utf-8").splitlines())
-    except OSError:
-        return 0
-
-
-def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> tuple[str, str] | None:
-    """One writer per run: the lock under the checkpoints path (a directory: mkdir is atomic, on shared filesystems
-    too) names the job that trains the run. Taken (or this job's own, from an earlier attempt): None. Held by a job
-    alive: (that job, its state). A dead job's lock is taken over."""
-    lock = checkpoints / P.LOCK
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    while True:
-        try:
-            lock.mkdir()
-            break
-        except FileExistsError:
-            pass
-        holder = _holder(lock)
-        if not holder:
-            time.sleep(1)  # being written by the job that just made it
-            holder = _holder(lock)
-        if holder == job:
-            break
-        state = job_state(holder or "0")
-        if state in LIVE_STATES:
-            return holder, state
-        stale = lock.with_name(f"{P.LOCK}.stale.{job}")
-        try:
-            lock.rename(stale)
-        except OSError:
-            continue  # another job took it over first: look again
-        for child in stale.iterdir():
-            child.unlink()
-        stale.rmdir()
-    (lock / P.LOCK_HOLDER).write_text(job + "\n", encoding="utf-8")
-    return None
-
-
-def _holder(lock: Path) -> str:
-    try:
-        return (lock / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""
 
 
 def run(argv: Sequence[str], timeout: float, kill_after: float = 10) -> subprocess.CompletedProcess[str]:
@@ -139,13 +60,33 @@ def field_of(text: str, name: str) -> str:
     return ""
 
 
-EXCLUDE_TRIES, EXCLUDE_EVERY_S = 6, 0.5  # the exclusion's tries after a requeue: within KillWait (5 s here)
+def free_port_here(start: int) -> int | None:
+    """The first free port of the rendezvous window's candidates from `start`, on this node."""
+    for port in decide.candidate_ports(start):
+        try:
+            socket.create_server(("", port)).close()
+        except OSError:
+            continue
+        return port
+    return None
+
+
+def _ended(proc: subprocess.Popen[bytes], wait_s: float) -> None:
+    """SIGTERM, then SIGKILL after `wait_s` s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Effects(Protocol):
-    """What the supervisor does to the world, and all it reads of it besides its own files."""
+    """What the supervisor does to the world, and all it reads of it besides its own state."""
 
     def say(self, name: str, **fields: object) -> None: ...
+    # Slurm's side
     def job_field(self, job: str, name: str) -> str: ...
     def hostnames(self, hostlist: str) -> list[str]: ...
     def node_addr(self, node: str) -> str: ...
@@ -154,18 +95,28 @@ class Effects(Protocol):
     def kill_wait(self) -> float | None: ...
     def requeue(self, job: str) -> bool: ...
     def exclude(self, job: str, nodes: Sequence[str], excluded: str) -> bool: ...
-    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], bool]) -> int: ...
+    # the node step, and what runs beside it
+    def run_step(self, argv: Sequence[str], wake: Callable[[], bool]) -> int: ...
     def stop_step(self) -> None: ...
     def overlap(self, nodes: Sequence[str], argv: Sequence[str], timeout: float) -> int: ...
+    def free_port(self, node: str, start: int, here: bool, python: str) -> int | None: ...
+    def start_watchdog(self, argv: Sequence[str]) -> None: ...
+    def stop_watchdog(self) -> None: ...
+    # the run's files
+    def take_lock(self, checkpoints: Path, job: str) -> tuple[str, str] | None: ...
+    def record_requeue(self, path: Path, why: str, attempt: int, saved: str, nodes: Sequence[str]) -> None: ...
+    def amend_restart(self, path: Path, how: str) -> None: ...
+    def restart_decision(self, step: restart.Step, job: Job, job_id: str, offset: int) -> restart.Decision: ...
 
 
 class Node:
-    """The real effects: the batch host's view of Slurm (scontrol, srun) and its child processes."""
+    """The real effects: the batch host's view of Slurm (scontrol, srun), its child processes and the run's files."""
 
     def __init__(self, out: IO[str] | None = None, scontrol: str = "scontrol", srun: str = "srun") -> None:
         self.out = out
         self.scontrol, self.srun = scontrol, srun
         self.step: subprocess.Popen[bytes] | None = None
+        self.watchdog: subprocess.Popen[bytes] | None = None
 
     def say(self, name: str, **fields: object) -> None:
         say(name, self.out, **fields)
@@ -209,11 +160,11 @@ class Node:
             time.sleep(EXCLUDE_EVERY_S)
         return False
 
-    def run_step(self, argv: Sequence[str], env: dict[str, str] | None, wake: Callable[[], bool]) -> int:
-        """The node step as a child process, to its end: its exit status (a signal's: 128 + its number, as bash
-        says). `wake` runs every POLL_S s meanwhile: the supervisor handles the notices that came; where it answers
-        False (Slurm's SIGKILL is near), the step is left to Slurm and the status is `LEFT_STATUS`."""
-        self.step = subprocess.Popen(list(argv), env=env)
+    def run_step(self, argv: Sequence[str], wake: Callable[[], bool]) -> int:
+        """The node step (srun) as a child process, to its end: its exit status (a signal's: 128 + its number, as a
+        shell says). `wake` runs every POLL_S s meanwhile: the supervisor handles the notices that came; where it
+        answers False (Slurm's SIGKILL is near), the step is left to Slurm and the status is `LEFT_STATUS`."""
+        self.step = subprocess.Popen(list(argv))
         try:
             while True:
                 try:
@@ -221,7 +172,7 @@ class Node:
                     break
                 except subprocess.TimeoutExpired:
                     if not wake():
-                        return LEFT_STATUS
+                        return decide.LEFT_STATUS
             wake()  # a notice that came as the step ended
         finally:
             self.step = None
@@ -229,29 +180,45 @@ class Node:
 
     def stop_step(self) -> None:
         """End the step that runs (a hang's end, once its stacks are dumped): SIGTERM, then SIGKILL after 10 s."""
-        step = self.step
-        if step is None or step.poll() is not None:
-            return
-        step.terminate()
-        try:
-            step.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            step.kill()
+        if self.step is not None:
+            _ended(self.step, 10)
 
     def overlap(self, nodes: Sequence[str], argv: Sequence[str], timeout: float) -> int:
         """`argv` once on each of `nodes`, beside the step (srun --overlap), time-limited: a hang's stack dumps."""
         n = str(len(nodes))
-        srun = [
-            self.srun,
-            "--overlap",
-            f"--nodes={n}",
-            f"--ntasks={n}",
-            f"--nodelist={','.join(nodes)}",
-            "--export=ALL",
-        ]
+        srun = [self.srun, "--overlap", f"--nodes={n}", f"--ntasks={n}", f"--nodelist={','.join(nodes)}",
+                "--export=ALL"]  # fmt: skip
         return run([*srun, *argv], timeout).returncode
 
+    def free_port(self, node: str, start: int, here: bool, python: str) -> int | None:
+        """The first free rendezvous port from `start` on `node`: here, or there through srun --overlap."""
+        if here:
+            return free_port_here(start)
+        argv = [python, "-m", "launcher.node.supervisor", "--free-port", str(start)]
+        words = run([self.srun, "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--export=ALL", *argv],
+                    60).stdout.split()  # fmt: skip
+        return int(words[0]) if words and words[0].isdigit() else None
 
-def environment(extra: dict[str, str]) -> dict[str, str]:
-    """The step's environment: the supervisor's own (srun's --export=ALL), with `extra`."""
-    return {**os.environ, **extra}
+    def start_watchdog(self, argv: Sequence[str]) -> None:
+        self.stop_watchdog()
+        self.watchdog = subprocess.Popen(list(argv))
+
+    def stop_watchdog(self) -> None:
+        if self.watchdog is not None:
+            _ended(self.watchdog, 5)
+            self.watchdog = None
+
+    def take_lock(self, checkpoints: Path, job: str) -> tuple[str, str] | None:
+        return records.take_lock(checkpoints, job, lambda holder: self.job_field(holder, "JobState"))
+
+    def record_requeue(self, path: Path, why: str, attempt: int, saved: str, nodes: Sequence[str]) -> None:
+        records.append_requeue_record(path, why, attempt, saved, nodes)
+
+    def amend_restart(self, path: Path, how: str) -> None:
+        records.amend_restart_record(path, how)
+
+    def restart_decision(self, step: restart.Step, job: Job, job_id: str, offset: int) -> restart.Decision:
+        """launcher/node/restart.py's answer after `step`, from the job's log from `offset` and the run's files (it
+        appends its record of a restart or a requeue)."""
+        return restart.answer(step, job_id, job.checkpoints, job.file(P.RESTARTS_FILE), job.gpus_per_node, job.log,
+                              offset, job.file(P.RANKS_FILE), job.file(P.METRICS))  # fmt: skip

@@ -1,21 +1,23 @@
-"""The supervisor's words and its state: what the batch script keeps today in a dozen bash globals."""
+"""The supervisor's words and its state: the notices, the verdicts, the phases, what follows a step, and the attempt
+as one dataclass; what Slurm tells the job through its environment."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 
 class Notice(str, Enum):
-    """What the attempt was told, or found, while its step ran (the bash script's `notice`)."""
+    """What the attempt was told, or found, while its step ran."""
 
     NONE = "none"
     WARNED = "warned"  # USR1 (--signal): the time limit is near, or a preemption's own signal
     PREEMPTED = "preempted"  # Slurm's PreemptTime is set as the step ends (a USR1 with it is the preemption's)
     TERMINATED = "terminated"  # SIGTERM to the supervisor: a cancel, the time limit itself, a grace time's end
     HUNG = "hung"  # the watchdog's USR2: no progress for too long
-    PREFLIGHT = "preflight"  # the node checks failed on some nodes (the preflight report is not empty)
+    NODE_CHECK = "node check"  # the node check failed on some nodes (its report is not empty)
 
 
 class Verdict(str, Enum):
@@ -33,27 +35,44 @@ class Verdict(str, Enum):
 class Phase(str, Enum):
     """Where the attempt is when a notice comes."""
 
-    STARTING = "starting"  # the lock, the pre-launch commands, the nodes and the port: no step yet
-    NODE_CHECK = "node check"  # the step runs, training has not reported progress yet (the node checks, torchrun)
+    STARTING = "starting"  # the lock, the nodes and the port: no step yet
+    NODE_CHECK = "node check"  # the step runs, training has not reported progress yet (the node check, torchrun)
     STEP = "step"  # training runs
     DECIDING = "deciding"  # the step ended: the verdict, the restart decision
     REQUEUING = "requeuing"  # `scontrol requeue` is under way (its own SIGTERM comes to the supervisor)
     ENDING = "ending"  # the exit code is chosen: nothing more starts
 
 
-class Action(str, Enum):
-    """The restart decision's answer (launcher/node/restart.py's Decision.action), or none could be had."""
+class Then(str, Enum):
+    """What follows the restart decision."""
 
-    RESTART = "restart"
-    REQUEUE = "requeue"
-    STOP = "stop"
-    NOTHING = ""  # no answer (a traceback, a timeout): the attempt ends as it would without restarts
+    RESTART = "restart"  # the node step again, in this allocation
+    REQUEUE = "requeue"  # the job, requeued by itself
+    EXIT = "exit"  # the attempt ends with the decision's exit code
+    END = "end"  # the attempt ends by the step's verdict (decide.end_of_attempt)
 
 
 # The signals the supervisor takes, by what they mean (docs/preemption.md)
 WARN, TERM, HANG = signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR2
 SIGNALS = (WARN, TERM, HANG)
 DECISION_VERDICTS = (Verdict.HUNG, Verdict.UNHEALTHY, Verdict.FAILED)  # the restart decision's to answer
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What Slurm tells the job of itself, in its environment."""
+
+    job: str  # SLURM_JOB_ID
+    attempt: int  # SLURM_RESTART_COUNT + 1
+    nodelist: str  # SLURM_JOB_NODELIST, as the job started
+    batch_node: str  # SLURMD_NODENAME: the node the supervisor runs on ("": the allocation's first)
+    partition: str = ""  # SLURM_JOB_PARTITION
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Allocation:
+        return cls(env.get("SLURM_JOB_ID", "0"), int(env.get("SLURM_RESTART_COUNT") or 0) + 1,
+                   env.get("SLURM_JOB_NODELIST", ""), env.get("SLURMD_NODENAME", ""),
+                   env.get("SLURM_JOB_PARTITION", ""))  # fmt: skip
 
 
 @dataclass
@@ -73,4 +92,5 @@ class State:
     started_from: int = 0  # the checkpoint step the step started from
     log_offset: int = 0  # where the step's part of the job's log starts (bytes)
     restart_suffix: str = ""  # ".N" after the Nth restart: the stack dumps' directory name
+    checkpoint: int = 0  # the newest complete checkpoint the attempt has seen (`Attempt.on_checkpoint`)
     pending: list[int] = field(default_factory=list)  # signals come and not yet handled (the handlers append)

@@ -1,13 +1,12 @@
 """How a node step ended, as data: the notice, training's word (the first word of the outcome file) and srun's exit
-status give the verdict. The first row that matches is the verdict (the bash batch script it replaced did the same
-in a `case` over `notice/word/status`, compared row by row until the switch-over).
+status give the verdict. The first row that matches is the verdict.
 
   notice               training says   srun    verdict     what follows
   terminated           -               -       ended       exit with srun's status: a cancel or the time limit stands
   warned or preempted  finished        -       complete    exit 0 (the notice came as the run ended)
   warned or preempted  anything else   -       requeue     scontrol requeue (time limits: --max_requeues), else 3
   hung                 -               -       hung        the restart decision (else exit 1)
-  preflight            -               -       unhealthy   the restart decision (else exit 5)
+  node check           -               -       unhealthy   the restart decision (else exit 5)
   none                 stopped         0       stopped     exit 3: stopped on request (the stop file)
   none                 anything        0       complete    exit 0
   anything             anything        other   failed      the restart decision (else srun's status)
@@ -46,7 +45,7 @@ VERDICTS: tuple[Row, ...] = (
     _row((N.WARNED, N.PREEMPTED), (P.FINISHED,), None, Verdict.COMPLETE),
     _row((N.WARNED, N.PREEMPTED), None, None, Verdict.REQUEUE),
     _row((N.HUNG,), None, None, Verdict.HUNG),
-    _row((N.PREFLIGHT,), None, None, Verdict.UNHEALTHY),
+    _row((N.NODE_CHECK,), None, None, Verdict.UNHEALTHY),
     _row((N.NONE,), (P.STOPPED,), 0, Verdict.STOPPED),
     _row((N.NONE,), None, 0, Verdict.COMPLETE),
     _row(None, None, None, Verdict.FAILED),
@@ -78,10 +77,10 @@ def saved(outcome: str) -> str:
 
 
 def read_outcome(text: str | None) -> str:
-    """The outcome file's text as the script read it (`$(cat ...)`: trailing line breaks dropped); "" for none."""
+    """The outcome file's text, trailing line breaks dropped; "" for none."""
     return (text or "").rstrip("\n")
 
 
-def preflight_suspects(report: str) -> list[str]:
+def node_check_suspects(report: str) -> list[str]:
     """The nodes that failed their check: the first field of each "NODE: WHAT" line of the report, once each."""
     return sorted({line.split(":", 1)[0] for line in report.splitlines() if line})

@@ -1,0 +1,88 @@
+"""The run's files the supervisor keeps: the one-writer lock under the checkpoints, and the bundle's records of the
+requeues the job asked for and of the restart decisions it went against."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from launcher import protocol as P
+
+# A holder in one of these states is alive (pending, running, requeued, ...): its lock stands.
+LIVE_STATES = frozenset(
+    "PENDING RUNNING SUSPENDED REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SIGNALING CONFIGURING COMPLETING STAGE_OUT "
+    "SPECIAL_EXIT".split()
+)
+RESTART_ACTION = re.compile(r"^(\S*) restart job ")
+
+
+def amend_restart_record(path: Path, how: str) -> None:
+    """The restart decision's record (the restarts file's last line) of a restart the job did not make: "none"
+    drops it (this attempt ends), else its action becomes `how` (the job requeued instead)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        return
+    if lines and how == "none":
+        lines.pop()
+    elif lines:
+        lines[-1] = RESTART_ACTION.sub(lambda m: f"{m[1]} {how} job ", lines[-1], count=1)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(lines), encoding="utf-8")
+    tmp.replace(path)
+
+
+def append_requeue_record(path: Path, why: str, attempt: int, saved: str, nodes: Sequence[str]) -> None:
+    """One REQUEUE_FORMAT line: why the job requeued itself, in which attempt, from which step, without which nodes."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(P.REQUEUE_FORMAT.format(why=why, attempt=attempt, step=saved, nodes=" ".join(nodes) or "-") + "\n")
+
+
+def requeued(path: Path, why: str) -> int:
+    """How many times the job's records say it requeued for `why`."""
+    try:
+        return sum(line.startswith(why + " ") for line in path.read_text(encoding="utf-8").splitlines())
+    except OSError:
+        return 0
+
+
+def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> tuple[str, str] | None:
+    """One writer per run: the lock under the checkpoints path (a directory: mkdir is atomic, on shared filesystems
+    too) names the job that trains the run. Taken (or this job's own, from an earlier attempt): None. Held by a job
+    alive: (that job, its state). A dead job's lock is taken over."""
+    lock = checkpoints / P.LOCK
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            lock.mkdir()
+            break
+        except FileExistsError:
+            pass
+        holder = _holder(lock)
+        if not holder:
+            time.sleep(1)  # being written by the job that just made it
+            holder = _holder(lock)
+        if holder == job:
+            break
+        state = job_state(holder or "0")
+        if state in LIVE_STATES:
+            return holder, state
+        stale = lock.with_name(f"{P.LOCK}.stale.{job}")
+        try:
+            lock.rename(stale)
+        except OSError:
+            continue  # another job took it over first: look again
+        for child in stale.iterdir():
+            child.unlink()
+        stale.rmdir()
+    (lock / P.LOCK_HOLDER).write_text(job + "\n", encoding="utf-8")
+    return None
+
+
+def _holder(lock: Path) -> str:
+    try:
+        return (lock / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
