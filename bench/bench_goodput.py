@@ -73,7 +73,7 @@ def rows(metrics: Path) -> list[dict]:
 
 
 def rank_pid(job_id: str, conf: str, rank: int) -> int | None:
-    """The pid of the job's training process of `rank` (from its environment: the node script's tag)."""
+    """The pid of the job's training process of `rank` (from its environment: the node step's tag)."""
     for proc in Path("/proc").iterdir():
         try:
             env = dict(x.split("=", 1) for x in (proc / "environ").read_text().split("\0") if "=" in x)

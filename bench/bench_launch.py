@@ -32,7 +32,7 @@ def stamp(log: str, needle: str) -> datetime:
 
 MARKERS = {  # the job's log lines, in the order they come, and what each marks
     "attempt 1 started": "the batch script starts (Slurm scheduled the job)",
-    "rendezvous": "srun starts the node script (lock, port: the prologue done)",
+    "rendezvous": "srun starts the node step (lock, port: the prologue done)",
     "engine:": "rank 0 has imported torch and chosen its engine (node checks and torchrun done)",
     "engine torch |": "rank 0 has built the model and loaded the data",
     "step 1/": "the first step is logged",

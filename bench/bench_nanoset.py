@@ -8,7 +8,7 @@ its first step with a Nanoset vs the same text tokenized at start (not a test).
 2. `python -m launcher.data tokenize` of the whole corpus (2 tasks): on this machine (LocalPipelineExecutor, 2
    workers) and as a Slurm array job on a local cluster of 2 nodes (`launcher.localcluster up --nodes 2`;
    datatrove's SlurmPipelineExecutor); MB of text and tokens per second, the files compared.
-3. Start-up: `torchrun run_train.py` (one process, as the node script starts it) with each engine, on the same text
+3. Start-up: `torchrun run_train.py` (one process, as the node step starts it) with each engine, on the same text
    tokenized at start (a save_to_disk folder: 10 MB and 50 MB) and as a Nanoset (10 MB and the whole
    corpus): the time from the process's start to its first logged step, on a first attempt (3 steps) and on a second
    one that resumes from the first's checkpoint (a requeue or a restart in the allocation: a new process, the same

@@ -136,7 +136,7 @@ def run_engine(
     metrics: Path | None = None,
     timeout: float | None = None,
 ) -> dict:
-    """One torchrun process training `config` with `engine`, as the node script starts one: torchrun's c10d
+    """One torchrun process training `config` with `engine`, as the node step starts one: torchrun's c10d
     rendezvous (one node, its own port); its metrics lines, peak memory and wall time. `pythonpath` goes first on
     the job's path (nanotron main's source); `save=False` skips every checkpoint save (a memory run); the run's
     checkpoints are deleted afterwards unless `keep`."""

@@ -5,7 +5,7 @@ and the memory model against measured peaks. Not a test: it prints and keeps wha
     python bench/gpu_session.py --out DIR --main-src /tmp/nanotron-main/src --deadline 480
     python bench/gpu_session.py --out DIR --rehearse        # on a CPU: every step, tiny shapes, the torch engine
 
-Three parts, each run as the node script runs the job (`torchrun --rdzv_backend c10d ... --engine E`):
+Three parts, each run as the node step runs the job (`torchrun --rdzv_backend c10d ... --engine E`):
 
 1. throughput, one run at a time: tiny (seq 1024, a local dataset) and 1b (seq 4096, random tokens), 40 steps,
    micro batch 2: nanotron 0.4 and the torch engine, and nanotron main on the 1b; tokens/s, MFU (two FLOP

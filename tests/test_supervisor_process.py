@@ -61,14 +61,14 @@ def test_a_hang_dumps_stops_the_step_and_ends_as_without_restarts(tmp_path: Path
 
 
 def test_a_hang_after_the_warning_stops_the_step_and_the_warning_stands(tmp_path: Path):
-    """(the bash script made it a hang, and restarted in a job whose time was up)"""
+    """(a hang then would restart training in a job whose time is up)"""
     proc = start(tmp_path)
     os.kill(int((tmp_path / "training.pid").read_text()), signal.SIGSTOP)  # training hangs: no checkpoint comes
     code, result, lines = signal_and_wait(tmp_path, proc, signal.SIGUSR1, signal.SIGUSR2)
     assert (result["verdict"], result["notice"], code) == ("requeue", "warned", 0), lines
     assert names(lines[:3]) == ["warned", "hung", "outcome"] and len(lines) == 4, lines
     assert "training's last word: none" in lines[2]
-    # (as the bash script says it: a step no pattern of the contract reads, FIELD_PATTERNS' `step` being \S+)
+    # (a step no pattern of the contract reads, FIELD_PATTERNS' `step` being \S+: docs/supervisor.md)
     assert "saved at step unknown (no word from training); requeueing after the time-limit notice (1 of 2)" in lines[3]
     assert (tmp_path / P.REQUEUES_FILE).read_text().startswith("time-limit attempt 1 step unknown")
 

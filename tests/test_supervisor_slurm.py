@@ -150,7 +150,7 @@ def test_a_preemption_requeues_the_job_and_it_resumes(tmp_path: Path, slurm_env:
 
 def test_two_jobs_of_one_run_never_train_together(tmp_path: Path, slurm_env: dict):
     """The second job of the run finds the first holding the lock under the checkpoints and ends (exit code 4),
-    before its pre-launch commands run (as the bash script took the lock before them)."""
+    before its pre-launch commands run (the supervisor takes the lock before them)."""
     train = script(tmp_path, "stoppable.py", STOPPABLE)
     first, first_log = submit_draft(tmp_path, slurm_env, train, "--nodes", "1", "--gpus_per_node", "1")
     wait_for_line(first_log, "rank 0 training")
