@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         failed(e)
         say("attempt_ended", job=slurm.job, attempt=slurm.attempt, when=now(), code=1)
         return 1
+    if not args.before_pre_launch:
+        attempt.install()  # Slurm's notices from here on are the attempt's
     if not started:
         say("attempt_started", job=slurm.job, attempt=slurm.attempt, when=now(), nodes=slurm.nodelist)
     if args.before_pre_launch:
@@ -67,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         say("attempt_ended", job=slurm.job, attempt=slurm.attempt, when=now(), code=TWO_WRITERS)
         return TWO_WRITERS
-    attempt.install()
     if attempt.job.debug:
         say("debug")
     code = 1

@@ -88,7 +88,7 @@ class Attempt:
             for name, fields in reaction.lines:
                 self.effects.say(name, **fields)
             if reaction.stop_file:
-                self.job.file(P.STOP_FILE).touch()  # read (and removed) by training
+                self.effects.touch(self.job.file(P.STOP_FILE))  # read (and removed) by training
             if reaction.notice == Notice.TERMINATED and self.leave_by is None and state.phase in decide.STEP_PHASES:
                 self.leave_by = now + decide.wait_after_term(self.kill_wait_s)
             state.notice = reaction.notice
@@ -101,7 +101,7 @@ class Attempt:
         state, step_nodes = self.state, self.state.step_nodes
         hung_step, idle, allowed = ((_text(self.job.file(P.HUNG_FILE)) or "").split() + ["0", "?", "?"])[:3]
         stacks = self.job.log_dir / f"stacks-{state.job}-{state.attempt}{state.restart_suffix}"
-        stacks.mkdir(parents=True, exist_ok=True)
+        self.effects.make_dir(stacks)
         if step_nodes:
             self.effects.overlap(step_nodes, self.step_command("dump", str(stacks)), 90)
         self.effects.say("hung", step=hung_step, idle=idle, limit=allowed, stacks=stacks)
@@ -211,8 +211,7 @@ class Attempt:
     def fresh_step(self) -> None:
         """What a node step leaves behind gone before the next one starts, training's ranks map with it (the restart
         decision reads it to blame nodes: never an earlier step's)."""
-        for name in STEP_FILES:
-            self.job.file(name).unlink(missing_ok=True)
+        self.effects.remove([self.job.file(name) for name in STEP_FILES])
 
     def lock(self) -> bool:
         """One writer per run: the lock taken (or found this job's own), else `two_writers` said."""
@@ -225,7 +224,7 @@ class Attempt:
 
     def run(self) -> int:
         job, st, fx = self.job, self.state, self.effects
-        job.file(P.STOP_FILE).unlink(missing_ok=True)
+        fx.remove([job.file(P.STOP_FILE)])
         self.fresh_step()
         if not self.lock():
             return TWO_WRITERS
@@ -243,27 +242,9 @@ class Attempt:
                 fx.start_watchdog([str(job.python), "-m", "launcher.node.watchdog", "--progress",
                                    str(job.file(P.PROGRESS_FILE)), "--hung-file", str(job.file(P.HUNG_FILE)),
                                    "--notify", str(os.getpid()), *job.watchdog_options()])  # fmt: skip
-            status = 1
-            for _ in range(PORT_ATTEMPTS):
-                head = st.step_nodes[0] if st.step_nodes else ""
-                port = fx.free_port(head, st.port, head == st.batch_node, str(job.python))
-                if port is None:
-                    window = f"{P.RDZV_PORT_TRIES} from {st.port} in {P.RDZV_PORT_WINDOW}"
-                    fx.say("no_free_port", node=head, ports=window)
-                    return 1
-                st.rdzv_port = port
-                rdzv = f"{fx.node_addr(head) or head}:{port}"
-                fx.say("rendezvous", endpoint=rdzv, backend=job.rdzv_backend, nodes=job.nodes, gpus=job.gpus_per_node,
-                       python=job.python)  # fmt: skip
-                csv = ",".join(st.step_nodes)
-                status = self.run_step(["srun", f"--nodes={job.nodes}", f"--ntasks={job.nodes}", f"--nodelist={csv}",
-                                        "--kill-on-bad-exit=1", "--export=ALL", *job.container_options,
-                                        *self.step_command("run", rdzv, csv)])  # fmt: skip
-                if not decide.retry_port(job.file(P.PORT_TAKEN_FILE).exists(), st.notice):
-                    break
-                fx.say("port_taken", port=port, node=head)
-                job.file(P.PORT_TAKEN_FILE).unlink(missing_ok=True)
-                st.port = decide.next_port(port)
+            status = self.step_on_a_free_port()
+            if status is None:
+                return 1
             fx.stop_watchdog()  # it must not judge the next step by this one's progress, nor fire meanwhile
             end = self.judge(status)
             if not decide.needs_decision(end.verdict, job.max_restarts):
@@ -290,6 +271,32 @@ class Attempt:
                 return nxt.code
             saved = str(restart.checkpoint_step(job.checkpoints)) if nxt.resaved else None
             return self.finish(replace(end, verdict=nxt.verdict), saved)
+
+    def step_on_a_free_port(self) -> int | None:
+        """The node step on the rendezvous host's first free port, again on the next where the first node found its
+        port taken before torchrun listened: srun's exit status, None where no port was free (said)."""
+        job, st, fx = self.job, self.state, self.effects
+        status = 1
+        for _ in range(PORT_ATTEMPTS):
+            head = st.step_nodes[0] if st.step_nodes else ""
+            port = fx.free_port(head, st.port, head == st.batch_node, str(job.python))
+            if port is None:
+                fx.say("no_free_port", node=head, ports=f"{P.RDZV_PORT_TRIES} from {st.port} in {P.RDZV_PORT_WINDOW}")
+                return None
+            st.rdzv_port = port
+            rdzv = f"{fx.node_addr(head) or head}:{port}"
+            fx.say("rendezvous", endpoint=rdzv, backend=job.rdzv_backend, nodes=job.nodes, gpus=job.gpus_per_node,
+                   python=job.python)  # fmt: skip
+            csv = ",".join(st.step_nodes)
+            status = self.run_step(["srun", f"--nodes={job.nodes}", f"--ntasks={job.nodes}", f"--nodelist={csv}",
+                                    "--kill-on-bad-exit=1", "--export=ALL", *job.container_options,
+                                    *self.step_command("run", rdzv, csv)])  # fmt: skip
+            if not decide.retry_port(job.file(P.PORT_TAKEN_FILE).exists(), st.notice):
+                break
+            fx.say("port_taken", port=port, node=head)
+            fx.remove([job.file(P.PORT_TAKEN_FILE)])
+            st.port = decide.next_port(port)
+        return status
 
     def requeue(self, why: str, saved: str, nodes: tuple[str, ...] = (), by_slurm: bool = False) -> int:
         """The job requeued (by Slurm itself as it ends where `by_slurm`), recorded first; the exit code (0)."""

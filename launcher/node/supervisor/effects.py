@@ -103,6 +103,9 @@ class Effects(Protocol):
     def start_watchdog(self, argv: Sequence[str]) -> None: ...
     def stop_watchdog(self) -> None: ...
     # the run's files
+    def touch(self, path: Path) -> None: ...
+    def remove(self, paths: Sequence[Path]) -> None: ...
+    def make_dir(self, path: Path) -> None: ...
     def take_lock(self, checkpoints: Path, job: str) -> tuple[str, str] | None: ...
     def record_requeue(self, path: Path, why: str, attempt: int, saved: str, nodes: Sequence[str]) -> None: ...
     def amend_restart(self, path: Path, how: str) -> None: ...
@@ -207,6 +210,16 @@ class Node:
         if self.watchdog is not None:
             _ended(self.watchdog, 5)
             self.watchdog = None
+
+    def touch(self, path: Path) -> None:
+        path.touch()
+
+    def remove(self, paths: Sequence[Path]) -> None:
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+    def make_dir(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
 
     def take_lock(self, checkpoints: Path, job: str) -> tuple[str, str] | None:
         return records.take_lock(checkpoints, job, lambda holder: self.job_field(holder, "JobState"))
