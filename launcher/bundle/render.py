@@ -60,20 +60,19 @@ def config_yaml(spec: RunSpec, paths: BundlePaths) -> str:
 PROJECT = Path(__file__).resolve().parents[2]  # the directory holding the launcher package: the job's PYTHONPATH
 
 
-def _modules(spec: RunSpec) -> str:
+def _modules(spec: RunSpec) -> tuple[str, ...]:
     """What the job's Python must have for the torch engine (the node check looks for them)."""
     needed = ["torch", "numpy", "yaml", "transformers"]
     if spec.args.data.dataset is not None:
         needed += ["datasets"]
     if not spec.args.logging.wandb_disabled:
         needed += ["wandb"]
-    return ",".join(needed)
+    return tuple(needed)
 
 
-def _local_inputs(spec: RunSpec, paths: BundlePaths) -> list[str]:
-    """The paths the job reads, as every node must see them."""
-    local = [v for v in (*mixture.names(spec.datasets), spec.args.data.tokenizer) if v and is_local_path(v)]
-    return [str(paths.config), spec.args.paths.run_train_script, *local]
+def _local_inputs(spec: RunSpec) -> tuple[str, ...]:
+    """The local paths training reads besides its config and script (data, tokenizer), as every node must see them."""
+    return tuple(v for v in (*mixture.names(spec.datasets), spec.args.data.tokenizer) if v and is_local_path(v))
 
 
 def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
@@ -85,7 +84,7 @@ def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
         return []
     touched = [str(paths.bundle_dir), str(paths.script.parent), str(paths.log.parent), str(paths.checkpoints)]
     touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(PROJECT)]
-    touched += [v for v in _local_inputs(spec, paths)[2:]]
+    touched += _local_inputs(spec)
     touched += container.python_prefixes(_python(spec))
     return container.srun_options(
         c.container_image, touched, c.container_mounts, c.container_workdir, c.container_env, c.container_writable
@@ -121,8 +120,8 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         hang_factor=float(a.job.hang_factor),
         startup_timeout=None if a.job.startup_timeout is None else float(a.job.startup_timeout),
         node_check=a.job.preflight,
-        modules=tuple(_modules(spec).split(",")),
-        inputs=tuple(_local_inputs(spec, paths)[2:]),
+        modules=_modules(spec),
+        inputs=_local_inputs(spec),
         image=a.container.container_image or "",
         container_options=tuple(container_options(spec, paths)),
         debug=a.job.debug,
