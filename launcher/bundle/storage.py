@@ -1,4 +1,4 @@
-"""Where a run writes, checked before the queue (the preflight phase): every output directory can be created and
+"""Where a run writes, checked before the queue (the cluster's checks): every output directory can be created and
 written, and the checkpoints' filesystem has room for a checkpoint.
 
 A checkpoints path nobody can write, or a disk without room for one checkpoint, stops a job at its first save:

@@ -4,7 +4,7 @@ with 20 digits would never finish or would overflow), numbers that are not finit
 name longer than NAME_MAX, a path longer than PATH_MAX), and text that is not UTF-8 (the bundle's files are).
 
 Pure, and first: `launcher.config.validate` says these, and the checks that would choke on them wait until they
-are fixed; `launcher.runs.launch` asks the same before `--layout auto` and `--plan` plan anything, and the preflight's
+are fixed; `launcher.runs.launch` asks the same before `--layout auto` and `--plan` plan anything, and the cluster's
 checkpoint-space check waits for them too.
 """
 

@@ -1,7 +1,7 @@
-"""The first phase of validation, pure: every problem with a resolved spec, each naming the flag and the fix.
+"""The flags' own checks, pure: every problem with a resolved spec, each naming the flag and the fix.
 
-It reads the spec and local files (a dataset, a tokenizer, the training script), never the cluster: the second
-phase, `launcher.slurm.preflight`, asks the world as it is now (output directories, disk, the jobs a dependency
+It reads the spec and local files (a dataset, a tokenizer, the training script), never the cluster: the cluster's
+checks, `launcher.slurm.checks`, ask the world as it is now (output directories, disk, the jobs a dependency
 names, Slurm's verdict). `launcher.runs.launch.check` runs both and reports every problem at once.
 
 The model/parallelism rules live in `launcher.nanotron_config.layout`, shared with the training job, so the launcher and
