@@ -85,3 +85,17 @@ def test_the_allow_list_contract_names_each_import_it_does_not_allow():
     options = {"source_modules": ["pkg.job"], "allowed_modules": ["pkg.door"]}
     check = AllowedContract("the job", {"root_packages": ["pkg"]}, options).check(graph, verbose=False)
     assert not check.kept and check.metadata["broken"] == ["pkg.job.engine -> pkg.new_room (l.4)"]
+
+
+def test_the_console_scripts_are_the_commands_users_type():
+    """pyproject.toml's console scripts run the same functions as `python slurm_launcher.py`, `python -m
+    launcher.jobs` and `python -m launcher.data`; each answers --help (exit 0) without a traceback."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"slurm-launcher", "slurm-launcher-jobs", "slurm-launcher-data"}
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        code = f"import sys; sys.argv = [{name!r}, '--help']; from {module} import {function}; sys.exit({function}())"
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "usage" in out.stdout.lower() and "Traceback" not in out.stderr, (name, out)
