@@ -236,7 +236,7 @@ def resolve(
     resolved = dataclasses.replace(args, **groups)  # (the job's flags are not in a YAML: --config sets none)
     spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice,
                    read.datasets, read.stages, dependency, nanosets=nanosets, checkpoints=checkpoints, fresh=fresh,
-                   expedited_requeue=expedited)  # fmt: skip
+                   expedited_requeue=expedited, facts=facts or cluster.NOT_ASKED)  # fmt: skip
     return spec, problems
 
 

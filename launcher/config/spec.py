@@ -13,6 +13,7 @@ from typing import Any
 
 from launcher.config import runtime
 from launcher.config.dependency_syntax import Dependency
+from launcher.config.facts import NOT_ASKED, ClusterFacts
 from launcher.config.flags import GROUPS, LaunchArgs
 from launcher.nanotron_config import dialect, mixture, schema
 from launcher.nanotron_config.gpus import GpuChoice
@@ -50,6 +51,7 @@ class RunSpec:
     # `--requeue=expedite` where the job requeues: the cluster enables it and its Slurm is 25.11+ (the cluster's facts,
     # `scontrol show config` asked once before resolution; a dry run asks nothing: a plain --requeue)
     expedited_requeue: bool = False
+    facts: ClusterFacts = NOT_ASKED  # what the cluster said of itself before resolution (nothing in a dry run)
 
     @functools.cached_property
     def config(self) -> dict:

@@ -129,6 +129,8 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
     derived = sizes.derived(draft.spec)
     backend, why = draft.spec.rendezvous
     derived["rendezvous"] = {"backend": backend, "why": why}
+    if draft.spec.facts.asked:  # the Slurm the run was launched on, as the cluster said it before resolution
+        derived["cluster"] = {"slurm": draft.spec.facts.release, "gpu_types": list(draft.spec.facts.gpu_types)}
     paths = draft.paths
     try:
         image = draft.spec.args.container.container_image
