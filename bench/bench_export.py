@@ -67,13 +67,13 @@ def bundle(where: Path) -> Any:
     from launcher.runs import launch
 
     dataset, tokenizer = make_demo(where / "demo")
-    # the demo's word-level tokenizer grown to the 128256 tokens of --vocab_size (added tokens), so that the export
-    # keeps every row of the embedding, as it does for a Llama 3 tokenizer
-    from tokenizers import Tokenizer
-
-    grown = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
-    grown.add_tokens([f"<extra_{i}>" for i in range(grown.get_vocab_size(), VOCAB)])
-    grown.save(str(tokenizer / "tokenizer.json"))
+    # the demo's word-level tokenizer grown to the 128256 tokens of --vocab_size (words of its vocabulary, as a Llama
+    # 3 tokenizer holds its own), so that the export keeps every row of the embedding
+    grown = json.loads((tokenizer / "tokenizer.json").read_text())
+    words = grown["model"]["vocab"]
+    first = 1 + max([*words.values(), *(t["id"] for t in grown.get("added_tokens", []))])
+    words.update({f"<extra_{i}>": i for i in range(first, VOCAB)})
+    (tokenizer / "tokenizer.json").write_text(json.dumps(grown))
     (where / "user.yaml").write_text(USER_YAML)
     cwd = os.getcwd()
     os.chdir(where)

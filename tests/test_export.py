@@ -129,8 +129,7 @@ def test_the_shard_plan_is_huggingface_hubs_over_whole_groups():
 
 
 def test_the_vocabulary_is_the_tokenizers_and_never_more_than_the_models_rows(demo_data: DemoData, tmp_path: Path):
-    tokenizer = folder.read_tokenizer(str(demo_data.tokenizer))
-    assert folder.vocabulary(tokenizer) == demo_data.vocab == VOCAB
+    assert folder.vocabulary(str(demo_data.tokenizer)) == demo_data.vocab == VOCAB
     shape = checkpoints.ModelShape(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                                    vocab_size=128, max_seq_len=64)  # fmt: skip
     found = checkpoints.Checkpoint(tmp_path, 5, "torch", "0.4", {}, shape, False)
@@ -138,7 +137,7 @@ def test_the_vocabulary_is_the_tokenizers_and_never_more_than_the_models_rows(de
     with pytest.raises(checkpoints.ExportError, match="has 129 tokens, more than the model's 128 rows"):
         found.with_vocabulary(129)
     with pytest.raises(checkpoints.ExportError, match="cannot be read here"):
-        folder.read_tokenizer(str(tmp_path / "no-tokenizer"))
+        folder.vocabulary(str(tmp_path / "no-tokenizer"))
 
 
 def test_a_new_file_takes_the_umasks_mode(tmp_path: Path):

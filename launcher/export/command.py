@@ -69,11 +69,10 @@ def export(run: Manifest, step: int | None, output: Path | None, dtype: str, arg
     checkpoint = found.find(run.checkpoints, step, run_config(run))
     target = output or default_output(run, checkpoint.step)
     started = time.monotonic()
-    tokenizer = folder.read_tokenizer(checkpoint.tokenizer)
-    if tokenizer is not None:  # the tokenizer's vocabulary, not the config's rounding of it nor the engine's padding
-        checkpoint = checkpoint.with_vocabulary(folder.vocabulary(tokenizer))
+    if checkpoint.tokenizer:  # the tokenizer's vocabulary, not the config's rounding of it nor the engine's padding
+        checkpoint = checkpoint.with_vocabulary(folder.vocabulary(checkpoint.tokenizer))
     groups = weights.groups(checkpoint)
-    size = folder.write(target, checkpoint, groups, dtype, tokenizer, card(run, checkpoint, dtype, argv))
+    size = folder.write(target, checkpoint, groups, dtype, card(run, checkpoint, dtype, argv))
     print(f"Exported step {checkpoint.step} of {run.bundle_dir.resolve()} ({checkpoint.engine} engine) to {target}: "
           f"{size / 2**20:.1f} MiB of {dtype} weights in {time.monotonic() - started:.1f} s.")  # fmt: skip
     print(f"  load it: AutoModelForCausalLM.from_pretrained({str(target)!r})")

@@ -106,10 +106,8 @@ def write_weights(directory: Path, groups: list[Group], dtype: torch.dtype) -> i
     return total
 
 
-def read_tokenizer(name: str | None) -> Any:
-    """The run's tokenizer (transformers' AutoTokenizer), None where the run's config names none."""
-    if not name:
-        return None
+def read_tokenizer(name: str) -> Any:
+    """The run's tokenizer (transformers' AutoTokenizer)."""
     from transformers import AutoTokenizer
 
     try:
@@ -121,9 +119,19 @@ def read_tokenizer(name: str | None) -> Any:
         ) from None
 
 
-def vocabulary(tokenizer: Any) -> int:
-    """The rows a model needs for every id the tokenizer gives (its added tokens too): its largest id, plus one."""
-    return max(tokenizer.get_vocab().values()) + 1
+def vocabulary(tokenizer: str) -> int:
+    """The rows a model needs for every id the tokenizer gives (its added tokens too): its largest id, plus one. The
+    tokenizer is let go on return (and read again to be saved): a large one's memory is never held beside the
+    weights' (a tokenizer of 128256 added tokens takes 0.3 GiB)."""
+    return max(read_tokenizer(tokenizer).get_vocab().values()) + 1
+
+
+def write_tokenizer(directory: Path, tokenizer: str | None) -> str:
+    """The run's tokenizer's files (transformers' own save of it); what was written, in words."""
+    if not tokenizer:
+        return "no tokenizer: the run's config names none"
+    read_tokenizer(tokenizer).save_pretrained(str(directory))
+    return f"the run's tokenizer, {tokenizer}"
 
 
 def model_card(lines: dict[str, str]) -> ModelCard:
@@ -138,9 +146,7 @@ def temporary_beside(output: Path) -> Path:
     return output.parent / f".{output.name}.tmp-{secrets.token_hex(4)}"
 
 
-def write(
-    output: Path, checkpoint: Checkpoint, groups: list[Group], dtype: str, tokenizer: Any, card: dict[str, str]
-) -> int:
+def write(output: Path, checkpoint: Checkpoint, groups: list[Group], dtype: str, card: dict[str, str]) -> int:
     """The whole folder at `output` (which must not exist), or nothing there. Returns the weights' bytes."""
     if output.exists():
         raise ExportError(f"{output} exists; the export never overwrites: give another --output, or move it away")
@@ -149,10 +155,7 @@ def write(
     tmp.mkdir()
     try:
         write_config(tmp, checkpoint, dtype)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-        card["tokenizer"] = f"the run's tokenizer, {checkpoint.tokenizer}" if tokenizer is not None else (
-            "no tokenizer: the run's config names none")  # fmt: skip
+        card["tokenizer"] = write_tokenizer(tmp, checkpoint.tokenizer)
         total = write_weights(tmp, groups, DTYPES[dtype])
         model_card(card).save(tmp / "README.md")
         for f in tmp.iterdir():
