@@ -48,8 +48,8 @@ def test_no_room_for_one_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     least = sizes.parameters(spec) * sizes.MIN_BYTES_PER_PARAMETER
     for free, refused in ((least - 1, True), (least, False)):
         monkeypatch.setattr(storage.shutil, "disk_usage", lambda path, free=free: shutil._ntuple_diskusage(0, 0, free))
-        problems = [p for p in all_problems(spec, []) if p.flag == "checkpoints_path"]
-        assert bool(problems) == refused
+        problems = [p for p in all_problems(spec, []) if "less than one checkpoint" in p.message]
+        assert bool(problems) == refused  # (with room for one, the forecast of the run's peak speaks: below)
     monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, least - 1))
     (problem,) = storage.space_problems(sizes.parameters(spec), "/ck")
     assert "less than one checkpoint of this model (at least 96.4 GB)" in problem.message
@@ -60,8 +60,10 @@ def test_summary_plans_the_checkpoints_on_this_machines_disk(tmp_path: Path) -> 
                        "--warmup_steps", "10", "--dry_run", cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.strip().startswith("checkpoints"))
-    # tiny: 4.22M parameters x 14 bytes; then the free space read now (it changes from read to read)
-    assert re.search(r"\(~59\.1 MB each, 4 over the run; [\d.]+ [KMGT]?B free\)$", line), line
+    # tiny: 4.22M parameters x 14 bytes, all 4 kept; then the free space read now (it changes from read to read)
+    assert re.search(r"\(~59\.1 MB each, 4 over the run, all kept: 236 MB at the end; [\d.]+ [KMGT]?B free\)$", line), (
+        line
+    )
 
 
 def test_output_directories_are_checked_by_the_launcher(tmp_path: Path) -> None:
