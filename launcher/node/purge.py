@@ -149,12 +149,14 @@ def purge(root: Path, rules: Rules, job: str, job_states: JobStates = squeue_ali
 
 
 def gigabytes(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def say_line(name: str, **fields: object) -> None:
     """A contract line in the job's log, whole."""
-    sys.stdout.write(P.line(name, None, **fields) + "\n")
+    now = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+    sys.stdout.write(P.line(name, stamp, **fields) + "\n")
     sys.stdout.flush()
 
 
@@ -248,6 +250,8 @@ class Retention:
         if done.removed or done.leftovers or done.restored:
             self._write({"event": "purge", "rules": self.rules.describe(), **asdict(done), "freed": done.freed})
             steps = ", ".join(str(r["step"]) for r in done.removed) or "none"
+            if done.leftovers:
+                steps += f" and what an interrupted purge left ({', '.join(r['path'] for r in done.leftovers)})"
             self.say("purged", steps=steps, freed=gigabytes(done.freed), seconds=f"{done.seconds:.2f}",
                      kept=", ".join(map(str, done.kept)) or "none", rules=self.rules.describe())  # fmt: skip
         return done
