@@ -133,3 +133,64 @@ def test_a_kill_at_each_point_of_a_save_and_a_purge_loses_nothing_promised(
     redone = {r["step"]: r["loss"] for r in first if r["step"] > resumes_at}
     assert all(abs(r["loss"] - redone[r["step"]]) < 1e-6 for r in again if r["step"] in redone)  # the same samples
     assert_kept_as_promised(root, [first_bundle, second_bundle])
+
+
+TWO_RANKS = ("--nodes", "1", "--gpus_per_node", "2", "--tp", "1", "--pp", "1")  # dp 2: the default cluster's node
+
+
+@pytest.mark.nanotron_cpu
+def test_nanotrons_trainer_keeps_the_same_and_a_save_cut_before_its_metadata_loses_nothing(
+    tmp_path: Path, slurm_env: dict, demo_data: Any
+):
+    """nanotron 0.4's own trainer on 2 CPU ranks (tests/cpu_nanotron): killed on rank 0 as it would write step 60's
+    checkpoint_metadata.json (every rank's weights and optimizer files are written: a <step>/ that is not a
+    checkpoint), launched again: it resumes from 50, the pointer's, at the samples 50's metadata names, and ends
+    with the same five steps. The partial 60 stays while it may be a save in progress, and is then saved over."""
+    from cpu_nanotron import environment
+    from test_nanotron_slurm import launch as nanotron_launch
+
+    faulty = faulty_python(tmp_path, "save-mid-write@60", environment())
+    flags = (*RULES[2:], "--python", str(faulty), "--max_restarts", "0")  # (launch says --train_steps)
+
+    def run() -> tuple[int, str]:
+        proc = nanotron_launch(tmp_path, slurm_env, demo_data, "0.4", "nano", None, 200, *flags, layout=TWO_RANKS)
+        return finish(proc, timeout=900)
+
+    code, out = run()
+    root = tmp_path / "checkpoints/nano"
+    assert code != 0 and (tmp_path / "killed").exists(), out[-4000:]
+    assert set(layout.complete_steps(root)) == {40, 50} and layout.pointer_step(root) == 50
+    (partial,) = layout.partial_steps(root)
+    assert partial.step == 60 and "no checkpoint_metadata.json" in partial.why
+    consumed = json.loads((root / "50" / P.NANOTRON_METADATA).read_text())["metas"]["consumed_train_samples"]
+    assert consumed == 50 * 8  # dp 2 x micro-batch 2 x accumulation 2 a step
+    first = read_metrics(bundles(tmp_path, "nano")[0] / P.METRICS)
+
+    code, out = run()
+    assert code == 0, out[-4000:]
+    assert f"resuming from the run's own checkpoints in {root} (latest: 50)" in out
+    first_bundle, second_bundle = bundles(tmp_path, "nano")
+    again = read_metrics(second_bundle / P.METRICS)
+    assert [r["step"] for r in again] == list(range(51, 201))
+    redone = {r["step"]: r["loss"] for r in first if r["step"] > 50}
+    assert redone and all(abs(r["loss"] - redone[r["step"]]) < 1e-3 for r in again if r["step"] in redone)
+    assert_kept_as_promised(root, [first_bundle, second_bundle])
+
+
+@pytest.mark.nanotron_cpu
+def test_nanotron_mains_trainer_keeps_the_last_2_and_every_50th(tmp_path: Path, slurm_env: dict, demo_data: Any):
+    """The issue's run with nanotron main's own trainer (its dialect, its checkpoint format 1.5) on 2 CPU ranks."""
+    from cpu_nanotron import python
+    from test_nanotron_slurm import launch as nanotron_launch
+
+    flags = (*RULES[2:], "--python", str(python(tmp_path, main=True)))
+    proc = nanotron_launch(tmp_path, slurm_env, demo_data, "main", "nanomain", None, 200, *flags, layout=TWO_RANKS)
+    code, out = finish(proc, timeout=900)
+    assert code == 0, out[-4000:]
+    root = tmp_path / "checkpoints/nanomain"
+    (bundle_dir,) = bundles(tmp_path, "nanomain")
+    assert_kept_as_promised(root, [bundle_dir])
+    assert json.loads((root / "200" / P.NANOTRON_METADATA).read_text())["version"] == "1.5"  # main's format
+    rows = read_record(bundle_dir / P.CHECKPOINTS_RECORD)
+    assert [r["step"] for r in rows if r["event"] == "saved"] == list(range(10, 201, 10))
+    assert {r["engine"] for r in rows if r["event"] == "saved"} == {"nanotron"}
