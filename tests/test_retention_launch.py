@@ -4,6 +4,7 @@ would fit), the summary's line, and the rules as the batch script hands them to 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -15,6 +16,8 @@ from launcher_helpers import all_problems, fixed_paths, run_launcher, spec_for
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.bundle import render, storage
+from launcher.bundle.records import checkpoint_totals
+from launcher.ledger.breakdown import Ledger, summary
 from launcher.node import purge
 from launcher.node.retention import Rules, most_kept
 from launcher.perf import sizes
@@ -140,3 +143,21 @@ def test_the_summary_names_steps_this_launcher_did_not_save(tmp_path: Path):
     out = run_launcher("--run_name", "r", *TINY, "--keep_last", "2", "--dry_run", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "leaves alone 2 steps this launcher did not save (100, 200)" in out.stdout
+
+
+def test_the_ledger_counts_the_bytes_the_record_says_written_and_freed(tmp_path: Path):
+    record = tmp_path / P.CHECKPOINTS_RECORD
+    assert checkpoint_totals(record) is None  # no rules, no record: nothing said
+    rows = [
+        {"event": "found", "steps": [5]},
+        {"event": "saved", "step": 10, "bytes": 2_000_000},
+        {"event": "saved", "step": 20, "bytes": 3_000_000},
+        {"event": "purge", "removed": [{"step": 10, "bytes": 2_000_000}], "leftovers": [], "freed": 2_500_000},
+    ]
+    record.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "sav')  # a line cut by a kill
+    totals = checkpoint_totals(record)
+    assert totals == {"saved": 2, "written_bytes": 5_000_000, "removed": 1, "freed_bytes": 2_500_000, "purges": 1}
+    ledger = Ledger("job records", [], checkpoints=totals)
+    assert ledger.record()["checkpoints"] == totals
+    assert summary(ledger).endswith("; checkpoints: 2 saved (5.0 MB), 1 removed (2.5 MB freed)")
+    assert "checkpoints" not in Ledger("job records", []).record()

@@ -70,6 +70,12 @@ def test_a_run_keeps_the_last_2_and_every_50th(tmp_path: Path, slurm_env: dict, 
     assert [r["step"] for r in rows if r["event"] == "saved"] == list(range(10, 201, 10))  # each seen once
     removed = sorted(r["step"] for row in rows if row["event"] == "purge" for r in row["removed"])
     assert removed == sorted(set(range(10, 201, 10)) - KEPT)
+    ledger = manifest(bundle_dir)["ledger"]["checkpoints"]  # the manifest counts the bytes written and freed
+    written = sum(r["bytes"] for r in rows if r["event"] == "saved")
+    freed = sum(r["bytes"] for row in rows if row["event"] == "purge" for r in row["removed"])
+    assert ledger == {"saved": 20, "written_bytes": written, "removed": 15, "freed_bytes": freed,
+                      "purges": ledger["purges"]}  # fmt: skip
+    assert f"checkpoints: 20 saved ({written / 1e6:.1f} MB), 15 removed ({freed / 1e6:.1f} MB freed)" in out
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     last_purge = [line for line in log.splitlines() if "retention removed step(s) " in line][-1]
     assert last_purge.endswith("; kept 50, 100, 150, 190, 200: the last 2 and every step that is a multiple of 50")
