@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,43 @@ def test_the_ledger_counts_the_bytes_the_record_says_written_and_freed(tmp_path:
     assert ledger.record()["checkpoints"] == totals
     assert summary(ledger).endswith("; checkpoints: 2 saved (5.0 MB), 1 removed (2.5 MB freed)")
     assert "checkpoints" not in Ledger("job records", []).record()
+
+
+def test_the_checkpoints_command_says_why_each_step_stays_and_what_was_removed(tmp_path: Path):
+    out = run_launcher("--run_name", "r", *TINY, "--keep_last", "2", "--keep_every", "50", "--dry_run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (bundle,) = (tmp_path / "logs/configs/r").iterdir()
+    root = tmp_path / "checkpoints/r"
+    for step in (50, 100, 110, 120, 130):
+        (root / str(step)).mkdir(parents=True)
+        (root / str(step) / layout.TORCH_STATE).write_bytes(b"x" * 1000)
+        (root / str(step) / layout.TORCH_META).write_text("{}")
+        layout.note_save(root, step)
+    (root / P.TORCH_POINTER).write_text("130\n")
+    (root / ".tmp-140-abcd").mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lease = layout.take_lease(root, 110, "export", env={})
+    lease.path.write_text(lease.path.read_text().replace(f'"pid": {lease.pid}', f'"pid": {gone.stdout.strip()}'))
+    row = {"event": "purge", "removed": [{"step": 40, "bytes": 1000, "why": "not among the last 2, not a multiple "
+           "of 50"}], "leftovers": [], "freed": 1000, "time": 0, "job": "7"}  # fmt: skip
+    (bundle / P.CHECKPOINTS_RECORD).write_text(json.dumps(row) + "\n")
+    shown = subprocess.run([sys.executable, "-m", "launcher.jobs", "checkpoints", str(bundle)], cwd=tmp_path,
+                           capture_output=True, text=True, env=environment_here())  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"Checkpoints of run r in {root}: it keeps the last 2 and every step that is a multiple of 50"
+    assert re.match(r"\s+50\s+1\.\d+ KB\s+complete\s+a multiple of 50 \(--keep_every\)$", lines[1]), lines[1]
+    assert lines[3].split()[:3] == ["110", "1.00", "KB"]  # its reader is gone: its lease holds it no more
+    assert "removed at the next purge: not among the last 2" in lines[3]
+    assert "among the last 2; removed after 1 more checkpoint" in lines[4]
+    assert "latest (the pointer names it); among the last 2" in lines[5]
+    assert "partial (.tmp-140-abcd)" in lines[6] and "being written" in lines[6]
+    assert "job 7 removed 40 (1.00 KB): not among the last 2, not a multiple of 50" in shown.stdout
+    assert layout.leases(root) != []  # it judges, and removes nothing: not even a gone reader's lease
+    assert set(layout.complete_steps(root)) == {50, 100, 110, 120, 130}
+
+
+def environment_here() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
