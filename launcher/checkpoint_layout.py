@@ -17,12 +17,13 @@ complete). A *lease* holds a step a reader (an export, an eval) reads, until the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +227,22 @@ def take_lease(root: Path, step: int, reader: str, env: Mapping[str, str] = os.e
 
 def drop_lease(lease: Lease) -> None:
     lease.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def leased(root: Path, step: int, reader: str) -> Iterator[Lease | None]:
+    """A lease on `step` while the block reads it (an export, an eval), dropped after; None where the folder takes
+    no lease (not writable: the reader goes on, unprotected). The caller checks the step is still complete once it
+    holds the lease: a purge that judged it before is then either done, or gives it back (launcher/node/purge.py)."""
+    try:
+        lease: Lease | None = take_lease(root, step, reader)
+    except OSError:
+        lease = None
+    try:
+        yield lease
+    finally:
+        if lease is not None:
+            drop_lease(lease)
 
 
 def leases(root: Path) -> list[Lease]:
