@@ -293,3 +293,17 @@ def test_the_supervisors_one_call_does_nothing_without_rules(tmp_path: Path):
     env = {P.SUPERVISOR_ENV["checkpoints"]: str(tmp_path), P.ENV_RETENTION: Rules(keep_last=1).to_json()}
     purging.between_polls(True, env)
     assert set(layout.complete_steps(tmp_path)) == {20}
+
+
+def test_the_resume_points_are_on_disk_before_anything_older_goes(tmp_path: Path, monkeypatch):
+    for step in (10, 20, 30):
+        nanotron_step(tmp_path, step)  # nanotron fsyncs none of its files
+    saved(tmp_path, 10, 20, 30, pointer=P.NANOTRON_POINTER)
+    (tmp_path / P.NANOTRON_POINTER).write_text("20")  # 30 complete, the pointer not moved yet
+    order: list[str] = []
+    real_durable, real_remove = purging.make_durable, purging.remove_aside
+    monkeypatch.setattr(purging, "make_durable", lambda p: (order.append(f"sync {p.name}"), real_durable(p)))
+    monkeypatch.setattr(purging, "remove_aside", lambda p: (order.append("remove"), real_remove(p)))
+    purging.purge(tmp_path, Rules(keep_last=1), "")
+    assert sorted(order[:2]) == ["sync 20", "sync 30"] and order[2:] == ["remove"]
+    assert set(layout.complete_steps(tmp_path)) == {20, 30}

@@ -1,10 +1,11 @@
 """The purge: what retention (launcher/node/retention.py) judges removable, removed safely, by the job's one writer
 (the holder of the run's lock), after each new complete checkpoint; and the records of it (docs/checkpoints.md).
 
-A step goes in two moves: renamed out of the steps' names (`.purging-<step>-<random>`, atomic, made durable), then
-deleted. A kill between or during them never leaves a step that looks complete, nor one half deleted under its own
-name; what it leaves is deleted by the next purge. A reader that took its lease as the step was judged wins: the
-step is renamed back.
+Before anything goes, the resume points (the pointer's step, the newest complete one) are flushed to disk: a crash
+after a purge finds them whole. A step goes in two moves: renamed out of the steps' names
+(`.purging-<step>-<random>`, atomic, made durable), then deleted. A kill between or during them never leaves a step
+that looks complete, nor one half deleted under its own name; what it leaves is deleted by the next purge. A reader
+that took its lease as the step was judged wins: the step is renamed back.
 
 `Retention` is the supervisor's side: `poll` between the step's polls (one stat a pointer every LOOK_EVERY_S while
 nothing changes; a look and a purge in a thread once a pointer moves or the folder changes, at once where the step
@@ -89,6 +90,21 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def make_durable(path: Path) -> None:
+    """Every file and folder under `path` flushed to disk (cheap where the engine fsynced them already)."""
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))
+
+
 def remove_aside(path: Path) -> None:
     """Delete what was renamed out of the steps' names (a kill here leaves it for the next purge)."""
     if path.is_dir() and not path.is_symlink():
@@ -123,6 +139,10 @@ def purge(root: Path, rules: Rules, job: str, job_states: JobStates = squeue_ali
         return done
     folder = layout.look(root)
     plan = judge(folder, rules, readers(folder, job_states))
+    if plan.removed:  # the resume points on disk before anything older goes (nanotron fsyncs none of its files)
+        newest = max(folder.complete, default=None)
+        for step in {s for s in (folder.pointer, newest) if s is not None and s in folder.complete}:
+            make_durable(layout.step_dir(root, step))
     for judged in plan.removed:
         source = Path(judged.path) if judged.path else root / str(judged.step)
         size = layout.size_of(source)
