@@ -18,10 +18,11 @@ from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.bundle import render, storage
 from launcher.bundle.records import checkpoint_totals
-from launcher.ledger.breakdown import Ledger, summary
+from launcher.ledger import breakdown
 from launcher.node import purge
 from launcher.node.retention import Rules, most_kept
 from launcher.perf import sizes
+from launcher.report import summary
 
 TINY = ("--dataset", "none", "--warmup_steps", "10", "--train_steps", "200", "--save_interval", "10")
 
@@ -67,14 +68,16 @@ def test_the_forecast_refuses_a_peak_the_disk_cannot_hold_and_names_rules_that_f
     assert problems_of_spec(spec) == []
 
 
-def test_the_forecast_of_a_run_that_removes_nothing_counts_every_save(monkeypatch, tmp_path: Path):
+def test_a_run_that_removes_nothing_is_told_in_the_summary_not_refused(monkeypatch, tmp_path: Path):
+    """Every save kept (no rule) and more than the disk holds: as before retention, a note with a rule that fits."""
     spec, _ = spec_for(*TINY, cwd=tmp_path)
-    each = sizes.disk(spec).each
-    free_space(monkeypatch, each * 7)
-    (problem,) = problems_of_spec(spec)
-    assert problem.flag == "checkpoints_path"
-    assert problem.message.startswith("the run saves 20 checkpoints of ~59.1 MB each and removes none: 1.18 GB in all")
-    assert problem.fix.startswith("keep fewer (--keep_last 6 fits)")
+    found = sizes.disk(spec)
+    assert (found.most, found.saves) == (20, 20)
+    free_space(monkeypatch, found.each * 7)
+    assert problems_of_spec(spec) == []
+    note = summary._checkpoint_note(spec, sizes.derived(spec))
+    assert note == ("~59.1 MB each, 20 over the run, all kept: 1.18 GB at the end; 413 MB free: not enough for all "
+                    "20: --keep_last 6 fits (older ones are then removed), or make room")  # fmt: skip
     assert most_kept(Rules(6, None, 200), 10) == 7
 
 
@@ -158,10 +161,10 @@ def test_the_ledger_counts_the_bytes_the_record_says_written_and_freed(tmp_path:
     record.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "sav')  # a line cut by a kill
     totals = checkpoint_totals(record)
     assert totals == {"saved": 2, "written_bytes": 5_000_000, "removed": 1, "freed_bytes": 2_500_000, "purges": 1}
-    ledger = Ledger("job records", [], checkpoints=totals)
+    ledger = breakdown.Ledger("job records", [], checkpoints=totals)
     assert ledger.record()["checkpoints"] == totals
-    assert summary(ledger).endswith("; checkpoints: 2 saved (5.0 MB), 1 removed (2.5 MB freed)")
-    assert "checkpoints" not in Ledger("job records", []).record()
+    assert breakdown.summary(ledger).endswith("; checkpoints: 2 saved (5.0 MB), 1 removed (2.5 MB freed)")
+    assert "checkpoints" not in breakdown.Ledger("job records", []).record()
 
 
 def test_the_checkpoints_command_says_why_each_step_stays_and_what_was_removed(tmp_path: Path):

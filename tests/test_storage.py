@@ -48,8 +48,8 @@ def test_no_room_for_one_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     least = sizes.parameters(spec) * sizes.MIN_BYTES_PER_PARAMETER
     for free, refused in ((least - 1, True), (least, False)):
         monkeypatch.setattr(storage.shutil, "disk_usage", lambda path, free=free: shutil._ntuple_diskusage(0, 0, free))
-        problems = [p for p in all_problems(spec, []) if "less than one checkpoint" in p.message]
-        assert bool(problems) == refused  # (with room for one, the forecast of the run's peak speaks: below)
+        problems = [p for p in all_problems(spec, []) if p.flag == "checkpoints_path"]
+        assert bool(problems) == refused
     monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, least - 1))
     (problem,) = storage.space_problems(sizes.parameters(spec), "/ck")
     assert "less than one checkpoint of this model (at least 96.4 GB)" in problem.message

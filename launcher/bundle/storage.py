@@ -1,6 +1,6 @@
 """Where a run writes, checked before the queue (the preflight phase): every output directory can be created and
-written, and the checkpoints' filesystem has room for a checkpoint, and for the most the run keeps at once (the
-forecast: --keep_last/--keep_every's count, or every save where none is removed; launcher/perf/sizes.py's `disk`).
+written, and the checkpoints' filesystem has room for a checkpoint, and for the most --keep_last/--keep_every keep
+at once (the forecast; launcher/perf/sizes.py's `disk`).
 
 A checkpoints path nobody can write, or a disk without room for one checkpoint, stops a job at its first save:
 after the queue and `--save_interval` steps of training. The bundle's own directories would stop the launcher
@@ -63,11 +63,25 @@ def space_problems(parameters: int, directory: str) -> list[Problem]:
 
 
 def peak_problems(disk: Disk, directory: str, save_interval: int, save_initial_state: bool) -> list[Problem]:
-    """A problem when the most checkpoints the run keeps at once do not fit the free space where they go (where
-    one does not fit, `space_problems` says so), with the rules that would fit."""
+    """A problem when the most checkpoints the run's --keep_last/--keep_every keep at once do not fit the free space
+    where they go (where one does not fit, `space_problems` says so), with the rules that would fit. A run that
+    removes nothing is told so in the summary (`launcher/report/summary.py`), as before retention: not refused."""
     free = free_bytes(directory)
-    if free is None or disk.peak <= free:
+    if free is None or disk.peak <= free or not disk.rules.active:
         return []
+    fixes = fitting(disk, free, save_interval, save_initial_state)
+    fix = f"keep fewer ({' or '.join(fixes)} fits), or " if fixes else ""
+    fix += f"give a --checkpoints_path with {human_bytes(disk.peak)} free, or make room"
+    writing = "one being written" if disk.most < disk.saves else "the last"
+    what = (f"the run keeps up to {disk.most} checkpoints at once ({disk.rules.describe()}, {writing}) of "
+            f"~{human_bytes(disk.each)} each: {human_bytes(disk.peak)} at its peak")  # fmt: skip
+    flag = "keep_last" if disk.rules.keep_last is not None else "keep_every"
+    return [Problem(flag, f"{what}, more than the {human_bytes(free)} free where {directory} lies", fix)]
+
+
+def fitting(disk: Disk, free: int, save_interval: int, save_initial_state: bool) -> list[str]:
+    """The rules that would fit the run's peak in `free` bytes: the largest --keep_last (with --keep_every as it
+    is), and the smallest --keep_every (with --keep_last as it is), where any fits."""
     rules, room = disk.rules, free // disk.each
 
     def fits(rules: Rules) -> bool:
@@ -83,19 +97,7 @@ def peak_problems(disk: Disk, directory: str, save_interval: int, save_initial_s
         m = _smallest(lambda m: fits(Rules(rules.keep_last, m * save_interval, rules.train_steps)), most_m)
         if m is not None:
             fixes.append(f"--keep_every {m * save_interval}")
-    room_said = f"{human_bytes(disk.peak)} free"
-    fix = f"keep fewer ({' or '.join(fixes)} fits), or " if fixes else ""
-    fix += f"give a --checkpoints_path with {room_said}, or make room"
-    each = f"~{human_bytes(disk.each)} each"
-    if not rules.active:
-        what = f"the run saves {disk.saves} checkpoints of {each} and removes none: {human_bytes(disk.peak)} in all"
-        flag = "checkpoints_path"
-    else:
-        writing = "one being written" if disk.most < disk.saves else "the last"
-        what = (f"the run keeps up to {disk.most} checkpoints at once ({rules.describe()}, {writing}) of {each}: "
-                f"{human_bytes(disk.peak)} at its peak")  # fmt: skip
-        flag = "keep_last" if rules.keep_last is not None else "keep_every"
-    return [Problem(flag, f"{what}, more than the {human_bytes(free)} free where {directory} lies", fix)]
+    return fixes
 
 
 def _largest(ok: Callable[[int], bool], most: int) -> int | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.bundle.files import BundlePaths
-from launcher.bundle.storage import free_bytes
+from launcher.bundle.storage import fitting, free_bytes
 from launcher.checkpoint_layout import look
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
-from launcher.perf.sizes import human_bytes, human_count, retention_rules
+from launcher.perf.sizes import disk, human_bytes, human_count, retention_rules
 
 
 def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
@@ -27,8 +27,11 @@ def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
     if free is None:
         return note
     note += f"; {human_bytes(free)} free"
-    if peak > free:
-        note += ": not enough for the peak: --keep_last/--keep_every, or make room"
+    if peak > free:  # (with --keep_last/--keep_every, the forecast refused it before: here, a run that keeps all)
+        a = spec.args.paths
+        fixes = fitting(disk(spec), free, a.save_interval, a.save_initial_state)
+        note += f": not enough for all {count}: " + (f"{fixes[0]} fits (older ones are then removed), " if fixes
+                                                     else "") + "or make room"  # fmt: skip
     return note
 
 
