@@ -355,3 +355,30 @@ def test_an_interrupted_export_leaves_nothing_that_looks_finished(
     out.mkdir()
     assert jobs.main(["export", str(run.bundle_dir), "--output", str(out)]) == 1
     assert "exists; the export never overwrites" in capsys.readouterr().err and list(out.iterdir()) == []
+
+
+def test_an_export_holds_its_step_against_the_runs_retention(
+    torch_run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run keeps only its newest step (--keep_last 1) and its supervisor purges while `jobs export --step 5`
+    reads step 5: the export's lease keeps it; once the export has ended, the next purge removes it."""
+    from launcher import checkpoint_layout as layout
+    from launcher.node import purge
+    from launcher.node.retention import Rules
+
+    run = _copy(torch_run("0.4"), tmp_path / "t")
+    shutil.copytree(run.checkpoints / "5", run.checkpoints / "10")
+    for step in (5, 10):
+        layout.note_save(run.checkpoints, step)
+    (run.checkpoints / "latest").write_text("10\n")
+    real, purged = folder.write_weights, []
+
+    def while_reading(directory: Path, groups: list[weights.Group], dtype: torch.dtype) -> int:
+        purged.append(purge.purge(run.checkpoints, Rules(keep_last=1), ""))
+        return real(directory, groups, dtype)
+
+    monkeypatch.setattr(folder, "write_weights", while_reading)
+    assert jobs.main(["export", str(run.bundle_dir), "--step", "5", "--output", str(tmp_path / "hf")]) == 0
+    assert purged[0].removed == [] and 5 in purged[0].kept  # read by the export
+    assert layout.leases(run.checkpoints) == []  # dropped as the export ended
+    assert [r["step"] for r in purge.purge(run.checkpoints, Rules(keep_last=1), "").removed] == [5]

@@ -164,7 +164,7 @@ def jobs_argv(action: str, where: str, value: str) -> list[str]:
     """`python -m launcher.jobs` with `value` as the run(s) it names, its --configs_path, diff's --tolerance, or
     export's --output or --step."""
     runs = {"diff": [value, value], "rerun": [value, "--dry_run"], "ledger": [value], "status": [value],
-            "export": [value]}  # fmt: skip
+            "export": [value], "checkpoints": [value]}  # fmt: skip
     if where == "target":
         return [action, *runs[action]]
     if where == "tolerance":
@@ -173,14 +173,14 @@ def jobs_argv(action: str, where: str, value: str) -> list[str]:
         return ["export", "a", f"--{where}={value}"]
     return [
         action,
-        *(["a", "b"] if action == "diff" else ["a"] if action in ("rerun", "export") else []),
+        *(["a", "b"] if action == "diff" else ["a"] if action in ("rerun", "export", "checkpoints") else []),
         f"--configs_path={value}",
     ]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    action=st.sampled_from(["diff", "rerun", "ledger", "status", "export"]),
+    action=st.sampled_from(["diff", "rerun", "ledger", "status", "export", "checkpoints"]),
     where=st.sampled_from(["target", "configs_path", "tolerance", "output", "step"]),
     value=HOSTILE.filter(lambda v: not client.JOB_ID.match(v.strip())),
 )  # (a job id asks Slurm: tested there)

@@ -9,6 +9,7 @@ log path, see slurm_values.SBATCH_UNSAFE). Values in comments have line breaks e
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.node import nodecheck
+from launcher.perf.sizes import retention_rules
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -161,6 +163,7 @@ def _batch(spec: RunSpec, paths: BundlePaths, template: str) -> str:
             restarts_file=paths.restarts_file,
             ranks_file=paths.ranks_file,
             stragglers_file=paths.stragglers_file,
+            retention=_retention(spec, paths),
             spare_nodes=a.slurm.spare_nodes,
             max_restarts=a.slurm.max_restarts,
             hung_file=paths.hung_file,
@@ -173,6 +176,12 @@ def _batch(spec: RunSpec, paths: BundlePaths, template: str) -> str:
             heartbeat_s=HEARTBEAT_S,
         )
     )
+
+
+def _retention(spec: RunSpec, paths: BundlePaths) -> str:
+    """The retention rules as the job's supervisor reads them (JSON), "" where every checkpoint is kept."""
+    rules = dataclasses.replace(retention_rules(spec), record=str(paths.bundle_dir / protocol.CHECKPOINTS_RECORD))
+    return rules.to_json() if rules.active else ""
 
 
 def export_script(spec: RunSpec, paths: BundlePaths) -> str:

@@ -42,7 +42,11 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
         out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     said = {p.flag for p in earlier + out}
     if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"} and not ranges.problems(a):
-        out += storage.space_problems(sizes.parameters(spec), a.paths.checkpoints_path)
+        one = storage.space_problems(sizes.parameters(spec), a.paths.checkpoints_path)
+        out += one
+        if not one and not said & {"keep_last", "keep_every"}:  # the forecast: the most the run keeps at once
+            out += storage.peak_problems(sizes.disk(spec), a.paths.checkpoints_path, a.paths.save_interval,
+                                         a.paths.save_initial_state)  # fmt: skip
     return out
 
 
