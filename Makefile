@@ -29,7 +29,7 @@ demo: cluster
 # Slurm, whose 8 ranks need a second release to change nothing) on two workers; then every other Slurm test on four
 # (`test-slurm22`). Every Slurm test but those two kinds again on 26.05, the newest; on 24.11, between them, the
 # tests of what differs between releases (`slurm_versions`: each reproduces a difference outside the launcher, then
-# meets it through the launcher). CI has 50 minutes on 2 cores for it (docs/performance.md).
+# meets it through the launcher). CI has 50 minutes on 2 cores for it (bench/README.md: its runs).
 HOST_MARK = not slurm or containers or nanotron_cpu
 
 # A test file at a time to each pytest-xdist worker, handed out in the order tests/timeline.py sets (the long files
@@ -37,7 +37,7 @@ HOST_MARK = not slurm or containers or nanotron_cpu
 # logs/timeline-<part>.tsv. Two workers where the tests keep both cores busy (the host part: 21 min, 23 with four,
 # when they still ran two OpenMP threads a process); four where a Slurm test waits for Slurm (a queue, a requeue's
 # delay, a paced run) much of its time and another worker's test takes the CPU meanwhile (the 26.05 part: 21 min with
-# two, the CPU idle a fifth of it; 17 with four, busy 97 %). The whole of `make test`: ~35 min (docs/performance.md).
+# two, the CPU idle a fifth of it; 17 with four, busy 97 %). The whole of `make test`: ~32 min (bench/README.md).
 XDIST = --dist loadfile --no-loadscope-reorder
 HOST_WORKERS = -n 2
 SLURM_WORKERS = -n 4

@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 STEP = 1  # the step the checkpoint is saved as
+VOCAB = 128256  # the 1b preset's (Llama 3's)
 FLAGS = ["--nodes", "1", "--gpus_per_node", "4", "--tp", "2", "--pp", "2", "--model_size", "1b",
-         "--vocab_size", "128256", "--micro_batch_size", "1", "--grad_accum_steps", "1", "--train_steps", "1",
+         "--vocab_size", str(VOCAB), "--micro_batch_size", "1", "--grad_accum_steps", "1", "--train_steps", "1",
          "--nanotron_dialect", "0.4", "--engine", "nanotron", "--dry_run"]  # fmt: skip
 # no fp32 copy of the weights for gradient accumulation: the trainer is built, never steps
 USER_YAML = "optimizer:\n  accumulate_grad_in_fp32: false\n"
@@ -66,6 +67,13 @@ def bundle(where: Path) -> Any:
     from launcher.runs import launch
 
     dataset, tokenizer = make_demo(where / "demo")
+    # the demo's word-level tokenizer grown to the 128256 tokens of --vocab_size (words of its vocabulary, as a Llama
+    # 3 tokenizer holds its own), so that the export keeps every row of the embedding
+    grown = json.loads((tokenizer / "tokenizer.json").read_text())
+    words = grown["model"]["vocab"]
+    first = 1 + max([*words.values(), *(t["id"] for t in grown.get("added_tokens", []))])
+    words.update({f"<extra_{i}>": i for i in range(first, VOCAB)})
+    (tokenizer / "tokenizer.json").write_text(json.dumps(grown))
     (where / "user.yaml").write_text(USER_YAML)
     cwd = os.getcwd()
     os.chdir(where)
@@ -150,7 +158,8 @@ def main() -> None:
     wall, rss = measured([sys.executable, "-c", LOAD, str(out), "read"])
     rows.append(("the same, and every weight read (the whole model in memory)", wall, rss))
     load_after = os.getloadavg()
-    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index = json.loads((out / "model.safetensors.index.json").read_text())  # (a 1b model takes several files)
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == VOCAB
 
     lines = [
         f"1b preset (tied, GQA 32/8, vocab 128256), nanotron 0.4 layout tp 2 x pp 2: {files} safetensors files, "

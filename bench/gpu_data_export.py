@@ -5,8 +5,8 @@ tokenized on the fly, and the HF export of a GPU-trained bf16 checkpoint against
     python bench/gpu_data_export.py --out DIR --data /tmp/gpu-data --rehearse     # on a CPU: tiny, seq 128
 
 A rehearsal runs every step on a CPU, nanotron's trainer and forward with the test-side CPU patches
-(tests/cpu_nanotron) and nanotron main from ../shared/vendor: the orchestration's mistakes are found before the
-device time is spent.
+(tests/cpu_nanotron) and nanotron main's source at 2411b02 (as the tests find it): the orchestration's mistakes are
+found before the device time is spent.
 
 DATA holds `dataset/` (a save_to_disk folder), `tokenizer/` and `tokenized/` (that dataset through `python -m
 launcher.data tokenize`, made on the CPU machine: its metadata names the tokenizer by this absolute path, so the

@@ -34,6 +34,7 @@ SCRIPT_SUFFIX, LOG_SUFFIX = ".sbatch", ".out"  # <scripts>/<run>/<stamp>.sbatch,
 EXPORT_SCRIPT = "export.sbatch"  # --export_hf: the export job's batch script, in the bundle
 EXPORT_RESULT = "export.json"  # the export job's word: the HF folder, its step, its held-out loss (JSON)
 EXPORT_LOG_SUFFIX = ".export.out"  # <logs>/<run>/<stamp>.export.out: the export job's log
+CHECKPOINTS_RECORD = "checkpoints.jsonl"  # the job's supervisor: a line per checkpoint seen, a line per purge
 
 # Under the run's checkpoints path.
 LOCK = ".launcher-lock"  # a directory (mkdir is atomic): one writer per run
@@ -46,6 +47,9 @@ DIALECT_RECORD = "nanotron-dialect"  # the config dialect ("0.4" | "main") the r
 WANDB_RUN_ID_FILE = "wandb-run-id"  # the run's one experiment-tracker run: every attempt and restart appends to it
 WANDB_LOGGED_FILE = "wandb-logged-to"  # the last step that wandb run holds for certain (written as a run finishes)
 NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
+SAVES_RECORD = "saves"  # a line per save the launcher's engines began (its step): retention removes only these
+LEASES = ".leases"  # a reader's lease on a step (an export, an eval): a file each, named <step>-<holder>.json
+PURGING = ".purging-"  # .purging-<step>-<random>: a step renamed out of the steps' names, being deleted
 
 # What training reads from its environment (set by the node step).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
@@ -132,6 +136,10 @@ LINES = {
     "late_notice": "the {notice} notice came as training ended: nothing to resume",
     "pre_launch_ended": "the pre-launch commands ended this attempt at: {command} (exit code {code})",
     "outcome": "training's last word: {word}",
+    "purged": "retention removed step(s) {steps} ({freed} freed in {seconds} s); kept {kept}: {rules}",
+    "retention_refused": "retention removes nothing: {why}",
+    "retention_failed": "retention failed: {error} (a launcher bug: its traceback, if any, is above; please report "
+    "it); nothing is removed this time",
     "supervisor_failed": "the job's supervisor failed: {error} (a launcher bug: its traceback is above, please report "
     "it); this attempt ends",
 }

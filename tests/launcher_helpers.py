@@ -18,7 +18,7 @@ from launcher.config.validate import validate
 from launcher.nanotron_config.schema import written
 from launcher.perf import fit
 from launcher.problems import Problem
-from launcher.slurm import preflight
+from launcher.slurm import checks
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "slurm_launcher.py"
@@ -53,7 +53,7 @@ def all_problems(spec: RunSpec, problems: list[Problem]) -> list[Problem]:
     """`problems` (resolution's) and every problem both validation phases find, as a dry run checks them."""
     problems = problems + validate(spec)
     problems += fit.problems(spec, problems)
-    return problems + preflight.problems(spec, problems, ask_slurm=False)
+    return problems + checks.problems(spec, problems, ask_slurm=False)
 
 
 def config_of(spec: RunSpec, checkpoints: str) -> dict:

@@ -215,7 +215,7 @@ def test_interrupted_while_slurm_judges_nothing_stays(workdir: Path, monkeypatch
     def interrupted(spec: object, script: str) -> str:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(launch.preflight, "judge", interrupted)
+    monkeypatch.setattr(launch.checks, "judge", interrupted)
     with pytest.raises(KeyboardInterrupt):
         launch.prepare(flags("--dry_run", "false"))
     assert [p for p in (workdir / "logs").rglob("*") if p.is_file() or p.name == "r"] == []

@@ -1,6 +1,7 @@
 """The command line is parsed by plain argparse over the flag dataclasses (launcher.config.cli): simple-parsing's
 forms (a switch alone, with a true/false word, or --noSWITCH; an optional flag alone meaning None), argparse's
-own messages for what it refuses (secrets redacted), exit 2, and no simple-parsing import outside --help."""
+own messages for what it refuses (secrets redacted; the words it cannot place said all at once, an unknown flag with
+the nearest names), exit 2, and no simple-parsing import outside --help."""
 
 from __future__ import annotations
 
@@ -32,22 +33,35 @@ REFUSED = [  # (argv, argparse's words for it)
     ([], "the following arguments are required: --run_name"),
     (["--run_name"], "argument --run_name: expected one argument"),
     (["--run_name", "x", "--nodes", "many"], "argument --nodes: invalid int value: 'many'"),
-    (["--run_name", "x", "--hidden", "128"], "unrecognized arguments: --hidden 128"),  # never --hidden_size
+    (["--run_name", "x", "--hidden", "128"], "--hidden: not a flag the launcher knows; the nearest: --hidden_size"),
     (["--run_name", "x", "--dry_run", "maybe"], "argument --dry_run: 'maybe' is not true or false"),
     (["--run_name", "x", "--nodes", "1.5"], "argument --nodes: invalid int value: '1.5'"),
-    (["--run_name", "x", "extra"], "unrecognized arguments: extra"),
+    (["--run_name", "x", "extra"], "'extra' follows --run_name's value 'x': a flag takes one value; quote one that "
+                                    "has spaces (--run_name 'x extra')"),
+    (["extra", "--run_name", "x"], "'extra' is no flag's value; every value follows its flag"),
+    (["--run_name", "x", "--nodes", "1", "2"], "'2' follows --nodes's value '1': a flag takes one value\n"),
     (["--run_name", "x", "--noresume", "yes"], "argument --noresume: takes no value"),
     (["--run_name", "x", "--nodes", "hf_" + "a" * 30], "argument --nodes: invalid int value: '<redacted>'"),
     (["--run_name=--"], "argument --run_name: expected one argument"),  # argparse read it as [] (hypothesis found)
     (
         ["--run_name", "x", "--partition", "-x"],
-        "argument --partition: its value '-x' starts with a dash: give it as --partition=-x",
+        "--partition: its value '-x' starts with a dash; give it as --partition=-x",
     ),  # an optional value read as --partition alone, then a stray -x
     (
         ["--run_name", "x", "--tp", "-help"],
-        "argument --tp: its value '-help' starts with a dash: give it as --tp=-help",
+        "--tp: its value '-help' starts with a dash; give it as --tp=-help",
     ),  # not argparse's -h given 'elp' (hypothesis found)
-]
+    # an unknown flag is one, whatever comes before it: a switch's value is never a flag
+    (["--run_name", "x", "--wandb_disabled", "--bogus_flag"], "--bogus_flag: not a flag the launcher knows; every "
+                                                               "flag: --help, and docs/flags.md\n"),
+    (["--run_name", "x", "--dry_run", "-x"], "--dry_run: '-x' is neither a flag nor a value it takes"),
+    (["--run_name", "x", "-x", "--dry_run"], "-x: not a flag the launcher knows"),
+    (
+        ["--run_name", "x", "--partition", "--gpus", "4"],
+        "--gpus: not a flag the launcher knows; the nearest: --gpus_per_node (every flag: --help); as --partition's "
+        "value, give it as --partition=--gpus\n",
+    ),  # its value '4' is not said again
+]  # fmt: skip
 
 
 DEFAULTS = {f.name: f.default for group in flags.GROUPS.values() for f in dataclasses.fields(group)}
@@ -76,6 +90,25 @@ def test_what_it_refuses_ends_with_argparses_words_and_exit_2(argv, words, capsy
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"slurm_launcher.py: error: {words}" in err, err
     assert err.startswith(f"usage: {cli.USAGE}") and "hf_" not in err
+
+
+def test_every_unknown_flag_and_stray_word_is_said_at_once_with_the_nearest_names(capsys):
+    argv = ["--run_name", "x", "--wandb_disabled", "--bogus_flag", "--nodse", "2", "--wandb_disabled", "--tp", "2",
+            "4", "--mirco_batch_size=3", "--lr", "1e-3", "--hf_token", "hf_" + "a" * 30]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        cli.parse(argv)
+    err = capsys.readouterr().err
+    said = err.split("error: ", 1)[1].splitlines()
+    assert e.value.code == 2 and said == [
+        "6 problems on the command line, nothing was written or submitted:",
+        "  - --bogus_flag: not a flag the launcher knows; every flag: --help, and docs/flags.md",
+        "  - --nodse: not a flag the launcher knows; the nearest: --nodes, --nodelist (every flag: --help)",
+        "  - '4' follows --tp's value '2': a flag takes one value",
+        "  - --mirco_batch_size: not a flag the launcher knows; the nearest: --micro_batch_size (every flag: --help)",
+        "  - --lr: not a flag the launcher knows; every flag: --help, and docs/flags.md",
+        "  - --hf_token: not a flag the launcher knows; every flag: --help, and docs/flags.md",
+    ], err
+    assert "hf_a" not in err and "Traceback" not in err
 
 
 NAMES = [*flags.flag_names(), "nodry_run", "noresume", "hidden", "no"]

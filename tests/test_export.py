@@ -7,7 +7,9 @@ dp 2 x tp 2 x pp 2, on CPU (tests/cpu_nanotron.py). The export's folder is loade
 `AutoModelForCausalLM.from_pretrained`, and its logits on held-out tokens compared with the engine's own forward on
 the same checkpoint: the torch engine's Llama (launcher/train/torch_engine/llama.py) loaded from its state.pt, and
 nanotron's model in one process with nanotron's own `load_weights` merging the 8 ranks' shards
-(tests/nanotron_forward.py). float32 on CPU: within 1e-4; greedy generation of a few tokens identical.
+(tests/nanotron_forward.py), over the tokenizer's 77 tokens (the rows past them, the launcher's rounding to 128 and
+the engines' padding to 192, are no token's: the export drops them). float32 on CPU: within 1e-4; greedy
+generation of a few tokens identical. The exported files all take the user's umask's mode.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from conftest import DemoData
 
 TOLERANCE = 1e-4
-VOCAB = 128  # the demo tokenizer's; the engines pad it to 192 (EXTRAS)
+VOCAB = 77  # the demo tokenizer's (demo_data.vocab), written by the launcher as 128 and padded to 192 (EXTRAS)
 NEW_TOKENS = 5  # tests/nanotron_forward.py's
 # float32 weights (nanotron's fp32 gradient accumulation asks for bf16 ones), a vocabulary padded from 128 to 192
 EXTRAS: dict[str, Any] = {"model.dtype": "float32", "optimizer.accumulate_grad_in_fp32": False,
@@ -55,9 +57,12 @@ def bundle(where: Path, demo: DemoData, dialect: str, dp: int, tp: int, pp: int,
                 "--engine", engine, "--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer),
                 "--micro_batch_size", "2", "--grad_accum_steps", str(8 // (2 * dp)), "--train_steps", "5",
                 "--dry_run"]  # fmt: skip
-        return manifest.load(launch.prepare(argv).paths.bundle_dir)
+        run = manifest.load(launch.prepare(argv).paths.bundle_dir)
     finally:
         os.chdir(cwd)
+    written = yaml.safe_load(config_of(run).read_text())["model"]["model_config"]["vocab_size"]
+    assert (demo.vocab, written) == (VOCAB, 128)  # the launcher's rounding, which the export drops with the padding
+    return run
 
 
 def config_of(run: manifest.Manifest) -> Path:
@@ -81,6 +86,19 @@ def hf_greedy(model: Any, ids: torch.Tensor) -> list[list[int]]:
     return out.tolist()
 
 
+def written_names(out: Path) -> set[str]:
+    """The tensors the export's safetensors files hold, each file read (the index, where there is one, agrees)."""
+    from safetensors import safe_open
+
+    names: dict[str, str] = {}
+    for path in sorted(out.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            names.update((name, path.name) for name in f.keys())
+    if (out / folder.INDEX).exists():
+        assert json.loads((out / folder.INDEX).read_text())["weight_map"] == names
+    return set(names)
+
+
 def exported(run: manifest.Manifest, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     """`python -m launcher.jobs export BUNDLE --dtype float32 --output DIR` in this process: DIR."""
     out = tmp_path / "hf"
@@ -88,6 +106,48 @@ def exported(run: manifest.Manifest, tmp_path: Path, capsys: pytest.CaptureFixtu
     said = capsys.readouterr().out
     assert f"Exported step 5 of {run.bundle_dir.resolve()}" in said and str(out) in said, said
     return out
+
+
+# --- pure parts: the shard plan, the vocabulary, the files' mode --------------------------------------------------
+
+
+def _groups(*sizes: tuple[tuple[int, ...], ...]) -> list[weights.Group]:
+    """Groups of the given tensors' shapes, never loaded (a plan reads shapes only)."""
+    return [weights.Group({f"g{n}.t{i}": shape for i, shape in enumerate(shapes)}, dict) for n, shapes in
+            enumerate(sizes)]  # fmt: skip
+
+
+def test_the_shard_plan_is_huggingface_hubs_over_whole_groups():
+    small = _groups(((128, 64),), ((64, 64), (16, 64), (16, 64)))
+    assert folder.planned_shards(small, 2) == {"model.safetensors": small}  # one file: no index
+    embedding, qkv = ((150_000_000, 1),), ((30_000_000, 1), (5_000_000, 1), (5_000_000, 1))  # 300 MB, 80 MB in bf16
+    big = _groups(embedding, qkv, qkv, qkv, qkv, ((1,),))
+    plan = folder.planned_shards(big, 2)
+    assert list(plan) == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+    assert list(plan.values()) == [big[:1], big[1:4], big[4:]]  # at most the largest group's bytes a file
+    assert [n for shard in plan.values() for g in shard for n in g.shapes] == [n for g in big for n in g.shapes]
+
+
+def test_the_vocabulary_is_the_tokenizers_and_never_more_than_the_models_rows(demo_data: DemoData, tmp_path: Path):
+    assert folder.vocabulary(str(demo_data.tokenizer)) == demo_data.vocab == VOCAB
+    shape = checkpoints.ModelShape(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                                   vocab_size=128, max_seq_len=64)  # fmt: skip
+    found = checkpoints.Checkpoint(tmp_path, 5, "torch", "0.4", {}, shape, False)
+    assert found.with_vocabulary(VOCAB).shape.vocab_size == VOCAB and found.shape.vocab_size == 128
+    with pytest.raises(checkpoints.ExportError, match="has 129 tokens, more than the model's 128 rows"):
+        found.with_vocabulary(129)
+    with pytest.raises(checkpoints.ExportError, match="cannot be read here"):
+        folder.vocabulary(str(tmp_path / "no-tokenizer"))
+
+
+def test_a_new_file_takes_the_umasks_mode(tmp_path: Path):
+    umask = os.umask(0o027)
+    try:
+        (tmp_path / "f").write_text("")
+        assert folder.new_file_mode() == 0o640 == (tmp_path / "f").stat().st_mode & 0o777
+    finally:
+        os.umask(umask)
+    assert folder.new_file_mode() == 0o666 & ~umask
 
 
 # --- the torch engine ---------------------------------------------------------------------------------------------
@@ -130,9 +190,16 @@ def test_the_torch_engines_checkpoint_exports_to_its_logits(
 ) -> None:
     """0.4: rotate-half RoPE, untied; main: interleaved RoPE (the torch engine rotates pairs: rows reordered), tied."""
     run = torch_run(dialect)
-    out = exported(run, tmp_path, capsys)
+    umask = os.umask(0o007)  # a group that shares the folder: every file rw for it, the weights too
+    try:
+        out = exported(run, tmp_path, capsys)
+    finally:
+        os.umask(umask)
+    modes = {f.name: oct(f.stat().st_mode & 0o777) for f in out.iterdir()}
+    assert set(modes.values()) == {"0o660"} and "model.safetensors" in modes, modes
     engine, hf = torch_engine_model(run), hf_model(out)
     assert hf.config.vocab_size == VOCAB and engine.lm_head.weight.shape[0] == 192
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == VOCAB
     ids = held_out(VOCAB)
     with torch.no_grad():
         ours, theirs = engine(ids)[..., :VOCAB], hf(ids).logits
@@ -144,13 +211,14 @@ def test_the_torch_engines_checkpoint_exports_to_its_logits(
         for _ in range(NEW_TOKENS):
             greedy = torch.cat([greedy, engine(greedy)[:, -1, :VOCAB].argmax(-1, keepdim=True)], dim=1)
     assert hf_greedy(hf, ids) == greedy.tolist()
-    index = json.loads((out / folder.INDEX).read_text())
     tied = dialect == "main"
-    assert ("lm_head.weight" in index["weight_map"]) is not tied and hf.config.tie_word_embeddings is tied
+    assert ("lm_head.weight" in written_names(out)) is not tied and hf.config.tie_word_embeddings is tied
     assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr() or not tied
     card = (out / "README.md").read_text()
     assert str(run.bundle_dir.resolve()) in card and "**step**: 5" in card and run.data["command"] in card
-    assert (out / "tokenizer.json").is_file() and json.loads((out / "generation_config.json").read_text())
+    assert card.startswith("---\nlibrary_name: transformers\n") and f"vocabulary {VOCAB}," in card
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (out / "tokenizer.json").is_file() and (generation["bos_token_id"], generation["eos_token_id"]) == (1, 2)
 
 
 # --- nanotron, 8 ranks ----------------------------------------------------------------------------------------------
@@ -193,8 +261,9 @@ def nanotron_forward(step: Path, ids: torch.Tensor, dialect: str, where: Path) -
 def test_nanotrons_8_rank_checkpoint_exports_to_its_logits(
     dialect: str, nanotron_run: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """tp and pp shards merged, fused qkv (GQA: 4 heads, 2 kv heads) and gate_up split, the vocabulary's padding
-    (128 of 192) removed, interleaved RoPE (0.4's always; main's asked) reordered; main's tied embeddings kept tied."""
+    """tp and pp shards merged, fused qkv (GQA: 4 heads, 2 kv heads) and gate_up split, the rows past the
+    tokenizer's 77 (of 192) removed, interleaved RoPE (0.4's always; main's asked) reordered; main's tied
+    embeddings kept tied."""
     run = nanotron_run(dialect)
     step = run.checkpoints / "5"
     assert len(list((step / "model").rglob("*tp-rank-1-of-2.safetensors"))) > 0  # sharded as the issue says
@@ -286,3 +355,30 @@ def test_an_interrupted_export_leaves_nothing_that_looks_finished(
     out.mkdir()
     assert jobs.main(["export", str(run.bundle_dir), "--output", str(out)]) == 1
     assert "exists; the export never overwrites" in capsys.readouterr().err and list(out.iterdir()) == []
+
+
+def test_an_export_holds_its_step_against_the_runs_retention(
+    torch_run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run keeps only its newest step (--keep_last 1) and its supervisor purges while `jobs export --step 5`
+    reads step 5: the export's lease keeps it; once the export has ended, the next purge removes it."""
+    from launcher import checkpoint_layout as layout
+    from launcher.node import purge
+    from launcher.node.retention import Rules
+
+    run = _copy(torch_run("0.4"), tmp_path / "t")
+    shutil.copytree(run.checkpoints / "5", run.checkpoints / "10")
+    for step in (5, 10):
+        layout.note_save(run.checkpoints, step)
+    (run.checkpoints / "latest").write_text("10\n")
+    real, purged = folder.write_weights, []
+
+    def while_reading(directory: Path, groups: list[weights.Group], dtype: torch.dtype) -> int:
+        purged.append(purge.purge(run.checkpoints, Rules(keep_last=1), ""))
+        return real(directory, groups, dtype)
+
+    monkeypatch.setattr(folder, "write_weights", while_reading)
+    assert jobs.main(["export", str(run.bundle_dir), "--step", "5", "--output", str(tmp_path / "hf")]) == 0
+    assert purged[0].removed == [] and 5 in purged[0].kept  # read by the export
+    assert layout.leases(run.checkpoints) == []  # dropped as the export ended
+    assert [r["step"] for r in purge.purge(run.checkpoints, Rules(keep_last=1), "").removed] == [5]

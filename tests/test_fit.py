@@ -11,13 +11,15 @@ import pytest
 import yaml
 from launcher_helpers import all_problems, spec_for
 
+from launcher.config.cli import parse
+from launcher.config.facts import ClusterFacts
+from launcher.config.resolve import resolve
 from launcher.config.validate import validate
 from launcher.errors import ConfigError
 from launcher.nanotron_config import gpus
 from launcher.perf import fit
 from launcher.perf.memory import GIB, estimate
 from launcher.runs import launch
-from launcher.slurm import client, preflight
 
 EIGHT_B_ON_ONE_NODE = ("--model_size", "8b", "--nodes", "1", "--gpus_per_node", "8", "--tp", "1", "--dataset", "none")
 ONE_B_LONG = ("--model_size", "1b", "--micro_batch_size", "64", "--max_seq_len", "4096", "--dataset", "none")
@@ -108,17 +110,17 @@ def test_gpu_flags():
     assert not memory_problem("--model_size", "8b", "--nodes", "1")[1]
 
 
-def test_the_clusters_gpu_type_is_used_where_no_flag_says(monkeypatch):
-    monkeypatch.setattr(client, "gpu_types", lambda partition: ["a100_80gb", "l40s"])
-    spec, _ = spec_for("--model_size", "8b")
-    found = preflight.with_cluster_gpu(spec)
-    assert found.gpu.gpu.key == "l40s" and "sinfo says gpu:l40s" in found.gpu.origin  # the smallest of the two
-    typed, _ = spec_for("--gpu_type", "h200")
-    assert preflight.with_cluster_gpu(typed).gpu.gpu.key == "h200"  # a flag wins
-    monkeypatch.setattr(client, "gpu_types", lambda partition: ["mystery"])
-    assert "not in configs/gpus.yaml" in preflight.with_cluster_gpu(spec).gpu.origin
-    monkeypatch.setattr(client, "gpu_types", lambda partition: [None])  # gpu:8: no type
-    assert preflight.with_cluster_gpu(spec).gpu == gpus.default_choice()
+def test_the_clusters_gpu_type_is_used_where_no_flag_says():
+    def with_types(*types: str | None, flags: tuple[str, ...] = ("--model_size", "8b")) -> gpus.GpuChoice:
+        args, explicit = parse(["--run_name", "t", *flags])
+        return resolve(args, explicit, ClusterFacts(asked=True, gpu_types=types))[0].gpu
+
+    found = with_types("a100_80gb", "l40s")
+    assert found.gpu.key == "l40s" and "sinfo says gpu:l40s" in found.origin  # the smallest of the two
+    assert with_types("a100_80gb", flags=("--gpu_type", "h200")).gpu.key == "h200"  # a flag wins
+    assert "not in configs/gpus.yaml" in with_types("mystery").origin
+    assert with_types(None) == gpus.default_choice()  # gpu:8: no type
+    assert with_types() == gpus.default_choice()  # Slurm said nothing of the partition's GPUs
 
 
 def test_gres_spellings_sites_use():

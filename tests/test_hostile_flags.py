@@ -91,12 +91,12 @@ def holds(code: int, out: str, err: str, where: Path, flags: list[str]) -> None:
             assert written(where) == [], out
             return
         if code == 0:
-            scripts = list(where.rglob("*.sbatch"))
-            assert scripts, out  # (a sweep's points, or one run's)
+            scripts, settings = list(where.rglob("*.sbatch")), list(where.rglob(P.JOB_FILE))
+            assert scripts or settings, out  # (a sweep's points, or one run's; a script may lie outside `where`)
             for script in scripts:
                 assert subprocess.run(["bash", "-n", script], capture_output=True).returncode == 0, script.read_text()
-            for settings in where.rglob(P.JOB_FILE):
-                load_job(settings)  # the job reads its settings back
+            for one in settings:
+                load_job(one)  # the job reads its settings back
             return
         assert code == 2, err
         lines = err.splitlines()
@@ -109,19 +109,25 @@ def holds(code: int, out: str, err: str, where: Path, flags: list[str]) -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
+def named(flag: str, value: str, joined: bool) -> list[str]:
+    """The flags a line may name for `--flag value`: the flag, or the value where it has a flag's shape and is
+    typed apart (`--dry_run --A`: a switch's value is never a flag, so --A is an unknown flag of its own)."""
+    return [flag, *([value[2:].split("=", 1)[0]] if not joined and re.match(r"--[A-Za-z]", value) else [])]
+
+
 @pytest.mark.parametrize("flag", FLAGS)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=HOSTILE, joined=st.booleans())
 def test_a_hostile_value_of_any_flag_is_a_line_naming_it_and_nothing_written(flag, value, joined):
     code, out, err, where = dry_run([(flag, value, joined)])
-    holds(code, out, err, where, [flag])
+    holds(code, out, err, where, named(flag, value, joined))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(FLAGS), HOSTILE, st.booleans()), min_size=2, max_size=4))
 def test_several_hostile_values_at_once_are_said_together_and_nothing_written(typed):
     code, out, err, where = dry_run(typed)
-    holds(code, out, err, where, [flag for flag, _, _ in typed])
+    holds(code, out, err, where, [name for typed_flag in typed for name in named(*typed_flag)])
 
 
 OVERLONG = "x" * (ranges.NAME_MAX + 1)
@@ -154,7 +160,7 @@ SAID = [  # (what is typed, each problem's line, as said)
 @pytest.mark.parametrize("typed,said", SAID)
 def test_what_no_run_takes_is_said_once_each_on_a_line_of_its_own(typed, said):
     code, out, err, where = dry_run(typed)
-    holds(code, out, err, where, [flag for flag, _, _ in typed])
+    holds(code, out, err, where, [name for typed_flag in typed for name in named(*typed_flag)])
     assert err.splitlines()[1:] == [f"  - {line}" for line in said], err
 
 
@@ -162,7 +168,7 @@ def jobs_argv(action: str, where: str, value: str) -> list[str]:
     """`python -m launcher.jobs` with `value` as the run(s) it names, its --configs_path, diff's --tolerance, or
     export's --output or --step."""
     runs = {"diff": [value, value], "rerun": [value, "--dry_run"], "ledger": [value], "status": [value],
-            "export": [value]}  # fmt: skip
+            "export": [value], "checkpoints": [value]}  # fmt: skip
     if where == "target":
         return [action, *runs[action]]
     if where == "tolerance":
@@ -171,14 +177,14 @@ def jobs_argv(action: str, where: str, value: str) -> list[str]:
         return ["export", "a", f"--{where}={value}"]
     return [
         action,
-        *(["a", "b"] if action == "diff" else ["a"] if action in ("rerun", "export") else []),
+        *(["a", "b"] if action == "diff" else ["a"] if action in ("rerun", "export", "checkpoints") else []),
         f"--configs_path={value}",
     ]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    action=st.sampled_from(["diff", "rerun", "ledger", "status", "export"]),
+    action=st.sampled_from(["diff", "rerun", "ledger", "status", "export", "checkpoints"]),
     where=st.sampled_from(["target", "configs_path", "tolerance", "output", "step"]),
     value=HOSTILE.filter(lambda v: not client.JOB_ID.match(v.strip())),
 )  # (a job id asks Slurm: tested there)

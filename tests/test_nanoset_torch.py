@@ -46,6 +46,22 @@ def test_the_windows_are_the_files_tokens(nanoset_folders: list[Path]):
         assert np.array_equal(row, tokens[n * 64 : n * 64 + 65])
 
 
+def test_datatroves_folder_reader_cuts_other_windows(nanoset_folders: list[Path]):
+    """Why the engines keep their own reader (launcher/train/tokenized.py's docstring, docs/data.md): datatrove's
+    DatatroveFolderDataset, which nanotron main's Nanoset reads folders with, cuts windows that do not overlap.
+    Should a datatrove cut them as the engines do, this fails, and its reader can take FolderWindows' place."""
+    from datatrove.utils.dataset import DatatroveFolderDataset
+
+    folder = nanoset_folders[0]
+    tokens = np.fromfile(next(folder.glob("*.ds")), dtype="<u2").astype(np.int64)
+    theirs = DatatroveFolderDataset(str(folder), seq_len=64, filename_pattern="*.ds", recursive=False, token_size=2)
+    ours = FolderWindows([(str(folder), 1.0)], 64)
+    assert len(theirs) == len(tokens) // 65 < len(ours) == (len(tokens) - 1) // 64
+    assert np.array_equal(theirs[0]["input_ids"].numpy(), ours[[0]][0])  # the first window alike
+    assert np.array_equal(theirs[1]["input_ids"].numpy(), tokens[65:130])  # then one token further each window
+    assert not np.array_equal(theirs[1]["input_ids"].numpy(), ours[[1]][0])
+
+
 def test_a_mixture_weighs_as_main_does(nanoset_folders: list[Path]):
     a, b = (str(p) for p in nanoset_folders)
     one, two = (len(FolderWindows([(p, 1.0)], 64)) for p in (a, b))

@@ -209,29 +209,29 @@ def test_a_main_config_with_stages_keeps_them(tmp_path: Path):
 def test_a_run_does_not_resume_across_dialects(tmp_path: Path):
     """Refused before the queue where the launcher sees the checkpoints (the job's record, else nanotron's own
     checkpoint format), and by the job itself where it does not."""
-    from launcher.slurm import preflight
+    from launcher.slurm import checks
     from launcher.train.environment import JobEnvironment
     from launcher.train.main import settle_engine
 
     flags = ("--checkpoints_path", str(tmp_path / "ckpt"), "--dataset", "none")
     spec, _ = spec_for(*flags, "--nanotron_dialect", "main")
     run = tmp_path / "ckpt" / "t"
-    assert preflight.resume_problems(spec) == []  # nothing saved yet
+    assert checks.resume_problems(spec) == []  # nothing saved yet
     (run / "40").mkdir(parents=True)
     (run / "latest.txt").write_text("40")
     (run / "40" / dialect.METADATA).write_text('{"version": "1.2", "tp": 1, "dp": 1}')  # what nanotron 0.4 writes
-    (problem,) = preflight.resume_problems(spec)
+    (problem,) = checks.resume_problems(spec)
     assert problem.flag == "nanotron_dialect" and "format 1.2" in problem.message and "0.4" in problem.fix
     spec04, _ = spec_for(*flags, "--nanotron_dialect", "0.4")
-    assert preflight.resume_problems(spec04) == []
-    assert preflight.resume_problems(spec_for(*flags, "--nanotron_dialect", "main", "--resume", "false")[0]) == []
+    assert checks.resume_problems(spec04) == []
+    assert checks.resume_problems(spec_for(*flags, "--nanotron_dialect", "main", "--resume", "false")[0]) == []
     # the job: a main config on 0.4's checkpoints stops with the reason, before training
     cfg = train_config.load_train_config(str(write(spec, tmp_path / "bundle")))
     cfg = dataclasses.replace(cfg, checkpoints_path=str(run))
     with pytest.raises(Exception, match="does not cross dialects"):
         settle_engine(cfg, "nanotron", "requested", JobEnvironment())
     (run / dialect.RECORD).write_text("main\n")  # the record, once a job wrote it, is what counts
-    assert preflight.resume_problems(spec) == [] and len(preflight.resume_problems(spec04)) == 1
+    assert checks.resume_problems(spec) == [] and len(checks.resume_problems(spec04)) == 1
 
 
 def _train(config: dict, where: Path, monkeypatch: pytest.MonkeyPatch, engine: str = "torch") -> list[float]:

@@ -167,7 +167,7 @@ def test_a_relayout_is_judged_before_the_queue(saved: dict, flags: tuple, dialec
                                                tmp_path: Path):  # fmt: skip
     """Relaunched on 2 GPUs (fewer nodes) after a run saved on 4: where nanotron re-shards, the launch goes ahead;
     where it cannot, it is refused with the saved layout as the fix."""
-    from launcher.slurm import preflight
+    from launcher.slurm import checks
 
     root = tmp_path / "ckpt" / "r"
     (root / "7").mkdir(parents=True)
@@ -182,7 +182,7 @@ def test_a_relayout_is_judged_before_the_queue(saved: dict, flags: tuple, dialec
                               "--nanotron_dialect", dialect, "--checkpoints_path", str(tmp_path / "ckpt"),
                               *flags)  # fmt: skip
     assert problems == []
-    found = preflight.resume_problems(spec)
+    found = checks.resume_problems(spec)
     if refused is None:
         assert found == []
     else:

@@ -1,10 +1,12 @@
 """What a run read and ran with (launcher.nanotron_config.provenance) and the job's record of it at each attempt's
-start (launcher.train.record): fingerprints of data and tokenizers, nanotron's version and source commit."""
+start (launcher.train.record): fingerprints of data and tokenizers, nanotron's version and source commit, the
+packages' versions each record holds."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -167,6 +169,28 @@ def test_a_clone_on_the_path_is_not_taken_for_the_installed_wheel(tmp_path: Path
     assert found["path"] == str(package) and found["version"] == "0.4.1" and found["dirty"] is True
 
 
+def test_versions_are_read_from_the_installed_names_without_importing_a_package(tmp_path: Path):
+    site = tmp_path / "site"
+    (site / "Simple_Parsing-0.1.9.dist-info").mkdir(parents=True)  # pip's spelling: the name normalised to compare
+    (site / "torch-2.13.0+cpu.dist-info").mkdir()
+    (site / "jinja2-3.1.6.egg-info").mkdir()  # another layout: importlib.metadata reads it
+    (site / "jinja2-3.1.6.egg-info" / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: jinja2\nVersion: 3.1.6\n")
+    found = pv.versions(("simple-parsing", "torch", "jinja2", "wandb"), [str(site), str(tmp_path / "not-there")])
+    assert found == {"python": platform.python_version(), "simple-parsing": "0.1.9", "torch": "2.13.0+cpu",
+                     "jinja2": "3.1.6", "wandb": None}  # fmt: skip
+    # the manifest's and a tokenized folder's record read theirs so, on a login node without importing torch
+    code = ("import sys; from launcher.bundle import manifest; from launcher.nanotron_config import provenance as pv; "
+            "v = manifest.versions(); t = pv.versions(pv.TOKENIZE_PACKAGES); "
+            "assert 'torch' not in sys.modules and v['torch'] and t['datatrove'], (v, t)")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def _job_config(demo_data, tmp_path: Path):
     return to_train_config(tiny_config(demo_data, tmp_path / "ckpt"))
 
@@ -189,6 +213,7 @@ def test_rank_0_appends_one_record_per_attempt_and_others_write_nothing(tmp_path
     assert first["torch"] == {"version": torch.__version__, "cuda": torch.version.cuda, "nccl": None, "gpu": None}
     assert first["nanotron"] == pv.nanotron_install(sys.path) and first["engine"] == "torch"
     assert first["python"]["executable"] == sys.executable
+    assert first["versions"] == pv.versions(pv.RUN_PACKAGES) and first["versions"]["torch"] == torch.__version__
     assert first["took_s"] < 5.0  # well under 1 s: this catches a blow-up, at any load
 
 

@@ -60,8 +60,10 @@ def test_summary_plans_the_checkpoints_on_this_machines_disk(tmp_path: Path) -> 
                        "--warmup_steps", "10", "--dry_run", cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.strip().startswith("checkpoints"))
-    # tiny: 4.22M parameters x 14 bytes; then the free space read now (it changes from read to read)
-    assert re.search(r"\(~59\.1 MB each, 4 over the run; [\d.]+ [KMGT]?B free\)$", line), line
+    # tiny: 4.22M parameters x 14 bytes, all 4 kept; then the free space read now (it changes from read to read)
+    assert re.search(r"\(~59\.1 MB each, 4 over the run, all kept: 236 MB at the end; [\d.]+ [KMGT]?B free\)$", line), (
+        line
+    )
 
 
 def test_output_directories_are_checked_by_the_launcher(tmp_path: Path) -> None:

@@ -133,7 +133,9 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
         "engine",
         "latest",
         "nanotron-dialect",
+        "saves",  # the steps the engine saved: 5, 10 (retention's to remove, where asked)
     ]
+    assert (tmp_path / "b" / "saves").read_text() == "5\n10\n"
     stop_file, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
     stop_file.touch()
     monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))

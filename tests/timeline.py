@@ -7,7 +7,7 @@ others idle meanwhile. So:
   every other file keeps pytest's order after them. Every worker sorts alike, as xdist needs.
 - with LAUNCHER_TEST_TIMELINE=FILE, pytest's main process writes a row per test (worker, when it ended in seconds
   from the start, its setup + call + teardown seconds, ok or failed, its id) to FILE: `make test` writes
-  logs/timeline-*.tsv, for whoever trims the suite next (docs/performance.md says how to read it).
+  logs/timeline-*.tsv, for whoever trims the suite next (bench/README.md says how to read it).
 """
 
 from __future__ import annotations

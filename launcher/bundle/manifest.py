@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -20,20 +19,10 @@ from typing import Any
 from launcher import atomic
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, write_new
+from launcher.nanotron_config import provenance
 from launcher.nanotron_config.presets import BASE_CONFIG, PRESETS_DIR
 
 LAUNCHER_SCRIPT = Path(__file__).resolve().parents[2] / "slurm_launcher.py"
-PACKAGES = (
-    "nanotron",
-    "torch",
-    "transformers",
-    "datasets",
-    "tokenizers",
-    "wandb",
-    "simple-parsing",
-    "pyyaml",
-    "jinja2",
-)
 
 
 def _git(*args: str) -> str | None:
@@ -45,35 +34,9 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def versions() -> dict[str, str | None]:
-    """Versions of the packages that shape a run. One pass over the dist-info directory names on sys.path
-    (`name-version.dist-info`): importlib.metadata's per-package lookups cost a tenth of a dry run."""
-    found: dict[str, str] = {}
-    for entry in sys.path:
-        try:
-            children = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for child in children:
-            if child.endswith(".dist-info"):
-                dist, _, dist_version = child[: -len(".dist-info")].rpartition("-")
-                found.setdefault(_normalized(dist), dist_version)
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in PACKAGES:
-        version = found.get(_normalized(name))
-        if version is None:  # an egg-info or other layout: ask importlib.metadata (slow to import: only then)
-            from importlib import metadata
-
-            try:
-                version = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                version = None
-        versions[name] = version
-    return versions
+    """The versions a manifest holds (`provenance.RUN_PACKAGES`, read by `provenance.versions`)."""
+    return provenance.versions(provenance.RUN_PACKAGES)
 
 
 def _sha256(path: Path) -> str | None:

@@ -11,6 +11,7 @@ log path, see slurm_values.SBATCH_UNSAFE). Values in comments have line breaks e
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -27,6 +28,8 @@ from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.node.job import Job
+from launcher.node.retention import Rules
+from launcher.perf.sizes import retention_rules
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -128,6 +131,7 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         wandb_disabled=a.logging.wandb_disabled,
         extra_env=dict(spec.extra_env),
         heartbeat_s=float(HEARTBEAT_S),
+        retention=_retention(spec, paths),
     )
 
 
@@ -155,6 +159,11 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
         "pre_launch_commands": a.slurm.pre_launch_commands,
     }
     return _environment().get_template("sbatch.sh.j2").render(**values)
+
+
+def _retention(spec: RunSpec, paths: BundlePaths) -> Rules:
+    """The retention rules as the job's supervisor reads them, with the bundle's record of checkpoints and purges."""
+    return dataclasses.replace(retention_rules(spec), record=str(paths.bundle_dir / protocol.CHECKPOINTS_RECORD))
 
 
 def export_script(spec: RunSpec, paths: BundlePaths) -> str:

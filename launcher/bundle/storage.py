@@ -1,5 +1,6 @@
-"""Where a run writes, checked before the queue (the preflight phase): every output directory can be created and
-written, and the checkpoints' filesystem has room for a checkpoint.
+"""Where a run writes, checked before the queue (the cluster's checks): every output directory can be created and
+written, and the checkpoints' filesystem has room for a checkpoint, and for the most --keep_last/--keep_every keep
+at once (the forecast; launcher/perf/sizes.py's `disk`).
 
 A checkpoints path nobody can write, or a disk without room for one checkpoint, stops a job at its first save:
 after the queue and `--save_interval` steps of training. The bundle's own directories would stop the launcher
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
-from launcher.perf.sizes import MIN_BYTES_PER_PARAMETER, human_bytes
+from launcher.node.retention import Rules, most_kept
+from launcher.perf.sizes import MIN_BYTES_PER_PARAMETER, Disk, human_bytes
 from launcher.problems import Problem
 
 
@@ -57,3 +60,63 @@ def space_problems(parameters: int, directory: str) -> list[Problem]:
             "make room, or give a --checkpoints_path on a larger filesystem",
         )
     ]
+
+
+def peak_problems(disk: Disk, directory: str, save_interval: int, save_initial_state: bool) -> list[Problem]:
+    """A problem when the most checkpoints the run's --keep_last/--keep_every keep at once do not fit the free space
+    where they go (where one does not fit, `space_problems` says so), with the rules that would fit. A run that
+    removes nothing is told so in the summary (`launcher/report/summary.py`), as before retention: not refused."""
+    free = free_bytes(directory)
+    if free is None or disk.peak <= free or not disk.rules.active:
+        return []
+    fixes = fitting(disk, free, save_interval, save_initial_state)
+    fix = f"keep fewer ({' or '.join(fixes)} fits), or " if fixes else ""
+    fix += f"give a --checkpoints_path with {human_bytes(disk.peak)} free, or make room"
+    writing = "one being written" if disk.most < disk.saves else "the last"
+    what = (f"the run keeps up to {disk.most} checkpoints at once ({disk.rules.describe()}, {writing}) of "
+            f"~{human_bytes(disk.each)} each: {human_bytes(disk.peak)} at its peak")  # fmt: skip
+    flag = "keep_last" if disk.rules.keep_last is not None else "keep_every"
+    return [Problem(flag, f"{what}, more than the {human_bytes(free)} free where {directory} lies", fix)]
+
+
+def fitting(disk: Disk, free: int, save_interval: int, save_initial_state: bool) -> list[str]:
+    """The rules that would fit the run's peak in `free` bytes: the largest --keep_last (with --keep_every as it
+    is), and the smallest --keep_every (with --keep_last as it is), where any fits."""
+    rules, room = disk.rules, free // disk.each
+
+    def fits(rules: Rules) -> bool:
+        most = most_kept(rules, save_interval, save_initial_state)
+        return most is not None and most <= room
+
+    fixes = []
+    last = _largest(lambda n: fits(Rules(n, rules.keep_every, rules.train_steps)), disk.saves)
+    if last:
+        fixes.append(f"--keep_last {last}")
+    if save_interval > 0 and rules.keep_every is not None:
+        most_m = max(rules.train_steps // save_interval, 1)
+        m = _smallest(lambda m: fits(Rules(rules.keep_last, m * save_interval, rules.train_steps)), most_m)
+        if m is not None:
+            fixes.append(f"--keep_every {m * save_interval}")
+    return fixes
+
+
+def _largest(ok: Callable[[int], bool], most: int) -> int | None:
+    """The largest n in 1..most with ok(n) (ok holds up to some n, then no more), None where ok(1) does not."""
+    if most < 1 or not ok(1):
+        return None
+    low, high = 1, most
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid - 1)
+    return low
+
+
+def _smallest(ok: Callable[[int], bool], most: int) -> int | None:
+    """The smallest m in 1..most with ok(m) (ok fails up to some m, then holds), None where ok(most) does not."""
+    if most < 1 or not ok(most):
+        return None
+    low, high = 1, most
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if ok(mid) else (mid + 1, high)
+    return low

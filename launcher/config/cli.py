@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
+import re
+import shlex
 import shutil
 import sys
 import typing
 from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn
 
-from launcher.config.flags import GROUPS, LaunchArgs, explicit_flags
+from launcher.config.flags import GROUPS, LaunchArgs, explicit_flags, flag_names, flag_types
+from launcher.problems import one_line
 from launcher.secrets_guard import redact
 
 PROG = "slurm_launcher.py"
@@ -185,12 +189,70 @@ def _derived_alone(given: dict[str, object]) -> set[str]:
 
 
 def _unrecognized(parser: argparse.ArgumentParser, argv: list[str], extras: list[str]) -> NoReturn:
-    """argparse's refusal of what it could not place, naming the flag where the stray word is a value that starts
-    with a dash given after a flag whose value is optional (`--partition -x` reads as `--partition` alone, then
-    `-x`): the way to give it is `--partition=-x`."""
-    stray = extras[0]
-    at = argv.index(stray) if stray in argv else -1
-    before = argv[at - 1] if at > 0 else ""
-    if before.startswith("--") and "=" not in before and stray.startswith("-"):
-        parser.error(f"argument {before}: its value {stray!r} starts with a dash: give it as {before}={stray}")
-    parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    """Every word argparse could not place, said at once (exit 2): an unknown flag with the nearest known names,
+    whatever comes before it (a switch's optional value is a true/false word, never a flag); a value that starts
+    with a dash after a flag whose value is optional (`--partition -x` reads as `--partition` alone, then `-x`: the
+    way to give it is `--partition=-x`); a word no flag takes."""
+    kinds = flag_types()
+    said: list[str] = []
+    unknown: set[int] = set()  # where in argv the unknown flags are
+    at = 0
+    for stray in extras:
+        at = argv.index(stray, at) if stray in argv[at:] else len(argv)
+        before = argv[at - 1] if 0 < at <= len(argv) else ""
+        typed = before[2:] if before.startswith("--") and "=" not in before else ""
+        takes_value = kinds.get(typed, bool) is not bool  # a flag typed without its value; a switch takes none
+        if stray == "--":  # argparse's end of the flags: every word after it is left over
+            rest = f": what follows is no flag's ({shlex.join(argv[at + 1 :])})" if argv[at + 1 :] else ""
+            fix = f"give it as {before}=--" if takes_value else "remove it"
+            said.append(f"'--' after {before or 'nothing'} ends the flags{rest}; {fix}")
+            break
+        if re.match(r"--[A-Za-z]", stray):  # a flag's shape
+            also = f"; as {before}'s value, give it as {before}={stray}" if takes_value else ""
+            flag = stray.split("=", 1)[0]
+            said.append(f"{flag}: not a flag the launcher knows; {_nearest(flag[2:])}{also}")
+            unknown.add(at)
+        elif stray.startswith("-") and takes_value:
+            said.append(f"{before}: its value {stray!r} starts with a dash; give it as {before}={stray}")
+        elif stray.startswith("-") and bool in (kinds.get(typed), kinds.get(typed.removeprefix("no"))):  # a switch
+            said.append(f"{before}: {stray!r} is neither a flag nor a value it takes; every flag: --help")
+        elif stray.startswith("-") and len(stray) > 1:
+            said.append(f"{stray}: not a flag the launcher knows; {_nearest(stray.lstrip('-'))}")
+        elif _flag_before(argv, at) not in unknown:  # (the words after an unknown flag are its value: it is said)
+            said.append(_stray_word(argv, at, stray, kinds))
+        at += 1
+    lines = [one_line(line) for line in said]
+    if len(lines) == 1:
+        parser.error(lines[0])
+    parser.error(
+        f"{len(lines)} problems on the command line, nothing was written or submitted:\n"
+        + "\n".join(f"  - {line}" for line in lines)
+    )
+
+
+def _nearest(name: str) -> str:
+    """The known flags nearest to `name` (close in spelling, or holding it: `--gpus`, `--gpus_per_node`), as a fix."""
+    names = flag_names()
+    near = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    near += [n for n in names if len(name) >= 3 and name in n and n not in near]
+    listed = ", ".join(f"--{n}" for n in near[:3])
+    return f"the nearest: {listed} (every flag: --help)" if near else "every flag: --help, and docs/flags.md"
+
+
+def _flag_before(argv: list[str], at: int) -> int:
+    """Where the last word that starts with a dash before argv[at] is (-1: none)."""
+    return next((i for i in range(min(at, len(argv)) - 1, -1, -1) if argv[i].startswith("-")), -1)
+
+
+def _stray_word(argv: list[str], at: int, word: str, kinds: dict[str, type]) -> str:
+    """A word no flag takes: after a flag's value (`--run_name my run`), or where no flag is before it."""
+    if at >= 1 and argv[at - 1].startswith("--") and "=" in argv[at - 1]:
+        flag, value = argv[at - 1].split("=", 1)
+    elif at >= 2 and argv[at - 2].startswith("--"):
+        flag, value = argv[at - 2], argv[at - 1]
+    else:
+        return f"{word!r} is no flag's value; every value follows its flag (--flag VALUE or --flag=VALUE)"
+    if kinds.get(flag[2:], str) is str:
+        return (f"{word!r} follows {flag}'s value {value!r}: a flag takes one value; quote one that has spaces "
+                f"({flag} {shlex.quote(f'{value} {word}')})")  # fmt: skip
+    return f"{word!r} follows {flag}'s value {value!r}: a flag takes one value"

@@ -1,7 +1,7 @@
 """--dependency's syntax (Slurm's `--dependency`, as slurmctld reads it): read once (`read`) into a typed
 `Dependency` that the resolved run carries, or a problem.
 
-The jobs it names are judged by their states in the preflight phase (`launcher.slurm.awaited_jobs`).
+The jobs it names are judged by their states in the cluster's checks (`launcher.slurm.awaited_jobs`).
 """
 
 from __future__ import annotations

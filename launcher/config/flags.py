@@ -114,6 +114,10 @@ class PathArgs:
     run_train_script: str = "run_train.py"  # Training script started by torchrun on every node.
     save_interval: int = 1000  # Checkpoint every N steps.
     save_initial_state: bool = False  # Save a checkpoint before the first step.
+    keep_last: int | None = None
+    """Keep only the N newest complete checkpoints (and --keep_every's); the job removes older ones as it saves
+    (default: every checkpoint is kept)."""
+    keep_every: int | None = None  # Keep for good every checkpoint whose step is a multiple of K (of --save_interval).
     resume: bool = True  # Resume from this run's latest checkpoint if there is one; false starts afresh.
 
 

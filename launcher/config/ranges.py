@@ -4,7 +4,7 @@ with 20 digits would never finish or would overflow), numbers that are not finit
 name longer than NAME_MAX, a path longer than PATH_MAX), and text that is not UTF-8 (the bundle's files are).
 
 Pure, and first: `launcher.config.validate` says these, and the checks that would choke on them wait until they
-are fixed; `launcher.runs.launch` asks the same before `--layout auto` and `--plan` plan anything, and the preflight's
+are fixed; `launcher.runs.launch` asks the same before `--layout auto` and `--plan` plan anything, and the cluster's
 checkpoint-space check waits for them too.
 """
 
@@ -28,7 +28,7 @@ MOST: dict[str, float] = {
     "micro_batch_size": 1 << 16, "grad_accum_steps": 1 << 20, "train_steps": 1 << 40, "warmup_steps": 1 << 40,
     "save_interval": 1 << 40, "log_interval": 1 << 40, "max_requeues": 10_000, "signal_grace": 1 << 31,
     "hang_timeout": 1 << 31, "startup_timeout": 1 << 31, "hang_factor": 1e6, "gpu_memory_gb": 1 << 20,
-    "spare_nodes": MAX_NODES, "max_restarts": 10_000,
+    "spare_nodes": MAX_NODES, "max_restarts": 10_000, "keep_last": 1 << 40, "keep_every": 1 << 40,
     "learning_rate": 1e6, "min_lr": 1e6, "weight_decay": 1e6, "grad_clip": 1e12,
 }  # fmt: skip
 LEAST = -(1 << 40)  # below any count's check: what a negative count is told by its own check (must be positive)

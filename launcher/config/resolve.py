@@ -20,6 +20,8 @@ import yaml
 
 from launcher.config import dependency_syntax, nanosetcheck
 from launcher.config import dialect_rules as rules
+from launcher.config import facts as cluster
+from launcher.config.facts import ClusterFacts
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import dialect, mixture, nanoset_yaml, schema, stages
@@ -161,8 +163,18 @@ def _absolute(path: str, cwd: Path) -> str:
     return str((cwd / os.path.expanduser(path)).resolve()) if path else path
 
 
-def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tuple[RunSpec, list[Problem]]:
-    """Resolve flags into a RunSpec, collecting the problems resolution itself finds."""
+def resolve(
+    args: LaunchArgs,
+    explicit: set[str],
+    facts: ClusterFacts | None = None,
+    cwd: Path | None = None,
+    checkpoints: Path | None = None,
+    fresh: bool = False,
+) -> tuple[RunSpec, list[Problem]]:
+    """Resolve flags into a RunSpec, collecting the problems resolution itself finds. `facts`: the cluster's answers
+    (`launcher.slurm.facts.ask`; NOT_ASKED for a dry run), which decide the GPU planned for, the CPUs of a node and the
+    requeue mode where no flag does; None: none of those (a spec compared, not launched). `checkpoints`, `fresh`:
+    where a rerun places its checkpoints (RunSpec's fields of those names)."""
     cwd = cwd or Path.cwd()
     base, base_path, from_config, problems, notes = _config_values(args.execution.config, explicit, cwd)
     preset, preset_problems = _preset(args.model.model_size)
@@ -209,13 +221,23 @@ def resolve(args: LaunchArgs, explicit: set[str], cwd: Path | None = None) -> tu
         paths=_absolute_paths(groups["paths"], explicit, cwd),
         logging=_absolute_profile(groups["logging"], cwd),
     )
-    resolved = dataclasses.replace(args, **groups)  # (the job's flags are not in a YAML: --config sets none)
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
     gpu, gpu_problems = from_flags(groups["slurm"].gpu_type, groups["slurm"].gpu_memory_gb)
-    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice,
-                   read.datasets, read.stages, dependency, nanosets=nanosets)  # fmt: skip
     problems += preset_problems + dialect_problems + env_problems + gpu_problems + nanoset_problems
-    return spec, problems + dependency_problems + read.problems
+    problems += dependency_problems + read.problems
+    expedited = False
+    if facts is not None:
+        slurm = groups["slurm"]
+        gpu = cluster.gpu_choice(slurm, facts, gpu)
+        if slurm.cpus_per_node is None and not any(p.flag in ("gpus_per_node", "cpus_per_node") for p in problems):
+            cpus, adapted["cpus_per_node"] = cluster.cpus_per_node(slurm, facts)
+            groups["slurm"] = dataclasses.replace(slurm, cpus_per_node=cpus)
+        expedited = facts.expedites_requeue and bool(slurm.max_requeues)
+    resolved = dataclasses.replace(args, **groups)  # (the job's flags are not in a YAML: --config sets none)
+    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice,
+                   read.datasets, read.stages, dependency, nanosets=nanosets, checkpoints=checkpoints, fresh=fresh,
+                   expedited_requeue=expedited, facts=facts or cluster.NOT_ASKED)  # fmt: skip
+    return spec, problems
 
 
 def _dialect(asked: str, python: str | None) -> tuple[dialect.Choice, list[Problem]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from launcher.config import runtime
 from launcher.config.dependency_syntax import Dependency
+from launcher.config.facts import NOT_ASKED, ClusterFacts
 from launcher.config.flags import GROUPS, LaunchArgs
 from launcher.nanotron_config import dialect, mixture, schema
 from launcher.nanotron_config.gpus import GpuChoice
@@ -33,7 +34,7 @@ class RunSpec:
     tokenizer_vocab: int | None  # the local tokenizer's vocabulary size, when it can be read
     base_config: dict  # the nanotron YAML the generated config starts from
     base_config_path: str
-    gpu: GpuChoice  # what the memory check and the planner assume (the flags'; preflight may put the cluster's)
+    gpu: GpuChoice  # what the memory check and the planner assume (the flags', else the cluster's facts')
     adapted: dict[str, str] = field(default_factory=dict)  # defaults changed to suit the run: flag -> what it became
     dialect: dialect.Choice = dialect.Choice("0.4", "")  # the nanotron config dialect written, and why
     # What resolution read once from the flags' text (the text stays in `args`, local paths made absolute):
@@ -47,9 +48,10 @@ class RunSpec:
     # whether it starts in a directory of its own even where the run's holds no checkpoint yet.
     checkpoints: Path | None = None
     fresh: bool = False
-    # `--requeue=expedite` where the job requeues: the cluster enables it and its Slurm is 25.11+ (preflight reads
-    # `scontrol show config` once, at submission; a dry run asks nothing: a plain --requeue)
+    # `--requeue=expedite` where the job requeues: the cluster enables it and its Slurm is 25.11+ (the cluster's facts,
+    # `scontrol show config` asked once before resolution; a dry run asks nothing: a plain --requeue)
     expedited_requeue: bool = False
+    facts: ClusterFacts = NOT_ASKED  # what the cluster said of itself before resolution (nothing in a dry run)
 
     @functools.cached_property
     def config(self) -> dict:

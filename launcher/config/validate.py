@@ -1,7 +1,7 @@
-"""The first phase of validation, pure: every problem with a resolved spec, each naming the flag and the fix.
+"""The flags' own checks, pure: every problem with a resolved spec, each naming the flag and the fix.
 
-It reads the spec and local files (a dataset, a tokenizer, the training script), never the cluster: the second
-phase, `launcher.slurm.preflight`, asks the world as it is now (output directories, disk, the jobs a dependency
+It reads the spec and local files (a dataset, a tokenizer, the training script), never the cluster: the cluster's
+checks, `launcher.slurm.checks`, ask the world as it is now (output directories, disk, the jobs a dependency
 names, Slurm's verdict). `launcher.runs.launch.check` runs both and reports every problem at once.
 
 The model/parallelism rules live in `launcher.nanotron_config.layout`, shared with the training job, so the launcher and
@@ -17,7 +17,17 @@ import os
 import re
 import subprocess
 
-from launcher.config import container, datacheck, dialect_rules, extra_env, hostlist, nanosetcheck, ranges, runtime
+from launcher.config import (
+    container,
+    datacheck,
+    dialect_rules,
+    extra_env,
+    hostlist,
+    nanosetcheck,
+    ranges,
+    retention,
+    runtime,
+)
 from launcher.config.flags import GROUPS
 from launcher.config.slurm_values import (
     EMAIL,
@@ -307,6 +317,7 @@ def validate(spec: RunSpec) -> list[Problem]:
     layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 and not bounded else []
     layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
+    checks += retention.problems(spec.args.paths)
     checks += nanosetcheck.problems(spec)
     said = {p.flag for p in bounded}
     return list(dict.fromkeys(_check_secrets(spec) + bounded + [p for p in checks if p.flag not in said]))

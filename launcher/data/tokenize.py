@@ -14,7 +14,6 @@ import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -273,16 +272,6 @@ def _local_tokenizer(plan: Plan) -> Any:
     return tokenizer
 
 
-def _versions() -> dict[str, str | None]:
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {name: version(name) for name in ("datatrove", "tokenizers", "datasets", "nanotron-slurm-launcher")}
-
-
 def write_record(plan: Plan, command: list[str], status: str, extra: dict[str, Any] | None = None) -> Path:
     """The output's record: the command, versions, input fingerprint, status (and at its end the token count)."""
     path = plan.output / RECORD_DIR / RECORD
@@ -302,7 +291,7 @@ def write_record(plan: Plan, command: list[str], status: str, extra: dict[str, A
         "vocab_size": plan.vocab_size,
         "token_size": plan.token_size,
         "eos_token": plan.eos_token,
-        "versions": _versions(),
+        "versions": provenance.versions(provenance.TOKENIZE_PACKAGES),
         "status": status,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "slurm_jobs": jobs,

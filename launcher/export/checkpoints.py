@@ -58,6 +58,17 @@ class Checkpoint:
     def tokenizer(self) -> str | None:
         return ((self.config.get("tokenizer") or {}).get("tokenizer_name_or_path")) or None
 
+    def with_vocabulary(self, tokens: int) -> Checkpoint:
+        """This checkpoint as exported with the tokenizer's `tokens` rows of the embedding (and lm_head): the rows
+        beyond them, the launcher's rounding and the engine's padding, are never a token's."""
+        if tokens > self.shape.vocab_size:
+            raise ExportError(
+                f"the run's tokenizer {self.tokenizer} has {tokens} tokens, more than the model's "
+                f"{self.shape.vocab_size} rows: not the tokenizer the run trained with; point the run's config at "
+                "that one"
+            )
+        return dataclasses.replace(self, shape=dataclasses.replace(self.shape, vocab_size=tokens))
+
 
 def choose_step(root: Path, step: int | None) -> tuple[int, str]:
     """(step, engine): the step asked for, or the newest complete one; a named refusal otherwise."""

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from launcher import checkpoint_layout as layout
 from launcher.bundle.manifest import Manifest
 from launcher.export import checkpoints as found
 from launcher.export.checkpoints import Checkpoint, ExportError
@@ -69,8 +70,18 @@ def export(run: Manifest, step: int | None, output: Path | None, dtype: str, arg
     checkpoint = found.find(run.checkpoints, step, run_config(run))
     target = output or default_output(run, checkpoint.step)
     started = time.monotonic()
-    groups = weights.groups(checkpoint)
-    size = folder.write(target, checkpoint, groups, dtype, card(run, checkpoint, dtype, argv))
+    with layout.leased(run.checkpoints, checkpoint.step, "export") as lease:  # the run's retention leaves it be
+        if checkpoint.step not in layout.complete_steps(run.checkpoints):
+            raise found.StepNotFound(f"checkpoint step {checkpoint.step} was removed as the export began (the run "
+                                     "keeps only what --keep_last/--keep_every say): export a step it keeps "
+                                     "(`python -m launcher.jobs checkpoints` lists them)")  # fmt: skip
+        if lease is None:
+            print(f"warning: no lease could be taken in {run.checkpoints} (not writable): the run's retention may "
+                  f"remove step {checkpoint.step} while it is read")  # fmt: skip
+        if checkpoint.tokenizer:  # the tokenizer's vocabulary, not the config's rounding of it nor the engine's padding
+            checkpoint = checkpoint.with_vocabulary(folder.vocabulary(checkpoint.tokenizer))
+        groups = weights.groups(checkpoint)
+        size = folder.write(target, checkpoint, groups, dtype, card(run, checkpoint, dtype, argv))
     print(f"Exported step {checkpoint.step} of {run.bundle_dir.resolve()} ({checkpoint.engine} engine) to {target}: "
           f"{size / 2**20:.1f} MiB of {dtype} weights in {time.monotonic() - started:.1f} s.")  # fmt: skip
     print(f"  load it: AutoModelForCausalLM.from_pretrained({str(target)!r})")

@@ -1,10 +1,22 @@
-"""The exported folder, as transformers' `from_pretrained` reads it: config.json, generation_config.json,
-model-0000K-of-0000N.safetensors with model.safetensors.index.json, the run's tokenizer, a README (model card).
+"""The exported folder, as transformers' `from_pretrained` reads it: config.json, generation_config.json, the weights
+(model.safetensors, or model-0000K-of-0000N.safetensors with model.safetensors.index.json), the run's tokenizer, a
+README (model card).
+
+Written by the libraries where they fit an export that never holds the model: config.json by transformers'
+`LlamaConfig`, generation_config.json by its `GenerationConfig`, the tokenizer by its own `save_pretrained`, the
+README by huggingface_hub's `ModelCard`; the shards planned by huggingface_hub's splitter
+(`split_state_dict_into_shards_factory`, which `split_torch_state_dict_into_shards` calls with a tensor's bytes),
+here over the groups' bytes, known from their shapes before any tensor is read; each shard written by safetensors'
+`save_file`, its tensors loaded one group at a time. Not huggingface_hub's `save_torch_state_dict` nor
+transformers' `save_pretrained` of a model: both take every tensor in memory at once. A group (q, k and v of one
+fused parameter) is one entry of the plan, so it is read once and never split over two files. A shard holds
+groups up to the size of the largest one (at least SHARD_FLOOR), so memory stays within a few times the largest
+tensor.
 
 Written into a temporary folder beside the output and renamed into place once whole: an export that fails or is
-killed leaves no folder under the output's name (a leftover `.NAME.tmp-*` says what it is). A shard holds groups of
-tensors up to the size of the largest one (at least SHARD_FLOOR), so memory stays within a few times the
-largest tensor.
+killed leaves no folder under the output's name (a leftover `.NAME.tmp-*` says what it is). Every file takes the
+mode the user's umask gives a new file (safetensors writes its own 0600: set again here), so a group that shares
+the folder reads the weights as it reads the rest.
 """
 
 from __future__ import annotations
@@ -14,8 +26,11 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
+from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub.serialization import split_state_dict_into_shards_factory
 from safetensors.torch import save_file
 
 from launcher import atomic
@@ -23,13 +38,14 @@ from launcher.export.checkpoints import Checkpoint, ExportError
 from launcher.export.weights import Group
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-INDEX = "model.safetensors.index.json"
+WEIGHTS = "model{suffix}.safetensors"  # transformers' names: model.safetensors, model-00001-of-00002.safetensors
+INDEX = "model.safetensors.index.json"  # where the weights take more than one file
 SHARD_FLOOR = 256 * 2**20  # a shard's least budget (bytes): a small model in a few files, not one per tensor
 
 
-def llama_config(checkpoint: Checkpoint, dtype: str) -> dict:
-    """transformers' LlamaConfig of the checkpoint's model, as config.json holds it."""
-    from transformers import LlamaConfig
+def write_config(directory: Path, checkpoint: Checkpoint, dtype: str) -> None:
+    """config.json: transformers' LlamaConfig of the checkpoint's model; generation_config.json: its bos and eos."""
+    from transformers import GenerationConfig, LlamaConfig
 
     shape = checkpoint.shape
     config = LlamaConfig(  # type: ignore[call-arg]
@@ -39,30 +55,39 @@ def llama_config(checkpoint: Checkpoint, dtype: str) -> dict:
         dtype=dtype,
     )
     config.architectures = ["LlamaForCausalLM"]
-    return config.to_dict()
+    config.save_pretrained(str(directory))
+    GenerationConfig(bos_token_id=shape.bos_token_id, eos_token_id=shape.eos_token_id).save_pretrained(str(directory))
 
 
-def planned_shards(groups: list[Group], itemsize: int) -> list[list[Group]]:
-    """The groups in files of at most the largest group's size (or SHARD_FLOOR; a group is never split)."""
+def planned_shards(groups: list[Group], itemsize: int) -> dict[str, list[Group]]:
+    """File name -> its groups, in order: huggingface_hub's plan over the groups' bytes, in files of at most the
+    largest group's size (or SHARD_FLOOR; a group is never split)."""
     budget = max(max((g.numel for g in groups), default=0) * itemsize, SHARD_FLOOR)
-    shards: list[list[Group]] = [[]]
-    size = 0
-    for group in groups:
-        if shards[-1] and size + group.numel * itemsize > budget:
-            shards.append([])
-            size = 0
-        shards[-1].append(group)
-        size += group.numel * itemsize
-    return shards
+    by_key = {next(iter(g.shapes)): g for g in groups}  # a group by its first tensor's name
+    split = split_state_dict_into_shards_factory(
+        by_key, get_storage_size=lambda g: g.numel * itemsize, filename_pattern=WEIGHTS, max_shard_size=budget
+    )
+    return {name: [by_key[key] for key in keys] for name, keys in split.filename_to_tensors.items()}
+
+
+def new_file_mode() -> int:
+    """The mode `open` gives a new file here: 0666 less the umask (read without changing it, where Linux says it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            mask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
 
 
 def write_weights(directory: Path, groups: list[Group], dtype: torch.dtype) -> int:
-    """The safetensors shards and their index; returns the bytes of weights written."""
+    """The safetensors files (and their index, where there are several); returns the bytes of weights written."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards = planned_shards(groups, itemsize)
+    mode = new_file_mode()
     weight_map, total = {}, 0
-    for k, shard in enumerate(shards, 1):
-        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+    for name, shard in shards.items():
         tensors = {}
         for group in shard:
             for tensor_name, tensor in group.load().items():
@@ -73,34 +98,48 @@ def write_weights(directory: Path, groups: list[Group], dtype: torch.dtype) -> i
                 weight_map[tensor_name] = name
                 total += tensors[tensor_name].numel() * itemsize
         save_file(tensors, str(directory / name), metadata={"format": "pt"})
+        os.chmod(directory / name, mode)
         del tensors
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return total
+
+
+def read_tokenizer(name: str) -> Any:
+    """The run's tokenizer (transformers' AutoTokenizer)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise ExportError(
+            f"the run's tokenizer {name} cannot be read here ({str(e).splitlines()[0]}): give a "
+            "node that can read it, or copy it to a local directory the run's config names"
+        ) from None
+
+
+def vocabulary(tokenizer: str) -> int:
+    """The rows a model needs for every id the tokenizer gives (its added tokens too): its largest id, plus one. The
+    tokenizer is let go on return (and read again to be saved): a large one's memory is never held beside the
+    weights' (a tokenizer of 128256 added tokens takes 0.3 GiB)."""
+    return max(read_tokenizer(tokenizer).get_vocab().values()) + 1
 
 
 def write_tokenizer(directory: Path, tokenizer: str | None) -> str:
     """The run's tokenizer's files (transformers' own save of it); what was written, in words."""
     if not tokenizer:
         return "no tokenizer: the run's config names none"
-    from transformers import AutoTokenizer
-
-    try:
-        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(str(directory))
-    except (OSError, ValueError) as e:
-        raise ExportError(
-            f"the run's tokenizer {tokenizer} cannot be read here ({str(e).splitlines()[0]}): give a "
-            "node that can read it, or copy it to a local directory the run's config names"
-        ) from None
+    read_tokenizer(tokenizer).save_pretrained(str(directory))
     return f"the run's tokenizer, {tokenizer}"
 
 
-def model_card(lines: dict[str, str]) -> str:
-    """README.md: where the model came from (each line a field)."""
+def model_card(lines: dict[str, str]) -> ModelCard:
+    """README.md: where the model came from (each line a field), under huggingface_hub's metadata block."""
+    data = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=["llama", "nanotron"])
     body = "\n".join(f"- **{key}**: {value}" for key, value in lines.items())
-    return ("---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags: [llama, nanotron]\n---\n\n"
-            f"# {lines.get('run', 'model')}\n\nA Llama exported by the nanotron Slurm launcher "
-            f"(`python -m launcher.jobs export`).\n\n{body}\n")  # fmt: skip
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {lines.get('run', 'model')}\n\nA Llama exported by the "
+                     f"nanotron Slurm launcher (`python -m launcher.jobs export`).\n\n{body}\n")  # fmt: skip
 
 
 def temporary_beside(output: Path) -> Path:
@@ -115,12 +154,10 @@ def write(output: Path, checkpoint: Checkpoint, groups: list[Group], dtype: str,
     tmp = temporary_beside(output)
     tmp.mkdir()
     try:
-        (tmp / "config.json").write_text(json.dumps(llama_config(checkpoint, dtype), indent=2) + "\n")
-        generation = {"bos_token_id": checkpoint.shape.bos_token_id, "eos_token_id": checkpoint.shape.eos_token_id}
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        write_config(tmp, checkpoint, dtype)
         card["tokenizer"] = write_tokenizer(tmp, checkpoint.tokenizer)
         total = write_weights(tmp, groups, DTYPES[dtype])
-        (tmp / "README.md").write_text(model_card(card), encoding="utf-8")
+        model_card(card).save(tmp / "README.md")
         for f in tmp.iterdir():
             _fsync(f)
         os.rename(tmp, output)  # refuses a folder made meanwhile at `output` (not empty): nothing is replaced

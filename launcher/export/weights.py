@@ -5,7 +5,8 @@ nanotron (either dialect): each parameter is a folder path with one safetensors 
 a sharded file's metadata says which slices of the whole it holds (`local_global_slices_pairs`) and the whole's
 shape (`unsharded_shape`), so the shards are merged by nanotron's own record of how it cut them: the fused
 `qkv_proj` ([q | k | v] rows, each cut per tp rank) and `gate_up_proj` ([gate | up]) come out whole, then split.
-The vocabulary's padding rows (`make_vocab_size_divisible_by` x tp) are dropped; where the engine rotated q and k
+The embedding's and lm_head's rows past the checkpoint's vocabulary (`Checkpoint.shape`: the tokenizer's, where the
+export read it) are dropped, the launcher's rounding and the engine's padding; where the engine rotated q and k
 by interleaved pairs (0.4; main with rope_interleaved), each head's rows are reordered into transformers'
 rotate-half order (the same rotation of the same pairs: q.k is unchanged). Tied embeddings are saved once by
 nanotron (under the embedding's name) and written once here (transformers ties lm_head to it).

@@ -6,6 +6,7 @@ python -m launcher.jobs ledger [BUNDLE_OR_SWEEP_DIR] [--since 2026-11-01] [--con
 python -m launcher.jobs rerun BUNDLE_DIR_OR_JOB_ID [--run_name NAME] [--dry_run] [--strict] [--resume] [--show_logs]
 python -m launcher.jobs diff A B [--json] [--tolerance 1e-6]      (bundle directories or job ids)
 python -m launcher.jobs export BUNDLE_DIR_OR_JOB_ID [--step N] [--output DIR] [--dtype bfloat16|float32]
+python -m launcher.jobs checkpoints BUNDLE_DIR_OR_JOB_ID    (every step on disk, why it stays, what was removed)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.export.command import export
+from launcher.jobs import checkpoints
 from launcher.ledger.command import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
 from launcher.runs import rerun, sweep
@@ -187,7 +189,9 @@ def _parser() -> argparse.ArgumentParser:
                          "overwritten")  # fmt: skip
     export_.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                          help="the weights' type (default: %(default)s)")  # fmt: skip
-    for sub in (ledger, rerun_, diff, export_):
+    checkpoints_ = actions.add_parser("checkpoints", help="every checkpoint on disk, why it stays, what was removed")
+    checkpoints_.add_argument("target", help="a run's bundle directory or job id")
+    for sub in (ledger, rerun_, diff, export_, checkpoints_):
         sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
     return parser
 
@@ -241,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return as_command(lambda: ledger_command(args.target, args.since, args.configs_path))
     if args.action == "export":
         return as_command(lambda: _export(args, argv))
+    if args.action == "checkpoints":
+        return as_command(lambda: checkpoints.show(bundle_of(args.target, args.configs_path)))
     if args.action == "diff":
         return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
     if args.action == "rerun":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.bundle import manifest
+from launcher.bundle.records import checkpoint_totals
 from launcher.errors import LauncherError, SlurmUnavailable
 from launcher.ledger import attempts as records
 from launcher.ledger import picture
@@ -129,6 +130,10 @@ def ledgers(
         acct = records.split(_from_sacct(recs, seen, final, now, gpus), seen, per_node)
         works = records.works(seen, metrics, records.spans(acct))
         from_sacct = compute(acct, works, save_interval, "sacct") if acct else None
+    kept = checkpoint_totals(run.bundle_dir / P.CHECKPOINTS_RECORD)  # bytes written and freed (retention's record)
+    for found in (from_sacct, from_records):
+        if found is not None:
+            found.checkpoints = kept
     return from_sacct, from_records
 
 

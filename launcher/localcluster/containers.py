@@ -1,5 +1,5 @@
 """Containers on the local cluster (`up --containers`): NVIDIA pyxis + enroot, built from the vendored sources, and a
-small image made without any registry. The recipe and its pitfalls: ../shared/notes/CONTAINERS.md.
+small image made without any registry (docs/containers.md: the recipe, and what each step avoids).
 
 - `install`: enroot and pyxis into /usr/local, once (scripts/install_containers.sh; ~30 s), and enroot's paths in a
   drop-in of its own config (pyxis strips ENROOT_*_PATH from the job's environment, so it must be there).

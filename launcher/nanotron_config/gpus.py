@@ -1,7 +1,7 @@
 """The GPUs the launcher knows (configs/gpus.yaml: data) and the one a run is planned for.
 
 Where the GPU comes from, first found: `--gpu_memory_gb` or `--gpu_type`; the cluster's GRES type (`sinfo`, asked by
-`launcher.slurm.preflight` when the run is to be submitted); else an H100 80GB, which nanotron's own launcher
+`launcher.slurm.facts` when the run is to be submitted); else an H100 80GB, which nanotron's own launcher
 assumes. The summary says which.
 """
 

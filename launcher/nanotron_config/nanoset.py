@@ -1,7 +1,7 @@
 """A folder of tokenized data as datatrove's DocumentTokenizer writes it and nanotron main's Nanoset reads it, read
 from its own small files (standard library; no numpy, no datatrove): what it holds and every way it is incomplete.
 
-Per token file (datatrove 0.10, pipeline/tokens/tokenizer.py; ../shared/notes/NANOTRON-FILES.md):
+Per token file (datatrove 0.10's DocumentTokenizer, src/datatrove/pipeline/tokens/tokenizer.py in its repository):
   X.ds           raw little-endian tokens, no header: uint16 (token size 2) or uint32 (4)
   X.ds.index     every document's end offset in tokens, uint64 little-endian: the last one is the file's length
   X.ds.metadata  "tokenizer_name_or_path|token_size", the token count, a readable count

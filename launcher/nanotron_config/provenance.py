@@ -1,6 +1,8 @@
 """What a run really read and ran with, one rule for the job (which records it at each attempt's start) and the
-launcher (which compares it with what a rerun would get): a dataset's or tokenizer's fingerprint, and which nanotron
-is installed (its version and, for a source install, its git commit and whether it was changed).
+launcher (which compares it with what a rerun would get): a dataset's or tokenizer's fingerprint, which nanotron
+is installed (its version and, for a source install, its git commit and whether it was changed), and the versions
+of the packages each record holds (`versions`: the launch's manifest, the job's runtime record, a tokenized
+folder's record).
 
 Standard library only, and cheap: the job's rank 0 runs it before training. A local dataset is fingerprinted by its
 files' sizes and the sha256 of their first and last MiB (a file of up to 2 MiB whole), not by reading it all (a
@@ -14,8 +16,10 @@ import hashlib
 import importlib.machinery
 import json
 import os
+import platform
 import re
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,43 @@ EDGE_BYTES = 1 << 20  # the first and the last MiB of each file
 MAX_FILES_HASHED = 64  # files hashed per dataset, spread evenly over them in name order; the others by size only
 RANDOM = "(random tokens)"  # the name a run without a dataset records its data under
 MAX_FILES_LISTED = 100_000  # a directory with more is fingerprinted by its first this many files, and says so
+# The packages whose versions each record holds (`versions`, beside Python's). A launch's manifest and the job's
+# runtime record hold the same ones, so that the launcher's Python and the job's compare name by name.
+RUN_PACKAGES = ("nanotron", "torch", "transformers", "datasets", "tokenizers", "wandb", "simple-parsing", "pyyaml",
+                "jinja2")  # fmt: skip
+TOKENIZE_PACKAGES = ("datatrove", "tokenizers", "datasets", "nanotron-slurm-launcher")  # a tokenized folder's record
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def versions(packages: tuple[str, ...], search: list[str] | None = None) -> dict[str, str | None]:
+    """Python's version and each package's (None where it is not installed), as `search` (default: sys.path)
+    finds them, without importing any: one pass over the `name-version.dist-info` directory names there
+    (importlib.metadata's per-package lookups cost a tenth of a dry run), importlib.metadata only for a package
+    installed another way (an egg-info)."""
+    search = sys.path if search is None else search
+    found: dict[str, str] = {}
+    for entry in search:
+        try:
+            children = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for child in children:
+            if child.endswith(".dist-info"):
+                dist, _, dist_version = child[: -len(".dist-info")].rpartition("-")
+                found.setdefault(_normalized(dist), dist_version)
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in packages:
+        version = found.get(_normalized(name))
+        if version is None:
+            from importlib import metadata  # slow to import: only where the names did not say
+
+            installed = next(iter(metadata.distributions(name=name, path=search)), None)
+            version = installed.version if installed is not None else None
+        out[name] = version
+    return out
 
 
 def _file_digest(path: Path, size: int) -> str:

@@ -94,6 +94,7 @@ NOT_IN_CONFIG = frozenset(
     }
     | {"model_size", "layout"}
     | {"configs_path", "slurm_logs_path", "slurm_scripts_dir", "run_train_script", "resume", "wandb_disabled"}
+    | {"keep_last", "keep_every"}  # retention: the job's supervisor's (launcher/node/retention.py)
     | {"dry_run", "show_logs", "config", "sweep", "plan", "skip_memory_check"}
     | {"preflight", "hang_timeout", "startup_timeout", "hang_factor", "debug", "interactive", "engine", "rdzv_backend"}
     | {"container_image", "container_mounts", "container_workdir", "container_env", "container_writable"}

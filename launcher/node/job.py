@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import protocol as P
+from launcher.node.retention import Rules
 
 VERSION = 1  # the file's format: a job refuses a file of another (written by another release of the launcher)
 PATHS = ("bundle", "log", "checkpoints", "python", "project", "train_script", "config", "tmp_dir")
 KINDS: dict[str, tuple[type, ...]] = {  # a field's annotation -> what its JSON value may be
     "str": (str,), "Path": (str,), "int": (int,), "float": (int, float), "float | None": (int, float, type(None)),
-    "bool": (bool,), "tuple[str, ...]": (list,), "dict[str, str]": (dict,),
+    "bool": (bool,), "tuple[str, ...]": (list,), "dict[str, str]": (dict,), "Rules": (dict,),
 }  # fmt: skip
 
 
@@ -62,6 +63,7 @@ class Job:
     wandb_disabled: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)  # --extra_env: the last word on training's environment
     heartbeat_s: float = 60.0  # the supervisor's heartbeat line, this often
+    retention: Rules = field(default_factory=Rules)  # --keep_last/--keep_every (none: every checkpoint stays)
     version: int = VERSION
 
     def file(self, name: str) -> Path:
@@ -117,6 +119,8 @@ def from_json(text: str) -> Job:
         raise JobFileError(f"settings of the wrong kind: {', '.join(wrong)}")
     data.update({name: Path(data[name]) for name in PATHS if name in data})
     data.update({name: tuple(data[name]) for name in ("modules", "inputs", "container_options") if name in data})
+    if "retention" in data:
+        data["retention"] = Rules.from_dict(data["retention"])
     try:
         return Job(**data)
     except TypeError as e:

@@ -1,18 +1,22 @@
 """Figures about a run, pure: parameters, batch, tokens, and its checkpoints' size and count.
 
 Checkpoint sizes: nanotron 0.4 writes bf16 weights, their fp32 master copies and AdamW's two fp32 moments
-(14 bytes a parameter); the torch engine fp32 weights and the moments (12). Neither prunes old checkpoints.
+(14 bytes a parameter); the torch engine fp32 weights and the moments (12). Neither engine removes a checkpoint;
+the job's supervisor does where --keep_last/--keep_every say (launcher/node/retention.py): `disk` is the run's
+checkpoints at their peak, the forecast the launcher checks against the free space.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.schema import train_split
 from launcher.nanotron_config.shape import ModelShape
+from launcher.node.retention import Rules, most_kept
 from launcher.perf import datasize, fit
 from launcher.perf.memory import estimate
 
@@ -44,6 +48,42 @@ def checkpoint_count(train_steps: int, save_interval: int, save_initial_state: b
     return count + int(save_initial_state)
 
 
+def retention_rules(spec: RunSpec) -> Rules:
+    """The run's retention rules (--keep_last, --keep_every), as the job's supervisor applies them."""
+    paths = spec.args.paths
+    return Rules(paths.keep_last, paths.keep_every, spec.args.training.train_steps)
+
+
+@dataclass(frozen=True)
+class Disk:
+    """The run's checkpoints on disk: each one's size, how many it saves, the most it keeps at once."""
+
+    each: int  # bytes, estimated (the engine's bytes a parameter)
+    saves: int
+    most: int  # at once, one being written counted (every save where none is removed)
+    rules: Rules
+
+    @property
+    def peak(self) -> int:
+        return self.each * self.most
+
+
+def disk(spec: RunSpec) -> Disk:
+    """The run's checkpoints at their peak: nanotron's 14 bytes a parameter (the torch engine's 12 with --engine
+    torch) times the most kept at once."""
+    paths, t = spec.args.paths, spec.args.training
+    saves = checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state)
+    rules = retention_rules(spec)
+    most = most_kept(rules, paths.save_interval, paths.save_initial_state)
+    return Disk(checkpoint_bytes(spec), saves, saves if most is None else min(most, saves), rules)
+
+
+def checkpoint_bytes(spec: RunSpec) -> int:
+    """A checkpoint's size, estimated: the engine's bytes a parameter (nanotron's unless --engine torch)."""
+    per_parameter = MIN_BYTES_PER_PARAMETER if spec.args.job.engine == "torch" else BYTES_PER_PARAMETER
+    return parameters(spec) * per_parameter
+
+
 def derived(spec: RunSpec) -> dict:
     """The numbers the summary shows, also stored in the manifest."""
     s, t, p, paths = spec.shape, spec.args.training, spec.args.parallelism, spec.args.paths
@@ -58,12 +98,19 @@ def derived(spec: RunSpec) -> dict:
         "global_batch_sequences": sequences,
         "global_batch_tokens": sequences * s.max_seq_len,
         "total_training_tokens": sequences * s.max_seq_len * t.train_steps,
-        "checkpoint_bytes": params * BYTES_PER_PARAMETER,  # estimated: nanotron's 14 bytes a parameter
+        "checkpoint_bytes": checkpoint_bytes(spec),  # estimated: the engine's bytes a parameter
         "checkpoints": checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state),
+        **_disk_figures(spec),
         "memory": memory(spec),
         **data_volume(spec, sequences * s.max_seq_len * t.train_steps),
         **data_stages(spec),
     }
+
+
+def _disk_figures(spec: RunSpec) -> dict:
+    """The checkpoints' peak on disk (the forecast's figures)."""
+    found = disk(spec)
+    return {"checkpoints_at_once": found.most, "checkpoints_peak_bytes": found.peak}
 
 
 def data_stages(spec: RunSpec) -> dict:

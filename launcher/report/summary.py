@@ -5,23 +5,44 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.bundle.files import BundlePaths
-from launcher.bundle.storage import free_bytes
+from launcher.bundle.storage import fitting, free_bytes
+from launcher.checkpoint_layout import look
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
-from launcher.perf.sizes import human_bytes, human_count
+from launcher.perf.sizes import disk, human_bytes, human_count, retention_rules
 
 
 def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
     each, count = figures["checkpoint_bytes"], figures["checkpoints"]
+    rules = retention_rules(spec)
     note = f"~{human_bytes(each)} each, {count} over the run"
+    at_once, peak = figures.get("checkpoints_at_once", count), figures.get("checkpoints_peak_bytes", each * count)
+    if rules.active:
+        note += f", at most {at_once} at once ({rules.describe()}, one being written): {human_bytes(peak)} at the peak"
+        note += _not_saved(spec)
+    else:
+        note += f", all kept: {human_bytes(peak)} at the end"
     free = free_bytes(spec.args.paths.checkpoints_path)
     if free is None:
         return note
     note += f"; {human_bytes(free)} free"
-    if each * count > free:
-        note += f": not enough for all {count} (none is pruned): raise --save_interval or make room"
+    if peak > free:  # (with --keep_last/--keep_every, the forecast refused it before: here, a run that keeps all)
+        a = spec.args.paths
+        fixes = fitting(disk(spec), free, a.save_interval, a.save_initial_state)
+        note += f": not enough for all {count}: " + (f"{fixes[0]} fits (older ones are then removed), " if fixes
+                                                     else "") + "or make room"  # fmt: skip
     return note
+
+
+def _not_saved(spec: RunSpec) -> str:
+    """The complete steps in the run's checkpoints folder that its launcher did not save: retention leaves them."""
+    folder = look(spec.checkpoints_dir)
+    foreign = sorted(set(folder.complete) - folder.saves)
+    if not foreign:
+        return ""
+    shown = ", ".join(map(str, foreign[:4])) + (", ..." if len(foreign) > 4 else "")
+    return f"; leaves alone {len(foreign)} step{'s' if len(foreign) > 1 else ''} this launcher did not save ({shown})"
 
 
 def _data_note(spec: RunSpec, figures: dict) -> str:

@@ -1,25 +1,25 @@
-"""The launch, start to end: flags -> resolved spec -> validated (pure phase, then preflight) -> rendered ->
-Slurm's verdict -> bundle written -> submitted -> followed. Each step is a module of its own; this one wires
-them together, for one run or for every point of a sweep (all or none)."""
+"""The launch, straight down: flags parsed -> the cluster's facts asked once -> resolved (pure) -> --layout auto's
+choice -> every problem checked at once -> rendered -> Slurm's verdict on the script -> the bundle written ->
+submitted -> followed. Each arrow is a package's door (config, slurm, perf, bundle, report); this module calls them
+in that order, for one run or for every point of a sweep (all or none)."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import NamedTuple
 
 from launcher import checkpoint_layout
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
 from launcher.config import cli, container, ranges, validate
-from launcher.config.flags import LaunchArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
 from launcher.errors import ConfigError, LauncherError, SubmissionError, as_command
 from launcher.perf import fit, sizes
 from launcher.problems import Problem, report
 from launcher.report import summary
-from launcher.slurm import client, interactive, preflight
+from launcher.slurm import checks, client, facts, interactive
 
 OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path where you can write"
 
@@ -27,38 +27,27 @@ OUTPUT_FLAGS = "give --configs_path, --slurm_scripts_dir and --slurm_logs_path w
 class Prepared(NamedTuple):
     spec: RunSpec
     paths: files.BundlePaths
-    figures: dict  # config.sizes.derived
-    forecast: str | None  # Slurm's verdict (preflight.judge: its forecast, or held until nodes return); None: dry run
+    sizes: dict  # perf.sizes.derived
+    forecast: str | None  # Slurm's verdict (checks.judge: its forecast, or held until nodes return); None: dry run
 
 
-def check(argv: list[str], parsed: cli.Parsed | None = None, **placed: Any) -> tuple[RunSpec, list[Problem]]:
-    """One run's flags resolved and validated: what "every problem at once" means, in one place. The pure phase
-    (resolution and `config.validate`: the spec and local files, the memory fit), then the preflight phase (the
-    output directories and disk, and, unless a dry run, the jobs a --dependency names). Before them, unless a dry
-    run, the cluster's GPU type (for the memory check), and `--layout auto`'s choice. Slurm's verdict on the
-    script comes once there is a script: in `prepare_all`, when these found nothing. `parsed`: argv's flags,
-    where the caller has parsed them already; `placed`: where a rerun puts its checkpoints (RunSpec's
-    `checkpoints`, `fresh`), before anything checks them."""
+def check(
+    argv: list[str], parsed: cli.Parsed | None = None, checkpoints: Path | None = None, fresh: bool = False
+) -> tuple[RunSpec, list[Problem]]:
+    """One run's flags, resolved and checked: what "every problem at once" means, in one place. The cluster's facts
+    (unless a dry run) -> resolution -> --layout auto's choice -> the flags' own checks and local files
+    (`config.validate`) -> the memory fit (`perf.fit`) -> the cluster's checks (`slurm.checks`: directories, disk,
+    the jobs a --dependency names, ...). Slurm's verdict on the script comes once there is a script: in
+    `prepare_all`, when these found nothing. `parsed`: argv's flags, where the caller has parsed them already;
+    `checkpoints`, `fresh`: where a rerun puts its checkpoints, before anything checks them."""
     args, explicit = parsed or cli.parse(argv)
-    spec, problems = _resolved(args, explicit)
-    spec = dataclasses.replace(spec, **placed) if placed else spec
+    spec, problems = resolve(args, explicit, facts.ask(args), checkpoints=checkpoints, fresh=fresh)
     if spec.args.parallelism.layout == "auto" and fit.checkable(spec, problems):
         spec, chosen = fit.auto_layout(spec, explicit)
         problems += chosen
     problems += validate.validate(spec)
     problems += fit.problems(spec, problems)
-    problems += preflight.problems(spec, problems, ask_slurm=not args.execution.dry_run)
-    return spec, problems
-
-
-def _resolved(args: LaunchArgs, explicit: set[str]) -> tuple[RunSpec, list[Problem]]:
-    """The resolved spec, with the cluster's GPU where no flag names one (unless a dry run), and CPUs for every
-    process (the partition's, unless a dry run)."""
-    spec, problems = resolve(args, explicit)
-    if not args.execution.dry_run:
-        spec = preflight.with_requeue_mode(preflight.with_cluster_gpu(spec))
-    if not any(p.flag in ("gpus_per_node", "cpus_per_node") for p in problems):
-        spec = preflight.with_cpus(spec, ask_slurm=not args.execution.dry_run)
+    problems += checks.problems(spec, problems, ask_slurm=not args.execution.dry_run)
     return spec, problems
 
 
@@ -67,7 +56,7 @@ def plan_run(parsed: cli.Parsed) -> int:
     from launcher.report import plan  # imported here only for speed: a dry run never needs it
 
     args, explicit = parsed
-    spec, problems = _resolved(args, explicit)
+    spec, problems = resolve(args, explicit, facts.ask(args))
     if not fit.checkable(spec, problems):  # a value no run takes among them: said, as the planner waits for it
         raise ConfigError(report(list(dict.fromkeys(problems + ranges.problems(spec.args)))))
     fixed = {k: v for k, v in fit.current_values(spec).items() if k in explicit}
@@ -140,6 +129,8 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
     derived = sizes.derived(draft.spec)
     backend, why = draft.spec.rendezvous
     derived["rendezvous"] = {"backend": backend, "why": why}
+    if draft.spec.facts.asked:  # the Slurm the run was launched on, as the cluster said it before resolution
+        derived["cluster"] = {"slurm": draft.spec.facts.release, "gpu_types": list(draft.spec.facts.gpu_types)}
     paths = draft.paths
     try:
         image = draft.spec.args.container.container_image
@@ -182,7 +173,7 @@ def prepare_all(
     try:
         for (spec, _), argv in zip(checked, points, strict=True):
             drafts.append(_draft(spec, argv))
-        forecasts = [None if d.spec.args.execution.dry_run else preflight.judge(d.spec, d.script_text) for d in drafts]
+        forecasts = [None if d.spec.args.execution.dry_run else checks.judge(d.spec, d.script_text) for d in drafts]
     except BaseException as e:  # a refusal, or Ctrl-C while Slurm is asked: nothing of this launch stays behind
         for draft in drafts:
             files.release(draft.paths)  # claimed, nothing written yet

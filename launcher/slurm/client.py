@@ -283,18 +283,16 @@ def cluster_config() -> dict[str, str]:
     return parse_config(out) if out is not None else {}
 
 
-def gpu_types(partition: str | None) -> list[str | None]:
-    """The GRES types of the GPUs on a partition's nodes (the default partition's when None), as sinfo says them.
-    Raises SlurmUnavailable when Slurm does not answer."""
-    out = _query("sinfo", "-h", "-o", "%P %G")
-    return parse_gres_types(out, partition) if out is not None else []
-
-
-def node_shapes(partition: str | None) -> list[tuple[int, int]]:
-    """(CPUs, GPUs) of each kind of node in a partition (the default one when None). SlurmUnavailable when Slurm
-    does not answer."""
+def partition_nodes(partition: str | None) -> tuple[list[str | None], list[tuple[int, int]]]:
+    """The GRES types of a partition's GPUs (None for GPUs without a type) and the (CPUs, GPUs) of each kind of its
+    nodes (the default partition's when None), from one sinfo query. Raises SlurmUnavailable when Slurm does not
+    answer."""
     out = _query("sinfo", "-h", "-o", "%P|%c|%G")
-    return parse_node_shapes(out, partition) if out is not None else []
+    if out is None:
+        return [], []
+    fields = [(line.strip().split("|") + ["", ""])[:3] for line in out.splitlines()]
+    gres = "\n".join(f"{name} {node_gres}" for name, _, node_gres in fields)
+    return parse_gres_types(gres, partition), parse_node_shapes(out, partition)
 
 
 def node_states(partition: str | None) -> list[NodeState]:

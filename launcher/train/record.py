@@ -3,10 +3,11 @@ the bundle's runtime record (`P.RUNTIME_RECORD`, where the node step names it), 
 which it never touches.
 
 It says: the job and attempt, the nodes, the Python, nanotron's version and (a source install) its git commit and
-state, torch's, CUDA's and NCCL's versions, the GPU, the Slurm release, the engine, and a fingerprint of each
-dataset and of the tokenizer (`launcher.nanotron_config.provenance`). Cheap by design (a few ms on the demo data:
-no file is read whole, nothing is imported but what the job has already): `took_s` says what it cost. A record that
-cannot be written is said on the log, and training goes on.
+state, torch's, CUDA's and NCCL's versions, the GPU, the Slurm release, the engine, the versions of the packages a
+launch's manifest lists (`provenance.versions`: this Python's, to compare with the launcher's), and a fingerprint
+of each dataset and of the tokenizer (`launcher.nanotron_config.provenance`). Cheap by design (a few ms on the demo
+data: no file is read whole, nothing is imported but what the job has already): `took_s` says what it cost. A
+record that cannot be written is said on the log, and training goes on.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def record(cfg: TrainConfig, job: JobEnvironment, engine: str) -> dict[str, Any]
         "nanotron": provenance.nanotron_install(sys.path),
         "torch": torch_stack(job.local_rank),
         "slurm": slurm_release(),
+        "versions": provenance.versions(provenance.RUN_PACKAGES),
         "data": data,
         "tokenizer": provenance.fingerprint(cfg.tokenizer, "models", job.hub_cache),
     }

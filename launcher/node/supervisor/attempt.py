@@ -17,7 +17,7 @@ from types import FrameType
 
 from launcher import checkpoint_layout
 from launcher import protocol as P
-from launcher.node import restart, watchdog
+from launcher.node import purge, restart, watchdog
 from launcher.node.job import Job
 from launcher.node.restart import Decision
 from launcher.node.supervisor import decide, records, table
@@ -57,6 +57,7 @@ class Attempt:
         self.kill_wait_s: float | None = None  # Slurm's KillWait (Effects.kill_wait), read as the attempt starts
         self.leave_by: float | None = None  # after a SIGTERM: when the step is left to Slurm (its SIGKILL is near)
         self.looked = 0.0  # when the pointer to the newest checkpoint was looked at last
+        self.retention = purge.Retention(job.retention, job.checkpoints, slurm.job, say=effects.say)
         self.beating = threading.Event()
 
     def step_command(self, *args: str) -> list[str]:
@@ -94,6 +95,7 @@ class Attempt:
             state.notice = reaction.notice
             if reaction.hang:
                 self.on_hang()
+        self.retention.poll(wait=state.phase not in decide.STEP_PHASES)  # --keep_last/--keep_every (node/purge.py)
         return self.leave_by is None or time.monotonic() < self.leave_by
 
     def on_hang(self) -> None:

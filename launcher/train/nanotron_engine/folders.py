@@ -1,12 +1,13 @@
 """The nanotron engine's feed from tokenized folders (nanotron main's Nanosets), over the files themselves.
 
 Not main's own reader (run_train.py -> nanotron/data/tokenized_bytes.py): it passes datatrove arguments no released
-datatrove accepts (datatrove #374), and compiles a C++ helper at job start (../shared/notes/NANOTRON-FILES.md). The
-folders are read as the torch engine reads them (`launcher.train.tokenized.FolderWindows`: each token file
-memory-mapped, windows of sequence_length + 1 tokens read as a batch asks for them; a mixture weighed by main's
-normalised weights) and dealt as the torch engine deals them (`launcher.train.data.PackedWindows`: the windows
-shuffled per epoch with the data seed, dp rank r taking windows r, r + dp, ...): both engines read the same tokens
-in the same order, and a micro-batch is a pure function of (data seed, dp rank, its index).
+datatrove accepts (datatrove #374: `eos_token_id`, `read_path`, `matched_files`, `file_sizes` to
+`DatatroveFolderDataset`), and compiles a C++ helper at job start. The folders are read as the torch engine reads
+them (`launcher.train.tokenized.FolderWindows`: each token file memory-mapped, windows of sequence_length + 1
+tokens read as a batch asks for them; a mixture weighed by main's normalised weights) and dealt as the torch engine
+deals them (`launcher.train.data.PackedWindows`: the windows shuffled per epoch with the data seed, dp rank r taking
+windows r, r + dp, ...): both engines read the same tokens in the same order, and a micro-batch is a pure function
+of (data seed, dp rank, its index).
 
 Resuming: nanotron's checkpoint metadata says how many samples the stage consumed (all dp ranks together); this
 rank's next micro-batch is number consumed / (dp x micro_batch_size), the one the uninterrupted run reads next.

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher.checkpoint_layout import note_save
 from launcher.errors import TrainError
 from launcher.train.environment import JobEnvironment
 from launcher.train.metrics import StepMetrics, append_metrics, peak_flops
@@ -275,11 +276,14 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
             report_progress(job, self.iteration_step, "saving")
             if is_main_trainer(self):
                 account_stage_tokens(self)
+            shared = self.config.checkpoints.checkpoints_path_is_shared_file_system
+            writer = (shared and self.is_main()) or (not shared and job.local_rank == 0)  # one writer per filesystem
+            if writer:  # the step is the launcher's: retention may remove it (docs/checkpoints.md)
+                note_save(Path(self.config.checkpoints.checkpoints_path), self.iteration_step)
             with pointer_writes_dropped(nanotron.trainer, self.is_main()):
                 path = super().save_checkpoint()
             dist.barrier(self.parallel_context.world_pg)  # every rank's files are written: the pointer may name them
-            shared = self.config.checkpoints.checkpoints_path_is_shared_file_system
-            if (shared and self.is_main()) or (not shared and job.local_rank == 0):  # one writer per filesystem
+            if writer:
                 write_pointer(self.config.checkpoints.checkpoints_path, self.iteration_step)
             self.last_saved_step = self.iteration_step
             report_progress(job, self.iteration_step)

@@ -9,8 +9,9 @@ Layout under `checkpoints_path`:
 Rank 0 writes a checkpoint into `.tmp-<step>-<random>` and renames it to `<step>` only when it is complete, then
 replaces `latest` (write-temp + fsync + os.replace + fsync of the directory). A `.tmp-*` directory is never loaded
 and is removed at the next start. A resume takes the newest complete checkpoint that loads, whatever `latest`
-says (a warning names what was skipped). Old checkpoints are kept: nothing is pruned, nothing older than the
-newest whole checkpoint is ever replaced.
+says (a warning names what was skipped). Training removes no checkpoint, and nothing older than the newest whole
+checkpoint is ever replaced; the job's supervisor removes old ones where --keep_last/--keep_every say
+(docs/checkpoints.md): each save is first noted in the folder's `saves` record, the steps it may remove.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher import atomic
+from launcher import atomic, checkpoint_layout
 from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.settings import TrainConfig
@@ -150,6 +151,7 @@ def _write(root: Path, step: int, state: dict, meta: dict) -> Path:
     final = root / str(step)
     tmp = root / f".tmp-{step}-{secrets.token_hex(4)}"
     replaced = None
+    checkpoint_layout.note_save(root, step)  # the step is the launcher's: retention may remove it (docs/checkpoints.md)
     try:
         tmp.mkdir()
         _fsynced_write(tmp / STATE_FILE, lambda f: torch.save(state, f))

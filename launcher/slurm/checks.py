@@ -1,4 +1,4 @@
-"""The second phase of validation: the world as it is now, asked just before anything is written.
+"""The cluster's checks before the queue: the world as it is now, asked just before anything is written.
 
 - where the run writes: every output directory can be created and written, and the checkpoints' filesystem has
   room for one checkpoint (`launcher.bundle.storage`);
@@ -7,18 +7,16 @@
 - the follower's rate (LAUNCHER_POLL_SECONDS, `launcher.slurm.follow`), where set;
 - a `gpu` GRES in sbatch's environment (SBATCH_GRES) beside the script's --gpus-per-node (`launcher.slurm.releases`);
 - `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
+- a resume into another nanotron dialect, or into a layout nanotron cannot re-shard its checkpoint into;
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists; a job that only
   nodes out of service now keep from being placed is held in the queue, not refused (`holds_until_nodes_return`).
 
-Before both phases, `with_cluster_gpu` asks the cluster which GPUs the partition has (its GRES type), where no
-flag says, for the memory check, and `with_requeue_mode` whether it takes `--requeue=expedite`. A dry run asks
-Slurm nothing. `launcher.runs.launch.check` runs this after the pure phase (`launcher.config.validate`) and reports the
-problems of both at once.
+A dry run asks Slurm nothing. `launcher.runs.launch.check` runs `problems` after the flags' own checks
+(`launcher.config.validate`) and the memory fit (`launcher.perf.fit`), and reports every problem at once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -26,71 +24,13 @@ from launcher.bundle import storage
 from launcher.config import hostlist, ranges
 from launcher.config.spec import RunSpec
 from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
-from launcher.nanotron_config import dialect, gpus
+from launcher.nanotron_config import dialect
 from launcher.nanotron_config.layout import resume_relayout
 from launcher.perf import sizes
 from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer, releases
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
-
-
-def with_cluster_gpu(spec: RunSpec) -> RunSpec:
-    """The spec with the GPU the cluster says its partition has (sinfo's GRES type), unless --gpu_type or
-    --gpu_memory_gb says; the default stays where Slurm does not answer or names no type this project knows."""
-    s = spec.args.slurm
-    if s.gpu_type is not None or s.gpu_memory_gb is not None:
-        return spec
-    try:
-        types = client.gpu_types(s.partition)
-    except SlurmUnavailable:
-        return spec  # submitting will say so
-    choice = gpus.from_gres(types)
-    if choice is None:
-        named = sorted({t for t in types if t})
-        if not named:
-            return spec
-        default = gpus.default_choice()
-        origin = f"sinfo says gpu:{', gpu:'.join(named)}, not in configs/gpus.yaml: assumed; give --gpu_type"
-        choice = dataclasses.replace(default, origin=origin)
-    return dataclasses.replace(spec, gpu=choice)
-
-
-def with_requeue_mode(spec: RunSpec) -> RunSpec:
-    """The spec with `expedited_requeue` where the job requeues and the cluster takes `--requeue=expedite`
-    (`launcher.slurm.releases.expedites_requeue`: its config, asked once); unchanged where Slurm does not answer."""
-    if not spec.args.slurm.max_requeues:
-        return spec
-    try:
-        expedite = releases.expedites_requeue(client.cluster_config())
-    except SlurmUnavailable:
-        return spec  # submitting will say so
-    return dataclasses.replace(spec, expedited_requeue=expedite) if expedite else spec
-
-
-def with_cpus(spec: RunSpec, ask_slurm: bool) -> RunSpec:
-    """The spec with --cpus_per_node decided when not given: the partition's nodes' CPUs in proportion to the GPUs
-    the job asks of them (all of them for a whole node), else one per process. Without it, where the cluster sets
-    no default (DefCpuPerGPU), every process of a node and its data loaders share one CPU."""
-    s = spec.args.slurm
-    if s.cpus_per_node is not None:
-        return spec
-    cpus, why = max(s.gpus_per_node, 1), "one per process"
-    if ask_slurm:
-        try:
-            shapes = client.node_shapes(s.partition)
-        except SlurmUnavailable:
-            shapes = []  # submitting will say so
-        shares = [c * min(s.gpus_per_node, g) // g if g else c for c, g in shapes]
-        if shares and min(shares) >= cpus:
-            cpus = min(shares)
-            node_cpus, node_gpus = min(shapes)
-            why = f"the partition's nodes have {node_cpus} CPUs" + (f" for {node_gpus} GPUs" if node_gpus else "")
-    else:
-        why += " (a dry run asks Slurm nothing; launched, it asks the partition's nodes)"
-    slurm = dataclasses.replace(s, cpus_per_node=cpus)
-    adapted = {**spec.adapted, "cpus_per_node": why}
-    return dataclasses.replace(spec, args=dataclasses.replace(spec.args, slurm=slurm), adapted=adapted)
 
 
 def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
@@ -102,7 +42,11 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
         out += storage.writable_problems("profiler_export_path", a.logging.profiler_export_path)
     said = {p.flag for p in earlier + out}
     if spec.shape.resolved and not said & {"checkpoints_path", "save_interval"} and not ranges.problems(a):
-        out += storage.space_problems(sizes.parameters(spec), a.paths.checkpoints_path)
+        one = storage.space_problems(sizes.parameters(spec), a.paths.checkpoints_path)
+        out += one
+        if not one and not said & {"keep_last", "keep_every"}:  # the forecast: the most the run keeps at once
+            out += storage.peak_problems(sizes.disk(spec), a.paths.checkpoints_path, a.paths.save_interval,
+                                         a.paths.save_initial_state)  # fmt: skip
     return out
 
 
@@ -189,7 +133,8 @@ def container_problems(spec: RunSpec) -> list[Problem]:
 
 
 def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Problem]:
-    """Every problem of the preflight phase; `earlier`: the pure phase's, which some of these defer to."""
+    """Every problem the cluster's checks find; `earlier`: the flags' own and the memory fit's, which some of these
+    defer to."""
     found = storage_problems(spec, earlier) + resume_problems(spec)
     if ask_slurm:
         found += follow.env_problems()  # the follower's rate, before the job is submitted to be followed
