@@ -57,7 +57,7 @@ def test_the_script_prints_suspects_and_says_why_there_are_none(tmp_path: Path):
     assert "no suspected node: 20 nodes' stacks differ from the others': more than 1" in out.stderr
 
 
-HELPER_ENV = {**os.environ, "PYTHONPATH": str(Path(watchdog.__file__).parents[2])}  # as the batch script runs it
+HELPER_ENV = {**os.environ, "PYTHONPATH": str(Path(watchdog.__file__).parents[2])}  # as the supervisor runs it
 
 
 def test_the_limits_a_start_up_grace_apart_from_the_one_between_steps():
@@ -70,7 +70,7 @@ def test_the_limits_a_start_up_grace_apart_from_the_one_between_steps():
 
 
 def watched(tmp_path: Path, startup: str, steps: list[int], first: float) -> tuple[str, float, int]:
-    """The watchdog as the batch script runs it, on a progress file written `steps` (the first after `first`
+    """The watchdog as the supervisor runs it, on a progress file written `steps` (the first after `first`
     seconds, the others 0.1 s apart) then silent: what it wrote to the hung file, when (seconds after the last
     step), and how the process it notified ended."""
     progress, hung = tmp_path / "progress", tmp_path / "hung"
@@ -113,7 +113,24 @@ def test_a_slow_start_is_no_hang_and_a_hang_between_steps_is_caught_at_its_limit
     text, after, ended = watched(tmp_path, startup="6", steps=[1, 2, 3], first=3.0)
     step, idle, allowed = text.split()
     assert (step, allowed) == ("3", "2") and 2 <= float(idle) < 4 and after < 4
-    assert ended == -signal.SIGUSR2  # the batch script's cue
+    assert ended == -signal.SIGUSR2  # the supervisor's cue
     (tmp_path / "progress").unlink()
     text, after, _ = watched(tmp_path, startup="3", steps=[], first=0)  # no first step at all: the grace, then
     assert text.split()[::2] == ["0", "3"] and 3 <= after < 6
+
+
+def test_a_watchdog_whose_supervisor_is_gone_ends(tmp_path: Path):
+    """A supervisor killed with SIGKILL (its node's memory, a fault) leaves no watchdog behind, polling a dead job."""
+    supervisor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    argv = [sys.executable, "-m", "launcher.node.watchdog", "--progress", str(tmp_path / "progress"), "--hung-file",
+            str(tmp_path / "hung"), "--notify", str(supervisor.pid), "--floor", "600", "--poll", "0.2"]  # fmt: skip
+    dog = subprocess.Popen(argv, env=HELPER_ENV)
+    try:
+        time.sleep(1)
+        assert dog.poll() is None  # its supervisor lives: it watches
+        supervisor.kill()
+        supervisor.wait()
+        assert dog.wait(timeout=10) == 1 and not (tmp_path / "hung").exists()
+    finally:
+        dog.kill()
+        supervisor.kill()

@@ -64,12 +64,15 @@ def limit(step_times: list[float], phase: str, factor: float, floor: float, star
 def watch(
     progress: Path, hung_file: Path, notify: int, factor: float, floor: float, poll: float, startup: float | None = None
 ) -> int:
-    """Watch until a hang (then write hung_file, signal `notify`, return 0) or until killed."""
+    """Watch until a hang (then write hung_file, signal `notify`, return 0), until killed, or until `notify` is gone
+    (a supervisor killed with SIGKILL leaves no watchdog behind: return 1)."""
     last: tuple[int, str] | None = None
     changed = time.monotonic()
     step_times: list[float] = []
     step_seen: tuple[int, float] | None = None  # the last step and when it was seen
     while True:
+        if not alive(notify):
+            return 1
         now, seen = time.monotonic(), read_progress(progress)
         if seen != last and seen is not None:
             if seen[1] == "step" and step_seen is not None and seen[0] > step_seen[0]:
@@ -89,6 +92,15 @@ def watch(
             os.kill(notify, signal.SIGUSR2)
             return 0
         time.sleep(poll)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` is there (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def signature(text: str) -> tuple[str, ...] | None:
