@@ -9,13 +9,20 @@ Both engines write under the run's `checkpoints_path`:
                it is a save in progress, or one cut short); the pointer `latest.txt`
 
 and beside them the launcher's own records: the engine and nanotron dialect the checkpoints were written by, the
-one-writer lock, the experiment tracker's run id. A step is *complete* when its engine's last file is there; the
-*pointer* names the step a resume starts from (written after the step is complete).
+one-writer lock, the experiment tracker's run id, the readers' leases (`.leases/`) and the eval jobs submitted
+(`.evals/`, launcher/node/evals.py). A step is *complete* when its engine's last file is there; the *pointer* names
+the step a resume starts from (written after the step is complete). A *lease* holds a step a reader (an export, an
+eval) reads, until the reader drops it or is gone.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,3 +141,80 @@ def _children(root: Path) -> list[Path]:
         return list(root.iterdir())
     except OSError:
         return []
+
+
+LEASE_MAX_AGE_S = 24 * 3600  # a lease of a process on another host, which no one here can look at, holds this long
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A reader's hold on a step: its Slurm job, or else its process (pid, and the process's start, so that a pid
+    used again is not taken for it) on its host."""
+
+    step: int
+    reader: str  # what reads: "export", "eval"
+    job: str  # the reader's Slurm job ("" for none)
+    host: str
+    pid: int
+    started: str  # the process's start time, as /proc says it ("" where unknown)
+    since: float  # when the lease was taken (unix time)
+    path: Path
+
+    @property
+    def holder(self) -> str:
+        return f"job {self.job}" if self.job else f"pid {self.pid} on {self.host}"
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat's 22nd field), None where it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()  # (the command's name, in parentheses, may hold spaces)
+    return fields[19] if len(fields) > 19 else ""
+
+
+def take_lease(root: Path, step: int, reader: str, env: Mapping[str, str] = os.environ) -> Lease:
+    """A lease on `step` for this process (its Slurm job, where it runs in one): written whole, then named."""
+    pid = os.getpid()
+    lease = Lease(step, reader, env.get("SLURM_JOB_ID", ""), socket.gethostname(), pid, _process_start(pid) or "",
+                  time.time(), root / P.LEASES / f"{step}-{secrets.token_hex(4)}.json")  # fmt: skip
+    lease.path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"step": step, "reader": reader, "job": lease.job, "host": lease.host, "pid": pid,
+              "started": lease.started, "since": lease.since}  # fmt: skip
+    tmp = lease.path.with_name(".tmp-" + lease.path.name)
+    tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    os.replace(tmp, lease.path)
+    return lease
+
+
+def drop_lease(lease: Lease) -> None:
+    lease.path.unlink(missing_ok=True)
+
+
+def leases(root: Path) -> list[Lease]:
+    """Every lease in the folder (one that cannot be read is no lease)."""
+    found = []
+    for path in sorted(_children(root / P.LEASES)):
+        if path.name.startswith(".") or not path.name.endswith(".json"):
+            continue
+        try:
+            r = json.loads(path.read_text(encoding="utf-8"))
+            found.append(Lease(int(r["step"]), str(r["reader"]), str(r["job"]), str(r["host"]), int(r["pid"]),
+                               str(r["started"]), float(r["since"]), path))  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def lease_holds(lease: Lease, job_alive: Callable[[str], bool | None], now: float | None = None) -> bool:
+    """Whether the lease still holds its step: its job alive (`job_alive`: None where Slurm cannot say: it holds),
+    its process alive on this host, or, for a process on another host, until LEASE_MAX_AGE_S."""
+    if lease.job:
+        alive = job_alive(lease.job)
+        return True if alive is None else alive
+    if lease.host == socket.gethostname():
+        started = _process_start(lease.pid)
+        return started is not None and (not lease.started or started == lease.started)
+    return (time.time() if now is None else now) - lease.since < LEASE_MAX_AGE_S

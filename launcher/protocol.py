@@ -34,6 +34,10 @@ SCRIPT_SUFFIX, LOG_SUFFIX = ".sbatch", ".out"  # <scripts>/<run>/<stamp>.sbatch,
 EXPORT_SCRIPT = "export.sbatch"  # --export_hf: the export job's batch script, in the bundle
 EXPORT_RESULT = "export.json"  # the export job's word: the HF folder, its step, its held-out loss (JSON)
 EXPORT_LOG_SUFFIX = ".export.out"  # <logs>/<run>/<stamp>.export.out: the export job's log
+EVAL_SCRIPT = "eval.sbatch"  # --eval_tasks: the eval job's batch script, in the bundle (its argument: the step)
+EVALS_DIR = "evals"  # in the bundle: each evaluated step's whole result, step-<N>.json
+EVALS_RECORD = "evals.jsonl"  # in the bundle: one JSON object per evaluated step (its scores), or its failure
+EVAL_LOG_SUFFIX = ".eval-{step}.out"  # <logs>/<run>/<stamp>.eval-<step>.out: an eval job's log
 
 # Under the run's checkpoints path.
 LOCK = ".launcher-lock"  # a directory (mkdir is atomic): one writer per run
@@ -46,6 +50,8 @@ DIALECT_RECORD = "nanotron-dialect"  # the config dialect ("0.4" | "main") the r
 WANDB_RUN_ID_FILE = "wandb-run-id"  # the run's one experiment-tracker run: every attempt and restart appends to it
 WANDB_LOGGED_FILE = "wandb-logged-to"  # the last step that wandb run holds for certain (written as a run finishes)
 NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step: its format "version" (1.2 | 1.5)
+LEASES = ".leases"  # a reader's lease on a step (an export, an eval): a file each, named <step>-<holder>.json
+EVALS_SUBMITTED = ".evals"  # the eval job of each evaluated step, submitted once across jobs and launches: <step>.json
 
 # What the job reads from its environment (set by the node script).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
@@ -59,6 +65,7 @@ ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE", marks a node's training proces
 ENV_RANKS_FILE = "LAUNCHER_RANKS_FILE"  # where rank 0 writes which node holds which ranks (RANKS_FILE)
 ENV_STRAGGLERS_FILE = "LAUNCHER_STRAGGLERS_FILE"  # where rank 0 records the stragglers it names (STRAGGLERS_FILE)
 ENV_STRAGGLER_EVERY = "LAUNCHER_STRAGGLER_EVERY"  # steps between rank 0's looks at every rank's step time (100)
+ENV_EVALS = "LAUNCHER_EVALS"  # the eval jobs' settings (launcher/node/evals.py's EvalSettings, as JSON; "": none)
 # What the job's supervisor reads (launcher/node/supervisor/settings.py), by its setting: the batch script exports
 # them before it execs the supervisor (and srun hands them on to the node step).
 SUPERVISOR_ENV = {
@@ -145,6 +152,8 @@ LINES = {
     "late_notice": "the {notice} notice came as training ended: nothing to resume",
     "pre_launch_ended": "the pre-launch commands ended this attempt at: {command} (exit code {code})",
     "outcome": "training's last word: {word}",
+    "eval_submitted": "step {step} is evaluated by job {eval_job} ({tasks}; log {log})",
+    "eval_not_submitted": "step {step} is not evaluated: {why} (training goes on; jobs evals shows it)",
     "supervisor_failed": "the job's supervisor failed: {error} (a launcher bug: its traceback is above, please report "
     "it); this attempt ends",
 }

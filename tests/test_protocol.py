@@ -46,10 +46,10 @@ def _consts(node: ast.AST) -> set[str]:
 
 
 def said_by_the_job() -> set[str]:
-    """The lines the supervisor's code says (a `say` call's name, a decision's `(name, fields)`) and the batch
-    script's `say` calls (the pre-launch commands' lines)."""
+    """The lines the supervisor's code says (a `say` call's name, a decision's `(name, fields)`; its eval jobs'
+    submissions too) and the batch script's `say` calls (the pre-launch commands' lines)."""
     names = set(re.findall(r'say\("(\w+)"', (ROOT / "launcher/bundle/templates/sbatch.sh.j2").read_text()))
-    for source in SUPERVISOR.glob("*.py"):
+    for source in [*SUPERVISOR.glob("*.py"), ROOT / "launcher/node/evals.py"]:
         for node in ast.walk(ast.parse(source.read_text())):
             if (
                 isinstance(node, ast.Call)

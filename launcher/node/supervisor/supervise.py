@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from launcher import protocol as P
-from launcher.node import watchdog
+from launcher.node import evals, watchdog
 from launcher.node.supervisor import decide, table
 from launcher.node.supervisor.effects import Effects, append_requeue_record, requeued
 from launcher.node.supervisor.state import SIGNALS, Notice, Phase, State, Verdict
@@ -104,6 +104,7 @@ class Supervisor:
             state.notice = reaction.notice
             if reaction.hang:
                 self.on_hang()
+        evals.between_polls(wait=state.phase not in decide.STEP_PHASES)  # --eval_tasks' jobs (node/evals.py)
         return self.leave_by is None or time.monotonic() < self.leave_by
 
     def on_hang(self) -> None:
