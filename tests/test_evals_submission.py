@@ -14,7 +14,7 @@ import pytest
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.node import evals
-from launcher.node.evals import EvalSettings, Evals
+from launcher.node.evals import Evals, EvalSettings
 
 
 def settings(tmp_path: Path, every: int = 10, last: int = 25) -> EvalSettings:
