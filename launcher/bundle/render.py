@@ -19,15 +19,17 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
-from launcher.config import container
-from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
+from launcher.config import container, evalcheck
+from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE, time_limit_seconds
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.node import nodecheck
+from launcher.node.evals import EvalSettings
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
+EVAL_TIME_LIMIT_S = 4 * 3600  # an eval job's time limit: the run's, at most this (a week's limit would hold it back)
 
 
 def _comment(value: object) -> str:
@@ -86,13 +88,14 @@ def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
     touched = [str(paths.bundle_dir), str(paths.script.parent), str(paths.log.parent), str(paths.checkpoints)]
     touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(PROJECT)]
     touched += [v for v in _local_inputs(spec, paths)[2:]]
-    touched += container.python_prefixes(_python(spec))
+    touched += container.python_prefixes(job_python(spec))
     return container.srun_options(
         c.container_image, touched, c.container_mounts, c.container_workdir, c.container_env, c.container_writable
     )
 
 
-def _python(spec: RunSpec) -> str:
+def job_python(spec: RunSpec) -> str:
+    """The Python the job runs with on the nodes: --python, else the launcher's own."""
     return spec.args.slurm.python or sys.executable
 
 
@@ -103,7 +106,7 @@ def _values(spec: RunSpec, paths: BundlePaths) -> dict:
         "run_name": a.run_name,
         "nodes": a.slurm.nodes,
         "gpus_per_node": a.slurm.gpus_per_node,
-        "python": _python(spec),
+        "python": job_python(spec),
         "train_script": a.paths.run_train_script,
         "config_path": paths.config,
         "log_dir": paths.log.parent,
@@ -171,6 +174,7 @@ def _batch(spec: RunSpec, paths: BundlePaths, template: str) -> str:
             pre_launch_commands=a.slurm.pre_launch_commands,
             bundle_dir=paths.bundle_dir,
             heartbeat_s=HEARTBEAT_S,
+            evals=eval_settings(spec, paths),
         )
     )
 
@@ -194,6 +198,56 @@ def export_script(spec: RunSpec, paths: BundlePaths) -> str:
 
 def export_log(paths: BundlePaths) -> Path:
     return paths.log.with_name(paths.log.name.removesuffix(protocol.LOG_SUFFIX) + protocol.EXPORT_LOG_SUFFIX)
+
+
+def eval_settings(spec: RunSpec, paths: BundlePaths) -> str:
+    """--eval_tasks: what the supervisor needs to submit the eval jobs (launcher/node/evals.py), as the JSON the batch
+    script exports; "" without it."""
+    found, _ = evalcheck.tasks_of(spec.args.evals)
+    if found is None:
+        return ""
+    a = spec.args
+    settings = EvalSettings(str(paths.bundle_dir / protocol.EVAL_SCRIPT), str(paths.bundle_dir), str(paths.checkpoints),
+                            a.run_name, str(eval_log(paths)), a.evals.eval_every or 0, a.training.train_steps,
+                            found.said)  # fmt: skip
+    return settings.to_json()
+
+
+def eval_log(paths: BundlePaths, step: str = "{step}") -> Path:
+    """An eval job's log, beside the run's: `{step}` for the step (the supervisor's `--output`)."""
+    stem = paths.log.name.removesuffix(protocol.LOG_SUFFIX)
+    return paths.log.with_name(stem + protocol.EVAL_LOG_SUFFIX.replace("{step}", step))
+
+
+def eval_time_limit(time_limit: str) -> str:
+    """The run's time limit, at most EVAL_TIME_LIMIT_S (as HH:MM:SS)."""
+    try:
+        seconds = min(time_limit_seconds(time_limit), EVAL_TIME_LIMIT_S)
+    except ValueError:  # UNLIMITED, INFINITE
+        seconds = EVAL_TIME_LIMIT_S
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def eval_script(spec: RunSpec, paths: BundlePaths) -> str:
+    """--eval_tasks: the eval job's batch script (templates/eval.sh.j2), in the bundle; its argument is the step."""
+    a, e = spec.args, spec.args.evals
+    found, _ = evalcheck.tasks_of(e)
+    assert found is not None, "rendered only with --eval_tasks"
+    values = {
+        **_values(spec, paths),
+        "time_limit": eval_time_limit(a.slurm.time_limit),
+        "partition": e.eval_partition or a.slurm.partition,
+        "qos": a.slurm.qos,
+        "account": a.slurm.account,
+        "gpus": e.eval_gpus,
+        "tasks": found.said,
+        "limit": e.eval_limit,
+        "heldout": e.eval_heldout,
+        "log_path": eval_log(paths, "%j"),
+        "script_path": paths.bundle_dir / protocol.EVAL_SCRIPT,
+        "bundle_dir": paths.bundle_dir,
+    }
+    return _environment().get_template("eval.sh.j2").render(**values)
 
 
 def node_script(spec: RunSpec, paths: BundlePaths) -> str:

@@ -16,6 +16,8 @@ from launcher.config import cli, container, ranges, validate
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
 from launcher.errors import ConfigError, LauncherError, SubmissionError, as_command
+from launcher.evals import checks as eval_checks
+from launcher.evals import script as eval_script
 from launcher.perf import fit, sizes
 from launcher.problems import Problem, report
 from launcher.report import summary
@@ -48,6 +50,7 @@ def check(
     problems += validate.validate(spec)
     problems += fit.problems(spec, problems)
     problems += checks.problems(spec, problems, ask_slurm=not args.execution.dry_run)
+    problems += eval_checks.problems(spec, problems, ask_slurm=not args.execution.dry_run)  # --eval_tasks'
     return spec, problems
 
 
@@ -148,6 +151,7 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
             sha = files.write_new(export_script, draft.export_text, mode=0o755)
             data["files"]["export_script"] = {"path": str(export_script), "sha256": sha}
             data["outputs"]["export_log"] = str(render.export_log(paths))
+        eval_script.write(draft.spec, paths, data)  # --eval_tasks: the eval job's script, its record
         manifest.write_manifest(paths.manifest, data, new=True)
     except OSError as e:
         raise ConfigError(f"cannot write the bundle ({paths.bundle_dir}): {e}; {OUTPUT_FLAGS}") from None
