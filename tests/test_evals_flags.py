@@ -49,13 +49,18 @@ def test_every_eval_flag_names_its_fix():
     assert "--interactive runs no batch job" in problems_of("--eval_tasks", "piqa", "--interactive")["eval_tasks"]
 
 
-def test_rank_by_names_a_task_of_a_sweep():
+def test_rank_by_names_a_task_of_a_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert "add --sweep" in problems_of("--eval_tasks", "piqa", "--rank_by", "piqa")["rank_by"]
-    swept = ("--sweep", "seed=1,2")
-    assert "add --eval_tasks" in problems_of(*swept, "--rank_by", "piqa")["rank_by"]
-    other = problems_of(*swept, "--eval_tasks", "piqa", "--rank_by", "arc")
-    assert "not one of --eval_tasks' tasks" in other["rank_by"]
-    assert "rank_by" not in problems_of(*swept, "--eval_tasks", "piqa,arc_easy", "--rank_by", "arc_easy:acc_norm")
+    rules = evalcheck.rank_by_problems
+    assert "add --eval_tasks" in rules(EvalArgs(rank_by="piqa"), swept=True)[0].message + rules(
+        EvalArgs(rank_by="piqa"), swept=True)[0].fix  # fmt: skip
+    assert "not one of --eval_tasks' tasks" in rules(EvalArgs(eval_tasks="piqa", rank_by="arc"), swept=True)[0].message
+    assert rules(EvalArgs(eval_tasks="piqa,arc_easy", rank_by="arc_easy:acc_norm"), swept=True) == []
+    monkeypatch.chdir(tmp_path)  # a sweep's --rank_by is checked before anything is written
+    with pytest.raises(ConfigError, match="--rank_by: 'arc' is not one of --eval_tasks' tasks"):
+        launch.main(["--run_name", "sw", "--dataset", "none", "--sweep", "seed=1,2", "--eval_tasks", "piqa",
+                     "--rank_by", "arc", "--dry_run"])  # fmt: skip
+    assert not (tmp_path / "logs").exists()
 
 
 def test_the_heldout_data_is_out_of_training(tmp_path: Path, demo_data):

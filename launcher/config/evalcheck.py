@@ -88,14 +88,7 @@ def problems(spec: RunSpec) -> list[Problem]:
         given = [f for f in FLAGS if getattr(e, f) is not None] + (["eval_gpus"] if e.eval_gpus else [])
         why = "it sets up evaluation, which --eval_tasks asks for"
         out += [Problem(f, why, f"add --eval_tasks, or leave out --{f}") for f in given]
-    if e.rank_by is not None and x.sweep is None:
-        out.append(Problem("rank_by", "it ranks a sweep's points", "add --sweep, or leave out --rank_by"))
-    elif e.rank_by is not None and found is None:
-        out.append(Problem("rank_by", "it ranks the points by an eval score, and no task is evaluated",
-                           "add --eval_tasks with its task"))  # fmt: skip
-    elif e.rank_by is not None and found is not None and e.rank_by.split(":")[0] not in found.tasks:
-        fix = f"rank by one of {', '.join(found.tasks)} (TASK or TASK:METRIC, e.g. hellaswag:acc_norm)"
-        out.append(Problem("rank_by", f"{e.rank_by.split(':')[0]!r} is not one of --eval_tasks' tasks", fix))
+    out += rank_by_problems(e, swept=x.sweep is not None)
     if found is None:
         return out
     if x.interactive:  # a shell's session: no supervisor to submit eval jobs
@@ -120,6 +113,23 @@ def problems(spec: RunSpec) -> list[Problem]:
         elif not any(folder.rglob("*.yaml")):
             out.append(Problem("eval_include", f"{folder} holds no .yaml file", "give the folder of your task YAMLs"))
     return out + heldout_problems(spec)
+
+
+def rank_by_problems(e: EvalArgs, swept: bool) -> list[Problem]:
+    """--rank_by: a sweep's (`swept`: the launch's own flags; its points do not carry it), by one of its tasks."""
+    if e.rank_by is None:
+        return []
+    found, _ = tasks_of(e)
+    task = e.rank_by.split(":")[0]
+    if not swept:
+        return [Problem("rank_by", "it ranks a sweep's points", "add --sweep, or leave out --rank_by")]
+    if found is None:
+        return [Problem("rank_by", "it ranks the points by an eval score, and no task is evaluated",
+                        "add --eval_tasks with its task")]  # fmt: skip
+    if task not in found.tasks:
+        fix = f"rank by one of {', '.join(found.tasks)} (TASK or TASK:METRIC, e.g. hellaswag:acc_norm)"
+        return [Problem("rank_by", f"{task!r} is not one of --eval_tasks' tasks", fix)]
+    return []
 
 
 def heldout_problems(spec: RunSpec) -> list[Problem]:

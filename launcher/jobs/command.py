@@ -6,6 +6,7 @@ python -m launcher.jobs ledger [BUNDLE_OR_SWEEP_DIR] [--since 2026-11-01] [--con
 python -m launcher.jobs rerun BUNDLE_DIR_OR_JOB_ID [--run_name NAME] [--dry_run] [--strict] [--resume] [--show_logs]
 python -m launcher.jobs diff A B [--json] [--tolerance 1e-6]      (bundle directories or job ids)
 python -m launcher.jobs export BUNDLE_DIR_OR_JOB_ID [--step N] [--output DIR] [--dtype bfloat16|float32]
+python -m launcher.jobs evals BUNDLE_OR_SWEEP_DIR_OR_JOB_ID [--rank_by TASK[:METRIC]]   (--eval_tasks' scores)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from launcher import protocol as P
 from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
+from launcher.evals import report as evals_report
 from launcher.export.command import export
 from launcher.ledger.command import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
@@ -177,7 +179,10 @@ def _parser() -> argparse.ArgumentParser:
                          "overwritten")  # fmt: skip
     export_.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                          help="the weights' type (default: %(default)s)")  # fmt: skip
-    for sub in (ledger, rerun_, diff, export_):
+    evals = actions.add_parser("evals", help="the eval scores of a run or a sweep (--eval_tasks), and their picture")
+    evals.add_argument("target", help=target)
+    evals.add_argument("--rank_by", help="a sweep: rank its points by this task's score (TASK or TASK:METRIC)")
+    for sub in (ledger, rerun_, diff, export_, evals):
         sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
     return parser
 
@@ -217,6 +222,11 @@ def _step(text: str) -> int:
     return int(text)
 
 
+def _evals(target: str, configs_path: Path, rank_by: str | None) -> int:
+    sweep_dir = sweep_record.directory_of(Path(target))
+    return evals_report.command(sweep_dir if sweep_dir is not None else bundle_of(target, configs_path), rank_by)
+
+
 def _export(args: argparse.Namespace, argv: list[str]) -> int:
     return export(bundle_of(args.target, args.configs_path), args.step, args.output, args.dtype, argv)
 
@@ -231,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         return as_command(lambda: ledger_command(args.target, args.since, args.configs_path))
     if args.action == "export":
         return as_command(lambda: _export(args, argv))
+    if args.action == "evals":
+        return as_command(lambda: _evals(args.target, args.configs_path, args.rank_by))
     if args.action == "diff":
         return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
     if args.action == "rerun":
