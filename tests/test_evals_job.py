@@ -99,19 +99,19 @@ def scratch(tmp: Path) -> list[Path]:
     return list(tmp.glob("launcher-eval-*"))  # (torch's own caches may lie beside)
 
 
-def by_hand(run: manifest.Manifest, tasks: Path, where: Path) -> dict:
+def by_hand(run: manifest.Manifest, tasks: Path, where: Path, step: int = STEP) -> dict:
     """`jobs export --step STEP --dtype float32`, then `lm_eval` on it as its README says: its results."""
-    model = where / "hf"
+    model = where / f"hf-{step}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    export = [sys.executable, "-m", "launcher.jobs", "export", str(run.bundle_dir), "--step", str(STEP), "--dtype",
+    export = [sys.executable, "-m", "launcher.jobs", "export", str(run.bundle_dir), "--step", str(step), "--dtype",
               "float32", "--output", str(model)]  # fmt: skip
     subprocess.run(export, env=env, check=True, capture_output=True)
     done = subprocess.run(["lm_eval", "--model", "hf", "--model_args", f"pretrained={model},dtype=float32", "--device",
                            "cpu", "--batch_size", "8", "--tasks", ",".join(TASKS), "--include_path", str(tasks),
-                           "--output_path", str(where / "out")], env=env, capture_output=True, text=True,
+                           "--output_path", str(where / f"out-{step}")], env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    (found,) = (where / "out").rglob("results_*.json")
+    (found,) = (where / f"out-{step}").rglob("results_*.json")
     return json.loads(found.read_text())["results"]
 
 

@@ -114,7 +114,8 @@ def ledger_line(run: manifest.Manifest) -> str | None:
     jobs = len(found.done) + len(found.failed)
     seconds = sum(float(r.get("seconds") or 0) for r in [*found.done.values(), *found.failed.values()])
     on = "GPUs" if (run.data["evals"].get("gpus") or 0) else "CPUs"
-    return f"{found.gpu_hours():.3f} GPU-hours in {jobs} eval job(s) on {on} ({seconds / 3600:.3f} hours), apart"
+    still = f", {len(found.open)} still to end" if found.open else ""
+    return f"{found.gpu_hours():.3f} GPU-hours in {jobs} eval job(s) on {on} ({seconds / 3600:.3f} hours{still}), apart"
 
 
 @dataclass(frozen=True)

@@ -222,8 +222,10 @@ def submit(s: EvalSettings, step: int, by: str, run: Runner = subprocess.run) ->
 
 
 def say_line(name: str, **fields: object) -> None:
-    """A contract line in the job's log, whole, in one write."""
-    sys.stdout.write(P.line(name, None, **fields) + "\n")
+    """A contract line in the job's log, whole, in one write (stamped as the supervisor's own lines)."""
+    now = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+    sys.stdout.write(P.line(name, stamp, **fields) + "\n")
     sys.stdout.flush()
 
 
