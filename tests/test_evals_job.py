@@ -140,6 +140,7 @@ def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_pat
     assert row["step"] == STEP and row["tokens"] == STEP * per_step and row["job"] == "4242"
     assert (row["engine"], row["device"], row["dtype"]) == ("hf", "cpu", "float32")
     assert row["gpus"] == 0 and row["gpu_hours"] == 0 and row["seconds"] > 0 and row["wandb"] == "disabled"
+    assert set(row["phases_s"]) == {"export", "lm_eval", "heldout"} and sum(row["phases_s"].values()) < row["seconds"]
     held = row["heldout"]
     assert math.isclose(held["perplexity"], math.exp(held["loss"])) and 0 < held["bits_per_byte"] < 8
     assert held["held_out"].endswith("heldout.jsonl")
@@ -180,3 +181,32 @@ def test_a_failing_eval_job_is_recorded_with_its_cause_and_loses_nothing(evaluat
         shutil.move(where / "ppl-aside.jsonl", data)
     row = eval_record.rows(run.bundle_dir)[STEP]
     assert done.returncode == 1 and row["state"] == "failed" and "ppl.jsonl" in row["cause"], row
+
+
+def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
+    evaluated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from wandb_records import records
+
+    from launcher.evals import job
+
+    run, _, _ = evaluated
+    on = manifest.Manifest(run.path, json.loads(json.dumps(run.data)))  # the same run, launched with W&B on
+    on.data["resolved"]["logging"]["wandb_disabled"] = False
+    row = {"step": STEP, "tokens": 1280, "tasks": {"evals_mc": {"acc": 0.5}}, "heldout": {"loss": 4.0,
+           "bits_per_byte": 1.2}}  # fmt: skip
+    assert job.to_wandb(on, row).startswith("not logged: the run has no W&B run")
+    (run.checkpoints / P.WANDB_RUN_ID_FILE).write_text("evalrun1\n")  # training's run id, beside the checkpoints
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    try:
+        assert job.to_wandb(on, row) == "logged to W&B run evalrun1"
+    finally:
+        (run.checkpoints / P.WANDB_RUN_ID_FILE).unlink()
+    (written,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = [r for r in records(written) if r.WhichOneof("record_type") == "history"]  # type: ignore[attr-defined]
+    keys = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in logged[-1].history.item}
+    assert keys["eval/step"] == STEP and keys["eval/tokens"] == 1280 and keys["eval/evals_mc/acc"] == 0.5
+    assert keys["eval/heldout/bits_per_byte"] == 1.2
+    runs = [r for r in records(written) if r.WhichOneof("record_type") == "run"]  # type: ignore[attr-defined]
+    assert runs[0].run.run_id == "evalrun1"

@@ -140,16 +140,23 @@ def evaluate(run: manifest.Manifest, step: int, scratch: Path, started: float) -
     gpus = int(plan.get("gpus") or 0)
     backend, device, dtype = engine(gpus)
     model = scratch / "model"
+    marks = [time.time()]
     export(run, step, model, dtype, ["export", str(run.bundle_dir), "--step", str(step), "--dtype", dtype])
+    marks.append(time.time())
     results = score(model, plan, backend, device, dtype)
+    marks.append(time.time())
     figures = heldout(run, model, plan["heldout"], scratch) if plan.get("heldout") else None
+    marks.append(time.time())
     seconds = time.time() - started
+    names = ("export", "lm_eval", "heldout")
+    phases = {name: round(b - a, 2) for name, a, b in zip(names, marks[:-1], marks[1:], strict=True)}
     per_step = int((run.data.get("derived") or {}).get("global_batch_tokens") or 0)
     row = {"step": step, "tokens": step * per_step, "state": "done", "tasks": metrics_of(results),
            "samples": samples_of(results), "heldout": figures,
            "job": os.environ.get("SLURM_JOB_ID", ""), "seconds": round(seconds, 1), "gpus": gpus,
-           "gpu_hours": round(seconds * gpus / 3600, 6), "engine": backend, "device": device, "dtype": dtype,
-           "limit": plan.get("limit"), "lm_eval": results.get("lm_eval_version") or _version()}  # fmt: skip
+           "gpu_hours": round(seconds * gpus / 3600, 6), "phases_s": phases, "engine": backend, "device": device,
+           "dtype": dtype, "limit": plan.get("limit"),
+           "lm_eval": results.get("lm_eval_version") or _version()}  # fmt: skip
     write_step(run.bundle_dir, step, {**row, "lm_eval_results": results})
     row["wandb"] = to_wandb(run, row)
     return row
