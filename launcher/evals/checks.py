@@ -71,7 +71,7 @@ def _from_answer(answer: dict, python: str, found: evalcheck.EvalTasks) -> list[
         return [Problem("eval_tasks", f"lm-eval is not installed in the job's Python ({python})", INSTALL)]
     out = []
     for task, close in (answer.get("unknown") or {}).items():
-        where = "; lm-eval " + answer["lm_eval"] + (" nor --eval_include" if found.include else "")
+        where = " lm-eval " + answer["lm_eval"] + (" nor --eval_include" if found.include else "")
         fix = f"did you mean {', '.join(close)}?" if close else "see `lm_eval ls tasks`, or define it in --eval_include"
         out.append(Problem("eval_tasks", f"{task!r} is not a task, group or tag{where} knows", fix))
     for why in answer.get("broken") or []:

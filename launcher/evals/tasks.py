@@ -146,16 +146,18 @@ def check(tasks: Iterable[str], include: Iterable[str], env: dict[str, str]) -> 
 
     answer["lm_eval"] = metadata.version("lm_eval")
     index = scan(root / "tasks")
-    own = {}
-    for folder in include:
-        own.update(scan(Path(folder)))
+    own: dict[str, list[Path]] = {}  # --eval_include's names, from its YAMLs as lm-eval's loader reads them
     load = _loader()
     for folder in include:
         for path in sorted(Path(folder).rglob("*.yaml")):
             try:
-                load(path, resolve_func=True)
+                config = load(path, resolve_func=True)
             except Exception as e:  # noqa: BLE001  lm-eval's loader's word, whatever it is
                 answer["broken"].append(f"{path} does not load: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                continue
+            named = [config.get("task"), config.get("group"), *_tags(config)]
+            for name in (n for n in named if isinstance(n, str)):
+                own.setdefault(name, []).append(path)
     unknown = [t for t in tasks if t not in own and t not in index]
     if unknown:  # the scan found no line naming them: lm-eval's own index is the judge
         from lm_eval.tasks import TaskManager
