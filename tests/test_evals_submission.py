@@ -84,6 +84,8 @@ def test_each_evaluated_step_is_submitted_once_across_supervisors(tmp_path: Path
                                         "log": f"{tmp_path}/r.eval-10.out"})]  # fmt: skip
     record = evals.read_record(root, 10)
     assert record is not None and record["state"] == "submitted" and record["job"] == "101" and record["by"] == "7"
+    (lease,) = layout.leases(root)  # the step held for its eval job (retention leaves it), no longer for job 7
+    assert (lease.step, lease.reader, lease.job) == (10, "eval", "101")
     first.on_checkpoint()  # the attempt's end: nothing new
     Evals(s, "8", run=slurm).on_checkpoint()  # a requeue, a restart, a second launch: the record says it is done
     assert len(slurm.sbatches) == 1
@@ -125,6 +127,7 @@ def test_a_refusal_is_recorded_and_said_never_raised(tmp_path: Path):
     Evals(s, "7", say=lambda name, **f: said.append((name, f)), run=slurm).on_checkpoint()
     record = evals.read_record(root, 10)
     assert record["state"] == "refused" and "invalid partition specified: cpu" in record["cause"]
+    assert layout.leases(root) == []  # nothing held for a job that will not run
     assert said[0][0] == "eval_not_submitted" and "invalid partition" in said[0][1]["why"]
     Evals(s, "8", run=slurm).on_checkpoint()  # recorded with its cause: not asked again
     assert len(slurm.sbatches) == 1

@@ -196,7 +196,8 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        layout.drop_lease(lease)
+        for held in [lease, *(h for h in layout.leases(root) if h.step == step and job and h.job == job)]:
+            layout.drop_lease(held)  # its own, and the one the supervisor took in its name at the submission
         shutil.rmtree(scratch, ignore_errors=True)
     append(run.bundle_dir, row)
     submissions.write_record(root, step, state="done", job=job)

@@ -199,23 +199,38 @@ def submit(s: EvalSettings, step: int, by: str, run: Runner = subprocess.run) ->
             return Submission(step, why="Slurm did not say whether it was submitted", retry=True)
         if named:
             write_record(root, step, state="submitted", job=named[-1], by=by, bundle=s.bundle)
+            _lease(root, step, named[-1])
             return Submission(step, job=named[-1])
         write_record(root, step, state="submitting", by=by, bundle=s.bundle)
     else:
         return Submission(step, job=str(found.get("job") or ""), why=str(found.get("cause") or found.get("state")))
     log = s.log.replace("{step}", str(step))
     argv = ["sbatch", "--parsable", f"--job-name={s.job_name(step)}", f"--output={log}", s.script, str(step)]
+    held = _lease(root, step, by)  # the step held from here: retention leaves it for the eval job
     try:
         out = run(argv, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S, env=sbatch_env(os.environ))
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except (OSError, subprocess.TimeoutExpired) as e:  # (the hold stays, in this job's name: it may be submitted)
         return Submission(step, why=f"sbatch did not answer ({type(e).__name__})", retry=True)
     job = out.stdout.strip().split(";")[0]
+    if out.returncode == 0 and job.isdigit():
+        _lease(root, step, job)  # the eval job's, until it ends (it drops it; retention drops a dead job's)
+    if held is not None:
+        layout.drop_lease(held)
     if out.returncode != 0 or not job.isdigit():
         why = f"sbatch refused it: {_first_words(out.stderr or out.stdout)}"
         write_record(root, step, state="refused", cause=why, by=by, bundle=s.bundle)
         return Submission(step, why=why, new=True)
     write_record(root, step, state="submitted", job=job, by=by, bundle=s.bundle, log=log)
     return Submission(step, job=job, new=True)
+
+
+def _lease(root: Path, step: int, job: str) -> layout.Lease | None:
+    """A lease on `step` in the name of Slurm job `job` (None where it cannot be written: the step is then held
+    only once the eval job runs)."""
+    try:
+        return layout.take_lease(root, step, "eval", env={"SLURM_JOB_ID": job})
+    except OSError:
+        return None
 
 
 # -- the supervisor's side
