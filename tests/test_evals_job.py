@@ -210,3 +210,29 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
     assert keys["eval/heldout/bits_per_byte"] == 1.2
     runs = [r for r in records(written) if r.WhichOneof("record_type") == "run"]  # type: ignore[attr-defined]
     assert runs[0].run.run_id == "evalrun1"
+
+
+def test_an_eval_job_killed_by_slurms_sigterm_records_it_and_leaves_nothing_behind(evaluated, tmp_path: Path):
+    """A cancel, the time limit or a preemption (which Slurm requeues: the step starts again) reaches the eval job
+    as SIGTERM: the record says `interrupted` and why, its lease is dropped and its scratch folder removed."""
+    import signal
+    import time
+
+    run, _, _ = evaluated
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TMPDIR": str(tmp), "SLURM_JOB_ID": "4343"}  # fmt: skip
+    job = subprocess.Popen([sys.executable, "-m", "launcher.evals.job", str(run.bundle_dir), str(STEP)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (scratch(tmp) and list(scratch(tmp)[0].glob("model/*.safetensors"))):  # (exported: lm-eval next)
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
+    record = submissions.read_record(run.checkpoints, STEP)
+    assert record["state"] == "interrupted" and record["job"] == "4343" and "SIGTERM" in record["cause"]
+    assert layout.leases(run.checkpoints) == [] and scratch(tmp) == []
+    assert f"eval: step {STEP} interrupted: signal SIGTERM" in err

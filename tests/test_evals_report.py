@@ -65,6 +65,11 @@ def test_the_table_says_every_step_the_failures_and_what_is_still_to_end(bundle:
     assert lines[2].split() == ["10", "40,960", "0.3500", "1.5000"]
     assert lines[3] == "  step 20: failed (job 7): ExportError: gone"
     assert lines[4] == "  still to end: step 30 (job 99, submitted)"
+    submissions.write_record(bundle.checkpoints, 30, state="interrupted", cause="signal SIGTERM (preempted, ...)")
+    assert report.table(report.of(bundle), {"99": "TIMEOUT"})[-1] == (
+        "  step 30: eval job 99 ended TIMEOUT without a result: signal SIGTERM (preempted, ...)"
+    )
+    assert report.table(report.of(bundle), {"99": "PENDING"})[-1] == "  still to end: step 30 (job 99, PENDING)"
     assert report.ledger_line(bundle) == "0.110 GPU-hours in 2 eval job(s) on CPUs (0.110 hours, 1 still to end), apart"
 
 

@@ -28,6 +28,7 @@ four_slots = test_nanotron_slurm.four_slots  # its fixture: a cluster of 2 nodes
 
 
 def eval_flags(tmp_path: Path, every: int) -> tuple[str, ...]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     return ("--eval_tasks", ",".join(TASKS), "--eval_include", str(write_tasks(tmp_path)), "--eval_every", str(every))
 
 
@@ -182,3 +183,18 @@ def test_nanotron_mains_8_rank_run_is_evaluated(tmp_path: Path, slurm_env: dict,
     assert set(rows[4]["tasks"]) == set(TASKS) and 0 <= rows[4]["tasks"]["evals_mc"]["acc"] <= 1
     assert all(math.isfinite(v) for v in rows[4]["tasks"]["evals_ppl"].values())
     assert {s: len(j) for s, j in submitted_lines(run.log.read_text()).items()} == {2: 1, 4: 1}
+
+
+def test_an_eval_job_slurm_would_not_run_is_refused_before_anything_is_written(
+    tmp_path: Path, slurm_env: dict, demo_data
+):
+    cases = (
+        (("--eval_partition", "nosuch"), "on nosuch on CPUs"),
+        (("--eval_gpus", "8"), "on the default partition with 8 GPU(s)"),
+    )  # (its nodes have 2)
+    for number, (flags, said) in enumerate(cases):
+        proc = launch(tmp_path, slurm_env, demo_data, "evpart", *eval_flags(tmp_path / str(number), 10), *flags,
+                      follow=False, nodes="1")  # fmt: skip
+        code, out = finish(proc, timeout=300)
+        assert code == 2 and f"--eval_partition: Slurm would not run an eval job {said}: " in out, out
+        assert "Traceback" not in out and not (tmp_path / "logs" / "configs" / "evpart").exists()

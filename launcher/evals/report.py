@@ -15,6 +15,7 @@ from launcher.bundle.eval_record import RunEvals
 from launcher.errors import LauncherError, SlurmUnavailable
 from launcher.report import pictures
 from launcher.slurm import client
+from launcher.slurm.parse import TERMINAL
 
 PICTURE = "evals.png"
 
@@ -71,8 +72,14 @@ def table(found: RunEvals, states: dict[str, str] | None = None, indent: str = "
         lines.append(f"{indent}step {step}: {r.get('state')}" + (f" (job {r['job']})" if r.get("job") else "")
                      + f": {r.get('cause', '')}")  # fmt: skip
     states = states or {}
-    running = [f"step {s} (job {r.get('job') or '?'}, {states.get(str(r.get('job')), r.get('state', '?'))})"
-               for s, r in sorted(found.open.items())]  # fmt: skip
+    running = []
+    for step, r in sorted(found.open.items()):
+        state = states.get(str(r.get("job")), "")
+        if state in TERMINAL:  # Slurm says it ended, and it wrote no end (killed outright, or before it started)
+            why = f": {r['cause']}" if r.get("cause") else ""
+            lines.append(f"{indent}step {step}: eval job {r.get('job')} ended {state} without a result{why}")
+        else:
+            running.append(f"step {step} (job {r.get('job') or '?'}, {state or r.get('state', '?')})")
     if running:
         lines.append(f"{indent}still to end: " + ", ".join(running))
     if not lines:
