@@ -30,16 +30,16 @@ LONG_FILES = {
     "test_nanotron_multirank.py": 270,
     "test_nanotron_slurm.py": 270,
     "test_preemption.py": 265,
+    "test_evals_slurm.py": 260,  # (2026-11-29, -n 0, one file at a time; the eval jobs' lm-eval on the same 2 cores)
     "test_slurm_e2e.py": 230,
-    "test_evals_slurm.py": 360,  # (2026-11-29, one worker, the machine shared: the eval jobs' lm-eval on 2 cores)
     "test_export.py": 200,
     "test_nanoset_nanotron.py": 165,
     "test_accounting.py": 150,
     "test_supervisor_slurm.py": 140,
     "test_nanotron_main_cpu.py": 120,
+    "test_evals_job.py": 115,
     "test_slurm_versions.py": 110,
     "test_train_engine.py": 100,
-    "test_evals_job.py": 95,
     "test_rerun_e2e.py": 90,
     "test_follow.py": 85,
     "test_export_chain.py": 85,
