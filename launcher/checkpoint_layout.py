@@ -10,9 +10,10 @@ Both engines write under the run's `checkpoints_path`:
 
 and beside them the launcher's own records: the engine and nanotron dialect the checkpoints were written by, the
 one-writer lock, the experiment tracker's run id, the steps the launcher's engines began to save (`saves`), the
-readers' leases (`.leases/`) and a purge's step being deleted (`.purging-<step>-<random>`). A step is *complete*
-when its engine's last file is there; the *pointer* names the step a resume starts from (written after the step is
-complete). A *lease* holds a step a reader (an export, an eval) reads, until the reader drops it or is gone.
+readers' leases (`.leases/`), a purge's step being deleted (`.purging-<step>-<random>`) and the eval jobs submitted
+(`.evals/`, launcher/node/evals.py). A step is *complete* when its engine's last file is there; the *pointer* names
+the step a resume starts from (written after the step is complete). A *lease* holds a step a reader (an export, an
+eval) reads, until the reader drops it or is gone.
 """
 
 from __future__ import annotations

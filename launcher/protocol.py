@@ -35,6 +35,10 @@ EXPORT_SCRIPT = "export.sbatch"  # --export_hf: the export job's batch script, i
 EXPORT_RESULT = "export.json"  # the export job's word: the HF folder, its step, its held-out loss (JSON)
 EXPORT_LOG_SUFFIX = ".export.out"  # <logs>/<run>/<stamp>.export.out: the export job's log
 CHECKPOINTS_RECORD = "checkpoints.jsonl"  # the job's supervisor: a line per checkpoint seen, a line per purge
+EVAL_SCRIPT = "eval.sbatch"  # --eval_tasks: the eval job's batch script, in the bundle (its argument: the step)
+EVALS_DIR = "evals"  # in the bundle: each evaluated step's whole result, step-<N>.json
+EVALS_RECORD = "evals.jsonl"  # in the bundle: one JSON object per evaluated step (its scores), or its failure
+EVAL_LOG_SUFFIX = ".eval-{step}.out"  # <logs>/<run>/<stamp>.eval-<step>.out: an eval job's log
 
 # Under the run's checkpoints path.
 LOCK = ".launcher-lock"  # a directory (mkdir is atomic): one writer per run
@@ -50,6 +54,7 @@ NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step:
 SAVES_RECORD = "saves"  # a line per save the launcher's engines began (its step): retention removes only these
 LEASES = ".leases"  # a reader's lease on a step (an export, an eval): a file each, named <step>-<holder>.json
 PURGING = ".purging-"  # .purging-<step>-<random>: a step renamed out of the steps' names, being deleted
+EVALS_SUBMITTED = ".evals"  # the eval job of each evaluated step, submitted once across jobs and launches: <step>.json
 
 # What training reads from its environment (set by the node step).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
@@ -140,6 +145,8 @@ LINES = {
     "retention_refused": "retention removes nothing: {why}",
     "retention_failed": "retention failed: {error} (a launcher bug: its traceback, if any, is above; please report "
     "it); nothing is removed this time",
+    "eval_submitted": "step {step} is evaluated by job {eval_job} ({tasks}; log {log})",
+    "eval_not_submitted": "step {step} is not evaluated: {why} (training goes on; jobs evals shows it)",
     "supervisor_failed": "the job's supervisor failed: {error} (a launcher bug: its traceback is above, please report "
     "it); this attempt ends",
 }

@@ -13,10 +13,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.node import purge
 from launcher.node.job import Job
-from launcher.node.supervisor import decide
+from launcher.node.retention import Rules
 from launcher.node.supervisor.attempt import Attempt
 from launcher.node.supervisor.effects import Node, run
+from launcher.node.supervisor.records import take_lock
 from launcher.node.supervisor.state import Allocation
 
 TRAINING = r"""
@@ -25,11 +27,18 @@ from pathlib import Path
 folder = Path(sys.argv[1])
 (folder / "progress").write_text("1 0.0 train\n")
 (folder / "training.pid").write_text(str(os.getpid()))
-if (folder / "saves").exists():  # checkpoints 2, 2 again, 4 while it runs, and 6 as it ends
-    for step in (2, 2, 4):
-        (folder / "ck" / "latest").write_text(f"{step}\n")
+def save(step):  # as the torch engine saves: noted first, then the step's files, then the pointer
+    with open(folder / "ck" / "saves", "a") as f:
+        f.write(f"{step}\n")
+    (folder / "ck" / str(step)).mkdir()
+    for name in ("state.pt", "meta.json"):
+        (folder / "ck" / str(step) / name).write_text("x" * 1000)
+    (folder / "ck" / "latest").write_text(f"{step}\n")
+if (folder / "keep").exists():  # checkpoints 2 and 4 while it runs, and 6 as it ends
+    for step in (2, 4):
+        save(step)
         time.sleep(0.6)
-    (folder / "ck" / "latest").write_text("6\n")
+    save(6)
     (folder / "outcome").write_text("finished 6\n")
     sys.exit(0)
 while not (folder / "stop-requested").exists():
@@ -59,19 +68,16 @@ class NoSlurm(Node):
         return 0
 
 
-class Noticing(Attempt):
-    def on_checkpoint(self, step: int) -> None:
-        with open(FOLDER / "noticed", "a") as f:
-            f.write(f"{step}\n")
-
-
 def main() -> int:
     (FOLDER / "ck").mkdir(exist_ok=True)
+    keep = Rules(keep_last=1, train_steps=6, record=str(FOLDER / "checkpoints.jsonl"))  # where a test asks for it
     job = Job("t", FOLDER, FOLDER / "job.log", FOLDER / "ck", Path(sys.executable), Path.cwd(), FOLDER / "train.py",
-              FOLDER / "config.yaml", "auto", 1, 1, FOLDER, max_requeues=2)  # fmt: skip
-    attempt = Noticing(job, Allocation("77", 1, "node1", "node1"), NoSlurm())
+              FOLDER / "config.yaml", "auto", 1, 1, FOLDER, max_requeues=2,
+              retention=keep if (FOLDER / "keep").exists() else Rules())  # fmt: skip
+    take_lock(job.checkpoints, "77", lambda job: "")  # the attempt's (its retention purges only under it)
+    attempt = Attempt(job, Allocation("77", 1, "node1", "node1"), NoSlurm())
     attempt.state.step_nodes = ["node1"]
-    decide.CHECKPOINT_EVERY_S = 0.1
+    purge.LOOK_EVERY_S = 0.1
     attempt.install()
     if (FOLDER / "killwait").exists():  # Slurm's KillWait, where a test sets it (else unknown: the default's)
         attempt.kill_wait_s = float((FOLDER / "killwait").read_text())

@@ -202,11 +202,6 @@ def test_a_container_without_the_jobs_python_is_known_by_sruns_status():
     assert not any(decide.python_missing(status, image, "") for status in (0, 1, 5, 6, 143))
 
 
-def test_a_new_checkpoint_is_one_the_pointer_names_past_the_last_seen():
-    assert decide.new_checkpoint(0, 2) and decide.new_checkpoint(2, 4)
-    assert not decide.new_checkpoint(4, 4) and not decide.new_checkpoint(4, None) and not decide.new_checkpoint(4, 2)
-
-
 def test_after_a_sigterm_the_step_is_waited_for_until_shortly_before_slurms_sigkill():
     assert decide.wait_after_term(30) == 28 and decide.wait_after_term(5) == 3
     assert decide.wait_after_term(None) == decide.wait_after_term(30)  # KillWait unknown: Slurm's default

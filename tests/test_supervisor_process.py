@@ -118,10 +118,14 @@ def test_the_lock_one_writer_per_run(tmp_path: Path):
     assert (tmp_path / P.LOCK / P.LOCK_HOLDER).read_text() == "41\n" and len(list(tmp_path.iterdir())) == 1
 
 
-def test_each_new_checkpoint_is_noticed_once_while_the_step_runs_and_as_it_ends(tmp_path: Path):
-    """Training saves steps 2, 4 and (as it ends) 6, its pointer written 2 twice: the attempt's one hook for what
-    follows a complete checkpoint is called once per new step, the last one seen as the step ends."""
-    (tmp_path / "saves").write_text("")
+def test_what_follows_each_checkpoint_runs_while_the_step_runs_and_as_it_ends(tmp_path: Path):
+    """Training saves steps 2 and 4 while it runs and 6 as it ends, with --keep_last 1: the attempt's retention
+    purges behind it (2 once 4 is there, while the step runs) and after the step (4, once 6 is), and says so."""
+    (tmp_path / "keep").write_text("")
     code, result, lines = signal_and_wait(tmp_path, start(tmp_path))
     assert (code, result["verdict"]) == (0, "complete"), lines
-    assert (tmp_path / "noticed").read_text().split() == ["2", "4", "6"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.isdigit()) == ["6"]
+    purged = [row for row in map(json.loads, (tmp_path / "checkpoints.jsonl").read_text().splitlines())
+              if row["event"] == "purge"]  # fmt: skip
+    assert [r["step"] for row in purged for r in row["removed"]] == [2, 4], purged
+    assert names(lines).count("purged") == 2, lines

@@ -22,17 +22,19 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
-from launcher.config import container
-from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
+from launcher.config import container, evalcheck
+from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE, time_limit_seconds
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
+from launcher.node.evals import EvalSettings
 from launcher.node.job import Job
 from launcher.node.retention import Rules
 from launcher.perf.sizes import retention_rules
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
+EVAL_TIME_LIMIT_S = 4 * 3600  # an eval job's time limit: the run's, at most this (a week's limit would hold it back)
 
 
 def _comment(value: object) -> str:
@@ -88,13 +90,14 @@ def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
     touched = [str(paths.bundle_dir), str(paths.script.parent), str(paths.log.parent), str(paths.checkpoints)]
     touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(PROJECT)]
     touched += _local_inputs(spec)
-    touched += container.python_prefixes(_python(spec))
+    touched += container.python_prefixes(job_python(spec))
     return container.srun_options(
         c.container_image, touched, c.container_mounts, c.container_workdir, c.container_env, c.container_writable
     )
 
 
-def _python(spec: RunSpec) -> str:
+def job_python(spec: RunSpec) -> str:
+    """The Python the job runs with on the nodes: --python, else the launcher's own."""
     return spec.args.slurm.python or sys.executable
 
 
@@ -106,7 +109,7 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         bundle=paths.bundle_dir,
         log=paths.log,
         checkpoints=paths.checkpoints,
-        python=Path(_python(spec)),
+        python=Path(job_python(spec)),
         project=PROJECT,
         train_script=Path(a.paths.run_train_script),
         config=paths.config,
@@ -132,6 +135,7 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         extra_env=dict(spec.extra_env),
         heartbeat_s=float(HEARTBEAT_S),
         retention=_retention(spec, paths),
+        evals=eval_settings(spec, paths),
     )
 
 
@@ -171,7 +175,7 @@ def export_script(spec: RunSpec, paths: BundlePaths) -> str:
     a = spec.args
     values = {
         "run_name": a.run_name,
-        "python": _python(spec),
+        "python": job_python(spec),
         "project": PROJECT,
         "config_path": paths.config,
         "tmp_dir": a.slurm.tmp_dir,
@@ -190,3 +194,56 @@ def export_script(spec: RunSpec, paths: BundlePaths) -> str:
 
 def export_log(paths: BundlePaths) -> Path:
     return paths.log.with_name(paths.log.name.removesuffix(protocol.LOG_SUFFIX) + protocol.EXPORT_LOG_SUFFIX)
+
+
+def eval_settings(spec: RunSpec, paths: BundlePaths) -> EvalSettings | None:
+    """--eval_tasks: what the supervisor needs to submit the eval jobs (launcher/node/evals.py); None without it."""
+    found, _ = evalcheck.tasks_of(spec.args.evals)
+    if found is None:
+        return None
+    a = spec.args
+    return EvalSettings(str(paths.bundle_dir / protocol.EVAL_SCRIPT), str(paths.bundle_dir), str(paths.checkpoints),
+                        a.run_name, str(eval_log(paths)), a.evals.eval_every or 0, a.training.train_steps,
+                        found.said)  # fmt: skip
+
+
+def eval_log(paths: BundlePaths, step: str = "{step}") -> Path:
+    """An eval job's log, beside the run's: `{step}` for the step (the supervisor's `--output`)."""
+    stem = paths.log.name.removesuffix(protocol.LOG_SUFFIX)
+    return paths.log.with_name(stem + protocol.EVAL_LOG_SUFFIX.replace("{step}", step))
+
+
+def eval_time_limit(time_limit: str) -> str:
+    """The run's time limit, at most EVAL_TIME_LIMIT_S (as HH:MM:SS)."""
+    try:
+        seconds = min(time_limit_seconds(time_limit), EVAL_TIME_LIMIT_S)
+    except ValueError:  # UNLIMITED, INFINITE
+        seconds = EVAL_TIME_LIMIT_S
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def eval_script(spec: RunSpec, paths: BundlePaths) -> str:
+    """--eval_tasks: the eval job's batch script (templates/eval.sh.j2), in the bundle; its argument is the step."""
+    a, e = spec.args, spec.args.evals
+    found, _ = evalcheck.tasks_of(e)
+    assert found is not None, "rendered only with --eval_tasks"
+    values = {
+        "run_name": a.run_name,
+        "python": job_python(spec),
+        "project": PROJECT,
+        "tmp_dir": a.slurm.tmp_dir,
+        "wandb_disabled": a.logging.wandb_disabled,
+        "extra_env": spec.extra_env,
+        "time_limit": eval_time_limit(a.slurm.time_limit),
+        "partition": e.eval_partition or a.slurm.partition,
+        "qos": a.slurm.qos,
+        "account": a.slurm.account,
+        "gpus": e.eval_gpus,
+        "tasks": found.said,
+        "limit": e.eval_limit,
+        "heldout": e.eval_heldout,
+        "log_path": eval_log(paths, "%j"),
+        "script_path": paths.bundle_dir / protocol.EVAL_SCRIPT,
+        "bundle_dir": paths.bundle_dir,
+    }
+    return _environment().get_template("eval.sh.j2").render(**values)

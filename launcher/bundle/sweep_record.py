@@ -31,6 +31,7 @@ class SweepRecord:
     sweep: str  # the --sweep text
     created: str
     points: tuple[SweepPoint, ...]
+    rank_by: str | None = None  # --rank_by: the eval score its points are ranked by (None: their final loss)
 
     @property
     def name(self) -> str:
@@ -56,19 +57,21 @@ def load(directory: Path) -> SweepRecord:
         SweepPoint(str(e["run_name"]), dict(e["values"]), Path(e["bundle"]), e.get("job_id") or None)
         for e in data["points"]
     )
-    return SweepRecord(directory, str(data.get("sweep", "")), str(data.get("created", "")), points)
+    rank_by = data.get("rank_by") or None
+    return SweepRecord(directory, str(data.get("sweep", "")), str(data.get("created", "")), points, rank_by)
 
 
 def _text(record: SweepRecord) -> str:
     points = [
         {"run_name": p.run_name, "values": p.values, "bundle": str(p.bundle), "job_id": p.job_id} for p in record.points
     ]
-    return json.dumps({"sweep": record.sweep, "created": record.created, "points": points}, indent=2) + "\n"
+    ranked = {"rank_by": record.rank_by} if record.rank_by else {}
+    return json.dumps({"sweep": record.sweep, "created": record.created, **ranked, "points": points}, indent=2) + "\n"
 
 
-def write(directory: Path, sweep: str, points: list[SweepPoint]) -> SweepRecord:
+def write(directory: Path, sweep: str, points: list[SweepPoint], rank_by: str | None = None) -> SweepRecord:
     """A new sweep's record, in its (claimed, empty) directory."""
-    record = SweepRecord(directory, sweep, time.strftime("%Y-%m-%dT%H:%M:%S%z"), tuple(points))
+    record = SweepRecord(directory, sweep, time.strftime("%Y-%m-%dT%H:%M:%S%z"), tuple(points), rank_by)
     write_new(directory / RECORD, _text(record))
     return record
 

@@ -44,6 +44,7 @@ TITLES = {  # group -> its title, as docs/flags.md's table names it
     "execution": "execution",
     "job": "job",
     "container": "container",
+    "evals": "evals",
 }
 METAVARS = {int: "INT", float: "FLOAT", str: "TEXT"}
 TRUE_WORDS = ("yes", "true", "t", "y", "1")

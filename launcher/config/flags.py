@@ -175,6 +175,23 @@ class ContainerArgs:
 
 
 @dataclass
+class EvalArgs:
+    """Downstream scores of the checkpoints: an lm-eval job per evaluated step, beside training (docs/evals.md)."""
+
+    eval_tasks: str | None = None
+    """lm-eval task names, comma-separated (e.g. hellaswag,arc_easy), or a preset of configs/evals (early-signal)."""
+    eval_include: str | None = None  # A folder of your own lm-eval task YAMLs (e.g. over local JSONL files).
+    eval_every: int | None = None  # Evaluate every N steps, a multiple of --save_interval (default: the last step).
+    eval_limit: int | None = None  # Samples per task (default: every sample).
+    eval_partition: str | None = None  # Partition of the eval jobs (default: the run's --partition).
+    eval_gpus: int = 0  # GPUs of each eval job (0: its node's CPUs).
+    eval_heldout: str | None = None
+    """Held-out data for the loss and bits per byte at each evaluated step: split:NAME of the run's local dataset, or
+    another local dataset (a save_to_disk folder or a .jsonl/.json/.txt file) the run does not train on."""
+    rank_by: str | None = None  # --sweep: rank the points by this task's score (TASK or TASK:METRIC), best first.
+
+
+@dataclass
 class LaunchArgs:
     """All flags, by group."""
 
@@ -189,6 +206,7 @@ class LaunchArgs:
     execution: ExecutionArgs = field(default_factory=ExecutionArgs)
     job: JobArgs = field(default_factory=JobArgs)
     container: ContainerArgs = field(default_factory=ContainerArgs)
+    evals: EvalArgs = field(default_factory=EvalArgs)
 
 
 GROUPS = {
@@ -202,6 +220,7 @@ GROUPS = {
     "execution": ExecutionArgs,
     "job": JobArgs,
     "container": ContainerArgs,
+    "evals": EvalArgs,
 }
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import yaml
 
-from launcher.config import dependency_syntax, nanosetcheck
+from launcher.config import dependency_syntax, evalcheck, nanosetcheck
 from launcher.config import dialect_rules as rules
 from launcher.config import facts as cluster
 from launcher.config.facts import ClusterFacts
@@ -115,8 +115,9 @@ def _load_base(path: str | None, explicit: set[str], cwd: Path) -> tuple[dict, d
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems, []
+    refused = evalcheck.lighteval_problem(user.get("lighteval"), target)  # never left for nanotron's rank 0
     user, notes, unread = nanoset_yaml.normalize(dialect.to_canonical(user), lambda f: _absolute(f, cwd))
-    problems = rules.model_problems(user, target)
+    problems = rules.model_problems(user, target) + ([refused] if refused else [])
     problems += [Problem("config", f"{where}: {what}", f"fix it in {target}") for where, what in unread]
     replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
     for keys, what in schema.shape_problems(user, base):

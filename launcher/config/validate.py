@@ -21,6 +21,7 @@ from launcher.config import (
     container,
     datacheck,
     dialect_rules,
+    evalcheck,
     extra_env,
     hostlist,
     nanosetcheck,
@@ -147,7 +148,7 @@ def _check_names(spec: RunSpec) -> list[Problem]:
             out.append(Problem(name, f"{value!r} is not {what}", f"e.g. --{name} {example}"))
     out += hostlist.nodelist_problems(s.nodelist, s.exclude, s.nodes, max(s.spare_nodes, 0))
     names = ("partition", "qos", "account", "export_partition")
-    for name, value in ((n, getattr(s, n)) for n in names):
+    for name, value in [*((n, getattr(s, n)) for n in names), ("eval_partition", spec.args.evals.eval_partition)]:
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
             out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))
     x = spec.args.execution
@@ -318,7 +319,7 @@ def validate(spec: RunSpec) -> list[Problem]:
     layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
     checks += retention.problems(spec.args.paths)
-    checks += nanosetcheck.problems(spec)
+    checks += nanosetcheck.problems(spec) + evalcheck.problems(spec)
     said = {p.flag for p in bounded}
     return list(dict.fromkeys(_check_secrets(spec) + bounded + [p for p in checks if p.flag not in said]))
 

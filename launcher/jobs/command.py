@@ -7,6 +7,7 @@ python -m launcher.jobs rerun BUNDLE_DIR_OR_JOB_ID [--run_name NAME] [--dry_run]
 python -m launcher.jobs diff A B [--json] [--tolerance 1e-6]      (bundle directories or job ids)
 python -m launcher.jobs export BUNDLE_DIR_OR_JOB_ID [--step N] [--output DIR] [--dtype bfloat16|float32]
 python -m launcher.jobs checkpoints BUNDLE_DIR_OR_JOB_ID    (every step on disk, why it stays, what was removed)
+python -m launcher.jobs evals BUNDLE_OR_SWEEP_DIR_OR_JOB_ID [--rank_by TASK[:METRIC]]   (--eval_tasks' scores)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from launcher import protocol as P
 from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
+from launcher.evals import report as evals_report
 from launcher.export.command import export
 from launcher.jobs import checkpoints
 from launcher.ledger.command import ledger_command, run_ledger_line, sweep_ledger_line
@@ -191,7 +193,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="the weights' type (default: %(default)s)")  # fmt: skip
     checkpoints_ = actions.add_parser("checkpoints", help="every checkpoint on disk, why it stays, what was removed")
     checkpoints_.add_argument("target", help="a run's bundle directory or job id")
-    for sub in (ledger, rerun_, diff, export_, checkpoints_):
+    evals = actions.add_parser("evals", help="the eval scores of a run or a sweep (--eval_tasks), and their picture")
+    evals.add_argument("target", help=target)
+    evals.add_argument("--rank_by", help="a sweep: rank its points by this task's score (TASK or TASK:METRIC)")
+    for sub in (ledger, rerun_, diff, export_, checkpoints_, evals):
         sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
     return parser
 
@@ -231,6 +236,11 @@ def _step(text: str) -> int:
     return int(text)
 
 
+def _evals(target: str, configs_path: Path, rank_by: str | None) -> int:
+    sweep_dir = sweep_record.directory_of(Path(target))
+    return evals_report.command(sweep_dir if sweep_dir is not None else bundle_of(target, configs_path), rank_by)
+
+
 def _export(args: argparse.Namespace, argv: list[str]) -> int:
     return export(bundle_of(args.target, args.configs_path), args.step, args.output, args.dtype, argv)
 
@@ -247,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         return as_command(lambda: _export(args, argv))
     if args.action == "checkpoints":
         return as_command(lambda: checkpoints.show(bundle_of(args.target, args.configs_path)))
+    if args.action == "evals":
+        return as_command(lambda: _evals(args.target, args.configs_path, args.rank_by))
     if args.action == "diff":
         return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
     if args.action == "rerun":

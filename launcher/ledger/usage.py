@@ -17,6 +17,7 @@ from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.bundle.records import checkpoint_totals
 from launcher.errors import LauncherError, SlurmUnavailable
+from launcher.evals import report as evals_report
 from launcher.ledger import attempts as records
 from launcher.ledger import picture
 from launcher.ledger.breakdown import COMPLETED, Attempt, Ledger, compute, hours, summary
@@ -205,7 +206,9 @@ def line(run: manifest.Manifest, final: JobState | None = None) -> str:
         return f"no ledger: {e}"
     if found is None:
         return "no ledger yet: the job has not started"
-    return summary(found) + (f" (not confirmed: {unconfirmed[0]})" if unconfirmed else "")
+    evals = evals_report.ledger_line(run)  # --eval_tasks: the eval jobs' own, never training's
+    return (summary(found) + (f" (not confirmed: {unconfirmed[0]})" if unconfirmed else "")
+            + (f"; evals: {evals}" if evals else ""))  # fmt: skip
 
 
 def several(bundles: list[tuple[str, Path]], png: Path | None, title: str) -> list[str]:

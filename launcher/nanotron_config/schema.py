@@ -98,6 +98,8 @@ NOT_IN_CONFIG = frozenset(
     | {"dry_run", "show_logs", "config", "sweep", "plan", "skip_memory_check"}
     | {"preflight", "hang_timeout", "startup_timeout", "hang_factor", "debug", "interactive", "engine", "rdzv_backend"}
     | {"container_image", "container_mounts", "container_workdir", "container_env", "container_writable"}
+    | {"eval_tasks", "eval_include", "eval_every", "eval_limit", "eval_partition", "eval_gpus", "eval_heldout"}
+    | {"rank_by"}
 )
 
 

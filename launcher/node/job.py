@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import protocol as P
+from launcher.node.evals import EvalSettings
 from launcher.node.retention import Rules
 
 VERSION = 1  # the file's format: a job refuses a file of another (written by another release of the launcher)
@@ -23,6 +24,7 @@ PATHS = ("bundle", "log", "checkpoints", "python", "project", "train_script", "c
 KINDS: dict[str, tuple[type, ...]] = {  # a field's annotation -> what its JSON value may be
     "str": (str,), "Path": (str,), "int": (int,), "float": (int, float), "float | None": (int, float, type(None)),
     "bool": (bool,), "tuple[str, ...]": (list,), "dict[str, str]": (dict,), "Rules": (dict,),
+    "EvalSettings | None": (dict, type(None)),
 }  # fmt: skip
 
 
@@ -64,6 +66,7 @@ class Job:
     extra_env: dict[str, str] = field(default_factory=dict)  # --extra_env: the last word on training's environment
     heartbeat_s: float = 60.0  # the supervisor's heartbeat line, this often
     retention: Rules = field(default_factory=Rules)  # --keep_last/--keep_every (none: every checkpoint stays)
+    evals: EvalSettings | None = None  # --eval_tasks: the eval job submitted for each evaluated step (None: none)
     version: int = VERSION
 
     def file(self, name: str) -> Path:
@@ -121,6 +124,8 @@ def from_json(text: str) -> Job:
     data.update({name: tuple(data[name]) for name in ("modules", "inputs", "container_options") if name in data})
     if "retention" in data:
         data["retention"] = Rules.from_dict(data["retention"])
+    if data.get("evals") is not None:
+        data["evals"] = EvalSettings.from_dict(data["evals"])
     try:
         return Job(**data)
     except TypeError as e:

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from launcher import protocol as P
-from launcher.bundle import manifest
+from launcher.bundle import eval_record, manifest
 from launcher.bundle.records import read_metrics
 from launcher.report import environment as env
 
@@ -43,6 +43,7 @@ class Diff:
     unconfirmed: list[Row] = field(default_factory=list)  # (facet, why, "") what one run lacks or cannot tell
     notes: list[str] = field(default_factory=list)  # what differs by nature (the runs' names and places)
     losses: dict[str, Any] = field(default_factory=dict)  # common, tolerance, parted_at, rows [(step, a, b)]
+    evals: dict[str, Any] = field(default_factory=dict)  # task -> metric, rows [(step, a, b)] (--eval_tasks)
 
     def record(self) -> dict:
         return asdict(self)
@@ -172,6 +173,24 @@ def diff(a: manifest.Manifest, b: manifest.Manifest, names: tuple[str, str], tol
         out.notes.append("the runs' names and places differ too (nanotron config: " + ", ".join(moved) + ")")
     if steps_a and steps_b:
         out.losses = losses(steps_a, steps_b, tolerance)
+    out.evals = evals_of(a, b)
+    return out
+
+
+def evals_of(a: manifest.Manifest, b: manifest.Manifest) -> dict[str, Any]:
+    """Each task both runs were evaluated on: its metric (A's main one), and both scores at every step both have."""
+    found_a = eval_record.of_run(a.bundle_dir, a.checkpoints)
+    found_b = eval_record.of_run(b.bundle_dir, b.checkpoints)
+    out: dict[str, Any] = {}
+    for task in (t for t in found_a.tasks if t in found_b.tasks):
+        metric, series_a = found_a.series(task)
+        _, series_b = found_b.series(task, metric)
+        at_b = {step: value for step, _, value in series_b}
+        out[task] = {"metric": metric, "rows": [(step, value, at_b[step]) for step, _, value in series_a
+                                                if step in at_b]}  # fmt: skip
+    only = sorted(set(found_a.tasks) ^ set(found_b.tasks))
+    if only:
+        out["_unshared"] = {"metric": "", "rows": [], "tasks": only}
     return out
 
 
@@ -203,7 +222,26 @@ def render(d: Diff) -> str:
         lines += [f"  {r.name}: {r.a}" for r in d.unconfirmed]
     lines.append("")
     lines += _loss_lines(d.losses)
+    lines += _eval_lines(d.evals)
     return "\n".join(lines)
+
+
+def _eval_lines(found: dict[str, Any]) -> list[str]:
+    """--eval_tasks: each shared task's scores at the steps both runs were evaluated at (nothing where neither was)."""
+    if not found:
+        return []
+    lines = ["evals: the scores at the steps both runs were evaluated at"]
+    for task, seen in found.items():
+        if task == "_unshared":
+            lines.append(f"  evaluated by one run only: {', '.join(seen['tasks'])}")
+            continue
+        if not seen["rows"]:
+            lines.append(f"  {task} {seen['metric']}: no step evaluated in both")
+            continue
+        lines.append(f"  {task} {seen['metric']}:  {'step':>6}  {'A':>10}  {'B':>10}  {'B - A':>9}")
+        lines += [f"  {'':<{len(task) + len(seen['metric']) + 2}}  {step:>6}  {x:>10.4f}  {y:>10.4f}  {y - x:>+9.4f}"
+                  for step, x, y in seen["rows"]]  # fmt: skip
+    return lines
 
 
 def _loss_lines(found: dict[str, Any]) -> list[str]:

@@ -56,6 +56,31 @@ def sweep_curves(series: dict[str, Path], png: Path) -> Path:
     return png
 
 
+def evals_png(panels: dict[str, tuple[str, dict[str, list[tuple[int, float]]]]], png: Path, title: str) -> Path:
+    """Eval scores against tokens consumed: a panel per task (its metric), a line per run in it (a sweep's points;
+    one run: its own line). `panels`: task -> (metric, label -> [(tokens, value)])."""
+    plt = _pyplot()
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), dpi=100, squeeze=False)
+    for ax, (task, (metric, lines)) in zip(axes.flat, panels.items(), strict=False):
+        for label, points in lines.items():
+            ax.plot([t for t, _ in points], [v for _, v in points], marker="o", label=label)
+        ax.set_title(task, fontsize=10)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(frameon=False, fontsize=8)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
 def loss_curve(metrics: Path, png: Path) -> Path:
     """Plot loss (and learning rate) against step; requeued attempts show as one continuous curve."""
     plt = _pyplot()

@@ -7,6 +7,7 @@ from pathlib import Path
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.storage import fitting, free_bytes
 from launcher.checkpoint_layout import look
+from launcher.config import evalcheck
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
@@ -73,6 +74,22 @@ def _stages_note(spec: RunSpec, figures: dict) -> str:
     if "data_stages" not in figures:
         return rewritten
     return f"; data stages: {stages.describe(figures['data_stages'], spec.args.training.train_steps)}{rewritten}"
+
+
+def _eval_note(spec: RunSpec) -> str:
+    """--eval_tasks: which steps, on what, with which tasks (the eval job's script is in the bundle)."""
+    e, a = spec.args.evals, spec.args
+    found, _ = evalcheck.tasks_of(e)
+    if found is None:
+        return ""
+    last = a.training.train_steps
+    count = len(set(range(e.eval_every, last + 1, e.eval_every)) | {last}) if e.eval_every and e.eval_every > 0 else 1
+    steps = f"every {e.eval_every} steps and the last ({count} evals)" if count > 1 else f"step {last}, the last"
+    where = e.eval_partition or a.slurm.partition or "the default partition"
+    on = f"{e.eval_gpus} GPU(s)" if e.eval_gpus else "CPUs"
+    held = f"; held-out loss on {e.eval_heldout}" if e.eval_heldout else ""
+    limit = f", {e.eval_limit} samples a task" if e.eval_limit else ""
+    return f"lm-eval on {found.said}{limit}: {steps}, a job each on {where} ({on}){held}"
 
 
 def _memory_note(spec: RunSpec, figures: dict) -> str:
@@ -188,6 +205,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
             + ")",
         ),
         ("data", _data_note(spec, figures)),
+        *([("evals", _eval_note(spec))] if spec.args.evals.eval_tasks is not None else []),
         *(
             [("after", f"{a.slurm.dependency} (Slurm's --dependency; cancelled if it can no longer be met)")]
             if a.slurm.dependency

@@ -12,10 +12,13 @@ from typing import NamedTuple
 from launcher import checkpoint_layout
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
-from launcher.config import cli, container, ranges, validate
+from launcher.config import cli, container, evalcheck, ranges, validate
+from launcher.config.flags import EvalArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
 from launcher.errors import ConfigError, LauncherError, SubmissionError, as_command
+from launcher.evals import checks as eval_checks
+from launcher.evals import script as eval_script
 from launcher.perf import fit, sizes
 from launcher.problems import Problem, report
 from launcher.report import summary
@@ -48,6 +51,7 @@ def check(
     problems += validate.validate(spec)
     problems += fit.problems(spec, problems)
     problems += checks.problems(spec, problems, ask_slurm=not args.execution.dry_run)
+    problems += eval_checks.problems(spec, problems, ask_slurm=not args.execution.dry_run)  # --eval_tasks'
     return spec, problems
 
 
@@ -148,6 +152,7 @@ def _write(draft: _Draft, forecast: str | None) -> Prepared:
             sha = files.write_new(export_script, draft.export_text, mode=0o755)
             data["files"]["export_script"] = {"path": str(export_script), "sha256": sha}
             data["outputs"]["export_log"] = str(render.export_log(paths))
+        eval_script.write(draft.spec, paths, data)  # --eval_tasks: the eval job's script, its record
         manifest.write_manifest(paths.manifest, data, new=True)
     except OSError as e:
         raise ConfigError(f"cannot write the bundle ({paths.bundle_dir}): {e}; {OUTPUT_FLAGS}") from None
@@ -221,11 +226,14 @@ def submit_prepared(prepared: Prepared) -> int:
     return submission.submit_and_follow(paths, follow=spec.args.execution.show_logs)
 
 
-def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
-    """A sweep: every point's bundle (all or none), the sweep's record, every point submitted and followed."""
+def launch_sweep(argv: list[str], sweep_text: str, run_name: str, evals: EvalArgs | None = None) -> int:
+    """A sweep: every point's bundle (all or none), the sweep's record, every point submitted and followed;
+    `evals`: the command's eval flags, whose --rank_by its points do not carry (the sweep's record does)."""
     from launcher.runs import submission, sweep  # imported here only for speed: a single run's dry run needs neither
 
     axes, problems = sweep.parse(sweep_text)
+    rank_by = evals.rank_by if evals is not None else None
+    problems += evalcheck.rank_by_problems(evals, swept=True) if evals is not None else []
     if problems:
         raise ConfigError(report(problems))
     grid = sweep.points(argv, run_name, axes)
@@ -233,7 +241,7 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
         prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
     a = prepared[0].spec.args
     record_dir = sweep.write_record(
-        a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared]
+        a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared], rank_by
     )
     print(f"Sweep {run_name}: {len(grid)} runs, bundles written ({record_dir})")
     for p, prep in zip(grid, prepared, strict=True):
@@ -256,7 +264,7 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str) -> int:
     if not a.execution.show_logs:
         print(submission.how_to(str(record_dir)))
         return 1 if failed else 0
-    code = sweep.follow(record_dir)
+    code = sweep.follow(record_dir, rank_by=rank_by)
     return 1 if failed else code
 
 
@@ -268,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.execution.plan:
         return plan_run(parsed)
     if args.execution.sweep is not None:
-        return launch_sweep(argv, args.execution.sweep, args.run_name)
+        return launch_sweep(argv, args.execution.sweep, args.run_name, args.evals)
     return launch_run(argv, parsed)
 
 

@@ -10,6 +10,7 @@ from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.bundle.files import BundlePaths
 from launcher.errors import LauncherError
+from launcher.evals import report as evals_report
 from launcher.ledger import attempts, usage
 from launcher.node import restart
 from launcher.report import pictures, stragglers, summary
@@ -157,6 +158,8 @@ def follow_to_end(job_id: str, log: Path, target: str, run: manifest.Manifest | 
     if run is not None:
         for name, value in outputs(run, final).items():
             print(f"  {name:<12} {summary.shown(value)}")
+        if evals_report.asked(run):  # --eval_tasks: the scores so far, and the eval jobs still to end
+            print("\n".join(evals_report.run_lines(run)))
     trained = final.state == "COMPLETED" and verdict is None
     if run is not None and run.export_job_id is not None:
         return follow_export(run, target) if trained else _export_dropped(run)

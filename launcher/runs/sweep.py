@@ -23,6 +23,7 @@ from launcher import protocol as P
 from launcher.bundle import files, manifest, sweep_record
 from launcher.bundle.sweep_record import SweepPoint
 from launcher.config import flags
+from launcher.evals import report as evals_report
 from launcher.ledger import usage
 from launcher.problems import Problem
 from launcher.report import pictures
@@ -31,7 +32,7 @@ from launcher.slurm.follow import Cadence, LogTail, Watched, watch
 from launcher.slurm.parse import JobState
 
 MAX_POINTS = 64
-NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs"}
+NOT_SWEPT = {"run_name", "sweep", "dry_run", "show_logs", "rank_by"}
 RECORD = sweep_record.RECORD
 
 
@@ -109,7 +110,7 @@ def without(argv: list[str], flag: str) -> list[str]:
 
 def points(argv: list[str], run_name: str, axes: list[tuple[str, list[str]]]) -> list[Point]:
     """The grid's points, in order (the last axis varies fastest)."""
-    base = without(without(argv, "sweep"), "run_name")
+    base = without(without(without(argv, "sweep"), "run_name"), "rank_by")  # (the sweep's record keeps --rank_by)
     for flag, _ in axes:
         base = without(base, flag)
     out = []
@@ -121,12 +122,13 @@ def points(argv: list[str], run_name: str, axes: list[tuple[str, list[str]]]) ->
     return out
 
 
-def write_record(configs_path: str, run_name: str, sweep_text: str, grid: list[Point], bundles: list[Path]) -> Path:
+def write_record(configs_path: str, run_name: str, sweep_text: str, grid: list[Point], bundles: list[Path],
+                 rank_by: str | None = None) -> Path:  # fmt: skip
     """The sweep's record, in a directory of its own beside its points' bundles: the points, their values and
-    bundles; their job ids are added as they are submitted (`record_job`). Returns the directory."""
+    bundles, --rank_by; their job ids are added as they are submitted (`record_job`). Returns the directory."""
     directory = files.claim_dir(Path(configs_path) / run_name)
     points = [SweepPoint(p.run_name, p.values, bundle, None) for p, bundle in zip(grid, bundles, strict=True)]
-    sweep_record.write(directory, sweep_text, points)
+    sweep_record.write(directory, sweep_text, points, rank_by)
     return directory
 
 
@@ -143,10 +145,11 @@ def _log_of(point: SweepPoint) -> Path:
         return point.bundle / "no log"
 
 
-def follow(record_dir: Path, cadence: Cadence | None = None) -> int:
+def follow(record_dir: Path, cadence: Cadence | None = None, rank_by: str | None = None) -> int:
     """Report every point's state changes until all have ended, then the results; 0 only if all COMPLETED. One
     controller query for all points at a time (`launcher.slurm.follow.watch`); each point's log says when its
-    attempts end. Ctrl-C stops following, not the jobs."""
+    attempts end. `rank_by` (--rank_by): the points' eval jobs are waited for too, and the results ranked by that
+    score. Ctrl-C stops following, not the jobs."""
     record = sweep_record.load(record_dir)
     entries = {p.job_id: p for p in record.submitted if p.job_id}
     watched = []
@@ -161,10 +164,13 @@ def follow(record_dir: Path, cadence: Cadence | None = None) -> int:
             cadence=cadence,
             on_end=lambda w, state: judge_point(entries[w.job_id], state),
         )
+        if rank_by:
+            print(f"[follow] waiting for the points' eval jobs, to rank them by {rank_by}", file=sys.stderr, flush=True)
+            evals_report.wait([e.bundle for e in entries.values()])
     except KeyboardInterrupt:
         print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130
-    print(results(record_dir, {k: v.state for k, v in finals.items()}))
+    print(results(record_dir, {k: v.state for k, v in finals.items()}, rank_by=rank_by))
     points = [(e.run_name, e.bundle) for e in entries.values()]
     print("GPU-hours (python -m launcher.jobs ledger DIR: every attempt)")
     print("\n".join(usage.several(points, record_dir / "gpu-hours.png", record_dir.parent.name)))
@@ -194,8 +200,9 @@ def _final(metrics: Path) -> dict | None:
     return max(rows, key=lambda r: r.get("step", -1)) if rows else None
 
 
-def results(record_dir: Path, states: dict[str, str], plot: bool = True) -> str:
-    """The points as a table, lowest final loss first, and (`plot`) a PNG of their loss curves."""
+def results(record_dir: Path, states: dict[str, str], plot: bool = True, rank_by: str | None = None) -> str:
+    """The points as a table, lowest final loss first, and (`plot`) a PNG of their loss curves; ranked by an eval
+    score too where --rank_by asked (`rank_by`, else the points' own flag)."""
     record = sweep_record.load(record_dir)
     rows = []
     for e in record.points:
@@ -222,4 +229,7 @@ def results(record_dir: Path, states: dict[str, str], plot: bool = True) -> str:
     series = {f"{e.run_name} ({values_text(e.values)})": e.bundle / P.METRICS for e in record.points}
     if plot and any(path.exists() for path in series.values()):
         lines.append(f"  loss curves  {pictures.sweep_curves(series, record_dir / 'loss.png')}")
+    points = [(e.run_name, e.bundle) for e in record.points]
+    if rank_by := rank_by or record.rank_by:
+        lines += evals_report.ranking_lines(points, rank_by)
     return "\n".join(lines)

@@ -1,18 +1,21 @@
-"""`python -m launcher.train.evaluate --config CONFIG --result RESULT`: the smallest evaluation that says an exported
-model works: its loss (mean cross-entropy of the next token) and perplexity on held-out text of the run's data, in
-float32 on CPU. Run by the export job of `--export_hf` (templates/export.sh.j2) after `launcher.export.chained`,
-whose RESULT (the bundle's export.json) names the folder; the figures are added to RESULT and to the folder's
-README (its model card).
+"""`python -m launcher.train.evaluate --config CONFIG --result RESULT [--heldout HELDOUT]`: the smallest evaluation
+that says an exported model works: its loss (mean cross-entropy of the next token), perplexity and bits per byte on
+held-out text, in float32 on CPU. Run by the export job of `--export_hf` (templates/export.sh.j2) after
+`launcher.export.chained`, whose RESULT (the bundle's export.json) names the folder, and by each eval job of
+--eval_heldout (launcher/evals/job.py); the figures are added to RESULT and to the folder's README (its model card).
 
-Held-out text: the dataset's validation split where it has one (a `save_to_disk` DatasetDict with a split named
-validation, valid or test, other than the one trained on); else the last DOCUMENTS documents of the training data,
-said so (held out only where the run did not reach them). The text is tokenized and packed as the engines pack it
-(`launcher.train.data`), into at most WINDOWS windows of the run's sequence length (at most LENGTH tokens).
+Held-out text: HELDOUT where given (--eval_heldout: `split:NAME` of the run's dataset, or another local dataset);
+else the dataset's validation split where it has one (a `save_to_disk` DatasetDict with a split named validation,
+valid or test, other than the one trained on); else the last DOCUMENTS documents of the training data, said so (held
+out only where the run did not reach them). The text is tokenized and packed as the engines pack it
+(`launcher.train.data`), into at most WINDOWS windows of the run's sequence length (at most LENGTH tokens). Bits per
+byte: the windows' summed loss in bits over the UTF-8 bytes of the text their predicted tokens decode to.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from launcher import atomic
 from launcher.errors import LauncherError
-from launcher.train.data import load_split, pack, tokenize
+from launcher.train.data import load_split, load_tokenizer, pack, tokenize
 from launcher.train.settings import TrainConfig, load_train_config
 
 HELD_OUT_SPLITS = ("validation", "valid", "test")
@@ -30,9 +33,26 @@ WINDOWS = 8
 LENGTH = 512
 
 
-def held_out(cfg: TrainConfig) -> tuple[list[str], str]:
+def given(cfg: TrainConfig, heldout: str) -> tuple[list[str], str]:
+    """--eval_heldout's text: `split:NAME` of the run's dataset, or a local dataset (its train split, its only one)."""
+    if heldout.startswith("split:"):
+        split = heldout.removeprefix("split:")
+        part = dataclasses.replace(cfg, dataset_split=split, mixture=())
+        where = f"the {split!r} split of {cfg.dataset}"
+    else:
+        column = "text" if heldout.endswith(".txt") else cfg.text_column
+        part = dataclasses.replace(cfg, dataset=heldout, dataset_split="train", mixture=(), text_column=column)
+        where = heldout
+    data = load_split(part)
+    return [t for t in data.select(range(min(len(data), DOCUMENTS * 4)))[part.text_column] if t], where
+
+
+def held_out(cfg: TrainConfig, heldout: str | None = None) -> tuple[list[str], str]:
     """(texts, where they came from, in words)."""
     import datasets
+
+    if heldout:
+        return given(cfg, heldout)
 
     path = Path(os.path.expanduser(cfg.dataset)) if cfg.dataset and not cfg.mixture else None
     if path is not None and path.is_dir():
@@ -52,12 +72,13 @@ def held_out(cfg: TrainConfig) -> tuple[list[str], str]:
                    "no validation split: held out only where the run did not reach them)")  # fmt: skip
 
 
-def evaluate(cfg: TrainConfig, output: Path) -> dict:
-    """The exported model's held-out loss and perplexity: {"loss", "perplexity", "tokens", "held_out"}."""
+def evaluate(cfg: TrainConfig, output: Path, heldout: str | None = None) -> dict:
+    """The exported model's held-out loss, perplexity and bits per byte: {"loss", "perplexity", "bits_per_byte",
+    "tokens", "held_out"}."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    texts, where = held_out(cfg)
+    texts, where = held_out(cfg, heldout)
     token_lists, eos_id = tokenize(cfg, texts)
     total = sum(len(t) + 1 for t in token_lists)
     length = min(cfg.sequence_length, LENGTH, max(total - 1, 1))
@@ -69,23 +90,28 @@ def evaluate(cfg: TrainConfig, output: Path) -> dict:
     with torch.no_grad():  # one window at a time: memory of one sequence's activations
         losses = [float(model(input_ids=row[None], labels=row[None]).loss) for row in ids]
     loss = sum(losses) / len(losses)
-    return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(len(ids) * length), "held_out": where}
+    decode = load_tokenizer(cfg).decode
+    text_bytes = sum(len(decode(row[1:].tolist()).encode("utf-8")) for row in ids)
+    bits = sum(losses) * (ids.shape[1] - 1) / math.log(2)
+    return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": bits / max(text_bytes, 1),
+            "tokens": int(len(ids) * length), "held_out": where}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the run's nanotron config (the bundle's config.yaml)")
     parser.add_argument("--result", type=Path, required=True, help="export.json: names the folder; gets the figures")
+    parser.add_argument("--heldout", help="split:NAME of the run's dataset, or another local dataset (--eval_heldout)")
     args = parser.parse_args(argv)
     try:
         result = json.loads(args.result.read_text(encoding="utf-8"))
         output = Path(result["output"])
-        figures = evaluate(load_train_config(args.config), output)
+        figures = evaluate(load_train_config(args.config), output, args.heldout)
     except (LauncherError, OSError, ValueError, KeyError) as e:
         print(f"error: the evaluation failed: {e}", file=sys.stderr)
         return 1
-    said = (f"held-out loss {figures['loss']:.4f}, perplexity {figures['perplexity']:.4g} over {figures['tokens']} "
-            f"tokens of {figures['held_out']}")  # fmt: skip
+    said = (f"held-out loss {figures['loss']:.4f}, perplexity {figures['perplexity']:.4g}, bits per byte "
+            f"{figures['bits_per_byte']:.4f} over {figures['tokens']} tokens of {figures['held_out']}")  # fmt: skip
     with open(output / "README.md", "a", encoding="utf-8") as card:
         card.write(f"- **evaluated**: {said} (`python -m launcher.train.evaluate`, float32 on CPU)\n")
     atomic.replace(args.result, json.dumps({**result, **figures}, indent=2) + "\n")

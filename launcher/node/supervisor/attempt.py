@@ -15,9 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
-from launcher import checkpoint_layout
 from launcher import protocol as P
-from launcher.node import purge, restart, watchdog
+from launcher.node import evals, purge, restart, watchdog
 from launcher.node.job import Job
 from launcher.node.restart import Decision
 from launcher.node.supervisor import decide, records, table
@@ -56,8 +55,10 @@ class Attempt:
         self.stop_by: float | None = None  # after a hang: when srun itself is ended, if the step still runs
         self.kill_wait_s: float | None = None  # Slurm's KillWait (Effects.kill_wait), read as the attempt starts
         self.leave_by: float | None = None  # after a SIGTERM: when the step is left to Slurm (its SIGKILL is near)
-        self.looked = 0.0  # when the pointer to the newest checkpoint was looked at last
+        # What follows each complete checkpoint: each looks at the checkpoints folder between the step's polls (a stat
+        # a pointer every few seconds) and does its work in a thread of its own while the step runs.
         self.retention = purge.Retention(job.retention, job.checkpoints, slurm.job, say=effects.say)
+        self.evals = evals.Evals(job.evals, slurm.job, say=effects.say) if job.evals else None
         self.beating = threading.Event()
 
     def step_command(self, *args: str) -> list[str]:
@@ -82,8 +83,6 @@ class Attempt:
             self.effects.stop_step()
         if state.phase == Phase.NODE_CHECK and self.job.file(P.PROGRESS_FILE).exists():
             state.phase = Phase.STEP
-        if state.phase == Phase.STEP and now - self.looked >= decide.CHECKPOINT_EVERY_S:
-            self.look_at_checkpoints()
         while state.pending:
             reaction = decide.on_signal(state.phase, state.notice, state.pending.pop(0))
             for name, fields in reaction.lines:
@@ -95,7 +94,7 @@ class Attempt:
             state.notice = reaction.notice
             if reaction.hang:
                 self.on_hang()
-        self.retention.poll(wait=state.phase not in decide.STEP_PHASES)  # --keep_last/--keep_every (node/purge.py)
+        self.after_checkpoints(wait=state.phase not in decide.STEP_PHASES)
         return self.leave_by is None or time.monotonic() < self.leave_by
 
     def on_hang(self) -> None:
@@ -116,18 +115,14 @@ class Attempt:
             self.effects.overlap(step_nodes, self.step_command("stop"), 60)
         self.stop_by = time.monotonic() + (STOP_GRACE_S if step_nodes else 0)
 
-    # -- checkpoints
-    def look_at_checkpoints(self) -> None:
-        """A new complete checkpoint (the pointer moved since the last look): `on_checkpoint`, once per step."""
-        self.looked = time.monotonic()
-        step = checkpoint_layout.pointer_step(self.job.checkpoints)
-        if step is not None and decide.new_checkpoint(self.state.checkpoint, step):
-            self.state.checkpoint = step
-            self.on_checkpoint(step)
-
-    def on_checkpoint(self, step: int) -> None:
-        """Training completed the checkpoint of `step` in this attempt (noticed while the step runs, and as it
-        ends). What the job does after each complete checkpoint goes here; nothing yet."""
+    # -- after each complete checkpoint
+    def after_checkpoints(self, wait: bool) -> None:
+        """The eval job of each evaluated step submitted (--eval_tasks, node/evals.py), then retention's purge
+        (--keep_last/--keep_every, node/purge.py): each where the checkpoints folder changed since its last look, in
+        a thread while the step runs; at once where `wait` (the step has ended: a checkpoint saved as it ended)."""
+        if self.evals is not None:
+            self.evals.poll(wait)
+        self.retention.poll(wait)
 
     # -- the nodes and the port
     def allocation_now(self) -> list[str]:
@@ -163,7 +158,7 @@ class Attempt:
     def judge(self, status: int) -> StepEnd:
         """How the step that ended with `status` ended: the notice as it ended, training's word, the verdict."""
         state, job = self.state, self.job
-        self.look_at_checkpoints()  # a checkpoint saved as the step ended
+        self.after_checkpoints(wait=True)  # a checkpoint saved as the step ended
         report = _text(job.file(P.NODE_CHECK_REPORT)) or ""
         if decide.python_missing(status, job.image, report):  # the step never ran in the image: every node's check
             what = P.CONTAINER_NO_PYTHON.format(image=job.image, python=job.python)
@@ -233,7 +228,6 @@ class Attempt:
         threading.Thread(target=self.heartbeat, daemon=True).start()
         self.kill_wait_s = fx.kill_wait()
         st.batch_node = st.batch_node or (fx.hostnames(self.slurm.nodelist) or [""])[0]
-        st.checkpoint = checkpoint_layout.pointer_step(job.checkpoints) or 0  # saved before this attempt: not new
         self.choose_nodes()
         while True:
             if not decide.starts_step(st.notice):

@@ -17,7 +17,6 @@ from launcher.node.supervisor.state import DECISION_VERDICTS, HANG, TERM, WARN, 
 Line = tuple[str, dict[str, object]]  # a contract line: its name in protocol.LINES and its fields
 FINAL = (Notice.TERMINATED,)  # a notice nothing overrides: the attempt ends
 STEP_PHASES = (Phase.NODE_CHECK, Phase.STEP)  # where a step runs (a hang's stacks can be dumped, the step stopped)
-CHECKPOINT_EVERY_S = 5.0  # how often the pointer to the newest checkpoint is looked at while the step runs
 DEFAULT_KILL_WAIT_S = 30.0  # Slurm's KillWait where scontrol does not say
 TERM_MARGIN_S = 2.0  # after a SIGTERM: the attempt's last lines are out this long before Slurm's SIGKILL
 MIN_TERM_WAIT_S = 0.5
@@ -207,11 +206,6 @@ def end_of_attempt(verdict: Verdict, notice: Notice, status: int, saved: str, ti
             lines.append(("slurm_requeues_finished", {"version": version}))
         return End(tuple(lines), 0)
     return End((), status)  # ended, failed
-
-
-def new_checkpoint(seen: int, pointer: int | None) -> bool:
-    """Whether the pointer names a complete checkpoint newer than the one the attempt saw last."""
-    return pointer is not None and pointer > seen
 
 
 def first_port(job: int) -> int:

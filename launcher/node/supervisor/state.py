@@ -92,5 +92,4 @@ class State:
     started_from: int = 0  # the checkpoint step the step started from
     log_offset: int = 0  # where the step's part of the job's log starts (bytes)
     restart_suffix: str = ""  # ".N" after the Nth restart: the stack dumps' directory name
-    checkpoint: int = 0  # the newest complete checkpoint the attempt has seen (`Attempt.on_checkpoint`)
     pending: list[int] = field(default_factory=list)  # signals come and not yet handled (the handlers append)

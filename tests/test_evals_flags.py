@@ -1,0 +1,113 @@
+"""--eval_tasks and its flags, checked purely (launcher/config/evalcheck.py): the preset read as data, every flag's
+rule named with its fix, the held-out data really out of training, nanotron main's `lighteval:` section refused with
+the flags that do it here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from launcher_helpers import spec_for
+
+from launcher.config import evalcheck, validate
+from launcher.config.flags import EvalArgs
+from launcher.errors import ConfigError
+from launcher.runs import launch
+
+
+def problems_of(*flags: str, demo=None) -> dict[str, str]:
+    data = ("--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer)) if demo else ("--dataset", "none")
+    spec, problems = spec_for("--nodes", "1", "--gpus_per_node", "2", "--save_interval", "10", *data, *flags)
+    return {p.flag: f"{p.message} | {p.fix}" for p in problems + validate.validate(spec)}
+
+
+def test_a_preset_is_data_its_tasks_and_its_own_task_yamls():
+    assert "early-signal" in evalcheck.preset_names() and "lighteval" not in evalcheck.preset_names()
+    found, problems = evalcheck.tasks_of(EvalArgs(eval_tasks="early-signal", eval_include="/data/mine"))
+    assert not problems and found is not None and found.preset == "early-signal"
+    assert found.tasks[:2] == ("hellaswag", "arc_easy") and "commonsense_qa_cloze" in found.tasks
+    assert found.include == (str(evalcheck.PRESETS / "tasks"), "/data/mine")
+    named = yaml.safe_load((evalcheck.PRESETS / "tasks" / "commonsense_qa_cloze.yaml").read_text())
+    assert named["task"] == "commonsense_qa_cloze" and named["output_type"] == "multiple_choice"
+    plain, _ = evalcheck.tasks_of(EvalArgs(eval_tasks=" hellaswag, arc_easy ,"))
+    assert plain is not None and plain.tasks == ("hellaswag", "arc_easy") and plain.preset is None
+    assert evalcheck.tasks_of(EvalArgs())[0] is None
+
+
+def test_every_eval_flag_names_its_fix():
+    assert problems_of("--eval_tasks", "hellaswag", "--eval_every", "20") == {}
+    found = problems_of("--eval_tasks", "hellaswag", "--eval_every", "15", "--eval_limit", "0", "--eval_gpus", "-1",
+                        "--eval_include", "/no/such/folder", "--eval_partition", "a b")  # fmt: skip
+    assert "not a multiple of --save_interval 10" in found["eval_every"] and "--eval_every 20" in found["eval_every"]
+    assert "must be positive" in found["eval_limit"] and "must be 0 (CPU) or more" in found["eval_gpus"]
+    assert "is not a folder" in found["eval_include"] and "not a Slurm eval_partition name" in found["eval_partition"]
+    alone = problems_of("--eval_every", "20", "--eval_gpus", "1")
+    assert "add --eval_tasks" in alone["eval_every"] and "add --eval_tasks" in alone["eval_gpus"]
+    assert "names no task" in problems_of("--eval_tasks", ",")["eval_tasks"]
+    assert "not an lm-eval task name" in problems_of("--eval_tasks", "hella swag;rm")["eval_tasks"]
+    assert "--interactive runs no batch job" in problems_of("--eval_tasks", "piqa", "--interactive")["eval_tasks"]
+
+
+def test_rank_by_names_a_task_of_a_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    assert "add --sweep" in problems_of("--eval_tasks", "piqa", "--rank_by", "piqa")["rank_by"]
+    rules = evalcheck.rank_by_problems
+    assert "add --eval_tasks" in rules(EvalArgs(rank_by="piqa"), swept=True)[0].message + rules(
+        EvalArgs(rank_by="piqa"), swept=True)[0].fix  # fmt: skip
+    assert "not one of --eval_tasks' tasks" in rules(EvalArgs(eval_tasks="piqa", rank_by="arc"), swept=True)[0].message
+    assert rules(EvalArgs(eval_tasks="piqa,arc_easy", rank_by="arc_easy:acc_norm"), swept=True) == []
+    monkeypatch.chdir(tmp_path)  # a sweep's --rank_by is checked before anything is written
+    with pytest.raises(ConfigError, match="--rank_by: 'arc' is not one of --eval_tasks' tasks"):
+        launch.main(["--run_name", "sw", "--dataset", "none", "--sweep", "seed=1,2", "--eval_tasks", "piqa",
+                     "--rank_by", "arc", "--dry_run"])  # fmt: skip
+    assert not (tmp_path / "logs").exists()
+
+
+def test_the_heldout_data_is_out_of_training(tmp_path: Path, demo_data):
+    import datasets
+
+    train = datasets.load_from_disk(str(demo_data.dataset))
+    both = tmp_path / "both"
+    datasets.DatasetDict({"train": train, "validation": train.select(range(4))}).save_to_disk(str(both))
+    with_eval = ("--eval_tasks", "piqa", "--eval_heldout")
+    assert "eval_heldout" not in problems_of(*with_eval, "split:validation", "--dataset", str(both))
+    trained = problems_of(*with_eval, "split:train", "--dataset", str(both))
+    assert "trains on the split 'train'" in trained["eval_heldout"]
+    assert "has no split 'test'" in problems_of(*with_eval, "split:test", "--dataset", str(both))["eval_heldout"]
+    found = problems_of(*with_eval, str(demo_data.dataset), demo=demo_data)
+    assert "the run trains on" in found["eval_heldout"] and "not held out" in found["eval_heldout"]
+    assert "eval_heldout" not in problems_of(*with_eval, str(both / "validation"), demo=demo_data)
+    assert "several splits" in problems_of(*with_eval, str(both), demo=demo_data)["eval_heldout"]
+    lines = tmp_path / "held.jsonl"
+    lines.write_text('{"body": "x"}\n')
+    assert "text" in problems_of(*with_eval, str(lines), demo=demo_data)["eval_heldout"]  # no --text_column there
+    assert "not a local path" in problems_of(*with_eval, "someone/dataset", demo=demo_data)["eval_heldout"]
+
+
+LIGHTEVAL = {
+    "checkpoints_path": "/scratch/ckpt",
+    "tasks": {"tasks": "lighteval|hellaswag|0|1,lighteval|arc:easy|0|1,custom|mathqa|0|0", "max_samples": 1000},
+    "eval_interval": 20,
+    "slurm": {"partition": "hopper-prod", "gpus_per_node": 8},
+}
+
+
+def test_nanotron_mains_lighteval_section_is_refused_with_the_flags_that_do_it_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data
+):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "main.yaml"
+    config.write_text(yaml.safe_dump({"lighteval": LIGHTEVAL}))
+    argv = ["--run_name", "le", "--nodes", "1", "--gpus_per_node", "2", "--dataset", str(demo_data.dataset),
+            "--tokenizer", str(demo_data.tokenizer), "--config", str(config), "--dry_run"]  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        launch.prepare(argv)
+    said = str(e.value)
+    assert "lighteval: section" in said and "rank 0" in said
+    assert "hellaswag is lm-eval's hellaswag; arc:easy is lm-eval's arc_easy; mathqa has no lm-eval task" in said
+    assert "--eval_tasks hellaswag,arc_easy --eval_every 20" in said
+    assert not list(tmp_path.rglob("config.yaml"))  # nothing written for nanotron's rank 0 to read
+    config.write_text(yaml.safe_dump({"lighteval": None}))  # main's examples' own `lighteval: null`: no section
+    prepared = launch.prepare(argv)
+    written = yaml.safe_load(prepared.paths.config.read_text())
+    assert written.get("lighteval") is None

@@ -1,0 +1,238 @@
+"""The eval job on its own (`python -m launcher.evals.job BUNDLE STEP`, as the bundle's eval.sbatch runs it), against
+a tiny run the torch engine trained in one process: two tasks of the test's own over local JSONL (a multiple-choice
+task and a perplexity task) score exactly what `lm_eval` run by hand gives on `jobs export` of that step; the
+held-out loss and bits per byte; the results in the bundle and the record; the lease dropped and the scratch folder
+gone. A failure (a tokenizer that cannot be saved with the model, a task whose data went away) is recorded with its
+cause, and nothing of the run is lost."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launcher_helpers import ROOT
+
+from launcher import checkpoint_layout as layout
+from launcher import protocol as P
+from launcher.bundle import eval_record, manifest
+from launcher.node import evals as submissions
+from launcher.runs import launch
+
+STEP = 5
+SUBJECTS = ["the happy dog", "the quiet dog", "the young cat", "the happy baker", "the happy farmer"]
+RIGHT = ["fetches the paper", "chases the ball", "ignores the rain", "slices the cheese"]
+WRONG = ["cheese the slices", "rain ball the", "paper fetches garden"]
+TASKS = ("evals_mc", "evals_ppl")
+
+
+def write_tasks(folder: Path) -> Path:
+    """A multiple-choice task and a perplexity task (lm-eval YAMLs over local JSONL) in `folder`/tasks."""
+    rng, tasks = random.Random(1), folder / "tasks"
+    tasks.mkdir(parents=True)
+    with open(tasks / "mc.jsonl", "w") as f:
+        for _ in range(24):
+            choices = [rng.choice(RIGHT), *rng.sample(WRONG, 2)]
+            rng.shuffle(choices)
+            label = next(i for i, c in enumerate(choices) if c in RIGHT)
+            f.write(json.dumps({"query": rng.choice(SUBJECTS), "choices": choices, "label": label}) + "\n")
+    with open(tasks / "ppl.jsonl", "w") as f:
+        for _ in range(6):
+            f.write(json.dumps({"text": " . ".join(f"{rng.choice(SUBJECTS)} {rng.choice(RIGHT)}" for _ in range(5))})
+                    + "\n")  # fmt: skip
+    data = {"dataset_path": "json", "test_split": "test"}
+    mc = {"task": TASKS[0], **data, "dataset_kwargs": {"data_files": {"test": str(tasks / "mc.jsonl")}},
+          "output_type": "multiple_choice", "doc_to_text": "{{query}}", "doc_to_choice": "{{choices}}",
+          "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}  # fmt: skip
+    ppl = {"task": TASKS[1], **data, "dataset_kwargs": {"data_files": {"test": str(tasks / "ppl.jsonl")}},
+           "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
+           "metric_list": [{"metric": "word_perplexity"}, {"metric": "bits_per_byte"}]}  # fmt: skip
+    (tasks / "mc.yaml").write_text(json.dumps(mc))  # (JSON is YAML)
+    (tasks / "ppl.yaml").write_text(json.dumps(ppl))
+    return tasks
+
+
+def write_heldout(folder: Path) -> Path:
+    rng = random.Random(2)
+    path = folder / "heldout.jsonl"
+    path.write_text("".join(json.dumps({"text": " . ".join(f"{rng.choice(SUBJECTS)} {rng.choice(RIGHT)} at night"
+                                                           for _ in range(8))}) + "\n" for _ in range(20)))  # fmt: skip
+    return path
+
+
+def trained_run(where: Path, demo, *flags: str) -> manifest.Manifest:
+    """A launcher bundle (dry run) with --eval_tasks, trained STEP steps by the torch engine in one process."""
+    cwd = os.getcwd()
+    os.chdir(where)
+    try:
+        argv = ["--run_name", "evaluated", "--nodes", "1", "--gpus_per_node", "1", "--engine", "torch",
+                "--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer), "--micro_batch_size", "2",
+                "--grad_accum_steps", "1", "--train_steps", str(STEP), "--save_interval", str(STEP),
+                "--wandb_disabled", "--dry_run", *flags]  # fmt: skip
+        run = manifest.load(launch.prepare(argv).paths.bundle_dir)
+    finally:
+        os.chdir(cwd)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, str(ROOT / "run_train.py"), "--config-file", str(run.data["files"]["config"]["path"]),
+               "--engine", "torch"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run
+
+
+def eval_job(run: manifest.Manifest, step: int, tmp: Path) -> subprocess.CompletedProcess:
+    """The eval job as its script runs it (the script's exports; its step as its argument)."""
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TMPDIR": str(tmp), "SLURM_JOB_ID": "4242"}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "launcher.evals.job", str(run.bundle_dir), str(step)], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+
+
+def scratch(tmp: Path) -> list[Path]:
+    return list(tmp.glob("launcher-eval-*"))  # (torch's own caches may lie beside)
+
+
+def by_hand(run: manifest.Manifest, tasks: Path, where: Path, step: int = STEP) -> dict:
+    """`jobs export --step STEP --dtype float32`, then `lm_eval` on it as its README says: its results."""
+    model = where / f"hf-{step}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    export = [sys.executable, "-m", "launcher.jobs", "export", str(run.bundle_dir), "--step", str(step), "--dtype",
+              "float32", "--output", str(model)]  # fmt: skip
+    subprocess.run(export, env=env, check=True, capture_output=True)
+    done = subprocess.run(["lm_eval", "--model", "hf", "--model_args", f"pretrained={model},dtype=float32", "--device",
+                           "cpu", "--batch_size", "8", "--tasks", ",".join(TASKS), "--include_path", str(tasks),
+                           "--output_path", str(where / f"out-{step}")], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (found,) = (where / f"out-{step}").rglob("results_*.json")
+    return json.loads(found.read_text())["results"]
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory, demo_data):
+    where = tmp_path_factory.mktemp("evaluated")
+    tasks = write_tasks(where)
+    run = trained_run(where, demo_data, "--eval_tasks", ",".join(TASKS), "--eval_include", str(tasks),
+                      "--eval_heldout", str(write_heldout(where)))  # fmt: skip
+    return run, tasks, where
+
+
+def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_path: Path):
+    run, tasks, _ = evaluated
+    done = eval_job(run, STEP, tmp_path / "tmp")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = eval_record.rows(run.bundle_dir)[STEP]
+    hand = by_hand(run, tasks, tmp_path)
+    for task, metrics in row["tasks"].items():
+        for metric, value in metrics.items():
+            assert math.isclose(value, hand[task][f"{metric},none"], rel_tol=1e-9), (task, metric, value)
+    assert set(row["tasks"]) == set(TASKS) and {"acc", "acc_norm"} <= set(row["tasks"]["evals_mc"])
+    assert {"word_perplexity", "bits_per_byte"} <= set(row["tasks"]["evals_ppl"])
+    assert row["samples"] == {"evals_mc": 24, "evals_ppl": 6}
+    per_step = run.data["derived"]["global_batch_tokens"]
+    assert row["step"] == STEP and row["tokens"] == STEP * per_step and row["job"] == "4242"
+    assert (row["engine"], row["device"], row["dtype"]) == ("hf", "cpu", "float32")
+    assert row["gpus"] == 0 and row["gpu_hours"] == 0 and row["seconds"] > 0 and row["wandb"] == "disabled"
+    assert set(row["phases_s"]) == {"export", "lm_eval", "heldout"} and sum(row["phases_s"].values()) < row["seconds"]
+    held = row["heldout"]
+    assert math.isclose(held["perplexity"], math.exp(held["loss"])) and 0 < held["bits_per_byte"] < 8
+    assert held["held_out"].endswith("heldout.jsonl")
+    whole = json.loads((run.bundle_dir / P.EVALS_DIR / f"step-{STEP}.json").read_text())
+    assert whole["lm_eval_results"]["results"]["evals_mc"]["acc,none"] == row["tasks"]["evals_mc"]["acc"]
+    assert "samples" not in whole["lm_eval_results"]
+    assert submissions.read_record(run.checkpoints, STEP)["state"] == "done"
+    assert layout.leases(run.checkpoints) == [] and scratch(tmp_path / "tmp") == []  # the lease, the scratch gone
+    said = done.stdout + done.stderr
+    assert f"eval: step {STEP} ({row['tokens']:,} tokens): evals_mc" in said and "[hf on cpu" in said
+
+
+def test_a_failing_eval_job_is_recorded_with_its_cause_and_loses_nothing(evaluated, tmp_path: Path):
+    run, tasks, where = evaluated
+    before = sorted(p.relative_to(run.checkpoints) for p in run.checkpoints.rglob("*") if ".evals" not in p.parts)
+    tokenizer = Path(run.flags["tokenizer"])
+    aside = where / "tokenizer-aside"
+    shutil.move(tokenizer, aside)  # the tokenizer cannot be saved with the model
+    try:
+        done = eval_job(run, STEP, tmp_path / "tmp")
+    finally:
+        shutil.move(aside, tokenizer)
+    assert done.returncode == 1
+    row = eval_record.rows(run.bundle_dir)[STEP]
+    assert row["state"] == "failed" and "tokenizer" in row["cause"] and "cannot be read here" in row["cause"]
+    record = submissions.read_record(run.checkpoints, STEP)
+    assert record["state"] == "failed" and record["cause"] == row["cause"] and record["job"] == "4242"
+    assert f"eval: step {STEP} failed: ExportError" in done.stderr
+    after = sorted(p.relative_to(run.checkpoints) for p in run.checkpoints.rglob("*") if ".evals" not in p.parts)
+    assert after == before or set(after) - set(before) <= {Path(P.LEASES)}  # the checkpoint whole, no lease left
+    assert layout.leases(run.checkpoints) == [] and scratch(tmp_path / "tmp") == []
+
+    data = tasks / "ppl.jsonl"
+    shutil.move(data, where / "ppl-aside.jsonl")  # a task's data gone after the launch
+    try:
+        done = eval_job(run, STEP, tmp_path / "tmp2")
+    finally:
+        shutil.move(where / "ppl-aside.jsonl", data)
+    row = eval_record.rows(run.bundle_dir)[STEP]
+    assert done.returncode == 1 and row["state"] == "failed" and "ppl.jsonl" in row["cause"], row
+
+
+def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
+    evaluated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from wandb_records import records
+
+    from launcher.evals import job
+
+    run, _, _ = evaluated
+    on = manifest.Manifest(run.path, json.loads(json.dumps(run.data)))  # the same run, launched with W&B on
+    on.data["resolved"]["logging"]["wandb_disabled"] = False
+    row = {"step": STEP, "tokens": 1280, "tasks": {"evals_mc": {"acc": 0.5}}, "heldout": {"loss": 4.0,
+           "bits_per_byte": 1.2}}  # fmt: skip
+    assert job.to_wandb(on, row).startswith("not logged: the run has no W&B run")
+    (run.checkpoints / P.WANDB_RUN_ID_FILE).write_text("evalrun1\n")  # training's run id, beside the checkpoints
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    try:
+        assert job.to_wandb(on, row) == "logged to W&B run evalrun1"
+    finally:
+        (run.checkpoints / P.WANDB_RUN_ID_FILE).unlink()
+    (written,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = [r for r in records(written) if r.WhichOneof("record_type") == "history"]  # type: ignore[attr-defined]
+    keys = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in logged[-1].history.item}
+    assert keys["eval/step"] == STEP and keys["eval/tokens"] == 1280 and keys["eval/evals_mc/acc"] == 0.5
+    assert keys["eval/heldout/bits_per_byte"] == 1.2
+    runs = [r for r in records(written) if r.WhichOneof("record_type") == "run"]  # type: ignore[attr-defined]
+    assert runs[0].run.run_id == "evalrun1"
+
+
+def test_an_eval_job_killed_by_slurms_sigterm_records_it_and_leaves_nothing_behind(evaluated, tmp_path: Path):
+    """A cancel, the time limit or a preemption (which Slurm requeues: the step starts again) reaches the eval job
+    as SIGTERM: the record says `interrupted` and why, its lease is dropped and its scratch folder removed."""
+    import signal
+    import time
+
+    run, _, _ = evaluated
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TMPDIR": str(tmp), "SLURM_JOB_ID": "4343"}  # fmt: skip
+    job = subprocess.Popen([sys.executable, "-m", "launcher.evals.job", str(run.bundle_dir), str(STEP)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (scratch(tmp) and list(scratch(tmp)[0].glob("model/*.safetensors"))):  # (exported: lm-eval next)
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
+    record = submissions.read_record(run.checkpoints, STEP)
+    assert record["state"] == "interrupted" and record["job"] == "4343" and "SIGTERM" in record["cause"]
+    assert layout.leases(run.checkpoints) == [] and scratch(tmp) == []
+    assert f"eval: step {STEP} interrupted: signal SIGTERM" in err
