@@ -58,8 +58,8 @@ REFUSED = [  # (argv, argparse's words for it)
     (["--run_name", "x", "-x", "--dry_run"], "-x: not a flag the launcher knows"),
     (
         ["--run_name", "x", "--partition", "--gpus", "4"],
-        "--gpus: not a flag the launcher knows; the nearest: --gpus_per_node (every flag: --help); as --partition's "
-        "value, give it as --partition=--gpus\n",
+        "--gpus: not a flag the launcher knows; the nearest: --eval_gpus, --gpus_per_node (every flag: --help); as "
+        "--partition's value, give it as --partition=--gpus\n",
     ),  # its value '4' is not said again
 ]  # fmt: skip
 
