@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from launcher import atomic
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.node.retention import Rules, judge
@@ -82,14 +83,6 @@ def _read_now(root: Path, step: int, job_states: JobStates) -> bool:
     return any(layout.lease_holds(lease, lambda job: states.get(job)) for lease in found)
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def make_durable(path: Path) -> None:
     """Every file and folder under `path` flushed to disk (cheap where the engine fsynced them already)."""
     for folder, _, names in os.walk(path):
@@ -102,7 +95,7 @@ def make_durable(path: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        fsync_dir(Path(folder))
+        atomic.fsync_dir(Path(folder))
 
 
 def remove_aside(path: Path) -> None:
@@ -151,7 +144,7 @@ def purge(root: Path, rules: Rules, job: str, job_states: JobStates = squeue_ali
             os.rename(source, aside)
         except OSError:
             continue  # gone meanwhile
-        fsync_dir(root)
+        atomic.fsync_dir(root)
         if judged.complete and _read_now(root, judged.step, job_states):  # a lease taken as it was judged
             os.rename(aside, source)
             done.restored.append(judged.step)
