@@ -136,6 +136,7 @@ def start_monitor(job: Job, job_id: str, node: str) -> subprocess.Popen[bytes] |
 
 
 def end(proc: subprocess.Popen[bytes] | None, wait_s: float = 5) -> None:
+    """A process this one started, ended: SIGTERM, then SIGKILL after `wait_s` s (nothing where it has ended)."""
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:

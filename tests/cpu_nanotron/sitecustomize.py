@@ -27,10 +27,9 @@ per rank (`_logged`), for the tests that compare what a resumed run reads with w
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import importlib.util
 import os
-import sys
+from pathlib import Path
 from typing import Any
 
 ACTIVE = os.environ.get("LAUNCHER_TEST_NANOTRON_ON_CPU") == "1"
@@ -230,30 +229,13 @@ PATCHES = {
 }
 
 
-class _Patched(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: asks the finders after it, and wraps the loader of a module in PATCHES so that its
-    patch runs once the module has executed."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in PATCHES:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                real_exec = spec.loader.exec_module
-
-                def exec_module(module: Any, real_exec: Any = real_exec) -> None:
-                    real_exec(module)
-                    PATCHES[name](module)
-
-                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-                return spec
-        return None
+def _install(patches: dict[str, Any]) -> None:
+    """tests/after_import.py's install, the file loaded by its path (this folder alone is on the job's PYTHONPATH)."""
+    spec = importlib.util.spec_from_file_location("_after_import", Path(__file__).parents[1] / "after_import.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module.install(patches)
 
 
 if ACTIVE:
-    sys.meta_path.insert(0, _Patched())
-    for _name in [n for n in PATCHES if n in sys.modules]:  # imported before this ran (none, normally)
-        PATCHES[_name](sys.modules[_name])
+    _install(PATCHES)

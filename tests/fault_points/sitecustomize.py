@@ -17,7 +17,6 @@ nanotron engine on CPU).
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import os
 import signal
@@ -103,26 +102,12 @@ PATCHES = {
 }
 
 
-class _Patched(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of a module in PATCHES so that its patch runs once it has executed."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in PATCHES:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                real_exec = spec.loader.exec_module
-
-                def exec_module(module: Any, real_exec: Any = real_exec) -> None:
-                    real_exec(module)
-                    PATCHES[name](module)
-
-                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-                return spec
-        return None
+def _install(patches: dict[str, Any]) -> None:
+    """tests/after_import.py's install, the file loaded by its path (this folder alone is on the job's PYTHONPATH)."""
+    spec = importlib.util.spec_from_file_location("_after_import", Path(__file__).parents[1] / "after_import.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module.install(patches)
 
 
 def _next_sitecustomize() -> None:
@@ -140,5 +125,5 @@ def _next_sitecustomize() -> None:
 
 
 if POINT:
-    sys.meta_path.insert(0, _Patched())
+    _install(PATCHES)
 _next_sitecustomize()

@@ -18,6 +18,7 @@ from typing import IO, Protocol
 from launcher import protocol as P
 from launcher.node import restart
 from launcher.node.job import Job
+from launcher.node.step import end
 from launcher.node.supervisor import decide, records
 
 POLL_S = 0.2  # how often the supervisor looks at its pending notices while the step runs
@@ -69,17 +70,6 @@ def free_port_here(start: int) -> int | None:
             continue
         return port
     return None
-
-
-def _ended(proc: subprocess.Popen[bytes], wait_s: float) -> None:
-    """SIGTERM, then SIGKILL after `wait_s` s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Effects(Protocol):
@@ -184,7 +174,7 @@ class Node:
     def stop_step(self) -> None:
         """End the step that runs (a hang's end, once its stacks are dumped): SIGTERM, then SIGKILL after 10 s."""
         if self.step is not None:
-            _ended(self.step, 10)
+            end(self.step, 10)
 
     def overlap(self, nodes: Sequence[str], argv: Sequence[str], timeout: float) -> int:
         """`argv` once on each of `nodes`, beside the step (srun --overlap), time-limited: a hang's stack dumps."""
@@ -208,7 +198,7 @@ class Node:
 
     def stop_watchdog(self) -> None:
         if self.watchdog is not None:
-            _ended(self.watchdog, 5)
+            end(self.watchdog, 5)
             self.watchdog = None
 
     def touch(self, path: Path) -> None:
