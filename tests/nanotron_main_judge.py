@@ -31,7 +31,14 @@ for path in sys.argv[2:]:
             # a Nanoset's fields as main read them (NanosetDatasetsArgs); absent for a hub dataset
             **{
                 key: getattr(s.data.dataset, key)
-                for key in ("dataset_folder", "dataset_weights", "tokenizer_name", "vocab_size", "token_size_in_bytes")
+                for key in (
+                    "dataset_folder",
+                    "dataset_weights",
+                    "tokenizer_name",
+                    "vocab_size",
+                    "token_size_in_bytes",
+                    "dataset_max_tokens",
+                )
                 if type(s.data.dataset).__name__ == "NanosetDatasetsArgs"
             },
         }

@@ -16,7 +16,7 @@ import yaml
 from launcher.config import datacheck
 from launcher.config.flags import EvalArgs
 from launcher.config.spec import RunSpec
-from launcher.nanotron_config import mixture
+from launcher.nanotron_config import mixture, nanoset
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.presets import PROJECT_ROOT
 from launcher.nanotron_config.schema import train_split
@@ -133,11 +133,14 @@ def rank_by_problems(e: EvalArgs, swept: bool) -> list[Problem]:
 
 
 def heldout_problems(spec: RunSpec) -> list[Problem]:
-    """--eval_heldout: a split of the run's local dataset other than the one it trains on, or a local dataset the run
-    does not train on, readable with --text_column."""
+    """--eval_heldout: a split of the run's local dataset other than the one it trains on, the tail of the tokenized
+    folder it trains on (`tail_problems`), or a local dataset the run does not train on, readable with --text_column
+    (a tokenized folder: made with the run's tokenizer)."""
     text = spec.args.evals.eval_heldout
     if text is None:
         return []
+    if text.startswith(nanoset.TAIL):
+        return tail_problems(spec, text)
     column = spec.args.data.text_column
     trained = [str(Path(n).resolve()) for n in mixture.names(spec.datasets) if is_local_path(n)]
     trained += [str(Path(n).resolve()) for s in spec.stages for n in mixture.names(s.dataset) if is_local_path(n)]
@@ -176,7 +179,40 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
                         "give a save_to_disk folder or a .jsonl file")]  # fmt: skip
     if path.is_file() and path.suffix == ".txt":
         return []  # a line a document
+    if nanoset.is_tokenized(str(path)):
+        folder, problems = nanoset.inspect(path, "eval_heldout")
+        if folder is not None and not nanoset.same_tokenizer(folder.tokenizer, spec.args.data.tokenizer or ""):
+            return [Problem("eval_heldout", f"{path} was tokenized by {folder.tokenizer}, the run's tokenizer is "
+                            f"{spec.args.data.tokenizer}", "give held-out data tokenized as the run's")]  # fmt: skip
+        return problems
     return [_heldout(p) for p in datacheck.dataset_problems(str(path), column, "train")]
+
+
+def tail_problems(spec: RunSpec, text: str) -> list[Problem]:
+    """--eval_heldout tail:N: N tokens, at least one window of the run's sequence length + 1, at the end of the one
+    tokenized folder the run trains on, leaving it at least one window (the config's dataset_max_tokens keeps
+    training off them: nanotron_config.nanoset_yaml.section)."""
+    fix = "give tail:N, the last N tokens of the run's tokenized folder (e.g. tail:100k), or held-out data: PATH"
+    try:
+        count = nanoset.heldout_tail(text) or 0
+    except ValueError as e:
+        return [Problem("eval_heldout", str(e), fix)]
+    if len(spec.nanosets) != 1:
+        what = f"{len(spec.nanosets)} tokenized folders" if spec.nanosets else "no tokenized folder"
+        return [Problem("eval_heldout", f"{text} holds out the end of the one tokenized folder the run trains on; "
+                        f"it trains on {what}", "train on one folder, or give held-out data: --eval_heldout PATH "
+                        "(or split:NAME of a local dataset)")]  # fmt: skip
+    (name, folder), window = next(iter(spec.nanosets.items())), spec.shape.max_seq_len + 1
+    if folder is None:
+        return []  # (what is wrong with the folder is said by the dataset's checks)
+    if count < window:
+        return [Problem("eval_heldout", f"{text}: {count} tokens are less than one window of the sequence length + 1 "
+                        f"({window})", f"hold out at least {window} tokens")]  # fmt: skip
+    if folder.tokens - count < window:
+        return [Problem("eval_heldout", f"{text}: {name} holds {folder.tokens:,} tokens; without the last {count:,} "
+                        f"training has less than one window ({window})", "hold out fewer tokens, or tokenize more "
+                        "data")]  # fmt: skip
+    return []
 
 
 def _heldout(p: Problem) -> Problem:

@@ -241,3 +241,38 @@ def weight_problems(parts: list[tuple[str, float]], flag: str = "dataset") -> li
         listed = ", ".join(f"{name}:{w:g}" for name, w in parts)
         return [Problem(flag, f"the weights of {listed} sum to 0: nothing would be read", "give one a weight > 0")]
     return []
+
+
+TAIL = "tail:"  # --eval_heldout tail:N
+SCALES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+
+
+def heldout_tail(value: str | None) -> int | None:
+    """`--eval_heldout tail:N`'s N: the tokens at the end of the run's tokenized folder (its files in sorted order)
+    kept out of training and evaluated on; N in digits, or with k, M or G (B) for thousands, millions, billions.
+    None where the value is another form; ValueError where N is not a positive count."""
+    if not value or not value.startswith(TAIL):
+        return None
+    text = value.removeprefix(TAIL).strip().replace("_", "")
+    scale = SCALES.get(text[-1:].lower(), 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        count = float(number) * scale
+    except ValueError:
+        raise ValueError(f"{value!r}: N is not a count of tokens") from None
+    if not (math.isfinite(count) and count >= 1 and count == int(count)):
+        raise ValueError(f"{value!r}: N is not a whole number of tokens >= 1")
+    return int(count)
+
+
+def tail_tokens(folder: TokenizedFolder, count: int) -> list[tuple[Path, int, int]]:
+    """Where the last `count` tokens of a folder lie: (token file, first token, tokens) per file, in order."""
+    out, start = [], folder.tokens - count
+    offset = 0
+    for token_file in folder.files:
+        end = offset + token_file.tokens
+        if end > start:
+            first = max(start - offset, 0)
+            out.append((token_file.path, first, token_file.tokens - first))
+        offset = end
+    return out

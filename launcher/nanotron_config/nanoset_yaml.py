@@ -108,11 +108,13 @@ def section(
     vocab_size: int,
     tokenizer: str,
     text_column: str | None,
+    tail: int | None = None,
 ) -> dict | None:
     """The `data.dataset` section a stage reading `datasets` is written with (`current`: the section it had).
     Tokenized folders (all of its names in `folders`, each as `nanoset.inspect` read it, None where it did not):
     main's NanosetDatasetsArgs, the section's other Nanoset fields kept; else a hub dataset's (`text_column`: the
-    column to write, None to keep the section's). None: random tokens."""
+    column to write, None to keep the section's). None: random tokens. `tail` (--eval_heldout tail:N) on one folder:
+    its last `tail` tokens kept out of training by `dataset_max_tokens` (the section's own cap where lower)."""
     if datasets is None:
         return None
     names = mixture.names(datasets)
@@ -122,7 +124,7 @@ def section(
         read = [f for f in (folders[n] for n in names) if f is not None]
         kept = {k: v for k, v in current.items() if k in FIELDS and k not in MUST_AGREE}
         first = read[0] if read else None
-        return {
+        written = {
             "dataset_folder": names,
             "dataset_weights": [float(weights[n]) for n in names],
             "tokenizer_name": first.tokenizer if first else tokenizer,
@@ -130,6 +132,11 @@ def section(
             "token_size_in_bytes": first.token_size if first else nanoset.token_size_for(vocab_size),
             **kept,
         }
+        if tail and len(names) == 1 and first is not None and first.tokens > tail:
+            own = (written.get("dataset_max_tokens") or [None])[0]
+            cap = first.tokens - tail
+            written["dataset_max_tokens"] = [min(cap, int(own)) if own else cap]
+        return written
     out = {k: v for k, v in current.items() if k not in FIELDS}
     if not current or "dataset_folder" in current:
         out.setdefault("hf_dataset_splits", "train")

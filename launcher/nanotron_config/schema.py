@@ -17,13 +17,14 @@ here, on `dialect.to_canonical` of the file.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from launcher.nanotron_config import dialect, mixture, nanoset_yaml, stages
+from launcher.nanotron_config import dialect, mixture, nanoset, nanoset_yaml, stages
 from launcher.nanotron_config.nanoset import TokenizedFolder
 from launcher.nanotron_config.stages import Stage
 
@@ -226,9 +227,12 @@ def build_config(
         if flag not in DATASET_FLAGS:
             set_path(config, path, TO_YAML.get(flag, _same)(values[flag]))
     vocab, tokenizer = values["vocab_size"], nanoset_yaml.tokenizer_of(folders, values["tokenizer"])
+    tail = None  # --eval_heldout tail:N (a malformed N is the eval checks' problem)
+    with contextlib.suppress(ValueError):
+        tail = nanoset.heldout_tail(values.get("eval_heldout"))
     set_path(config, FLAG_PATHS["tokenizer"], tokenizer)
     current = get_path(config, ("data", "dataset"))
-    first = nanoset_yaml.section(datasets, current, folders, vocab, tokenizer, values["text_column"])
+    first = nanoset_yaml.section(datasets, current, folders, vocab, tokenizer, values["text_column"], tail)
     set_path(config, ("data", "dataset"), first)
     set_path(config, ("general", "run"), values["run_name"])
     set_path(config, ("model", "model_config", "max_position_embeddings"), values["max_seq_len"])
@@ -246,7 +250,7 @@ def build_config(
         section = data.get("dataset") if isinstance(data, dict) else None
         if isinstance(data, dict) and isinstance(section, dict):
             own = nanoset_yaml.datasets_of(section)
-            data["dataset"] = nanoset_yaml.section(own, section, folders, vocab, tokenizer, None)
+            data["dataset"] = nanoset_yaml.section(own, section, folders, vocab, tokenizer, None, tail)
     if values["profiler_export_path"]:  # else the base's (or --config's) profiler section stands
         config["profiler"] = {"profiler_export_path": values["profiler_export_path"]}
     return config

@@ -309,6 +309,6 @@ def build_micro_batches(cfg: TrainConfig, rank: int, dp: int, windows: np.ndarra
     if cfg.nanoset:  # tokenized folders: their files mapped, each window read as a batch asks for it
         from launcher.train.tokenized import FolderWindows
 
-        windows = FolderWindows(list(cfg.nanoset), cfg.sequence_length)  # type: ignore[assignment]
+        windows = FolderWindows(list(cfg.nanoset), cfg.sequence_length, cfg.nanoset_caps)  # type: ignore[assignment]
     windows = build_windows(cfg) if windows is None else windows
     return PackedWindows(windows, cfg.micro_batch_size, cfg.data_seed, rank, dp)

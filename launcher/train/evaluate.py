@@ -4,7 +4,8 @@ held-out text, in float32 on CPU. Run by the export job of `--export_hf` (templa
 `launcher.export.chained`, whose RESULT (the bundle's export.json) names the folder, and by each eval job of
 --eval_heldout (launcher/evals/job.py); the figures are added to RESULT and to the folder's README (its model card).
 
-Held-out text: HELDOUT where given (--eval_heldout: `split:NAME` of the run's dataset, or another local dataset);
+Held-out text: HELDOUT where given (--eval_heldout: `split:NAME` of the run's dataset, `tail:N` of its tokenized
+folder, or another local dataset, a tokenized folder too);
 else the dataset's validation split where it has one (a `save_to_disk` DatasetDict with a split named validation,
 valid or test, other than the one trained on); else the last DOCUMENTS documents of the training data, said so (held
 out only where the run did not reach them). The text is tokenized and packed as the engines pack it
@@ -22,10 +23,14 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from launcher import atomic
 from launcher.errors import LauncherError
+from launcher.nanotron_config import nanoset
 from launcher.train.data import load_split, load_tokenizer, pack, tokenize
 from launcher.train.settings import TrainConfig, load_train_config
+from launcher.train.tokenized import DTYPES
 
 HELD_OUT_SPLITS = ("validation", "valid", "test")
 DOCUMENTS = 64
@@ -72,17 +77,52 @@ def held_out(cfg: TrainConfig, heldout: str | None = None) -> tuple[list[str], s
                    "no validation split: held out only where the run did not reach them)")  # fmt: skip
 
 
+def token_windows(cfg: TrainConfig, heldout: str | None) -> tuple[np.ndarray, str] | None:
+    """Held-out windows that are tokens already: `tail:N` (the last N tokens of the run's tokenized folder, which
+    training never reads: its config's dataset_max_tokens), or a tokenized folder (from its first token); None for
+    held-out text. Windows of LENGTH + 1 tokens at most, cut as the engines cut a folder (overlapping by one)."""
+    count = nanoset.heldout_tail(heldout)
+    if count is not None:
+        if len(cfg.nanoset) != 1:
+            raise LauncherError(f"{heldout} needs a run on one tokenized folder ({len(cfg.nanoset)} in its config)")
+        name = cfg.nanoset[0][0]
+        where = f"the last {count:,} tokens of {name} (kept out of training)"
+    elif heldout and nanoset.is_tokenized(heldout):
+        name, where = heldout, heldout
+    else:
+        return None
+    folder, problems = nanoset.inspect(name, "eval_heldout")
+    if folder is None:
+        raise LauncherError("; ".join(p.message for p in problems))
+    length = min(cfg.sequence_length, LENGTH)
+    wanted, pieces = WINDOWS * length + 1, []
+    for path, first, held in nanoset.tail_tokens(folder, folder.tokens if count is None else count):
+        mapped = np.memmap(path, dtype=DTYPES[folder.token_size], mode="r")
+        pieces.append(np.asarray(mapped[first : first + min(held, wanted)], dtype=np.int64))
+        wanted -= len(pieces[-1])
+        if wanted <= 0:
+            break
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    rows = [tokens[k * length : k * length + length + 1] for k in range(max((len(tokens) - 1) // length, 0))]
+    return (np.stack(rows) if rows else np.zeros((0, length + 1), dtype=np.int64)), where
+
+
 def evaluate(cfg: TrainConfig, output: Path, heldout: str | None = None) -> dict:
     """The exported model's held-out loss, perplexity and bits per byte: {"loss", "perplexity", "bits_per_byte",
     "tokens", "held_out"}."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    texts, where = held_out(cfg, heldout)
-    token_lists, eos_id = tokenize(cfg, texts)
-    total = sum(len(t) + 1 for t in token_lists)
-    length = min(cfg.sequence_length, LENGTH, max(total - 1, 1))
-    windows = pack(token_lists, eos_id, length)[:WINDOWS]
+    tokened = token_windows(cfg, heldout)
+    if tokened is not None:
+        windows, where = tokened
+        length, total = windows.shape[1] - 1, windows.size
+    else:
+        texts, where = held_out(cfg, heldout)
+        token_lists, eos_id = tokenize(cfg, texts)
+        total = sum(len(t) + 1 for t in token_lists)
+        length = min(cfg.sequence_length, LENGTH, max(total - 1, 1))
+        windows = pack(token_lists, eos_id, length)[:WINDOWS]
     if len(windows) == 0:
         raise LauncherError(f"{where} holds no text to evaluate on ({total} tokens)")
     model = AutoModelForCausalLM.from_pretrained(str(output), dtype=torch.float32).eval()
@@ -101,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the run's nanotron config (the bundle's config.yaml)")
     parser.add_argument("--result", type=Path, required=True, help="export.json: names the folder; gets the figures")
-    parser.add_argument("--heldout", help="split:NAME of the run's dataset, or another local dataset (--eval_heldout)")
+    parser.add_argument("--heldout", help="split:NAME or tail:N of the run's dataset, or a dataset (--eval_heldout)")
     args = parser.parse_args(argv)
     try:
         result = json.loads(args.result.read_text(encoding="utf-8"))

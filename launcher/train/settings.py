@@ -84,6 +84,7 @@ class TrainConfig:
     dialect: str = "0.4"  # the nanotron config dialect the file is written in: "0.4" or "main"
     mixture: tuple[tuple[str, float], ...] = ()  # a mixture's (dataset, fraction of its rows kept); () for one dataset
     nanoset: tuple[tuple[str, float], ...] = ()  # tokenized folders (main's Nanoset) with their weights; () for none
+    nanoset_caps: tuple[int | None, ...] = ()  # each folder's dataset_max_tokens (tokens read at most); () for none
     stages: tuple[DataStage, ...] = ()  # nanotron main's data stages after the first, by start step
 
     @property
@@ -173,11 +174,13 @@ def _data(data: dict | None) -> dict[str, Any]:
     ):  # tokenized folders: their names and weights, read by either engine
         folders = nanoset_yaml.datasets_of(dataset)
         pairs = tuple(folders.items()) if isinstance(folders, dict) else ((str(folders), 1.0),)
+        caps = tuple(None if c is None else int(c) for c in dataset.get("dataset_max_tokens") or ())
         dataset = {"hf_dataset_or_datasets": to_flag(folders)}
     else:
-        pairs = ()
+        pairs, caps = (), ()
     return {
         "nanoset": pairs,
+        "nanoset_caps": caps,
         "dataset": to_flag(dataset["hf_dataset_or_datasets"]) if dataset else None,
         "mixture": () if pairs else _mixture(dataset["hf_dataset_or_datasets"] if dataset else None),
         "dataset_split": train_split({"data": data}),

@@ -10,12 +10,18 @@ mixture's weighing is this module's either way. Its speed is no reason either wa
 200M tokens in 8 files, s = 2048: 11 us a shuffled window against 5 here, the folder opened in 4 ms against 2;
 importing it takes torch, 1.2 s, which the job has anyway).
 
+A folder's `dataset_max_tokens` (nanotron main's NanosetDatasetsArgs field; `--eval_heldout tail:N` writes it) caps
+what is read of it: no window holds a token at or past that offset of the folder (its files in sorted order), so the
+tokens after it are never trained (the held-out tail). main's own reader counts its cap in whole windows read.
+
 A mixture is weighed as nanotron main weighs it (weights normalised by their sum): an epoch holds as many windows
 as the folders together, each folder's share its weight's, a folder drawn past its end starting again. Each file's
 windows stay within it, in the files' sorted order (`nanoset.inspect`'s), as datatrove's reader lists them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,19 +34,22 @@ DTYPES: dict[int, str] = {2: "<u2", 4: "<u4"}
 class FolderWindows:
     """Windows over token files, indexed like the engine's packed array (`len`, `shape`, `windows[rows]`)."""
 
-    def __init__(self, folders: list[tuple[str, float]], sequence_length: int):
+    def __init__(self, folders: list[tuple[str, float]], sequence_length: int, caps: Sequence[int | None] = ()) -> None:
         self.sequence_length = sequence_length
         self._files: list[np.ndarray] = []
         starts: list[tuple[int, int, int]] = []
         per_folder: list[int] = []
-        for name, _ in folders:
+        for n, (name, _) in enumerate(folders):
+            cap = caps[n] if n < len(caps) else None
             folder, problems = nanoset.inspect(name, "dataset")
             if folder is None:
                 raise TrainError("; ".join(f"{p.message} ({p.fix})" for p in problems))
             first = sum(per_folder)
-            count = 0
+            count, offset = 0, 0
             for token_file in folder.files:
-                windows = max((token_file.tokens - 1) // sequence_length, 0)
+                usable = token_file.tokens if cap is None else min(token_file.tokens, max(cap - offset, 0))
+                offset += token_file.tokens
+                windows = max((usable - 1) // sequence_length, 0)
                 if windows:
                     mapped = np.memmap(token_file.path, dtype=DTYPES[folder.token_size], mode="r")
                     self._files.append(mapped)

@@ -62,7 +62,7 @@ def feed(  # type: ignore[no-untyped-def]
     index = start_index(consumed, dp, size)
     if dist.get_rank(context.pp_pg) not in (input_pp_rank, output_pp_rank):
         return _pointers(collate, size)  # a middle pipeline rank reads no data: it is sent activations
-    windows = FolderWindows(list(cfg.nanoset), cfg.sequence_length)
+    windows = FolderWindows(list(cfg.nanoset), cfg.sequence_length, cfg.nanoset_caps)
     if len(windows) // dp < size:
         raise TrainError(
             f"the tokenized data makes {len(windows)} windows of {cfg.sequence_length + 1} tokens, not one "

@@ -1,0 +1,123 @@
+"""--eval_heldout tail:N on a tokenized folder (made by the real tokenizer, datatrove): the folder's last N tokens kept
+out of training by the config's dataset_max_tokens (as nanotron main's own parser reads it), never in a window either
+engine's reader cuts, and evaluated on by the eval job; every misuse named before the queue."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DemoData
+from launcher_helpers import all_problems, config_of, spec_for
+from nanotron_main import judge
+from test_evals_job import STEP, TASKS, eval_job, write_tasks
+
+from launcher.bundle import eval_record, manifest
+from launcher.nanotron_config import nanoset, schema
+from launcher.perf.sizes import data_volume
+from launcher.runs import launch
+from launcher.train.data import build_micro_batches
+from launcher.train.settings import load_train_config
+from launcher.train.tokenized import FolderWindows
+
+ROOT = Path(__file__).resolve().parent.parent
+HELD = 700  # tokens held out: several windows of 64 + 1
+
+
+def test_tail_is_a_count_of_tokens():
+    assert nanoset.heldout_tail("tail:100k") == 100_000 and nanoset.heldout_tail("tail:1_000") == 1000
+    assert nanoset.heldout_tail("tail:2M") == 2_000_000 and nanoset.heldout_tail("tail:1.5k") == 1500
+    assert nanoset.heldout_tail("split:validation") is None and nanoset.heldout_tail(None) is None
+    for bad in ("tail:", "tail:x", "tail:0", "tail:-5", "tail:1.5", "tail:nan"):
+        with pytest.raises(ValueError):
+            nanoset.heldout_tail(bad)
+
+
+def test_a_cap_keeps_every_window_before_it(nanoset_folders: list[Path]):
+    folder, _ = nanoset.inspect(nanoset_folders[0])
+    assert folder is not None
+    tokens = np.fromfile(folder.files[0].path, dtype="<u2").astype(np.int64)
+    cap = folder.tokens - HELD
+    whole, capped = FolderWindows([(str(folder.path), 1.0)], 64), FolderWindows([(str(folder.path), 1.0)], 64, [cap])
+    assert len(capped) == (cap - 1) // 64 < len(whole)
+    last = len(capped) - 1
+    assert last * 64 + 64 < cap  # the last window's last token comes before the cap
+    assert np.array_equal(capped[[last]][0], tokens[last * 64 : last * 64 + 65])
+    assert np.array_equal(capped[[0, last]], whole[[0, last]])  # the same windows, fewer of them
+
+
+def flags(folder: Path, demo: DemoData, *more: str) -> tuple[str, ...]:
+    return ("--nodes", "1", "--gpus_per_node", "1", "--save_interval", str(STEP), "--train_steps", str(STEP),
+            "--dataset", str(folder), "--tokenizer", str(demo.tokenizer), "--nanotron_dialect", "main",
+            "--eval_tasks", "piqa", *more)  # fmt: skip
+
+
+def test_the_config_caps_training_as_main_reads_it_and_the_engines_read_it(
+    nanoset_folders: list[Path], demo_data: DemoData, tmp_path: Path
+):
+    folder = nanoset_folders[0]
+    read, _ = nanoset.inspect(folder)
+    assert read is not None
+    spec, problems = spec_for(*flags(folder, demo_data, "--eval_heldout", f"tail:{HELD}"))
+    assert [p for p in all_problems(spec, problems) if p.flag == "eval_heldout"] == []
+    volume = data_volume(spec, 1000)  # the launch summary's count: what training reads
+    assert volume["dataset_tokens"] == read.tokens - HELD
+    assert "less the last 700 held out" in volume["dataset_tokens_how"]
+    path = tmp_path / "config.yaml"
+    path.write_text(schema.dump(config_of(spec, str(tmp_path / "ckpt"))))
+    (seen,) = judge(path)  # nanotron main's own parser
+    assert "error" not in seen, seen
+    (stage,) = seen["stages"]
+    assert stage["dataset_folder"] == [str(folder)] and stage["dataset_max_tokens"] == [read.tokens - HELD]
+    cfg = load_train_config(str(path))  # what the job reads: the engines' windows stop before the tail
+    assert cfg.nanoset_caps == (read.tokens - HELD,)
+    batches = build_micro_batches(cfg, 0, 1)
+    length = cfg.sequence_length
+    assert len(batches.windows) == (read.tokens - HELD - 1) // length  # type: ignore[attr-defined]
+
+
+def test_every_misuse_is_named_before_the_queue(nanoset_folders: list[Path], demo_data: DemoData):
+    a, b = nanoset_folders
+    read, _ = nanoset.inspect(a)
+    assert read is not None
+
+    def said(*more: str, folder: str | Path = a) -> str:
+        spec, problems = spec_for(*flags(Path(folder), demo_data, *more))
+        return " / ".join(f"{p.message} | {p.fix}" for p in all_problems(spec, problems) if p.flag == "eval_heldout")
+
+    assert "not a count of tokens" in said("--eval_heldout", "tail:lots")
+    assert "less than one window" in said("--eval_heldout", "tail:10")
+    assert f"holds {read.tokens:,} tokens" in said("--eval_heldout", f"tail:{read.tokens - 5}")
+    assert "it trains on 2 tokenized folders" in said("--eval_heldout", "tail:1k", folder=f"{a}:1,{b}:1")
+    assert "it trains on no tokenized folder" in said("--eval_heldout", "tail:1k", folder=demo_data.dataset)
+    assert said("--eval_heldout", str(b)) == ""  # another folder, made with the run's tokenizer, is held-out data
+    assert "not held out" in said("--eval_heldout", str(a))
+
+
+def test_the_eval_job_scores_the_tail(nanoset_folders: list[Path], demo_data: DemoData, tmp_path: Path):
+    """A run trained on the folder by the torch engine, then its eval job: the held-out figures are the tail's."""
+    folder = nanoset_folders[0]
+    tasks = write_tasks(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        argv = ["--run_name", "tail", *flags(folder, demo_data, "--eval_heldout", f"tail:{HELD}"), "--engine",
+                "torch", "--micro_batch_size", "2", "--grad_accum_steps", "1", "--wandb_disabled", "--dry_run",
+                "--eval_tasks", ",".join(TASKS), "--eval_include", str(tasks)]  # fmt: skip
+        run = manifest.load(launch.prepare(argv).paths.bundle_dir)
+    finally:
+        os.chdir(cwd)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, str(ROOT / "run_train.py"), "--config-file", str(run.data["files"]["config"]["path"]),
+               "--engine", "torch"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    job = eval_job(run, STEP, tmp_path / "tmp")
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    held = eval_record.rows(run.bundle_dir)[STEP]["heldout"]
+    assert held["held_out"] == f"the last {HELD:,} tokens of {folder} (kept out of training)"
+    assert held["tokens"] > 0 and np.isfinite(held["loss"]) and held["bits_per_byte"] > 0
