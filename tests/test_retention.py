@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import atomic
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.node import purge as purging
@@ -178,10 +179,17 @@ def test_a_reader_that_comes_as_the_step_is_renamed_out_gets_it_back(tmp_path: P
     for step in (10, 20):
         torch_step(tmp_path, step)
     saved(tmp_path, 10, 20)
-    real = purging.fsync_dir
-    monkeypatch.setattr(purging, "fsync_dir", lambda d: (real(d), layout.take_lease(tmp_path, 10, "eval", env={})))
+    real, taken = atomic.fsync_dir, []
+
+    def lease_comes(directory: Path) -> None:  # the purge's first fsync, after its plan: an eval job takes step 10
+        real(directory)
+        if not taken:
+            taken.append(10)  # once: taking the lease fsyncs a folder too
+            layout.take_lease(tmp_path, 10, "eval", env={})
+
+    monkeypatch.setattr(atomic, "fsync_dir", lease_comes)
     done = purging.purge(tmp_path, Rules(keep_last=1), "")
-    assert done.restored == [10] and done.removed == [] and 10 in layout.complete_steps(tmp_path)
+    assert taken and done.restored == [10] and done.removed == [] and 10 in layout.complete_steps(tmp_path)
 
 
 def test_a_purge_killed_mid_delete_leaves_no_step_that_looks_complete_and_the_next_purge_ends_it(tmp_path: Path):
