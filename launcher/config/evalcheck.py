@@ -16,10 +16,10 @@ import yaml
 from launcher.config import datacheck
 from launcher.config.flags import EvalArgs
 from launcher.config.spec import RunSpec
-from launcher.nanotron_config import mixture, nanoset
+from launcher.nanotron_config import mixture, nanoset, nanoset_yaml
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.presets import PROJECT_ROOT
-from launcher.nanotron_config.schema import train_split
+from launcher.nanotron_config.schema import get_path, train_split
 from launcher.problems import Problem
 
 PRESETS = PROJECT_ROOT / "configs" / "evals"
@@ -144,6 +144,7 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
     column = spec.args.data.text_column
     trained = [str(Path(n).resolve()) for n in mixture.names(spec.datasets) if is_local_path(n)]
     trained += [str(Path(n).resolve()) for s in spec.stages for n in mixture.names(s.dataset) if is_local_path(n)]
+    trained += [str(Path(n).resolve()) for n in spec.nanosets]  # (a --config's stages' folders too)
     if text.startswith("split:"):
         split, dataset = text.removeprefix("split:"), spec.args.data.dataset
         training = train_split(spec.base_config)
@@ -190,28 +191,33 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
 
 def tail_problems(spec: RunSpec, text: str) -> list[Problem]:
     """--eval_heldout tail:N: N tokens, at least one window of the run's sequence length + 1, at the end of the one
-    tokenized folder the run trains on, leaving it at least one window (the config's dataset_max_tokens keeps
-    training off them: nanotron_config.nanoset_yaml.section)."""
+    tokenized folder the run trains on from its first step; what training keeps of it (the config's
+    dataset_max_tokens, which keeps it off the tail: nanotron_config.nanoset_yaml.section) a window for each
+    data-parallel rank at least."""
     fix = "give tail:N, the last N tokens of the run's tokenized folder (e.g. tail:100k), or held-out data: PATH"
     try:
         count = nanoset.heldout_tail(text) or 0
     except ValueError as e:
         return [Problem("eval_heldout", str(e), fix)]
-    if len(spec.nanosets) != 1:
-        what = f"{len(spec.nanosets)} tokenized folders" if spec.nanosets else "no tokenized folder"
-        return [Problem("eval_heldout", f"{text} holds out the end of the one tokenized folder the run trains on; "
-                        f"it trains on {what}", "train on one folder, or give held-out data: --eval_heldout PATH "
-                        "(or split:NAME of a local dataset)")]  # fmt: skip
-    (name, folder), window = next(iter(spec.nanosets.items())), spec.shape.max_seq_len + 1
+    first = [str(Path(n).resolve()) for n in mixture.names(spec.datasets)]
+    if len(spec.nanosets) != 1 or first != [str(Path(n).resolve()) for n in spec.nanosets]:
+        what = f"{len(spec.nanosets)} tokenized folders" if len(spec.nanosets) > 1 else "no tokenized folder"
+        what = "a tokenized folder in a later stage only" if len(spec.nanosets) == 1 else what
+        return [Problem("eval_heldout", f"{text} holds out the end of the one tokenized folder the run trains on "
+                        f"from its first step; it trains on {what}", "train on one folder, or give held-out data: "
+                        "--eval_heldout PATH (or split:NAME of a local dataset)")]  # fmt: skip
+    (name, folder), seq = next(iter(spec.nanosets.items())), spec.shape.max_seq_len
     if folder is None:
         return []  # (what is wrong with the folder is said by the dataset's checks)
-    if count < window:
+    if count < seq + 1:
         return [Problem("eval_heldout", f"{text}: {count} tokens are less than one window of the sequence length + 1 "
-                        f"({window})", f"hold out at least {window} tokens")]  # fmt: skip
-    if folder.tokens - count < window:
-        return [Problem("eval_heldout", f"{text}: {name} holds {folder.tokens:,} tokens; without the last {count:,} "
-                        f"training has less than one window ({window})", "hold out fewer tokens, or tokenize more "
-                        "data")]  # fmt: skip
+                        f"({seq + 1})", f"hold out at least {seq + 1} tokens")]  # fmt: skip
+    cap = nanoset_yaml.caps_of(get_path(spec.config, ("data", "dataset"))).get(name, folder.tokens - count)
+    windows, dp = max((cap - 1) // seq, 0), max(spec.dims.dp, 1)
+    if windows < dp:  # each data-parallel rank reads a window an epoch at least
+        return [Problem("eval_heldout", f"{text}: training keeps {cap:,} tokens of {name} ({folder.tokens:,} in all), "
+                        f"{windows} windows of {seq + 1} tokens, fewer than the {dp} data-parallel ranks",
+                        "hold out fewer tokens, or tokenize more data")]  # fmt: skip
     return []
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from launcher.problems import Problem
@@ -245,6 +247,7 @@ def weight_problems(parts: list[tuple[str, float]], flag: str = "dataset") -> li
 
 TAIL = "tail:"  # --eval_heldout tail:N
 SCALES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+COUNT = re.compile(r"(\d{1,15}(?:\.\d{1,9})?)([kKmMgGbB]?)")  # 100k, 1.5M, 2_000_000
 
 
 def heldout_tail(value: str | None) -> int | None:
@@ -253,14 +256,12 @@ def heldout_tail(value: str | None) -> int | None:
     None where the value is another form; ValueError where N is not a positive count."""
     if not value or not value.startswith(TAIL):
         return None
-    text = value.removeprefix(TAIL).strip().replace("_", "")
-    scale = SCALES.get(text[-1:].lower(), 1)
-    number = text[:-1] if scale != 1 else text
-    try:
-        count = float(number) * scale
-    except ValueError:
-        raise ValueError(f"{value!r}: N is not a count of tokens") from None
-    if not (math.isfinite(count) and count >= 1 and count == int(count)):
+    found = COUNT.fullmatch(value.removeprefix(TAIL).strip().replace("_", ""))
+    if found is None:
+        raise ValueError(f"{value!r}: N is not a count of tokens (digits, or with k, M, G)")
+    number, scale = found.group(1), SCALES.get(found.group(2).lower(), 1)
+    count = Fraction(number) * scale
+    if count < 1 or count.denominator != 1:
         raise ValueError(f"{value!r}: N is not a whole number of tokens >= 1")
     return int(count)
 

@@ -85,11 +85,32 @@ def normalize(config: dict, absolute: Callable[[str], str]) -> tuple[dict, list[
         if weights is not None and not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
             bad.append((where, f"dataset_weights {weights!r} are not all numbers"))
             continue
+        caps = section.get("dataset_max_tokens")
+        whole = isinstance(caps, list) and len(caps) == len(folders) and all(_count(c) for c in caps)
+        if caps is not None and not whole:
+            bad.append((where, f"dataset_max_tokens {caps!r} is not one whole number of tokens >= 0 per folder "
+                               f"({len(folders)})"))  # fmt: skip
+            continue
         section["dataset_folder"] = [absolute(str(f)) for f in folders]
         section["dataset_weights"] = [float(w) for w in weights] if weights is not None else None
         if section["dataset_weights"] is None:
             section.pop("dataset_weights")
     return out, notes, bad
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def caps_of(section: Any) -> dict[str, int]:
+    """A Nanoset section's caps by folder: its `dataset_max_tokens` (the tokens of a folder, its files in sorted
+    order, that training reads at most; 0, or none, is no cap, as nanotron main reads it)."""
+    if not is_section(section):
+        return {}
+    folders = section["dataset_folder"]
+    folders = [folders] if isinstance(folders, str) else list(folders)
+    caps = section.get("dataset_max_tokens") or []
+    return {str(f): int(c) for f, c in zip(folders, caps, strict=False) if _count(c) and c > 0}
 
 
 def folders_of(config: dict) -> list[str]:
@@ -123,6 +144,8 @@ def section(
         weights = datasets if isinstance(datasets, dict) else {names[0]: 1.0}
         read = [f for f in (folders[n] for n in names) if f is not None]
         kept = {k: v for k, v in current.items() if k in FIELDS and k not in MUST_AGREE}
+        if current.get("dataset_folder") != names:  # a cap is its folders': not another folder's, nor another order
+            kept.pop("dataset_max_tokens", None)
         first = read[0] if read else None
         written = {
             "dataset_folder": names,
@@ -133,9 +156,8 @@ def section(
             **kept,
         }
         if tail and len(names) == 1 and first is not None and first.tokens > tail:
-            own = (written.get("dataset_max_tokens") or [None])[0]
-            cap = first.tokens - tail
-            written["dataset_max_tokens"] = [min(cap, int(own)) if own else cap]
+            own = caps_of(written).get(names[0])
+            written["dataset_max_tokens"] = [min(first.tokens - tail, own or first.tokens)]
         return written
     out = {k: v for k, v in current.items() if k not in FIELDS}
     if not current or "dataset_folder" in current:

@@ -8,14 +8,13 @@ checkpoints at their peak, the forecast the launcher checks against the free spa
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
 
 from launcher.config.spec import RunSpec
-from launcher.nanotron_config import mixture, nanoset, stages
-from launcher.nanotron_config.schema import train_split
+from launcher.nanotron_config import mixture, nanoset, nanoset_yaml, stages
+from launcher.nanotron_config.schema import get_path, train_split
 from launcher.nanotron_config.shape import ModelShape
 from launcher.node.retention import Rules, most_kept
 from launcher.perf import datasize, fit
@@ -140,12 +139,14 @@ def data_volume(spec: RunSpec, run_tokens: int) -> dict:
     d = spec.args.data
     folders = [spec.nanosets.get(name) for name in mixture.names(spec.datasets)]
     if folders and all(folders):  # tokenized folders: the tokens they hold, counted exactly from their indexes
-        held = sum(f.tokens for f in folders if f is not None)
+        caps = nanoset_yaml.caps_of(get_path(spec.config, ("data", "dataset")))  # what training reads of each
+        names = mixture.names(spec.datasets)
+        held = sum(min(f.tokens, caps.get(n, f.tokens)) for n, f in zip(names, folders, strict=True) if f is not None)
         how = "exactly, from the token files" + (f" of {len(folders)} folders" if len(folders) > 1 else "")
-        with contextlib.suppress(ValueError):  # --eval_heldout tail:N (one folder): training reads all but N
-            tail = nanoset.heldout_tail(spec.args.evals.eval_heldout) or 0
-            if len(folders) == 1 and 0 < tail < held:
-                held, how = held - tail, f"{how}, less the last {tail:,} held out (--eval_heldout)"
+        if any(f is not None and caps.get(n, f.tokens) < f.tokens for n, f in zip(names, folders, strict=True)):
+            tail = spec.args.evals.eval_heldout or ""
+            how += f", as dataset_max_tokens caps {'them' if len(folders) > 1 else 'it'}"
+            how += f" (the last tokens held out: --eval_heldout {tail})" if tail.startswith(nanoset.TAIL) else ""
         return {"dataset_tokens": held, "dataset_tokens_how": how, "dataset_tokens_exact": True,
                 "epochs": run_tokens / held} if held else {}  # fmt: skip
     if isinstance(spec.datasets, dict):

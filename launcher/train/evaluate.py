@@ -80,7 +80,8 @@ def held_out(cfg: TrainConfig, heldout: str | None = None) -> tuple[list[str], s
 def token_windows(cfg: TrainConfig, heldout: str | None) -> tuple[np.ndarray, str] | None:
     """Held-out windows that are tokens already: `tail:N` (the last N tokens of the run's tokenized folder, which
     training never reads: its config's dataset_max_tokens), or a tokenized folder (from its first token); None for
-    held-out text. Windows of LENGTH + 1 tokens at most, cut as the engines cut a folder (overlapping by one)."""
+    held-out text. At most WINDOWS windows of min(sequence length, LENGTH) + 1 tokens, overlapping by one; the files'
+    tokens read as one stream (a window may span two files)."""
     count = nanoset.heldout_tail(heldout)
     if count is not None:
         if len(cfg.nanoset) != 1:
@@ -94,9 +95,11 @@ def token_windows(cfg: TrainConfig, heldout: str | None) -> tuple[np.ndarray, st
     folder, problems = nanoset.inspect(name, "eval_heldout")
     if folder is None:
         raise LauncherError("; ".join(p.message for p in problems))
+    if count is not None:  # from the cap on, never before it (files removed since the launch would move the tail)
+        count = folder.tokens - max(folder.tokens - count, (cfg.nanoset_caps or (None,))[0] or 0)
     length = min(cfg.sequence_length, LENGTH)
     wanted, pieces = WINDOWS * length + 1, []
-    for path, first, held in nanoset.tail_tokens(folder, folder.tokens if count is None else count):
+    for path, first, held in nanoset.tail_tokens(folder, folder.tokens if count is None else max(count, 0)):
         mapped = np.memmap(path, dtype=DTYPES[folder.token_size], mode="r")
         pieces.append(np.asarray(mapped[first : first + min(held, wanted)], dtype=np.int64))
         wanted -= len(pieces[-1])

@@ -174,7 +174,7 @@ def _data(data: dict | None) -> dict[str, Any]:
     ):  # tokenized folders: their names and weights, read by either engine
         folders = nanoset_yaml.datasets_of(dataset)
         pairs = tuple(folders.items()) if isinstance(folders, dict) else ((str(folders), 1.0),)
-        caps = tuple(None if c is None else int(c) for c in dataset.get("dataset_max_tokens") or ())
+        caps = tuple(nanoset_yaml.caps_of(dataset).get(name) for name, _ in pairs)
         dataset = {"hf_dataset_or_datasets": to_flag(folders)}
     else:
         pairs, caps = (), ()

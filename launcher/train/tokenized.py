@@ -40,7 +40,7 @@ class FolderWindows:
         starts: list[tuple[int, int, int]] = []
         per_folder: list[int] = []
         for n, (name, _) in enumerate(folders):
-            cap = caps[n] if n < len(caps) else None
+            cap = (caps[n] if n < len(caps) else None) or None  # (0 is no cap, as nanotron main reads it)
             folder, problems = nanoset.inspect(name, "dataset")
             if folder is None:
                 raise TrainError("; ".join(f"{p.message} ({p.fix})" for p in problems))
