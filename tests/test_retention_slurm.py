@@ -145,17 +145,19 @@ TWO_RANKS = ("--nodes", "1", "--gpus_per_node", "2", "--tp", "1", "--pp", "1")  
 
 
 @pytest.mark.nanotron_cpu
-def test_nanotrons_trainer_keeps_the_same_and_a_save_cut_before_its_metadata_loses_nothing(
-    tmp_path: Path, slurm_env: dict, demo_data: Any
+@pytest.mark.parametrize("point", ["save-mid-write", "save-before-pointer"])
+def test_nanotrons_trainer_keeps_the_same_and_a_save_cut_at_each_point_loses_nothing(
+    tmp_path: Path, slurm_env: dict, demo_data: Any, point: str
 ):
-    """nanotron 0.4's own trainer on 2 CPU ranks (tests/cpu_nanotron): killed on rank 0 as it would write step 60's
+    """nanotron 0.4's own trainer on 2 CPU ranks (tests/cpu_nanotron), killed on rank 0 at step 60: as it would write
     checkpoint_metadata.json (every rank's weights and optimizer files are written: a <step>/ that is not a
-    checkpoint), launched again: it resumes from 50, the pointer's, at the samples 50's metadata names, and ends
-    with the same five steps. The partial 60 stays while it may be a save in progress, and is then saved over."""
+    checkpoint), or once 60 is complete, before latest.txt names it. Launched again, it resumes from 50, the
+    pointer's, at the samples 50's metadata names, and ends with the same five steps. A partial 60 stays while it
+    may be a save in progress; either 60 is then saved over."""
     from cpu_nanotron import environment
     from test_nanotron_slurm import launch as nanotron_launch
 
-    faulty = faulty_python(tmp_path, "save-mid-write@60", environment())
+    faulty = faulty_python(tmp_path, f"{point}@60", environment())
     flags = (*RULES[2:], "--python", str(faulty), "--max_restarts", "0")  # (launch says --train_steps)
 
     def run() -> tuple[int, str]:
@@ -165,9 +167,13 @@ def test_nanotrons_trainer_keeps_the_same_and_a_save_cut_before_its_metadata_los
     code, out = run()
     root = tmp_path / "checkpoints/nano"
     assert code != 0 and (tmp_path / "killed").exists(), out[-4000:]
-    assert set(layout.complete_steps(root)) == {40, 50} and layout.pointer_step(root) == 50
-    (partial,) = layout.partial_steps(root)
-    assert partial.step == 60 and "no checkpoint_metadata.json" in partial.why
+    complete, pointer = set(layout.complete_steps(root)), layout.pointer_step(root)
+    if point == "save-mid-write":
+        assert complete == {40, 50} and pointer == 50
+        (partial,) = layout.partial_steps(root)
+        assert partial.step == 60 and "no checkpoint_metadata.json" in partial.why
+    else:  # 60 complete, the pointer still at 50: both kept (the pointer's, the newest), nothing partial
+        assert {50, 60} <= complete <= {40, 50, 60} and pointer == 50 and layout.partial_steps(root) == []
     consumed = json.loads((root / "50" / P.NANOTRON_METADATA).read_text())["metas"]["consumed_train_samples"]
     assert consumed == 50 * 8  # dp 2 x micro-batch 2 x accumulation 2 a step
     first = read_metrics(bundles(tmp_path, "nano")[0] / P.METRICS)
