@@ -4,9 +4,6 @@ engine's reader cuts, and evaluated on by the eval job; every misuse named befor
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,17 +13,15 @@ import yaml
 from conftest import DemoData
 from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
-from test_evals_job import STEP, TASKS, eval_job, write_tasks
+from test_evals_job import STEP, TASKS, eval_job, trained_run, write_tasks
 
-from launcher.bundle import eval_record, manifest
+from launcher.bundle import eval_record
 from launcher.nanotron_config import nanoset, schema
 from launcher.perf.sizes import data_volume
-from launcher.runs import launch
 from launcher.train.data import build_micro_batches
 from launcher.train.settings import load_train_config
 from launcher.train.tokenized import FolderWindows
 
-ROOT = Path(__file__).resolve().parent.parent
 HELD = 700  # tokens held out: several windows of 64 + 1
 
 
@@ -146,20 +141,8 @@ def test_the_eval_job_scores_the_tail(nanoset_folders: list[Path], demo_data: De
     """A run trained on the folder by the torch engine, then its eval job: the held-out figures are the tail's."""
     folder = nanoset_folders[0]
     tasks = write_tasks(tmp_path)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        argv = ["--run_name", "tail", *flags(folder, demo_data, "--eval_heldout", f"tail:{HELD}"), "--engine",
-                "torch", "--micro_batch_size", "2", "--grad_accum_steps", "1", "--wandb_disabled", "--dry_run",
-                "--eval_tasks", ",".join(TASKS), "--eval_include", str(tasks)]  # fmt: skip
-        run = manifest.load(launch.prepare(argv).paths.bundle_dir)
-    finally:
-        os.chdir(cwd)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, str(ROOT / "run_train.py"), "--config-file", str(run.data["files"]["config"]["path"]),
-               "--engine", "torch"]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = trained_run(tmp_path, demo_data, "--eval_tasks", ",".join(TASKS), "--eval_include", str(tasks),
+                      "--eval_heldout", f"tail:{HELD}", "--nanotron_dialect", "main", dataset=folder)  # fmt: skip
     job = eval_job(run, STEP, tmp_path / "tmp")
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     held = eval_record.rows(run.bundle_dir)[STEP]["heldout"]

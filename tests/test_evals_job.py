@@ -66,15 +66,16 @@ def write_heldout(folder: Path) -> Path:
     return path
 
 
-def trained_run(where: Path, demo, *flags: str) -> manifest.Manifest:
-    """A launcher bundle (dry run) with --eval_tasks, trained STEP steps by the torch engine in one process."""
+def trained_run(where: Path, demo, *flags: str, dataset: Path | None = None) -> manifest.Manifest:
+    """A launcher bundle (dry run) with --eval_tasks, trained STEP steps by the torch engine in one process, on
+    `dataset` (the demo's by default)."""
     cwd = os.getcwd()
     os.chdir(where)
     try:
         argv = ["--run_name", "evaluated", "--nodes", "1", "--gpus_per_node", "1", "--engine", "torch",
-                "--dataset", str(demo.dataset), "--tokenizer", str(demo.tokenizer), "--micro_batch_size", "2",
-                "--grad_accum_steps", "1", "--train_steps", str(STEP), "--save_interval", str(STEP),
-                "--wandb_disabled", "--dry_run", *flags]  # fmt: skip
+                "--dataset", str(dataset or demo.dataset), "--tokenizer", str(demo.tokenizer),
+                "--micro_batch_size", "2", "--grad_accum_steps", "1", "--train_steps", str(STEP), "--save_interval",
+                str(STEP), "--wandb_disabled", "--dry_run", *flags]  # fmt: skip
         run = manifest.load(launch.prepare(argv).paths.bundle_dir)
     finally:
         os.chdir(cwd)
