@@ -7,7 +7,7 @@ model on CPU (export, lm-eval on two local tasks, the held-out loss), with its p
 The submission is launcher/node/evals.py's own `Evals.on_checkpoint`, as the supervisor calls it (in a thread of its
 own while the step runs: never in the training processes, which run under srun on the nodes), for a new complete
 checkpoint each time, on a checkpoints folder of torch-engine steps; the script it submits is a one-second job. The
-eval job is `python -m launcher.evals.job BUNDLE STEP` in a child process, on a tiny run the torch engine trained in
+eval job is `python -m launcher.evals.evaljob BUNDLE STEP` in a child process, on a tiny run the torch engine trained in
 one process (tests/test_evals_job.py's tasks and run); its peak RSS is the kernel's (wait4's ru_maxrss). The
 figures go in docs/performance.md.
 """
@@ -32,7 +32,8 @@ def submit_times(where: Path, count: int) -> dict:
     """`Evals.on_checkpoint` for `count` new steps (one sbatch each), and `Evals.poll` when nothing moved."""
     from test_evals_submission import save
 
-    from launcher.node.evals import Evals, EvalSettings
+    from launcher.evals.settings import EvalSettings
+    from launcher.evals.submit import Evals
 
     script = where / "eval.sbatch"
     script.write_text(f"#!/bin/bash\n#SBATCH --time=1\n#SBATCH --output={where}/eval-%j.out\nsleep 1\n")
@@ -63,7 +64,7 @@ def eval_job_times(where: Path, runs: int) -> dict:
     from conftest import DemoData
     from test_evals_job import STEP, TASKS, trained_run, write_heldout, write_tasks
 
-    from launcher.bundle import eval_record
+    from launcher.evals import record as eval_record
     from launcher.localcluster import demo_data
 
     dataset, tokenizer = demo_data.make_demo(where / "demo")
@@ -76,7 +77,8 @@ def eval_job_times(where: Path, runs: int) -> dict:
     walls, rss, phases = [], [], []
     for _ in range(runs):
         started = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "launcher.evals.job", str(run.bundle_dir), str(STEP)], env=env,
+        argv = [sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir), str(STEP)]
+        child = subprocess.Popen(argv, env=env,
                                  stdout=subprocess.DEVNULL, stderr=open(where / "job.err", "w"))  # fmt: skip
         _, status, usage = os.wait4(child.pid, 0)
         walls.append(time.perf_counter() - started)

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from launcher import checkpoint_layout as layout  # noqa: E402
 from launcher import protocol as P  # noqa: E402
-from launcher.node import purge  # noqa: E402
-from launcher.node.retention import Rules, judge  # noqa: E402
+from launcher.retention import purge  # noqa: E402
+from launcher.retention.rules import Rules, judge  # noqa: E402
 from launcher.train.torch_engine import checkpoint  # noqa: E402
 
 RULES = Rules(keep_last=2)
@@ -42,8 +42,8 @@ PURGER = """
 import sys, time
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from launcher.node import purge
-from launcher.node.retention import Rules
+from launcher.retention import purge
+from launcher.retention.rules import Rules
 print("ready", flush=True)
 for line in sys.stdin:
     started = time.perf_counter()

@@ -10,9 +10,10 @@ logs beside it).
    size), `--keep_last 2`, a save every SAVE steps, `--eval_tasks` on two local tasks (tests/test_evals_job.py's: a
    multiple-choice one and a perplexity one) with `--eval_heldout`. The torch engine trains it STEPS steps in one
    process (run_train.py, as tests/test_evals_job.py runs it), every save kept (no supervisor runs here).
-2. Retention at that size: the job's own purge (`launcher.node.purge.purge`, as the supervisor calls it after a
+2. Retention at that size: the job's own purge (`launcher.retention.purge.purge`, as the supervisor calls it after a
    save) with the run's rules, timed, the bytes it freed; what stays (the last two).
-3. The eval job of the last step, `python -m launcher.evals.job BUNDLE STEP` as its batch script runs it: the export,
+3. The eval job of the last step, `python -m launcher.evals.evaljob BUNDLE STEP` as its batch script runs it: the
+   export,
    lm-eval's hf backend (bfloat16 on a GPU, float32 on a CPU) and the held-out loss, each phase timed, with the
    device, the dtype and the GPU-hours its record gives the ledger.
 4. The run resumed from its newest step for SAVE more steps (its config's train_steps raised): its wall time, and
@@ -104,9 +105,9 @@ def main() -> int:
     import torch
 
     from launcher import checkpoint_layout as layout
-    from launcher.bundle import eval_record
-    from launcher.node.purge import purge
-    from launcher.node.retention import Rules
+    from launcher.evals import record as eval_record
+    from launcher.retention.purge import purge
+    from launcher.retention.rules import Rules
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     say(f"# Evals and retention at size: {'tiny (rehearsal)' if args.rehearse else '1b'} on {device}")
@@ -126,7 +127,7 @@ def main() -> int:
             f"in {done.seconds:.2f} s; kept {sorted(layout.complete_steps(root))}")  # fmt: skip
 
         last = max(steps)
-        job = [sys.executable, "-m", "launcher.evals.job", str(run.bundle_dir), str(last)]  # type: ignore[attr-defined]
+        job = [sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir), str(last)]  # type: ignore[attr-defined]
         seconds = timed(job, args.out / "eval-job.log", {**env, "TMPDIR": str(work), "SLURM_JOB_ID": "bench"})
         row = eval_record.rows(run.bundle_dir)[last]  # type: ignore[attr-defined]
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in row["phases_s"].items())

@@ -13,13 +13,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.node import purge
 from launcher.node.job import Job
-from launcher.node.retention import Rules
 from launcher.node.supervisor.attempt import Attempt
 from launcher.node.supervisor.effects import Node, run
 from launcher.node.supervisor.records import take_lock
 from launcher.node.supervisor.state import Allocation
+from launcher.retention import purge
+from launcher.retention.rules import Rules
 
 TRAINING = r"""
 import os, signal, sys, time

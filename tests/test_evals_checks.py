@@ -49,7 +49,7 @@ def test_a_dry_run_with_eval_tasks_imports_nothing_heavy_and_writes_the_eval_scr
     assert "evals        lm-eval on mine_mc, hellaswag: step 10000, the last" in out.stdout
     (script,) = tmp_path.glob("logs/configs/chk/*/eval.sbatch")
     subprocess.run(["shellcheck", "-S", "warning", str(script)], check=True)
-    assert f"-m launcher.evals.job {script.parent}" in script.read_text()
+    assert f"-m launcher.evals.evaljob {script.parent}" in script.read_text()
 
 
 def test_every_problem_the_jobs_python_finds_is_said_at_once(tmp_path: Path, demo_data):

@@ -1,4 +1,4 @@
-"""--eval_tasks and its flags, checked purely (launcher/config/evalcheck.py): the preset read as data, every flag's
+"""--eval_tasks and its flags, checked purely (launcher/config/eval_checks.py): the preset read as data, every flag's
 rule named with its fix, the held-out data really out of training, nanotron main's `lighteval:` section refused with
 the flags that do it here."""
 
@@ -10,9 +10,10 @@ import pytest
 import yaml
 from launcher_helpers import spec_for
 
-from launcher.config import evalcheck, validate
+from launcher.config import validate
 from launcher.config.flags import EvalArgs
 from launcher.errors import ConfigError
+from launcher.evals import checks as eval_checks
 from launcher.runs import launch
 
 
@@ -23,16 +24,16 @@ def problems_of(*flags: str, demo=None) -> dict[str, str]:
 
 
 def test_a_preset_is_data_its_tasks_and_its_own_task_yamls():
-    assert "early-signal" in evalcheck.preset_names() and "lighteval" not in evalcheck.preset_names()
-    found, problems = evalcheck.tasks_of(EvalArgs(eval_tasks="early-signal", eval_include="/data/mine"))
+    assert "early-signal" in eval_checks.preset_names() and "lighteval" not in eval_checks.preset_names()
+    found, problems = eval_checks.tasks_of(EvalArgs(eval_tasks="early-signal", eval_include="/data/mine"))
     assert not problems and found is not None and found.preset == "early-signal"
     assert found.tasks[:2] == ("hellaswag", "arc_easy") and "commonsense_qa_cloze" in found.tasks
-    assert found.include == (str(evalcheck.PRESETS / "tasks"), "/data/mine")
-    named = yaml.safe_load((evalcheck.PRESETS / "tasks" / "commonsense_qa_cloze.yaml").read_text())
+    assert found.include == (str(eval_checks.PRESETS / "tasks"), "/data/mine")
+    named = yaml.safe_load((eval_checks.PRESETS / "tasks" / "commonsense_qa_cloze.yaml").read_text())
     assert named["task"] == "commonsense_qa_cloze" and named["output_type"] == "multiple_choice"
-    plain, _ = evalcheck.tasks_of(EvalArgs(eval_tasks=" hellaswag, arc_easy ,"))
+    plain, _ = eval_checks.tasks_of(EvalArgs(eval_tasks=" hellaswag, arc_easy ,"))
     assert plain is not None and plain.tasks == ("hellaswag", "arc_easy") and plain.preset is None
-    assert evalcheck.tasks_of(EvalArgs())[0] is None
+    assert eval_checks.tasks_of(EvalArgs())[0] is None
 
 
 def test_every_eval_flag_names_its_fix():
@@ -51,7 +52,7 @@ def test_every_eval_flag_names_its_fix():
 
 def test_rank_by_names_a_task_of_a_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert "add --sweep" in problems_of("--eval_tasks", "piqa", "--rank_by", "piqa")["rank_by"]
-    rules = evalcheck.rank_by_problems
+    rules = eval_checks.rank_by_problems
     assert "add --eval_tasks" in rules(EvalArgs(rank_by="piqa"), swept=True)[0].message + rules(
         EvalArgs(rank_by="piqa"), swept=True)[0].fix  # fmt: skip
     assert "not one of --eval_tasks' tasks" in rules(EvalArgs(eval_tasks="piqa", rank_by="arc"), swept=True)[0].message

@@ -15,7 +15,7 @@ from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
 from test_evals_job import STEP, TASKS, eval_job, trained_run, write_tasks
 
-from launcher.bundle import eval_record
+from launcher.evals import record as eval_record
 from launcher.nanotron_config import nanoset, schema
 from launcher.perf.sizes import data_volume
 from launcher.train.data import build_micro_batches

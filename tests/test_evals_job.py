@@ -1,4 +1,4 @@
-"""The eval job on its own (`python -m launcher.evals.job BUNDLE STEP`, as the bundle's eval.sbatch runs it), against
+"""The eval job on its own (`python -m launcher.evals.evaljob BUNDLE STEP`, as eval.sbatch runs it), against
 a tiny run the torch engine trained in one process: two tasks of the test's own over local JSONL (a multiple-choice
 task and a perplexity task) score exactly what `lm_eval` run by hand gives on `jobs export` of that step; the
 held-out loss and bits per byte; the results in the bundle and the record; the lease dropped and the scratch folder
@@ -21,8 +21,9 @@ from launcher_helpers import ROOT
 
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
-from launcher.bundle import eval_record, manifest
-from launcher.node import evals as submissions
+from launcher.bundle import manifest
+from launcher.evals import record as eval_record
+from launcher.evals import record as submissions
 from launcher.runs import launch
 
 STEP = 5
@@ -92,7 +93,7 @@ def eval_job(run: manifest.Manifest, step: int, tmp: Path) -> subprocess.Complet
     tmp.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TMPDIR": str(tmp), "SLURM_JOB_ID": "4242"}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "launcher.evals.job", str(run.bundle_dir), str(step)], env=env,
+    return subprocess.run([sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir), str(step)], env=env,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
 
 
@@ -189,7 +190,7 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
 ):
     from wandb_records import records
 
-    from launcher.evals import job
+    from launcher.evals import evaljob as job
 
     run, _, _ = evaluated
     on = manifest.Manifest(run.path, json.loads(json.dumps(run.data)))  # the same run, launched with W&B on
@@ -224,7 +225,7 @@ def test_an_eval_job_killed_by_slurms_sigterm_records_it_and_leaves_nothing_behi
     tmp.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TMPDIR": str(tmp), "SLURM_JOB_ID": "4343"}  # fmt: skip
-    job = subprocess.Popen([sys.executable, "-m", "launcher.evals.job", str(run.bundle_dir), str(STEP)], env=env,
+    job = subprocess.Popen([sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir), str(STEP)], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 300
     while not (scratch(tmp) and list(scratch(tmp)[0].glob("model/*.safetensors"))):  # (exported: lm-eval next)

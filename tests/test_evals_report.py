@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from launcher import jobs
-from launcher.bundle import eval_record, manifest
+from launcher.bundle import manifest
+from launcher.evals import record as eval_record
+from launcher.evals import record as submissions
 from launcher.evals import report
-from launcher.node import evals as submissions
 from launcher.report import compare
 from launcher.runs import launch, sweep
 

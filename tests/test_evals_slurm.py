@@ -20,8 +20,9 @@ from test_e2e_training import bundles, finish, launch, paced, submitted_job_id, 
 from test_evals_job import TASKS, by_hand, write_tasks
 from test_preemption import last_logged_step
 
-from launcher.bundle import eval_record, manifest
-from launcher.node import evals as submissions
+from launcher.bundle import manifest
+from launcher.evals import record as eval_record
+from launcher.evals import record as submissions
 
 pytestmark = pytest.mark.slurm
 four_slots = test_nanotron_slurm.four_slots  # its fixture: a cluster of 2 nodes x 4 slots (the 8-rank run's)

@@ -1,4 +1,4 @@
-"""The supervisor's side of --eval_tasks (launcher/node/evals.py): which steps are evaluated, the record by step that
+"""The supervisor's side of --eval_tasks (launcher/evals/submit.py): which steps are evaluated, the record by step that
 makes each step's eval job one across restarts, requeues and launches (a kill between the claim and sbatch's answer
 included), sbatch's refusal recorded and said, never raised. Slurm here is a recorder of the commands asked; the
 real submissions are tests/test_evals_slurm.py's, on the local cluster."""
@@ -14,8 +14,9 @@ import pytest
 
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
-from launcher.node import evals
-from launcher.node.evals import Evals, EvalSettings
+from launcher.evals import record as records_of_evals
+from launcher.evals.settings import EvalSettings
+from launcher.evals.submit import Evals
 
 
 def settings(tmp_path: Path, every: int = 10, last: int = 25) -> EvalSettings:
@@ -83,7 +84,7 @@ def test_each_evaluated_step_is_submitted_once_across_supervisors(tmp_path: Path
     assert argv[4:] == [s.script, "10"]
     assert said == [("eval_submitted", {"step": 10, "eval_job": "101", "tasks": "mc, ppl",
                                         "log": f"{tmp_path}/r.eval-10.out"})]  # fmt: skip
-    record = evals.read_record(root, 10)
+    record = records_of_evals.read_record(root, 10)
     assert record is not None and record["state"] == "submitted" and record["job"] == "101" and record["by"] == "7"
     (lease,) = layout.leases(root)  # the step held for its eval job (retention leaves it), no longer for job 7
     assert (lease.step, lease.reader, lease.job) == (10, "eval", "101")
@@ -100,21 +101,23 @@ def test_a_kill_between_the_claim_and_the_record_asks_slurm_for_the_job_first(tm
     s = settings(tmp_path)
     root = Path(s.checkpoints)
     save(root, 10)
-    assert evals.claim(root, 10, by="7")  # sbatch then ran (or not), and the supervisor was killed before the record
+    assert records_of_evals.claim(
+        root, 10, by="7"
+    )  # sbatch then ran (or not), and the supervisor was killed before the record
     slurm = Slurm(named=["55"])  # Slurm knows a job of the step's name: it is the step's
     Evals(s, "8", run=slurm).on_checkpoint()
-    assert slurm.sbatches == [] and evals.read_record(root, 10)["job"] == "55"
-    assert evals.claim(root, 20, by="7")
+    assert slurm.sbatches == [] and records_of_evals.read_record(root, 10)["job"] == "55"
+    assert records_of_evals.claim(root, 20, by="7")
     save(root, 20)
     slurm = Slurm(named=[])  # none: sbatch never ran; submitted now
     Evals(s, "8", run=slurm).on_checkpoint()
-    assert [a[-1] for a in slurm.sbatches] == ["20"] and evals.read_record(root, 20)["state"] == "submitted"
-    assert evals.claim(root, 30, by="7")
+    assert [a[-1] for a in slurm.sbatches] == ["20"] and records_of_evals.read_record(root, 20)["state"] == "submitted"
+    assert records_of_evals.claim(root, 30, by="7")
     save(root, 30)
     slurm = Slurm(named=None)  # squeue does not answer: nothing now, asked again at the next look
     unsure = Evals(s, "8", run=slurm)
     done = next(d for d in unsure.on_checkpoint() if d.step == 30)
-    assert done.retry and slurm.sbatches == [] and evals.read_record(root, 30)["state"] == "submitting"
+    assert done.retry and slurm.sbatches == [] and records_of_evals.read_record(root, 30)["state"] == "submitting"
     slurm.named = []
     unsure.on_checkpoint()
     assert [a[-1] for a in slurm.sbatches] == ["30"]
@@ -126,7 +129,7 @@ def test_a_refusal_is_recorded_and_said_never_raised(tmp_path: Path):
     save(root, 10)
     slurm = Slurm(refuse="sbatch: error: invalid partition specified: cpu")
     Evals(s, "7", say=lambda name, **f: said.append((name, f)), run=slurm).on_checkpoint()
-    record = evals.read_record(root, 10)
+    record = records_of_evals.read_record(root, 10)
     assert record["state"] == "refused" and "invalid partition specified: cpu" in record["cause"]
     assert layout.leases(root) == []  # nothing held for a job that will not run
     assert said[0][0] == "eval_not_submitted" and "invalid partition" in said[0][1]["why"]
@@ -143,7 +146,7 @@ def test_sbatch_that_does_not_answer_leaves_a_claim_that_the_next_look_settles(t
         raise subprocess.TimeoutExpired(argv, 1)
 
     (done,) = Evals(s, "7", run=hangs).on_checkpoint()
-    assert done.retry and evals.read_record(root, 10)["state"] == "submitting"
+    assert done.retry and records_of_evals.read_record(root, 10)["state"] == "submitting"
 
 
 def test_the_job_settings_carry_the_eval_settings(tmp_path: Path):
@@ -160,9 +163,9 @@ def test_the_job_settings_carry_the_eval_settings(tmp_path: Path):
 
 def test_the_record_is_a_file_per_step_under_the_checkpoints(tmp_path: Path):
     root = tmp_path / "ckpt"
-    evals.write_record(root, 40, state="done", job="9")
+    records_of_evals.write_record(root, 40, state="done", job="9")
     (root / P.EVALS_SUBMITTED / "41.json").write_text("{cut sh")  # a record cut short reads as a claim
-    found = evals.records(root)
+    found = records_of_evals.records(root)
     assert found[40]["state"] == "done" and found[41]["state"] == "submitting"
     assert json.loads((root / P.EVALS_SUBMITTED / "40.json").read_text())["job"] == "9"
     assert layout.complete_steps(root) == {}  # not a step's folder

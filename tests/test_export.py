@@ -363,8 +363,8 @@ def test_an_export_holds_its_step_against_the_runs_retention(
     """The run keeps only its newest step (--keep_last 1) and its supervisor purges while `jobs export --step 5`
     reads step 5: the export's lease keeps it; once the export has ended, the next purge removes it."""
     from launcher import checkpoint_layout as layout
-    from launcher.node import purge
-    from launcher.node.retention import Rules
+    from launcher.retention import purge
+    from launcher.retention.rules import Rules
 
     run = _copy(torch_run("0.4"), tmp_path / "t")
     shutil.copytree(run.checkpoints / "5", run.checkpoints / "10")

@@ -16,13 +16,13 @@ import pytest
 from launcher import atomic
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
-from launcher.node import purge as purging
 from launcher.node.job import Job, from_json
-from launcher.node.retention import Rules, judge, most_kept
 from launcher.node.supervisor.attempt import Attempt
 from launcher.node.supervisor.effects import Node
 from launcher.node.supervisor.records import take_lock
 from launcher.node.supervisor.state import Allocation
+from launcher.retention import purge as purging
+from launcher.retention.rules import Rules, judge, most_kept
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,8 +202,8 @@ def test_a_purge_killed_mid_delete_leaves_no_step_that_looks_complete_and_the_ne
     child = f"""
 import os, signal, sys
 from pathlib import Path
-from launcher.node import purge
-from launcher.node.retention import Rules
+from launcher.retention import purge
+from launcher.retention.rules import Rules
 
 def killed_midway(path):
     for n, f in enumerate(sorted(path.iterdir())):

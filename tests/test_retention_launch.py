@@ -20,9 +20,9 @@ from launcher.bundle import render, storage
 from launcher.bundle.records import checkpoint_totals
 from launcher.ledger import breakdown
 from launcher.node import job
-from launcher.node.retention import Rules, most_kept
 from launcher.perf import sizes
 from launcher.report import summary
+from launcher.retention.rules import Rules, most_kept
 
 TINY = ("--dataset", "none", "--warmup_steps", "10", "--train_steps", "200", "--save_interval", "10")
 

@@ -25,7 +25,7 @@ from test_preemption import last_logged_step
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.bundle.records import read_metrics
-from launcher.node.purge import read_record
+from launcher.retention.purge import read_record
 
 FAULTS = Path(__file__).resolve().parent / "fault_points"
 RULES = ("--train_steps", "200", "--save_interval", "10", "--keep_last", "2", "--keep_every", "50")

@@ -22,15 +22,16 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
-from launcher.config import container, evalcheck
+from launcher.config import container
 from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE, time_limit_seconds
 from launcher.config.spec import RunSpec
+from launcher.evals import checks as eval_checks
+from launcher.evals.settings import EvalSettings
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
-from launcher.node.evals import EvalSettings
 from launcher.node.job import Job
-from launcher.node.retention import Rules
 from launcher.perf.sizes import retention_rules
+from launcher.retention.rules import Rules
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -198,7 +199,7 @@ def export_log(paths: BundlePaths) -> Path:
 
 def eval_settings(spec: RunSpec, paths: BundlePaths) -> EvalSettings | None:
     """--eval_tasks: what the supervisor needs to submit the eval jobs (launcher/node/evals.py); None without it."""
-    found, _ = evalcheck.tasks_of(spec.args.evals)
+    found, _ = eval_checks.tasks_of(spec.args.evals)
     if found is None:
         return None
     a = spec.args
@@ -225,7 +226,7 @@ def eval_time_limit(time_limit: str) -> str:
 def eval_script(spec: RunSpec, paths: BundlePaths) -> str:
     """--eval_tasks: the eval job's batch script (templates/eval.sh.j2), in the bundle; its argument is the step."""
     a, e = spec.args, spec.args.evals
-    found, _ = evalcheck.tasks_of(e)
+    found, _ = eval_checks.tasks_of(e)
     assert found is not None, "rendered only with --eval_tasks"
     values = {
         "run_name": a.run_name,

@@ -14,9 +14,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.node.retention import Rules, most_kept
 from launcher.perf.sizes import MIN_BYTES_PER_PARAMETER, Disk, human_bytes
 from launcher.problems import Problem
+from launcher.retention.rules import Rules, most_kept
 
 
 def nearest_existing(path: Path) -> Path:

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import yaml
 
-from launcher.config import dependency_syntax, evalcheck, nanosetcheck
+from launcher.config import dependency_syntax, nanosetcheck
 from launcher.config import dialect_rules as rules
 from launcher.config import facts as cluster
 from launcher.config.facts import ClusterFacts
 from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
 from launcher.config.spec import RunSpec
+from launcher.evals import checks as eval_checks
 from launcher.nanotron_config import dialect, mixture, nanoset_yaml, schema, stages
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.gpus import from_flags
@@ -115,7 +116,7 @@ def _load_base(path: str | None, explicit: set[str], cwd: Path) -> tuple[dict, d
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems, []
-    refused = evalcheck.lighteval_problem(user.get("lighteval"), target)  # never left for nanotron's rank 0
+    refused = eval_checks.lighteval_problem(user.get("lighteval"), target)  # never left for nanotron's rank 0
     user, notes, unread = nanoset_yaml.normalize(dialect.to_canonical(user), lambda f: _absolute(f, cwd))
     problems = rules.model_problems(user, target) + ([refused] if refused else [])
     problems += [Problem("config", f"{where}: {what}", f"fix it in {target}") for where, what in unread]

@@ -21,12 +21,10 @@ from launcher.config import (
     container,
     datacheck,
     dialect_rules,
-    evalcheck,
     extra_env,
     hostlist,
     nanosetcheck,
     ranges,
-    retention,
     runtime,
 )
 from launcher.config.flags import GROUPS
@@ -40,11 +38,13 @@ from launcher.config.slurm_values import (
     time_limit_seconds,
 )
 from launcher.config.spec import RunSpec
+from launcher.evals import checks as eval_checks
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.layout import check_layout
 from launcher.nanotron_config.schema import train_split
 from launcher.problems import Problem
+from launcher.retention import checks as retention_checks
 from launcher.secrets_guard import has_secret_value, secret_assignments
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -318,8 +318,8 @@ def validate(spec: RunSpec) -> list[Problem]:
     layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 and not bounded else []
     layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
-    checks += retention.problems(spec.args.paths)
-    checks += nanosetcheck.problems(spec) + evalcheck.problems(spec)
+    checks += retention_checks.problems(spec.args.paths)
+    checks += nanosetcheck.problems(spec) + eval_checks.problems(spec)
     said = {p.flag for p in bounded}
     return list(dict.fromkeys(_check_secrets(spec) + bounded + [p for p in checks if p.flag not in said]))
 

@@ -10,9 +10,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.bundle import eval_record, manifest, sweep_record
-from launcher.bundle.eval_record import RunEvals
+from launcher.bundle import manifest, sweep_record
 from launcher.errors import LauncherError, SlurmUnavailable
+from launcher.evals import record as eval_record
+from launcher.evals.record import RunEvals
 from launcher.report import pictures
 from launcher.slurm import client
 from launcher.slurm.parse import TERMINAL

@@ -7,14 +7,14 @@ from __future__ import annotations
 from launcher import protocol as P
 from launcher.bundle import files, render
 from launcher.bundle.files import BundlePaths
-from launcher.config import evalcheck
 from launcher.config.spec import RunSpec
+from launcher.evals import checks as eval_checks
 
 
 def write(spec: RunSpec, paths: BundlePaths, data: dict) -> None:
     """The eval job's script, written new into the bundle, and the manifest's (`data`'s) record of it; nothing without
     --eval_tasks. Raises OSError as the bundle's other files do."""
-    found, _ = evalcheck.tasks_of(spec.args.evals)
+    found, _ = eval_checks.tasks_of(spec.args.evals)
     if found is None:
         return
     e = spec.args.evals

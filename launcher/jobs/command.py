@@ -25,9 +25,9 @@ from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.evals import report as evals_report
 from launcher.export.command import export
-from launcher.jobs import checkpoints
 from launcher.ledger.command import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
+from launcher.retention import report as checkpoints_report
 from launcher.runs import rerun, sweep
 from launcher.runs.submission import export_lines, follow_to_end, record_export, report_end
 from launcher.slurm import client, follow
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "export":
         return as_command(lambda: _export(args, argv))
     if args.action == "checkpoints":
-        return as_command(lambda: checkpoints.show(bundle_of(args.target, args.configs_path)))
+        return as_command(lambda: checkpoints_report.show(bundle_of(args.target, args.configs_path)))
     if args.action == "evals":
         return as_command(lambda: _evals(args.target, args.configs_path, args.rank_by))
     if args.action == "diff":

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import protocol as P
-from launcher.node.evals import EvalSettings
-from launcher.node.retention import Rules
+from launcher.evals.settings import EvalSettings
+from launcher.retention.rules import Rules
 
 VERSION = 1  # the file's format: a job refuses a file of another (written by another release of the launcher)
 PATHS = ("bundle", "log", "checkpoints", "python", "project", "train_script", "config", "tmp_dir")

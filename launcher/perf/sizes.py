@@ -16,9 +16,9 @@ from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, nanoset, nanoset_yaml, stages
 from launcher.nanotron_config.schema import get_path, train_split
 from launcher.nanotron_config.shape import ModelShape
-from launcher.node.retention import Rules, most_kept
 from launcher.perf import datasize, fit
 from launcher.perf.memory import estimate
+from launcher.retention.rules import Rules, most_kept
 
 BYTES_PER_PARAMETER = 14  # nanotron's checkpoint: what the summary plans with
 MIN_BYTES_PER_PARAMETER = 12  # what either engine writes at least: what a refusal is based on

@@ -14,8 +14,9 @@ from typing import Any
 import yaml
 
 from launcher import protocol as P
-from launcher.bundle import eval_record, manifest
+from launcher.bundle import manifest
 from launcher.bundle.records import read_metrics
+from launcher.evals import record as eval_record
 from launcher.report import environment as env
 
 TOLERANCE = 1e-6  # losses part where |a - b| > TOLERANCE x max(1, |a|, |b|)

@@ -7,8 +7,8 @@ from pathlib import Path
 from launcher.bundle.files import BundlePaths
 from launcher.bundle.storage import fitting, free_bytes
 from launcher.checkpoint_layout import look
-from launcher.config import evalcheck
 from launcher.config.spec import RunSpec
+from launcher.evals import checks as eval_checks
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
 from launcher.perf.sizes import disk, human_bytes, human_count, retention_rules
@@ -79,7 +79,7 @@ def _stages_note(spec: RunSpec, figures: dict) -> str:
 def _eval_note(spec: RunSpec) -> str:
     """--eval_tasks: which steps, on what, with which tasks (the eval job's script is in the bundle)."""
     e, a = spec.args.evals, spec.args
-    found, _ = evalcheck.tasks_of(e)
+    found, _ = eval_checks.tasks_of(e)
     if found is None:
         return ""
     last = a.training.train_steps

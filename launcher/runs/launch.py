@@ -12,12 +12,13 @@ from typing import NamedTuple
 from launcher import checkpoint_layout
 from launcher import protocol as P
 from launcher.bundle import files, manifest, render
-from launcher.config import cli, container, evalcheck, ranges, validate
+from launcher.config import cli, container, ranges, validate
 from launcher.config.flags import EvalArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
 from launcher.errors import ConfigError, LauncherError, SubmissionError, as_command
 from launcher.evals import checks as eval_checks
+from launcher.evals import probe as eval_probe
 from launcher.evals import script as eval_script
 from launcher.perf import fit, sizes
 from launcher.problems import Problem, report
@@ -51,7 +52,7 @@ def check(
     problems += validate.validate(spec)
     problems += fit.problems(spec, problems)
     problems += checks.problems(spec, problems, ask_slurm=not args.execution.dry_run)
-    problems += eval_checks.problems(spec, problems, ask_slurm=not args.execution.dry_run)  # --eval_tasks'
+    problems += eval_probe.problems(spec, problems, ask_slurm=not args.execution.dry_run)  # --eval_tasks'
     return spec, problems
 
 
@@ -233,7 +234,7 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str, evals: EvalArg
 
     axes, problems = sweep.parse(sweep_text)
     rank_by = evals.rank_by if evals is not None else None
-    problems += evalcheck.rank_by_problems(evals, swept=True) if evals is not None else []
+    problems += eval_checks.rank_by_problems(evals, swept=True) if evals is not None else []
     if problems:
         raise ConfigError(report(problems))
     grid = sweep.points(argv, run_name, axes)

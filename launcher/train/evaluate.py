@@ -2,7 +2,7 @@
 that says an exported model works: its loss (mean cross-entropy of the next token), perplexity and bits per byte on
 held-out text, in float32 on CPU. Run by the export job of `--export_hf` (templates/export.sh.j2) after
 `launcher.export.chained`, whose RESULT (the bundle's export.json) names the folder, and by each eval job of
---eval_heldout (launcher/evals/job.py); the figures are added to RESULT and to the folder's README (its model card).
+--eval_heldout (launcher/evals/evaljob.py); the figures are added to RESULT and to the folder's README (its model card).
 
 Held-out text: HELDOUT where given (--eval_heldout: `split:NAME` of the run's dataset, `tail:N` of its tokenized
 folder, or another local dataset, a tokenized folder too);

@@ -98,7 +98,7 @@ PATCHES = {
     "launcher.train.torch_engine.checkpoint": _torch_checkpoint,
     "launcher.train.nanotron_engine.trainer": _nanotron_trainer,
     "nanotron.serialize.main": _nanotron_serialize,
-    "launcher.node.purge": _purge,
+    "launcher.retention.purge": _purge,
 }
 
 

@@ -16,12 +16,14 @@ from pathlib import Path
 from types import FrameType
 
 from launcher import protocol as P
-from launcher.node import evals, purge, restart, watchdog
+from launcher.evals import submit as evals
+from launcher.node import restart, watchdog
 from launcher.node.job import Job
 from launcher.node.restart import Decision
 from launcher.node.supervisor import decide, records, table
 from launcher.node.supervisor.effects import Effects
 from launcher.node.supervisor.state import SIGNALS, Allocation, Notice, Phase, State, Then, Verdict
+from launcher.retention import purge
 
 STOP_GRACE_S = 60  # after a hang's `stop`: how long the step has to end before srun itself is ended
 DECISION_TIMEOUT_S = 120  # the restart decision's answer, or none

@@ -16,9 +16,9 @@ from launcher import protocol as P
 from launcher.bundle.manifest import Manifest
 from launcher.bundle.records import checkpoint_totals, read_metrics
 from launcher.errors import LauncherError, SlurmUnavailable
-from launcher.node.purge import readers
-from launcher.node.retention import Judged, Rules, judge
 from launcher.perf.sizes import human_bytes
+from launcher.retention.purge import readers
+from launcher.retention.rules import Judged, Rules, judge
 from launcher.slurm import client
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from launcher import atomic
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
-from launcher.node.retention import Rules, judge
+from launcher.retention.rules import Rules, judge
 
 LOOK_EVERY_S = 2.0  # while the step runs: how often the pointers are looked at (one stat each)
 LIVE_STATES = frozenset("PENDING RUNNING SUSPENDED REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SIGNALING CONFIGURING "

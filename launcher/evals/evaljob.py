@@ -1,4 +1,4 @@
-"""`python -m launcher.evals.job BUNDLE STEP`: one eval job (the bundle's eval.sbatch, submitted by the run's
+"""`python -m launcher.evals.evaljob BUNDLE STEP`: one eval job (the bundle's eval.sbatch, submitted by the run's
 supervisor for an evaluated step; docs/evals.md). What the eval job does, in order:
 
 1. the step's record (under the checkpoints, launcher/node/evals.py) says it runs; a lease holds the step (checkpoint
@@ -36,9 +36,9 @@ from typing import Any
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.bundle import manifest
-from launcher.bundle.eval_record import append, write_step
+from launcher.evals import record as submissions
+from launcher.evals.record import append, write_step
 from launcher.export.command import export, run_config
-from launcher.node import evals as submissions
 
 CPU_BATCH = 8  # lm-eval's batch on a CPU (lm_eval --batch_size 8 gives the same scores)
 

@@ -18,8 +18,6 @@ words) and said in the log, and training goes on.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -32,116 +30,14 @@ from pathlib import Path
 
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
+from launcher.evals.record import claim, read_record, write_record
+from launcher.evals.settings import EvalSettings
 
 SBATCH_TIMEOUT_S = 120  # sbatch's answer (it retries by itself for a while when the queue is full)
 SQUEUE_TIMEOUT_S = 60
 LOOK_EVERY_S = 2.0  # while the step runs: how often the pointers are looked at (one stat each)
 OPEN = ("submitting", "submitted", "running")  # a step whose eval job may still run
 Runner = Callable[..., subprocess.CompletedProcess]
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """What the supervisor needs to submit a run's eval jobs (the job's settings hold it: job.json's `evals`)."""
-
-    script: str  # the bundle's eval job script (protocol.EVAL_SCRIPT); its one argument: the step
-    bundle: str  # the run's bundle directory
-    checkpoints: str  # the run's checkpoints folder
-    run_name: str
-    log: str  # the eval job's log, with "{step}" for the step
-    every: int  # --eval_every (0: the last step only)
-    last_step: int  # --train_steps
-    tasks: str  # the tasks, as the log's line names them
-
-    def evaluated(self, step: int) -> bool:
-        """Whether `step`'s checkpoint is evaluated: a multiple of --eval_every, or the run's last step."""
-        return step > 0 and (step == self.last_step or (self.every > 0 and step % self.every == 0))
-
-    def job_name(self, step: int) -> str:
-        return f"{self.run_name}-eval-{step}"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> EvalSettings:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = names - set(data)
-        if missing:
-            raise ValueError(f"the eval settings lack {', '.join(sorted(missing))}")
-        return cls(**{name: data[name] for name in names})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> EvalSettings:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("the eval settings are not a JSON object")
-        return cls.from_dict(data)
-
-
-# -- the record by step, under the checkpoints folder
-
-
-def record_path(root: Path, step: int) -> Path:
-    return root / P.EVALS_SUBMITTED / f"{step}.json"
-
-
-def read_record(root: Path, step: int) -> dict | None:
-    """The step's record; None where there is none (a record cut short reads as a claim: "submitting")."""
-    path = record_path(root, step)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return None
-    try:
-        row = json.loads(text)
-    except ValueError:
-        return {"step": step, "state": "submitting"}
-    return row if isinstance(row, dict) else {"step": step, "state": "submitting"}
-
-
-def records(root: Path) -> dict[int, dict]:
-    """Every step's record: step -> record."""
-    try:
-        names = os.listdir(root / P.EVALS_SUBMITTED)
-    except OSError:
-        return {}
-    found = {}
-    for name in names:
-        stem = name.removesuffix(".json")
-        if name.endswith(".json") and stem.isdigit() and (row := read_record(root, int(stem))) is not None:
-            found[int(stem)] = row
-    return found
-
-
-def write_record(root: Path, step: int, **fields: object) -> dict:
-    """The step's record replaced whole (written beside, then renamed): its fields laid onto what it held."""
-    path = record_path(root, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    row = {**(read_record(root, step) or {}), "step": step, **fields, "time": round(time.time(), 3)}
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    tmp.write_text(json.dumps(row) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return row
-
-
-def claim(root: Path, step: int, **fields: object) -> bool:
-    """The step claimed for submission (its record created, exclusively); False where it has a record already."""
-    path = record_path(root, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    row = {"step": step, "state": "submitting", **fields, "time": round(time.time(), 3)}
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return True
 
 
 # -- Slurm

@@ -1,19 +1,84 @@
-"""A run's evaluations (--eval_tasks), as data: the bundle's evals.jsonl (a JSON object per evaluated step: its
-scores, or its failure and cause; a line cut by a kill is skipped, a step's last line counts) and evals/step-N.json
-(lm-eval's whole results), written by the eval job (launcher/evals/job.py); and the record by step under the run's
-checkpoints (launcher/node/evals.py), which names each step's eval job and the bundle it writes into, across the
-run's launches. Read by `jobs evals`, --show_logs, --rank_by, `jobs diff` and the ledger."""
+"""A run's evaluations as records (docs/evals.md), standard library only (the supervisor, the eval job and the
+launcher's reports read them):
+
+- the record by step under the run's checkpoints (`.evals/<step>.json`), which names each step's eval job and the
+  bundle it writes into, across the run's launches: claimed, submitted, running, done, failed (evals/submit.py);
+- the bundle's evals.jsonl (a JSON object per evaluated step: its scores, or its failure and cause; a line cut by a
+  kill is skipped, a step's last line counts) and evals/step-N.json (lm-eval's whole results), written by the eval job
+  (launcher/evals/evaljob.py). Read by `jobs evals`, --show_logs, --rank_by, `jobs diff` and the ledger."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import atomic
 from launcher import protocol as P
-from launcher.node import evals as submissions
+
+# -- the record by step, under the checkpoints folder
+
+
+def record_path(root: Path, step: int) -> Path:
+    return root / P.EVALS_SUBMITTED / f"{step}.json"
+
+
+def read_record(root: Path, step: int) -> dict | None:
+    """The step's record; None where there is none (a record cut short reads as a claim: "submitting")."""
+    path = record_path(root, step)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return {"step": step, "state": "submitting"}
+    return row if isinstance(row, dict) else {"step": step, "state": "submitting"}
+
+
+def records(root: Path) -> dict[int, dict]:
+    """Every step's record: step -> record."""
+    try:
+        names = os.listdir(root / P.EVALS_SUBMITTED)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        stem = name.removesuffix(".json")
+        if name.endswith(".json") and stem.isdigit() and (row := read_record(root, int(stem))) is not None:
+            found[int(stem)] = row
+    return found
+
+
+def write_record(root: Path, step: int, **fields: object) -> dict:
+    """The step's record replaced whole (written beside, then renamed): its fields laid onto what it held."""
+    path = record_path(root, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    row = {**(read_record(root, step) or {}), "step": step, **fields, "time": round(time.time(), 3)}
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    tmp.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return row
+
+
+def claim(root: Path, step: int, **fields: object) -> bool:
+    """The step claimed for submission (its record created, exclusively); False where it has a record already."""
+    path = record_path(root, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    row = {"step": step, "state": "submitting", **fields, "time": round(time.time(), 3)}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
 
 # The metric a task is ranked and drawn by, where none is named: the first of these it has.
 MAIN_METRICS = ("acc_norm", "acc", "exact_match", "bits_per_byte", "word_perplexity", "byte_perplexity", "f1")
@@ -99,8 +164,8 @@ def of_run(bundle: Path, checkpoints: Path | None) -> RunEvals:
     """Every evaluated step of the run: the rows of this bundle and of the bundles its checkpoints' record names (the
     run's other launches), and the records of the steps with no row."""
     found = RunEvals()
-    records = submissions.records(checkpoints) if checkpoints is not None else {}
-    bundles = dict.fromkeys([bundle, *(Path(r["bundle"]) for r in records.values() if r.get("bundle"))])
+    by_step = records(checkpoints) if checkpoints is not None else {}
+    bundles = dict.fromkeys([bundle, *(Path(r["bundle"]) for r in by_step.values() if r.get("bundle"))])
     for where in bundles:
         for step, row in rows(where).items():
             target = found.done if row.get("state") == "done" else found.failed
@@ -108,7 +173,7 @@ def of_run(bundle: Path, checkpoints: Path | None) -> RunEvals:
                 target[step] = row
                 if target is found.done:
                     found.failed.pop(step, None)
-    for step, record in records.items():
+    for step, record in by_step.items():
         if step in found.done or step in found.failed:
             continue
         if record.get("state") in ("failed", "refused"):

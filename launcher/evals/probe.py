@@ -1,0 +1,103 @@
+"""--eval_tasks' checks before the queue that need more than the flags (theirs: launcher/config/eval_checks.py): what
+the job's Python makes of the tasks (`python -m launcher.evals.tasks`, a child process: the launcher imports neither
+lm-eval nor torch) and Slurm's word on the eval job's partition and GPUs (`sbatch --test-only` of its script, one
+question). Each problem names its flag and the fix."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from launcher.bundle import files, render
+from launcher.config.spec import RunSpec
+from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
+from launcher.evals import checks as eval_checks
+from launcher.problems import Problem
+from launcher.slurm import client
+
+TASKS_TIMEOUT_S = 300  # lm-eval's own index of every task, where the quick scan does not find a name: ~25 s
+INSTALL = "install the project's eval extra into it: pip install 'nanotron-slurm-launcher[eval]' (lm-eval[hf]==0.4.13)"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # as the eval job runs (its --extra_env may differ)
+
+
+def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Problem]:
+    """Every problem the job's Python and Slurm find with the run's evaluation (none without --eval_tasks, or where
+    the eval flags' own checks found some)."""
+    found, _ = eval_checks.tasks_of(spec.args.evals)
+    if found is None or any(p.flag.startswith("eval_") for p in earlier):
+        return []
+    python = render.job_python(spec)
+    out: list[Problem] = []
+    if os.access(python, os.X_OK) or os.sep not in python:
+        env = {**OFFLINE, **spec.extra_env}
+        said = ask(python, found.tasks, found.include, tuple(sorted(env.items())))
+        out += said if isinstance(said, list) else _from_answer(said, python, found)
+    if ask_slurm and not any(p.flag == "eval_partition" for p in earlier):
+        out += _slurm_problems(spec)
+    return out
+
+
+@functools.lru_cache(maxsize=8)  # a sweep's points ask once
+def ask(python: str, tasks: tuple[str, ...], include: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> dict | list:
+    """The job's Python's answer (launcher/evals/tasks.py), or the problems of asking it."""
+    where = {**os.environ, **dict(env), "PYTHONPATH": os.pathsep.join([str(render.PROJECT), os.environ.get(
+        "PYTHONPATH", "")]).rstrip(os.pathsep)}  # fmt: skip
+    asked = json.dumps({"tasks": list(tasks), "include": list(include)})
+    fix = "check --python, or run it by hand: python -m launcher.evals.tasks <<< '" + asked + "'"
+    try:
+        out = subprocess.run([python, "-m", "launcher.evals.tasks"], input=asked, capture_output=True, text=True,
+                             timeout=TASKS_TIMEOUT_S, env=where)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        why = f"{python} did not say in {TASKS_TIMEOUT_S} s which tasks its lm-eval knows"
+        return [Problem("eval_tasks", why, fix)]
+    except OSError as e:
+        return [Problem("eval_tasks", f"{python} cannot run here to check the tasks: {e.strerror or e}", fix)]
+    lines = out.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if out.returncode == 0 and lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        last = (out.stderr.strip().splitlines() or ["no answer"])[-1][:300]
+        return [Problem("eval_tasks", f"{python} could not check the tasks: {last}", fix)]
+    return answer
+
+
+def _from_answer(answer: dict, python: str, found: eval_checks.EvalTasks) -> list[Problem]:
+    if not answer.get("lm_eval"):
+        return [Problem("eval_tasks", f"lm-eval is not installed in the job's Python ({python})", INSTALL)]
+    out = []
+    for task, close in (answer.get("unknown") or {}).items():
+        where = " lm-eval " + answer["lm_eval"] + (" nor --eval_include" if found.include else "")
+        fix = f"did you mean {', '.join(close)}?" if close else "see `lm_eval ls tasks`, or define it in --eval_include"
+        out.append(Problem("eval_tasks", f"{task!r} is not a task, group or tag{where} knows", fix))
+    for why in answer.get("broken") or []:
+        out.append(Problem("eval_include", why, "fix the YAML (lm-eval's task guide: docs/evals.md)"))
+    for why in answer.get("data") or []:
+        fix = "fix the task's data"
+        if "Hub dataset" in why:
+            fix = ("download it once where there is network into a cache the nodes share (HF_HOME, e.g. --extra_env "
+                   "HF_HOME=/shared/hf): docs/evals.md")  # fmt: skip
+        out.append(Problem("eval_tasks", why, fix))
+    return out
+
+
+def _slurm_problems(spec: RunSpec) -> list[Problem]:
+    """Slurm's word on an eval job's script (its partition, its GPUs, its time limit), submitting nothing."""
+    a = spec.args
+    paths = files.paths_for(a.run_name, "check", Path(a.paths.configs_path), Path(a.paths.slurm_scripts_dir),
+                            Path(a.paths.slurm_logs_path), spec.checkpoints_dir)  # fmt: skip
+    try:
+        client.check_submission(render.eval_script(spec, paths))
+    except (QueueFull, SlurmUnavailable):
+        return []  # the cluster's state now (said by the run's own verdict, which asks next)
+    except SubmissionError as e:
+        where = a.evals.eval_partition or a.slurm.partition or "the default partition"
+        gpus = f" with {a.evals.eval_gpus} GPU(s)" if a.evals.eval_gpus else " on CPUs"
+        said = " ".join(str(e).split())
+        return [Problem("eval_partition", f"Slurm would not run an eval job on {where}{gpus}: {said}",
+                        "give --eval_partition (a partition that has such nodes) or --eval_gpus")]  # fmt: skip
+    return []
