@@ -11,9 +11,9 @@ Both engines write under the run's `checkpoints_path`:
 and beside them the launcher's own records: the engine and nanotron dialect the checkpoints were written by, the
 one-writer lock, the experiment tracker's run id, the steps the launcher's engines began to save (`saves`), the
 readers' leases (`.leases/`), a purge's step being deleted (`.purging-<step>-<random>`) and the eval jobs submitted
-(`.evals/`, launcher/node/evals.py). A step is *complete* when its engine's last file is there; the *pointer* names
-the step a resume starts from (written after the step is complete). A *lease* holds a step a reader (an export, an
-eval) reads, until the reader drops it or is gone.
+(`.evals/<step>-<key>.json`, launcher/evals/record.py): this module names every one of them. A step is *complete*
+when its engine's last file is there; the *pointer* names the step a resume starts from (written after the step is
+complete). A *lease* holds a step a reader (an export, an eval) reads, until the reader drops it or is gone.
 """
 
 from __future__ import annotations
@@ -124,6 +124,43 @@ def in_progress(root: Path, step: int) -> str | None:
 
 def step_dir(root: Path, step: int) -> Path:
     return root / str(step)
+
+
+def lock_dir(root: Path) -> Path:
+    """The one-writer lock (a directory: mkdir is atomic), whose holder file names the job that trains the run."""
+    return root / P.LOCK
+
+
+def lock_holder(root: Path) -> str:
+    """The job that holds the run's lock ("" for none, or while it is being written)."""
+    try:
+        return (lock_dir(root) / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def purging_path(root: Path, step: int) -> Path:
+    """Where a purge renames `step` out of the steps' names before it deletes it (a new name each time)."""
+    return root / f"{P.PURGING}{step}-{secrets.token_hex(4)}"
+
+
+def evals_dir(root: Path) -> Path:
+    """The eval submissions' records: `<step>-<key>.json` each (launcher/evals/record.py)."""
+    return root / P.EVALS_SUBMITTED
+
+
+def eval_submission(root: Path, step: int, key: str) -> Path:
+    return evals_dir(root) / f"{step}-{key}.json"
+
+
+def eval_submissions(root: Path) -> list[tuple[int, str, Path]]:
+    """Every eval submission's record in the folder: (step, key, path), by step."""
+    found = []
+    for path in _children(evals_dir(root)):
+        step, _, key = path.name.removesuffix(".json").partition("-")
+        if path.name.endswith(".json") and step.isdigit() and key and not path.name.startswith("."):
+            found.append((int(step), key, path))
+    return sorted(found)
 
 
 def size_of(path: Path) -> int:
@@ -287,6 +324,6 @@ class Folder:
 
 
 def look(root: Path) -> Folder:
-    purging = tuple(sorted(c for c in _children(root) if c.name.startswith(P.PURGING)))
+    purging = tuple(sorted(c for c in _children(root) if c.name.startswith(P.PURGING)))  # (`purging_path`'s)
     return Folder(root, complete_steps(root), tuple(partial_steps(root)), pointer_step(root), saves(root), purging,
                   tuple(leases(root)))  # fmt: skip

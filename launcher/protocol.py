@@ -56,6 +56,14 @@ LEASES = ".leases"  # a reader's lease on a step (an export, an eval): a file ea
 PURGING = ".purging-"  # .purging-<step>-<random>: a step renamed out of the steps' names, being deleted
 EVALS_SUBMITTED = ".evals"  # the eval job of each evaluated step, submitted once across jobs and launches: <step>.json
 
+# Slurm's job states in which a job may still run (pending, running, requeued or held, ...): one set for the whole house
+# (a lock's holder alive, a reader's lease holding, an eval job still to end). SPECIAL_EXIT is a job requeued and held
+# (`scontrol release` lets it run again): live, as Slurm counts it pending still. Every other state is the end.
+LIVE_STATES = frozenset(
+    "PENDING RUNNING SUSPENDED REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SIGNALING CONFIGURING COMPLETING STAGE_OUT "
+    "SPECIAL_EXIT".split()
+)
+
 # What training reads from its environment (set by the node step).
 ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
 ENV_OUTCOME_FILE = "LAUNCHER_OUTCOME_FILE"
@@ -147,6 +155,8 @@ LINES = {
     "it); nothing is removed this time",
     "eval_submitted": "step {step} is evaluated by job {eval_job} ({tasks}; log {log})",
     "eval_not_submitted": "step {step} is not evaluated: {why} (training goes on; jobs evals shows it)",
+    "eval_lost": "eval job {eval_job} of step {step} ended without a result: {why} (`jobs evaluate --steps {step} "
+    "--again` scores it again)",
     "supervisor_failed": "the job's supervisor failed: {error} (a launcher bug: its traceback is above, please report "
     "it); this attempt ends",
 }

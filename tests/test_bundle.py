@@ -135,7 +135,7 @@ def test_a_job_file_of_another_format_is_refused_in_words(tmp_path: Path):
     assert job.from_json(settings.to_json()) == settings
     data = json.loads(settings.to_json())
     for changed, said in (
-        ({"version": 99}, "format 99, where this launcher reads format 1"),
+        ({"version": 99}, f"format 99, where this launcher reads format {job.VERSION}"),
         ({"nodes_typo": 2}, "unknown settings nodes_typo"),
         ({"version": None}, "format None"),
     ):

@@ -33,7 +33,7 @@ from test_interactive import settled
 from test_operations import HANGS_ON, assert_caught_fast_and_named
 from test_preemption import assert_saved_by_the_notice, preempt_and_follow
 
-from launcher.bundle.records import read_metrics
+from launcher import jsonl
 from launcher.config import container
 from launcher.localcluster import ClusterSpec, containers, down, up
 
@@ -78,7 +78,7 @@ def test_training_in_a_container_learns_checkpoints_and_monitors_the_gpus(tmp_pa
     assert record["derived"]["container"] == container.record(str(image))  # path and sha256 of the file
     job_id = record["slurm"]["job_id"]
     assert in_container(spec, job_id) == ["node1", "node2"]
-    losses = [r["loss"] for r in read_metrics(bundle_dir / "metrics.jsonl")]
+    losses = [r["loss"] for r in jsonl.read(bundle_dir / "metrics.jsonl")]
     assert len(losses) == 20 and losses[-1] < losses[0] - 0.3, losses
     assert latest_step(tmp_path / "checkpoints/boxed") == 20
     monitors = {p.name: p.read_text() for p in (tmp_path / "logs/slurm_logs/boxed").glob(f"gpu-{job_id}-*.log")}

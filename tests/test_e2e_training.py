@@ -20,7 +20,7 @@ import pytest
 from launcher_helpers import ROOT
 from nanotron_main import judge, python_with_main
 
-from launcher.bundle.records import read_metrics
+from launcher import jsonl
 from launcher.slurm import client as slurm
 from launcher.train.schedule import lr_at
 from launcher.train.settings import load_train_config
@@ -74,7 +74,7 @@ def steps_of_attempts(bundle_dir: Path, log: str, job_id: str) -> tuple[int, int
     metrics and log directly."""
     second = log.split(f"job {job_id} attempt 2 started ")[1].split()[0]
     boundary = datetime.fromisoformat(second).timestamp()
-    first_steps = [r["step"] for r in read_metrics(bundle_dir / "metrics.jsonl") if r["time"] < boundary]
+    first_steps = [r["step"] for r in jsonl.read(bundle_dir / "metrics.jsonl") if r["time"] < boundary]
     resumed = int(log.split("resumed from checkpoint step ")[1].split()[0]) if "resumed from" in log else 0
     return max(first_steps), resumed
 
@@ -137,7 +137,7 @@ def leftover_processes(job_id: str, conf: str | None = None) -> list[str]:
 
 def assert_continuous(bundle_dir: Path, train_steps: int) -> None:
     """Every step from 1 to train_steps was logged, each with the LR an uninterrupted run would use."""
-    rows = {r["step"]: r for r in read_metrics(bundle_dir / "metrics.jsonl")}
+    rows = {r["step"]: r for r in jsonl.read(bundle_dir / "metrics.jsonl")}
     assert sorted(rows) == list(range(1, train_steps + 1))
     schedule = load_train_config(str(bundle_dir / "config.yaml")).lr
     for step, row in rows.items():
@@ -191,7 +191,7 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     assert code == 0, out
     assert "Job " in out and "ended COMPLETED, exit code 0" in out
     (first,) = bundles(tmp_path, "demo")
-    rows = read_metrics(first / "metrics.jsonl")
+    rows = jsonl.read(first / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 31))
     assert sum(r["loss"] for r in rows[-5:]) / 5 < sum(r["loss"] for r in rows[:5]) / 5 - 0.5
     assert (first / "loss.png").stat().st_size > 10_000 and "loss curve" in out
@@ -207,7 +207,7 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     assert "from the checkpoint at step 30" in out  # said at launch
     assert "resumed from checkpoint step 30" in out  # done by the job
     second = bundles(tmp_path, "demo")[1]
-    assert [r["step"] for r in read_metrics(second / "metrics.jsonl")] == list(range(31, 41))
+    assert [r["step"] for r in jsonl.read(second / "metrics.jsonl")] == list(range(31, 41))
 
     # the job's Python now has nanotron main: resuming 0.4's checkpoints is refused before the queue; started
     # afresh, the run is written in main's dialect (which main's parser accepts) and trains on the cluster
@@ -220,7 +220,7 @@ def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_d
     third = bundles(tmp_path, "demo")[2]
     assert "data_stages" in (third / "config.yaml").read_text()
     (verdict,) = judge(third / "config.yaml")
-    assert "error" not in verdict and [r["step"] for r in read_metrics(third / "metrics.jsonl")] == list(range(1, 6))
+    assert "error" not in verdict and [r["step"] for r in jsonl.read(third / "metrics.jsonl")] == list(range(1, 6))
     assert manifest(third)["outputs"]["checkpoints"] != str(tmp_path / "checkpoints/demo")
     assert latest_step(tmp_path / "checkpoints/demo") == 40  # the earlier run's checkpoints are untouched
 
@@ -237,7 +237,7 @@ def test_a_mixture_of_two_local_datasets_trains(tmp_path: Path, slurm_env: dict,
         (str(demo_data.dataset), 0.7),
         (str(second_dataset), 0.3),
     )
-    assert [r["step"] for r in read_metrics(bundle / "metrics.jsonl")] == list(range(1, 7))
+    assert [r["step"] for r in jsonl.read(bundle / "metrics.jsonl")] == list(range(1, 7))
 
 
 PACED_TRAIN = """

@@ -1,48 +1,66 @@
-"""The supervisor's side of --eval_tasks (launcher/evals/submit.py): which steps are evaluated, the record by step that
-makes each step's eval job one across restarts, requeues and launches (a kill between the claim and sbatch's answer
-included), sbatch's refusal recorded and said, never raised. Slurm here is a recorder of the commands asked; the
-real submissions are tests/test_evals_slurm.py's, on the local cluster."""
+"""The submitter's side of --eval_tasks (launcher/evals/submit.py, record.py): which steps are evaluated, the
+submission record that makes each step's eval job one across restarts, requeues, launches and `jobs evaluate` (a
+kill between the claim and sbatch's answer included), sbatch's refusal recorded and said, never raised, an eval job
+Slurm says ended without a result recorded lost, and the steps still owed an eval. Slurm here is a recorder of the
+commands asked; the real submissions are tests/test_evals_slurm.py's, on the local cluster."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import subprocess
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
 
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
-from launcher.evals import record as records_of_evals
+from launcher.evals import record
 from launcher.evals.settings import EvalSettings
-from launcher.evals.submit import Evals
+from launcher.evals.submit import Evals, submit
+from launcher.node import job as job_file
+from launcher.node.job import Job
 
 
-def settings(tmp_path: Path, every: int = 10, last: int = 25) -> EvalSettings:
-    return EvalSettings(script=str(tmp_path / "eval.sbatch"), bundle=str(tmp_path / "bundle"),
-                        checkpoints=str(tmp_path / "ckpt"), run_name="r", log=str(tmp_path / "r.eval-{step}.out"),
-                        every=every, last_step=last, tasks="mc, ppl")  # fmt: skip
+def job_of(tmp_path: Path, every: int = 10, last: int = 25) -> Job:
+    evals = EvalSettings(("mc", "ppl"), said="mc, ppl", every=every)
+    return Job("r", tmp_path / "bundle", tmp_path / "r.out", tmp_path / "ckpt", Path("/usr/bin/python3"), tmp_path,
+               tmp_path / "train.py", tmp_path / "config.yaml", "auto", 1, 1, tmp_path, train_steps=last,
+               evals=evals)  # fmt: skip
 
 
 class Slurm:
-    """Answers sbatch with the next job id (or a refusal) and squeue with the jobs of a name; records the asks."""
+    """Answers sbatch with the next job id (or a refusal, or no answer), squeue with the jobs of a name and the
+    jobs alive; records the asks and the lines said."""
 
-    def __init__(self, refuse: str = "", named: list[str] | None = None) -> None:
+    def __init__(self, refuse: str = "", named: list[str] | None = None, hang: bool = False) -> None:
         self.asked: list[list[str]] = []
-        self.refuse, self.named, self.next_id = refuse, named, 100
+        self.said: list[tuple[str, dict]] = []
+        self.refuse, self.named, self.hang, self.next_id = refuse, named, hang, 100
+        self.alive: dict[str, bool | None] = {}
 
-    def __call__(self, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
-        self.asked.append(argv)
-        assert "SLURM_JOB_ID" not in (kwargs.get("env") or {})  # the training job's own variables stay out
-        if argv[0] == "squeue":
-            if self.named is None:
-                return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Unable to contact")
-            return subprocess.CompletedProcess(argv, 0, "".join(f"{j}\n" for j in self.named), "")
+    def say(self, name: str, **fields: object) -> None:
+        self.said.append((name, fields))
+
+    def sbatch(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        self.asked.append(list(argv))
+        if self.hang:
+            return subprocess.CompletedProcess(list(argv), 124, "", "sbatch did not answer in 120 s")
         if self.refuse:
-            return subprocess.CompletedProcess(argv, 1, "", self.refuse)
+            return subprocess.CompletedProcess(list(argv), 1, "", self.refuse)
         self.next_id += 1
-        return subprocess.CompletedProcess(argv, 0, f"{self.next_id}\n", "")
+        self.alive[str(self.next_id)] = True
+        return subprocess.CompletedProcess(list(argv), 0, f"{self.next_id}\n", "")
+
+    def jobs_named(self, name: str) -> list[str] | None:
+        self.asked.append(["squeue", f"--name={name}"])
+        return None if self.named is None else list(self.named)
+
+    def jobs_alive(self, jobs: Iterable[str]) -> dict[str, bool | None]:
+        wanted = list(jobs)
+        self.asked.append(["squeue", "-j", ",".join(sorted(wanted))])
+        return {j: self.alive.get(j, False) for j in wanted}
 
     @property
     def sbatches(self) -> list[list[str]]:
@@ -58,114 +76,141 @@ def save(root: Path, step: int) -> None:
 
 
 def test_the_evaluated_steps_are_the_multiples_and_the_last(tmp_path: Path):
-    s = settings(tmp_path, every=10, last=25)
-    assert [step for step in range(0, 40) if s.evaluated(step)] == [10, 20, 25, 30]
-    only_last = settings(tmp_path, every=0, last=25)
+    job = job_of(tmp_path, every=10, last=25)
+    assert [step for step in range(0, 40) if job.evaluated(step)] == [10, 20, 25, 30]
+    only_last = job_of(tmp_path, every=0, last=25)
     assert [step for step in range(0, 40) if only_last.evaluated(step)] == [25]
+    assert not dataclasses.replace(job, evals=None).evaluated(10)
 
 
-def test_the_settings_go_through_json_whole(tmp_path: Path):
-    s = settings(tmp_path)
-    assert EvalSettings.from_json(s.to_json()) == s
-    with pytest.raises(ValueError, match="lack every"):
-        EvalSettings.from_dict({k: v for k, v in s.to_dict().items() if k != "every"})
+def test_the_settings_go_through_job_json_whole_and_say_once_what_the_job_says(tmp_path: Path):
+    job = job_of(tmp_path)
+    again = job_file.from_json(job.to_json())
+    assert again == job and again.evals is not None and again.evals.key == job.evals.key  # type: ignore[union-attr]
+    written = json.loads(job.to_json())["evals"]
+    assert not {"bundle", "checkpoints", "run_name", "train_steps", "last_step", "script", "log"} & set(written)
+    with pytest.raises(ValueError, match="unknown eval settings bundle"):
+        EvalSettings.from_dict({**written, "bundle": "/b"})
+    other = EvalSettings(("mc",), every=10)
+    assert other.key != job.evals.key and EvalSettings(("mc",), every=20).key == other.key  # type: ignore[union-attr]
+    assert job.eval_name(10) == "r-eval-10" and job.eval_log(10) == tmp_path / "r.eval-10.out"
 
 
 def test_each_evaluated_step_is_submitted_once_across_supervisors(tmp_path: Path):
-    s, slurm, said = settings(tmp_path), Slurm(), []
-    root = Path(s.checkpoints)
+    job, slurm = job_of(tmp_path), Slurm()
+    key = job.evals.key  # type: ignore[union-attr]
     for step in (5, 10):
-        save(root, step)
-    first = Evals(s, "7", say=lambda name, **f: said.append((name, f)), run=slurm)
+        save(job.checkpoints, step)
+    first = Evals(job, "7", slurm)
     first.on_checkpoint()
-    assert [a[-1] for a in slurm.sbatches] == ["10"]  # 5 is not a multiple of 10
+    assert [a[-2] for a in slurm.sbatches] == ["10"]  # 5 is not a multiple of 10
     argv = slurm.sbatches[0]
     assert argv[:4] == ["sbatch", "--parsable", "--job-name=r-eval-10", f"--output={tmp_path}/r.eval-10.out"]
-    assert argv[4:] == [s.script, "10"]
-    assert said == [("eval_submitted", {"step": 10, "eval_job": "101", "tasks": "mc, ppl",
-                                        "log": f"{tmp_path}/r.eval-10.out"})]  # fmt: skip
-    record = records_of_evals.read_record(root, 10)
-    assert record is not None and record["state"] == "submitted" and record["job"] == "101" and record["by"] == "7"
-    (lease,) = layout.leases(root)  # the step held for its eval job (retention leaves it), no longer for job 7
-    assert (lease.step, lease.reader, lease.job) == (10, "eval", "101")
+    assert argv[4:] == [str(job.file(P.EVAL_SCRIPT)), "10", key]
+    assert slurm.said == [("eval_submitted", {"step": 10, "eval_job": "101", "tasks": "mc, ppl",
+                                              "log": tmp_path / "r.eval-10.out"})]  # fmt: skip
+    sub = record.submission(job.checkpoints, 10, key)
+    assert sub is not None and sub["state"] == "submitted" and sub["job"] == "101" and sub["by"] == "7"
+    assert EvalSettings.from_dict(sub["settings"]) == job.evals  # what the eval job scores by
     first.on_checkpoint()  # the attempt's end: nothing new
-    Evals(s, "8", run=slurm).on_checkpoint()  # a requeue, a restart, a second launch: the record says it is done
+    Evals(job, "8", slurm).on_checkpoint()  # a requeue, a restart, a second launch: the record says it is done
     assert len(slurm.sbatches) == 1
-    save(root, 20)
-    save(root, 25)
-    Evals(s, "8", run=slurm).on_checkpoint(25)
-    assert [a[-1] for a in slurm.sbatches] == ["10", "20", "25"]
+    save(job.checkpoints, 20)
+    save(job.checkpoints, 25)
+    Evals(job, "8", slurm).on_checkpoint()
+    assert [a[-2] for a in slurm.sbatches] == ["10", "20", "25"]
+    other = EvalSettings(("hellaswag",))  # `jobs evaluate` of step 10 on other tasks: a submission of its own
+    assert submit(job, other, 10, "jobs evaluate", slurm).new and len(slurm.sbatches) == 4
+    assert not submit(job, other, 10, "jobs evaluate", slurm).new and len(slurm.sbatches) == 4
 
 
 def test_a_kill_between_the_claim_and_the_record_asks_slurm_for_the_job_first(tmp_path: Path):
-    s = settings(tmp_path)
-    root = Path(s.checkpoints)
+    job = job_of(tmp_path)
+    key, root = job.evals.key, job.checkpoints  # type: ignore[union-attr]
     save(root, 10)
-    assert records_of_evals.claim(
-        root, 10, by="7"
-    )  # sbatch then ran (or not), and the supervisor was killed before the record
+    assert record.claim(root, 10, key, by="7", bundle=str(job.bundle))  # then killed, sbatch answered or not
     slurm = Slurm(named=["55"])  # Slurm knows a job of the step's name: it is the step's
-    Evals(s, "8", run=slurm).on_checkpoint()
-    assert slurm.sbatches == [] and records_of_evals.read_record(root, 10)["job"] == "55"
-    assert records_of_evals.claim(root, 20, by="7")
+    Evals(job, "8", slurm).on_checkpoint()
+    assert slurm.sbatches == [] and record.submission(root, 10, key)["job"] == "55"  # type: ignore[index]
+    assert record.claim(root, 20, key, by="7", bundle=str(job.bundle))
     save(root, 20)
-    slurm = Slurm(named=[])  # none: sbatch never ran; submitted now
-    Evals(s, "8", run=slurm).on_checkpoint()
-    assert [a[-1] for a in slurm.sbatches] == ["20"] and records_of_evals.read_record(root, 20)["state"] == "submitted"
-    assert records_of_evals.claim(root, 30, by="7")
+    record.write_result(job.bundle, 20, key, {"state": "done", "job": "56", "tasks": {}})  # it ran: Slurm forgot it
+    slurm = Slurm(named=[])
+    Evals(job, "8", slurm).on_checkpoint()
+    assert slurm.sbatches == [] and record.submission(root, 20, key)["job"] == "56"  # type: ignore[index]
+    assert record.claim(root, 30, key, by="7", bundle=str(job.bundle))
     save(root, 30)
+    Evals(job, "8", slurm).on_checkpoint()  # none of the name, no result: sbatch never ran; submitted now
+    assert [a[-2] for a in slurm.sbatches] == ["30"] and record.submission(root, 30, key)["state"] == "submitted"  # type: ignore[index]
+    assert record.claim(root, 40, key, by="7", bundle=str(job.bundle))
+    save(root, 40)
     slurm = Slurm(named=None)  # squeue does not answer: nothing now, asked again at the next look
-    unsure = Evals(s, "8", run=slurm)
-    done = next(d for d in unsure.on_checkpoint() if d.step == 30)
-    assert done.retry and slurm.sbatches == [] and records_of_evals.read_record(root, 30)["state"] == "submitting"
+    unsure = Evals(job, "8", slurm)
+    done = next(d for d in unsure.on_checkpoint() if d.step == 40)
+    assert done.retry and slurm.sbatches == [] and record.submission(root, 40, key)["state"] == "submitting"  # type: ignore[index]
     slurm.named = []
     unsure.on_checkpoint()
-    assert [a[-1] for a in slurm.sbatches] == ["30"]
+    assert [a[-2] for a in slurm.sbatches] == ["40"]
 
 
 def test_a_refusal_is_recorded_and_said_never_raised(tmp_path: Path):
-    s, said = settings(tmp_path), []
-    root = Path(s.checkpoints)
-    save(root, 10)
+    job = job_of(tmp_path)
+    save(job.checkpoints, 10)
     slurm = Slurm(refuse="sbatch: error: invalid partition specified: cpu")
-    Evals(s, "7", say=lambda name, **f: said.append((name, f)), run=slurm).on_checkpoint()
-    record = records_of_evals.read_record(root, 10)
-    assert record["state"] == "refused" and "invalid partition specified: cpu" in record["cause"]
-    assert layout.leases(root) == []  # nothing held for a job that will not run
-    assert said[0][0] == "eval_not_submitted" and "invalid partition" in said[0][1]["why"]
-    Evals(s, "8", run=slurm).on_checkpoint()  # recorded with its cause: not asked again
+    Evals(job, "7", slurm).on_checkpoint()
+    sub = record.submission(job.checkpoints, 10, job.evals.key)  # type: ignore[union-attr]
+    assert sub is not None and sub["state"] == "refused" and "invalid partition specified: cpu" in sub["cause"]
+    assert slurm.said[0][0] == "eval_not_submitted" and "invalid partition" in slurm.said[0][1]["why"]
+    Evals(job, "8", slurm).on_checkpoint()  # recorded with its cause: not asked again
     assert len(slurm.sbatches) == 1
+    assert record.owed(job.checkpoints, [10], job.evaluated) == {}  # settled: the step is no longer owed
 
 
 def test_sbatch_that_does_not_answer_leaves_a_claim_that_the_next_look_settles(tmp_path: Path):
-    s = settings(tmp_path)
-    root = Path(s.checkpoints)
-    save(root, 10)
-
-    def hangs(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
-        raise subprocess.TimeoutExpired(argv, 1)
-
-    (done,) = Evals(s, "7", run=hangs).on_checkpoint()
-    assert done.retry and records_of_evals.read_record(root, 10)["state"] == "submitting"
-
-
-def test_the_job_settings_carry_the_eval_settings(tmp_path: Path):
-    """job.json holds --eval_tasks' settings (the supervisor's Evals is made from them), or none."""
-    from launcher.node import job as job_file
-
-    s = settings(tmp_path)
-    base = job_file.Job("t", tmp_path, tmp_path / "log", tmp_path / "ck", Path("/usr/bin/python3"), tmp_path,
-                        tmp_path / "train.py", tmp_path / "config.yaml", "auto", 1, 1, tmp_path)  # fmt: skip
-    assert job_file.from_json(base.to_json()).evals is None
-    with_evals = job_file.from_json(dataclasses.replace(base, evals=s).to_json())
-    assert with_evals.evals == s and with_evals.evals.evaluated(s.last_step)
+    job = job_of(tmp_path)
+    save(job.checkpoints, 10)
+    slurm = Slurm(hang=True, named=[])
+    evals = Evals(job, "7", slurm)
+    (done,) = evals.on_checkpoint()
+    assert done.retry and record.submission(job.checkpoints, 10, job.evals.key)["state"] == "submitting"  # type: ignore[union-attr,index]
+    slurm.hang = False
+    evals.on_checkpoint()
+    assert record.submission(job.checkpoints, 10, job.evals.key)["state"] == "submitted"  # type: ignore[union-attr,index]
 
 
-def test_the_record_is_a_file_per_step_under_the_checkpoints(tmp_path: Path):
+def test_a_step_is_owed_its_eval_from_its_save_until_its_eval_settles(tmp_path: Path):
+    """The rule retention judges by (launcher/retention/rules.py): owed where --eval_every names the step and it is
+    not submitted yet, where its eval job is queued or runs, where it was interrupted; not once done, failed,
+    refused or lost."""
+    job, slurm = job_of(tmp_path), Slurm()
+    key, root = job.evals.key, job.checkpoints  # type: ignore[union-attr]
+    for step in (5, 10, 20):
+        save(root, step)
+    owed = record.owed(root, [5, 10, 20], job.evaluated)
+    assert set(owed) == {10, 20} and "not submitted yet" in owed[10]
+    Evals(job, "7", slurm).on_checkpoint()
+    assert set(record.owed(root, [5, 10, 20], job.evaluated)) == {10, 20}  # queued
+    record.write_result(job.bundle, 10, key, {"state": "running", "job": "101"})
+    record.write_result(job.bundle, 20, key, {"state": "interrupted", "job": "102"})
+    owed = record.owed(root, [5, 10, 20], job.evaluated)
+    assert owed == {10: "eval job 101 running", 20: "eval job 102 interrupted"}
+    record.write_result(job.bundle, 10, key, {"state": "done", "job": "101", "tasks": {"mc": {"acc": 0.5}}})
+    assert set(record.owed(root, [5, 10, 20], job.evaluated)) == {20}
+    slurm.alive["102"] = False  # Slurm says 102 ended, and its result says interrupted: lost
+    Evals(job, "7", slurm).on_checkpoint()
+    assert record.owed(root, [5, 10, 20], job.evaluated) == {}
+    assert slurm.said[-1][0] == "eval_lost" and slurm.said[-1][1]["step"] == 20
+    found = record.of_run(job.bundle, root)
+    assert (
+        set(found.done) == {10} and set(found.failed) == {20} and "ended while interrupted" in found.failed[20]["cause"]
+    )
+
+
+def test_the_submissions_are_files_per_step_and_key_under_the_checkpoints(tmp_path: Path):
     root = tmp_path / "ckpt"
-    records_of_evals.write_record(root, 40, state="done", job="9")
-    (root / P.EVALS_SUBMITTED / "41.json").write_text("{cut sh")  # a record cut short reads as a claim
-    found = records_of_evals.records(root)
-    assert found[40]["state"] == "done" and found[41]["state"] == "submitting"
-    assert json.loads((root / P.EVALS_SUBMITTED / "40.json").read_text())["job"] == "9"
+    record.note_submission(root, 40, "abc", state="submitted", job="9")
+    (layout.evals_dir(root) / "41-abc.json").write_text("{cut sh")  # a record cut short reads as a claim
+    found = record.submissions(root)
+    assert found[(40, "abc")]["state"] == "submitted" and found[(41, "abc")]["state"] == "submitting"
+    assert json.loads(layout.eval_submission(root, 40, "abc").read_text())["job"] == "9"
     assert layout.complete_steps(root) == {}  # not a step's folder

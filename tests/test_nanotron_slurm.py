@@ -27,7 +27,7 @@ from launcher_helpers import ROOT
 from test_e2e_training import bundles, finish, manifest, saved_by_the_stop, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
-from launcher.bundle.records import read_metrics
+from launcher import jsonl
 from launcher.localcluster import ClusterSpec, down, up
 
 pytestmark = pytest.mark.nanotron_cpu
@@ -84,7 +84,7 @@ def launch(  # fmt: skip
 
 def assert_as_the_reference(bundle_dir: Path, ref: dict[int, dict]) -> None:
     """Every step logged once, each with the reference's LR, its loss within bf16's noise, its grad norm within 1%."""
-    rows = [r for r in read_metrics(bundle_dir / "metrics.jsonl")]
+    rows = [r for r in jsonl.read(bundle_dir / "metrics.jsonl")]
     steps = [r["step"] for r in rows]
     assert sorted(steps) == sorted(ref) and len(steps) == len(set(steps)), steps
     for r in rows:

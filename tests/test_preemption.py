@@ -32,15 +32,15 @@ from test_e2e_training import (
     with_fake_nvidia_smi,
 )
 
+from launcher import jsonl
 from launcher import protocol as P
-from launcher.bundle.records import read_metrics
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
 
 
 def last_logged_step(bundle_dir: Path) -> int:
     path = bundle_dir / "metrics.jsonl"
-    return max((r["step"] for r in read_metrics(path)), default=0) if path.exists() else 0
+    return max((r["step"] for r in jsonl.read(path)), default=0) if path.exists() else 0
 
 
 LOGGED_RUN_TRAIN = """# run_train.py, each micro-batch the torch engine draws logged per rank: [index, token ids]
@@ -159,7 +159,7 @@ def test_a_preempted_run_on_a_slurm_tokenized_folder_reads_what_the_straight_run
     job_id, seen, out, log = preempt_and_follow(tmp_path, slurm_env, demo_data, "onfolder", *flags)
     (bundle_dir,) = bundles(tmp_path, "onfolder")
     assert_saved_by_the_notice(bundle_dir, job_id, seen, out, log, slurm_env)
-    losses = [r["loss"] for r in read_metrics(bundle_dir / "metrics.jsonl")]
+    losses = [r["loss"] for r in jsonl.read(bundle_dir / "metrics.jsonl")]
     assert sum(losses[:10]) / 10 - sum(losses[-10:]) / 10 > 0.3, losses
     preempted, straight = drawn(tmp_path / "onfolder"), straight_run(tmp_path, bundle_dir, 4)
     assert sorted(straight) == [0, 1, 2, 3] and all(len(rows) == 150 for rows in straight.values())

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from launcher import jsonl
 from launcher.bundle import manifest
-from launcher.bundle.records import read_metrics
 from launcher.nanotron_config import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def flags(demo_data) -> list[str]:
 
 
 def losses(bundle: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(bundle / "metrics.jsonl")}
+    return {r["step"]: r["loss"] for r in jsonl.read(bundle / "metrics.jsonl")}
 
 
 def only(directory: Path) -> Path:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher import atomic
+from launcher import atomic, jsonl
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.node.job import Job, from_json
 from launcher.node.supervisor.attempt import Attempt
 from launcher.node.supervisor.effects import Node
+from launcher.node.supervisor.followers import LOOK_EVERY_S, AfterCheckpoints
 from launcher.node.supervisor.records import take_lock
 from launcher.node.supervisor.state import Allocation
 from launcher.retention import purge as purging
@@ -26,7 +27,22 @@ from launcher.retention.rules import Rules, judge, most_kept
 
 ROOT = Path(__file__).resolve().parent.parent
 
-DONE_WHEN = Rules(keep_last=2, keep_every=50, train_steps=200)
+DONE_WHEN = Rules(keep_last=2, keep_every=50)
+
+
+
+class Judged(purging.Unasked):
+    """Retention's effects in a test: Slurm's word on each job from `alive` (False where it names none), the lines
+    kept in `said`."""
+
+    def __init__(self, alive: dict[str, bool], said: list | None = None) -> None:
+        self.alive, self.said = alive, said if said is not None else []
+
+    def say(self, name: str, **fields: object) -> None:
+        self.said.append((name, fields))
+
+    def jobs_alive(self, jobs):
+        return {j: self.alive.get(j, False) for j in jobs}
 
 
 def torch_step(root: Path, step: int, size: int = 10) -> Path:
@@ -153,7 +169,7 @@ def test_a_read_step_stays_while_its_reader_lives_and_goes_once_it_is_gone(tmp_p
         pid_lease = json.loads(layout.take_lease(tmp_path, 20, "eval", env={}).path.read_text())
         pid_lease.update(pid=proc.pid, started=layout._process_start(proc.pid))
         next(p for p in layout.leases(tmp_path) if p.step == 20).path.write_text(json.dumps(pid_lease))
-        done = purging.purge(tmp_path, Rules(keep_last=1), "", lambda jobs: {j: alive.get(j, False) for j in jobs})
+        done = purging.purge(tmp_path, Rules(keep_last=1), "", Judged(alive))
         assert done.removed == [] and sorted(done.kept) == [10, 20, 30]
         plan = judge(layout.look(tmp_path), Rules(keep_last=1), {10: "export (job 77)"})
         assert next(j for j in plan.steps if j.step == 10).kept == ("read by export (job 77)",)
@@ -161,7 +177,7 @@ def test_a_read_step_stays_while_its_reader_lives_and_goes_once_it_is_gone(tmp_p
         proc.kill()
         proc.wait()
     alive["77"] = False
-    done = purging.purge(tmp_path, Rules(keep_last=1), "", lambda jobs: {j: alive.get(j, False) for j in jobs})
+    done = purging.purge(tmp_path, Rules(keep_last=1), "", Judged(alive))
     assert [r["step"] for r in done.removed] == [10, 20]
     assert layout.leases(tmp_path) == [] and not job_lease.path.exists()  # the stale leases dropped
 
@@ -211,7 +227,7 @@ def killed_midway(path):
             os.kill(os.getpid(), signal.SIGKILL)
         f.unlink()
 
-purge.remove_aside = killed_midway
+purge.remove_tree = killed_midway
 purge.purge(Path({str(tmp_path)!r}), Rules(keep_last=1), "")
 """
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
@@ -234,12 +250,12 @@ def test_only_the_holder_of_the_runs_lock_purges(tmp_path: Path):
     assert [r["step"] for r in purging.purge(tmp_path, Rules(keep_last=1), "41").removed] == [10]
 
 
-def simulated_peak(rules: Rules, interval: int, initial: bool) -> int:
+def simulated_peak(rules: Rules, train_steps: int, interval: int, initial: bool) -> int:
     """The most steps on disk at once in a simulated run (the save being written counted), by `judge` itself."""
     complete: set[int] = set()
-    steps = ([0] if initial else []) + list(range(interval, rules.train_steps + 1, interval))
-    if rules.train_steps % interval:
-        steps.append(rules.train_steps)
+    steps = ([0] if initial else []) + list(range(interval, train_steps + 1, interval))
+    if train_steps % interval:
+        steps.append(train_steps)
     peak = 0
     for step in steps:
         peak = max(peak, len(complete) + 1)  # the new one being written beside those kept
@@ -253,20 +269,20 @@ def simulated_peak(rules: Rules, interval: int, initial: bool) -> int:
 @pytest.mark.parametrize("keep_every", [None, 10, 30, 50])
 @pytest.mark.parametrize(("steps", "interval", "initial"), [(200, 10, False), (205, 10, True), (7, 10, False)])
 def test_the_forecasts_count_is_the_most_a_run_keeps_at_once(keep_last, keep_every, steps, interval, initial):
-    rules = Rules(keep_last, keep_every, steps)
+    rules = Rules(keep_last, keep_every)
     if not rules.active:
-        assert most_kept(rules, interval, initial) is None
+        assert most_kept(rules, steps, interval, initial) is None
         return
-    assert most_kept(rules, interval, initial) == simulated_peak(rules, interval, initial)
+    assert most_kept(rules, steps, interval, initial) == simulated_peak(rules, steps, interval, initial)
 
 
 def test_the_forecast_counts_a_long_run_at_once():
     # the last 3 saves, the multiples of 1000 among the 2**40 - 4 older ones, one being written: no loop over saves
-    assert most_kept(Rules(3, 1000, 1 << 40), 1) == 3 + (2**40 - 4) // 1000 + 1
+    assert most_kept(Rules(3, 1000), 1 << 40, 1) == 3 + (2**40 - 4) // 1000 + 1
 
 
 def test_the_rules_travel_as_json():
-    rules = Rules(2, 50, 200, "/b/checkpoints.jsonl")
+    rules = Rules(2, 50)
     assert Rules.from_json(rules.to_json()) == rules and Rules.from_dict(rules.to_dict()) == rules
     assert Rules.from_json("") == Rules() and not Rules.from_json("").active
     assert rules.describe() == "the last 2 and every step that is a multiple of 50"
@@ -280,19 +296,19 @@ def test_the_supervisors_polls_record_each_checkpoint_and_each_purge(tmp_path: P
     looks: list[int] = []
     real_look = layout.look
     monkeypatch.setattr(layout, "look", lambda r: (looks.append(1), real_look(r))[1])
-    keeper = purging.Retention(Rules(1, None, 30, str(record)), root, "", lambda name, **f: said.append((name, f)),
-                               clock=lambda: now[0])  # fmt: skip
-    keeper.poll()  # the attempt's first look, before training saves
-    keeper.thread.join()  # type: ignore[union-attr]
+    keeper = purging.Retention(Rules(1, None), root, "", record, Judged({}, said))
+    follower = AfterCheckpoints(root, [keeper.on_checkpoint], clock=lambda: now[0])
+    follower.poll()  # the attempt's first look, before training saves
+    follower.thread.join()  # type: ignore[union-attr]
     for step in (10, 20, 30):
         layout.note_save(root, step)
         torch_step(root, step, size=1000)
         (root / P.TORCH_POINTER).write_text(f"{step}\n")
-        now[0] += purging.LOOK_EVERY_S
-        keeper.poll(wait=True)
-        keeper.poll(wait=True)  # nothing changed: no look
+        now[0] += LOOK_EVERY_S
+        follower.poll(wait=True)
+        follower.poll(wait=True)  # nothing changed: no look
     assert len(looks) == 4
-    rows = purging.read_record(record)
+    rows = jsonl.read(record)
     assert [r["event"] for r in rows] == ["found", "saved", "saved", "purge", "saved", "purge"], rows
     assert rows[0]["steps"] == [5] and [r["step"] for r in rows if r["event"] == "saved"] == [10, 20, 30]
     assert rows[1]["bytes"] == 1002 and [r["removed"][0]["step"] for r in rows if r["event"] == "purge"] == [10, 20]
@@ -323,9 +339,9 @@ def test_the_resume_points_are_on_disk_before_anything_older_goes(tmp_path: Path
     saved(tmp_path, 10, 20, 30, pointer=P.NANOTRON_POINTER)
     (tmp_path / P.NANOTRON_POINTER).write_text("20")  # 30 complete, the pointer not moved yet
     order: list[str] = []
-    real_durable, real_remove = purging.make_durable, purging.remove_aside
+    real_durable, real_remove = purging.make_durable, purging.remove_tree
     monkeypatch.setattr(purging, "make_durable", lambda p: (order.append(f"sync {p.name}"), real_durable(p)))
-    monkeypatch.setattr(purging, "remove_aside", lambda p: (order.append("remove"), real_remove(p)))
+    monkeypatch.setattr(purging, "remove_tree", lambda p: (order.append("remove"), real_remove(p)))
     purging.purge(tmp_path, Rules(keep_last=1), "")
     assert sorted(order[:2]) == ["sync 20", "sync 30"] and order[2:] == ["remove"]
     assert set(layout.complete_steps(tmp_path)) == {20, 30}

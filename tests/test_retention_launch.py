@@ -63,7 +63,7 @@ def test_the_forecast_refuses_a_peak_the_disk_cannot_hold_and_names_rules_that_f
     assert (
         problem.fix == "keep fewer (--keep_every 90 fits), or give a --checkpoints_path with 354 MB free, or make room"
     )
-    assert most_kept(Rules(2, 90, 200), 10) == 4 < most_kept(Rules(2, 80, 200), 10)  # type: ignore[operator]  # the least that fits
+    assert most_kept(Rules(2, 90), 200, 10) == 4 < most_kept(Rules(2, 80), 200, 10)  # type: ignore[operator]  # the least that fits
     free_space(monkeypatch, disk.peak)
     assert problems_of_spec(spec) == []
 
@@ -78,7 +78,7 @@ def test_a_run_that_removes_nothing_is_told_in_the_summary_not_refused(monkeypat
     note = summary._checkpoint_note(spec, sizes.derived(spec))
     assert note == ("~59.1 MB each, 20 over the run, all kept: 1.18 GB at the end; 413 MB free: not enough for all "
                     "20: --keep_last 6 fits (older ones are then removed), or make room")  # fmt: skip
-    assert most_kept(Rules(6, None, 200), 10) == 7
+    assert most_kept(Rules(6, None), 200, 10) == 7
 
 
 def problems_of_spec(spec) -> list:  # type: ignore[no-untyped-def]
@@ -108,7 +108,8 @@ def test_the_summary_says_the_peak_and_the_script_hands_the_rules_to_the_supervi
            "written): 354 MB at the peak;" in line  # fmt: skip
     (bundle,) = (tmp_path / "logs/configs/r").iterdir()
     settings = job.load(bundle)
-    assert settings.retention == Rules(2, 50, 200, str(bundle / P.CHECKPOINTS_RECORD))
+    assert settings.retention == Rules(2, 50) and settings.train_steps == 200
+    assert settings.file(P.CHECKPOINTS_RECORD) == bundle / P.CHECKPOINTS_RECORD
     assert settings.checkpoints == tmp_path / "checkpoints" / "r"
 
 
@@ -123,7 +124,7 @@ def test_a_weird_bundle_path_reaches_the_supervisor_as_it_is(tmp_path: Path):
     weird = tmp_path / "a'; echo $HOME `x` b"
     spec, _ = spec_for(*TINY, "--keep_last", "3")
     settings = job.from_json(render.job_settings(spec, fixed_paths("t", weird)).to_json())
-    assert settings.retention.record == str(weird / "logs/configs/t/20260101-000000" / P.CHECKPOINTS_RECORD)
+    assert settings.file(P.CHECKPOINTS_RECORD) == weird / "logs/configs/t/20260101-000000" / P.CHECKPOINTS_RECORD
 
 
 def test_the_summary_names_steps_this_launcher_did_not_save(tmp_path: Path):

@@ -23,8 +23,8 @@ from test_e2e_training import assert_continuous, bundles, finish, launch, manife
 from test_preemption import last_logged_step
 
 from launcher import checkpoint_layout as layout
+from launcher import jsonl
 from launcher import protocol as P
-from launcher.bundle.records import read_metrics
 from launcher.retention.purge import read_record
 
 FAULTS = Path(__file__).resolve().parent / "fault_points"
@@ -128,13 +128,13 @@ def test_a_kill_at_each_point_of_a_save_and_a_purge_loses_nothing_promised(
         assert 40 not in complete and [n.split("-")[1] for n in purging_left(root)] == ["40"]
         resumes_at = newest
     assert resumes_at is not None and meta(root, resumes_at)["data_position"] == resumes_at  # one micro-batch a step
-    first = read_metrics(bundles(tmp_path, "fault")[0] / P.METRICS)
+    first = jsonl.read(bundles(tmp_path, "fault")[0] / P.METRICS)
 
     code, out = finish(launch(tmp_path, slurm_env, demo_data, "fault", *flags, nodes="1"), timeout=300)
     assert code == 0, out
     assert f"resumed from checkpoint step {resumes_at} " in out
     first_bundle, second_bundle = bundles(tmp_path, "fault")
-    again = read_metrics(second_bundle / P.METRICS)
+    again = jsonl.read(second_bundle / P.METRICS)
     assert [r["step"] for r in again] == list(range(resumes_at + 1, 201))
     redone = {r["step"]: r["loss"] for r in first if r["step"] > resumes_at}
     assert all(abs(r["loss"] - redone[r["step"]]) < 1e-6 for r in again if r["step"] in redone)  # the same samples
@@ -176,13 +176,13 @@ def test_nanotrons_trainer_keeps_the_same_and_a_save_cut_at_each_point_loses_not
         assert {50, 60} <= complete <= {40, 50, 60} and pointer == 50 and layout.partial_steps(root) == []
     consumed = json.loads((root / "50" / P.NANOTRON_METADATA).read_text())["metas"]["consumed_train_samples"]
     assert consumed == 50 * 8  # dp 2 x micro-batch 2 x accumulation 2 a step
-    first = read_metrics(bundles(tmp_path, "nano")[0] / P.METRICS)
+    first = jsonl.read(bundles(tmp_path, "nano")[0] / P.METRICS)
 
     code, out = run()
     assert code == 0, out[-4000:]
     assert f"resuming from the run's own checkpoints in {root} (latest: 50)" in out
     first_bundle, second_bundle = bundles(tmp_path, "nano")
-    again = read_metrics(second_bundle / P.METRICS)
+    again = jsonl.read(second_bundle / P.METRICS)
     assert [r["step"] for r in again] == list(range(51, 201))
     redone = {r["step"]: r["loss"] for r in first if r["step"] > 50}
     assert redone and all(abs(r["loss"] - redone[r["step"]]) < 1e-3 for r in again if r["step"] in redone)

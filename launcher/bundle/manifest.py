@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import atomic
+from launcher import atomic, jsonl
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, write_new
 from launcher.nanotron_config import provenance
@@ -160,19 +160,10 @@ class Manifest:
         """What each attempt of the job really ran with (`P.RUNTIME_RECORD`, beside the manifest: rank 0 appends a
         line as each attempt starts), in order; an attempt recorded twice (its rendezvous retried) by its last
         line. [] before the job's first attempt, or for a bundle from before the record."""
-        try:
-            text = (self.bundle_dir / P.RUNTIME_RECORD).read_text(encoding="utf-8")
-        except OSError:
-            return []
         found: dict[tuple, dict] = {}
-        for line in text.splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill mid-write
-            if isinstance(rec, dict):
-                found.pop(key := (rec.get("job_id"), rec.get("attempt")), None)
-                found[key] = rec
+        for rec in jsonl.read(self.bundle_dir / P.RUNTIME_RECORD):
+            found.pop(key := (rec.get("job_id"), rec.get("attempt")), None)
+            found[key] = rec
         return list(found.values())
 
     @property

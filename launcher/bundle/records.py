@@ -4,27 +4,17 @@ and per purge, where --keep_last/--keep_every are set: launcher/node/purge.py)."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-
-def read_metrics(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a kill mid-write
-    return rows
+from launcher import jsonl
 
 
 def checkpoint_totals(path: Path) -> dict | None:
     """The checkpoints record totalled: saves seen and their bytes, steps removed and the bytes freed, purges; None
     where the job keeps no such record (no retention rule)."""
-    try:
-        rows = read_metrics(path)
-    except OSError:
+    if not path.is_file():
         return None
+    rows = jsonl.read(path)
     saved = [r for r in rows if r.get("event") == "saved"]
     purges = [r for r in rows if r.get("event") == "purge"]
     return {

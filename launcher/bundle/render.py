@@ -11,7 +11,6 @@ log path, see slurm_values.SBATCH_UNSAFE). Values in comments have line breaks e
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -23,19 +22,16 @@ from launcher import protocol
 from launcher.bundle import template_cache
 from launcher.bundle.files import BundlePaths
 from launcher.config import container
-from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE, time_limit_seconds
+from launcher.config.slurm_values import PLACEMENT, SBATCH_UNSAFE
 from launcher.config.spec import RunSpec
-from launcher.evals import checks as eval_checks
-from launcher.evals.settings import EvalSettings
+from launcher.evals import plan as eval_plan
 from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.node.job import Job
-from launcher.perf.sizes import retention_rules
-from launcher.retention.rules import Rules
+from launcher.perf.sizes import global_batch_tokens, retention_rules
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
-EVAL_TIME_LIMIT_S = 4 * 3600  # an eval job's time limit: the run's, at most this (a week's limit would hold it back)
 
 
 def _comment(value: object) -> str:
@@ -51,7 +47,7 @@ OPTIONS: dict[str, Any] = {  # the Environment's, besides its loader and cache
 }
 
 
-def _environment() -> Environment:
+def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), bytecode_cache=template_cache.cache_for(OPTIONS), **OPTIONS)
     env.filters["q"] = lambda value: shlex.quote(str(value))
     env.filters["comment"] = _comment
@@ -118,6 +114,8 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         nodes=a.slurm.nodes,
         gpus_per_node=a.slurm.gpus_per_node,
         tmp_dir=Path(a.slurm.tmp_dir),
+        train_steps=a.training.train_steps,
+        tokens_per_step=global_batch_tokens(spec),
         spare_nodes=a.slurm.spare_nodes,
         max_requeues=a.slurm.max_requeues,
         max_restarts=a.slurm.max_restarts,
@@ -135,8 +133,8 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         wandb_disabled=a.logging.wandb_disabled,
         extra_env=dict(spec.extra_env),
         heartbeat_s=float(HEARTBEAT_S),
-        retention=_retention(spec, paths),
-        evals=eval_settings(spec, paths),
+        retention=retention_rules(spec),
+        evals=eval_plan.settings_of(spec),
     )
 
 
@@ -163,12 +161,7 @@ def sbatch_script(spec: RunSpec, paths: BundlePaths) -> str:
         "expedited_requeue": spec.expedited_requeue,
         "pre_launch_commands": a.slurm.pre_launch_commands,
     }
-    return _environment().get_template("sbatch.sh.j2").render(**values)
-
-
-def _retention(spec: RunSpec, paths: BundlePaths) -> Rules:
-    """The retention rules as the job's supervisor reads them, with the bundle's record of checkpoints and purges."""
-    return dataclasses.replace(retention_rules(spec), record=str(paths.bundle_dir / protocol.CHECKPOINTS_RECORD))
+    return environment().get_template("sbatch.sh.j2").render(**values)
 
 
 def export_script(spec: RunSpec, paths: BundlePaths) -> str:
@@ -190,61 +183,8 @@ def export_script(spec: RunSpec, paths: BundlePaths) -> str:
         "result": paths.bundle_dir / protocol.EXPORT_RESULT,
         "bundle_dir": paths.bundle_dir,
     }
-    return _environment().get_template("export.sh.j2").render(**values)
+    return environment().get_template("export.sh.j2").render(**values)
 
 
 def export_log(paths: BundlePaths) -> Path:
     return paths.log.with_name(paths.log.name.removesuffix(protocol.LOG_SUFFIX) + protocol.EXPORT_LOG_SUFFIX)
-
-
-def eval_settings(spec: RunSpec, paths: BundlePaths) -> EvalSettings | None:
-    """--eval_tasks: what the supervisor needs to submit the eval jobs (launcher/node/evals.py); None without it."""
-    found, _ = eval_checks.tasks_of(spec.args.evals)
-    if found is None:
-        return None
-    a = spec.args
-    return EvalSettings(str(paths.bundle_dir / protocol.EVAL_SCRIPT), str(paths.bundle_dir), str(paths.checkpoints),
-                        a.run_name, str(eval_log(paths)), a.evals.eval_every or 0, a.training.train_steps,
-                        found.said)  # fmt: skip
-
-
-def eval_log(paths: BundlePaths, step: str = "{step}") -> Path:
-    """An eval job's log, beside the run's: `{step}` for the step (the supervisor's `--output`)."""
-    stem = paths.log.name.removesuffix(protocol.LOG_SUFFIX)
-    return paths.log.with_name(stem + protocol.EVAL_LOG_SUFFIX.replace("{step}", step))
-
-
-def eval_time_limit(time_limit: str) -> str:
-    """The run's time limit, at most EVAL_TIME_LIMIT_S (as HH:MM:SS)."""
-    try:
-        seconds = min(time_limit_seconds(time_limit), EVAL_TIME_LIMIT_S)
-    except ValueError:  # UNLIMITED, INFINITE
-        seconds = EVAL_TIME_LIMIT_S
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def eval_script(spec: RunSpec, paths: BundlePaths) -> str:
-    """--eval_tasks: the eval job's batch script (templates/eval.sh.j2), in the bundle; its argument is the step."""
-    a, e = spec.args, spec.args.evals
-    found, _ = eval_checks.tasks_of(e)
-    assert found is not None, "rendered only with --eval_tasks"
-    values = {
-        "run_name": a.run_name,
-        "python": job_python(spec),
-        "project": PROJECT,
-        "tmp_dir": a.slurm.tmp_dir,
-        "wandb_disabled": a.logging.wandb_disabled,
-        "extra_env": spec.extra_env,
-        "time_limit": eval_time_limit(a.slurm.time_limit),
-        "partition": e.eval_partition or a.slurm.partition,
-        "qos": a.slurm.qos,
-        "account": a.slurm.account,
-        "gpus": e.eval_gpus,
-        "tasks": found.said,
-        "limit": e.eval_limit,
-        "heldout": e.eval_heldout,
-        "log_path": eval_log(paths, "%j"),
-        "script_path": paths.bundle_dir / protocol.EVAL_SCRIPT,
-        "bundle_dir": paths.bundle_dir,
-    }
-    return _environment().get_template("eval.sh.j2").render(**values)

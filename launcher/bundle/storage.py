@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.perf.sizes import MIN_BYTES_PER_PARAMETER, Disk, human_bytes
 from launcher.problems import Problem
-from launcher.retention.rules import Rules, most_kept
+from launcher.retention.rules import Rules
 
 
 def nearest_existing(path: Path) -> Path:
@@ -85,16 +85,16 @@ def fitting(disk: Disk, free: int, save_interval: int, save_initial_state: bool)
     rules, room = disk.rules, free // disk.each
 
     def fits(rules: Rules) -> bool:
-        most = most_kept(rules, save_interval, save_initial_state)
+        most = disk.most_with(rules)
         return most is not None and most <= room
 
     fixes = []
-    last = _largest(lambda n: fits(Rules(n, rules.keep_every, rules.train_steps)), disk.saves)
+    last = _largest(lambda n: fits(Rules(n, rules.keep_every)), disk.saves)
     if last:
         fixes.append(f"--keep_last {last}")
     if save_interval > 0 and rules.keep_every is not None:
-        most_m = max(rules.train_steps // save_interval, 1)
-        m = _smallest(lambda m: fits(Rules(rules.keep_last, m * save_interval, rules.train_steps)), most_m)
+        most_m = max(disk.train_steps // save_interval, 1)
+        m = _smallest(lambda m: fits(Rules(rules.keep_last, m * save_interval)), most_m)
         if m is not None:
             fixes.append(f"--keep_every {m * save_interval}")
     return fixes

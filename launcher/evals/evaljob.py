@@ -1,25 +1,27 @@
-"""`python -m launcher.evals.evaljob BUNDLE STEP`: one eval job (the bundle's eval.sbatch, submitted by the run's
-supervisor for an evaluated step; docs/evals.md). What the eval job does, in order:
+"""`python -m launcher.evals.evaljob BUNDLE/job.json STEP KEY`: one eval job (the bundle's eval.sbatch, submitted by
+the run's supervisor for an evaluated step, or by `jobs evaluate`; docs/evals.md). It reads the job's settings
+(job.json) and the step's submission record (its settings: what to score). What it does, in order:
 
-1. the step's record (under the checkpoints, launcher/node/evals.py) says it runs; a lease holds the step (checkpoint
-   retention leaves a leased step);
-2. the step is exported as `jobs export` exports it (launcher/export/), into a scratch folder under TMPDIR, float32
-   on a CPU (bfloat16 on a GPU);
-3. lm-eval scores it on the run's tasks (its `hf` backend; `vllm` where the job's Python has vLLM and the job a GPU);
-4. with --eval_heldout, its held-out loss and bits per byte (`python -m launcher.train.evaluate`, in a child
-   process: the launcher's side never imports the job's code);
-5. the results: the bundle's evals/step-STEP.json (lm-eval's whole results) and a line of evals.jsonl (step, tokens
-   consumed, every task's metrics, the held-out figures, the job's seconds and GPU-hours, what ran), the run's own
-   W&B run (its id beside the checkpoints) keyed by step and tokens, the record "done";
+1. the step's result (in the bundle, launcher/evals/record.py) says it runs; a lease holds the step;
+2. the step is exported as `jobs export` exports it (launcher/export/), into a scratch folder under the job's
+   TMPDIR, float32 on a CPU (bfloat16 on a GPU); the scratch folders of eval jobs killed before (SIGKILL at their
+   time limit) are removed first;
+3. lm-eval scores it on the tasks (its `hf` backend; `vllm` where the job's Python has vLLM and the job a GPU);
+4. with held-out data, its loss and bits per byte (`python -m launcher.train.evaluate`, in a child process: the
+   launcher's side never imports the job's code);
+5. the result: the bundle's evals/step-STEP-KEY.json (every task's metrics, the held-out figures, lm-eval's whole
+   results, the job's seconds and GPU-hours, what ran), the run's own W&B run (its id beside the checkpoints) keyed
+   by step and tokens;
 6. the lease dropped, the scratch folder removed.
 
-A failure is recorded with its cause (evals.jsonl's line "failed", the record) and the job exits 1; a SIGTERM (a
-preemption, a cancel, the time limit) records "interrupted": Slurm requeues a preempted eval job, which starts the
-step again. Training never waits for an eval job, nor hears of its end.
+A failure is recorded with its cause and the job exits 1; a SIGTERM (a preemption, a cancel, the time limit) records
+"interrupted": Slurm requeues a preempted eval job, which starts the step again. Training never waits for an eval
+job, nor hears of its end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -35,12 +37,17 @@ from typing import Any
 
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
-from launcher.bundle import manifest
-from launcher.evals import record as submissions
-from launcher.evals.record import append, write_step
-from launcher.export.command import export, run_config
+from launcher.errors import SlurmUnavailable
+from launcher.evals import record
+from launcher.evals.settings import EvalSettings
+from launcher.export import checkpoints as found
+from launcher.export.command import write
+from launcher.node import job as job_file
+from launcher.node.job import Job
+from launcher.slurm import client
 
 CPU_BATCH = 8  # lm-eval's batch on a CPU (lm_eval --batch_size 8 gives the same scores)
+SCRATCH = "launcher-eval-"  # <TMPDIR>/launcher-eval-<job>-<step>-<random>: an eval job's scratch folder
 
 
 class Interrupted(BaseException):
@@ -62,7 +69,7 @@ def engine(gpus: int) -> tuple[str, str, str]:
     return "hf", "cuda" if on_gpu else "cpu", "bfloat16" if on_gpu else "float32"
 
 
-def score(model: Path, plan: dict, backend: str, device: str, dtype: str) -> dict:
+def score(model: Path, settings: EvalSettings, backend: str, device: str, dtype: str) -> dict:
     """lm-eval's results for the exported model (its `results`, `groups`, `config`, ...; no samples)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -70,9 +77,9 @@ def score(model: Path, plan: dict, backend: str, device: str, dtype: str) -> dic
     args: dict[str, Any] = {"pretrained": str(model), "dtype": dtype}
     if backend == "vllm":
         args.update(tensor_parallel_size=1, gpu_memory_utilization=0.8)
-    manager = TaskManager(include_path=plan.get("include") or None)
-    results = lm_eval.simple_evaluate(model=backend, model_args=args, tasks=list(plan["tasks"]), device=device,
-                                      batch_size=CPU_BATCH if device == "cpu" else "auto", limit=plan.get("limit"),
+    manager = TaskManager(include_path=list(settings.include) or None)
+    results = lm_eval.simple_evaluate(model=backend, model_args=args, tasks=list(settings.tasks), device=device,
+                                      batch_size=CPU_BATCH if device == "cpu" else "auto", limit=settings.limit,
                                       task_manager=manager, log_samples=False)  # fmt: skip
     if not results:
         raise RuntimeError("lm-eval returned no results")
@@ -99,12 +106,12 @@ def samples_of(results: dict) -> dict[str, int]:
     return {task: int(n.get("effective", 0)) for task, n in counts.items() if isinstance(n, dict)}
 
 
-def heldout(run: manifest.Manifest, model: Path, where: str, scratch: Path) -> dict:
+def heldout(job: Job, model: Path, where: str, scratch: Path) -> dict:
     """The held-out figures (`python -m launcher.train.evaluate --heldout`, with this Python)."""
     result = scratch / "heldout.json"
     result.write_text(json.dumps({"output": str(model)}) + "\n", encoding="utf-8")
-    argv = [sys.executable, "-m", "launcher.train.evaluate", "--config", str(run_config(run)), "--result",
-            str(result), "--heldout", where]  # fmt: skip
+    argv = [sys.executable, "-m", "launcher.train.evaluate", "--config", str(job.config), "--result", str(result),
+            "--heldout", where]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True)
     sys.stdout.write(done.stdout)
     if done.returncode != 0:
@@ -113,11 +120,22 @@ def heldout(run: manifest.Manifest, model: Path, where: str, scratch: Path) -> d
     return {k: figures[k] for k in ("loss", "perplexity", "bits_per_byte", "tokens", "held_out")}
 
 
-def to_wandb(run: manifest.Manifest, row: dict) -> str:
+def project_of(job: Job) -> str | None:
+    """The run's W&B project (its config's general.project)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(job.config.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    return (config.get("general") or {}).get("project")
+
+
+def to_wandb(job: Job, row: dict) -> str:
     """The step's scores in the run's own W&B run (resumed by its id), keyed by step and tokens; what happened."""
-    if run.flags.get("wandb_disabled") or os.environ.get("WANDB_MODE") == "disabled":
+    if job.wandb_disabled or os.environ.get("WANDB_MODE") == "disabled":
         return "disabled"
-    id_file = run.checkpoints / P.WANDB_RUN_ID_FILE
+    id_file = job.checkpoints / P.WANDB_RUN_ID_FILE
     if not id_file.is_file():
         return f"not logged: the run has no W&B run ({id_file})"
     import wandb
@@ -126,7 +144,7 @@ def to_wandb(run: manifest.Manifest, row: dict) -> str:
     values.update({f"eval/heldout/{k}": row["heldout"][k] for k in ("loss", "bits_per_byte")} if row["heldout"] else {})
     shared = os.environ.get("WANDB_MODE", "online") == "online"  # training writes to the same run meanwhile
     settings = wandb.Settings(mode="shared", x_primary=False, x_label=f"eval-{row['step']}") if shared else None
-    w = wandb.init(project=run.flags.get("project"), id=id_file.read_text(encoding="utf-8").strip(), resume="allow",
+    w = wandb.init(project=project_of(job), id=id_file.read_text(encoding="utf-8").strip(), resume="allow",
                    settings=settings)  # fmt: skip
     w.define_metric("eval/tokens")
     w.define_metric("eval/*", step_metric="eval/tokens")
@@ -135,31 +153,28 @@ def to_wandb(run: manifest.Manifest, row: dict) -> str:
     return f"logged to W&B run {w.id}"
 
 
-def evaluate(run: manifest.Manifest, step: int, scratch: Path, started: float) -> dict:
-    plan = run.data["evals"]
-    gpus = int(plan.get("gpus") or 0)
-    backend, device, dtype = engine(gpus)
+def evaluate(job: Job, settings: EvalSettings, step: int, scratch: Path, started: float) -> dict:
+    backend, device, dtype = engine(settings.gpus)
     model = scratch / "model"
     marks = [time.time()]
-    export(run, step, model, dtype, ["export", str(run.bundle_dir), "--step", str(step), "--dtype", dtype])
+    checkpoint = found.find(job.checkpoints, step, job.config)
+    write(job.checkpoints, checkpoint, model, dtype, lambda c: {"run": job.run_name, "step": str(step),
+                                                                  "bundle": str(job.bundle)})  # fmt: skip
     marks.append(time.time())
-    results = score(model, plan, backend, device, dtype)
+    results = score(model, settings, backend, device, dtype)
     marks.append(time.time())
-    figures = heldout(run, model, plan["heldout"], scratch) if plan.get("heldout") else None
+    figures = heldout(job, model, settings.heldout, scratch) if settings.heldout else None
     marks.append(time.time())
     seconds = time.time() - started
     names = ("export", "lm_eval", "heldout")
     phases = {name: round(b - a, 2) for name, a, b in zip(names, marks[:-1], marks[1:], strict=True)}
-    per_step = int((run.data.get("derived") or {}).get("global_batch_tokens") or 0)
-    row = {"step": step, "tokens": step * per_step, "state": "done", "tasks": metrics_of(results),
-           "samples": samples_of(results), "heldout": figures,
-           "job": os.environ.get("SLURM_JOB_ID", ""), "seconds": round(seconds, 1), "gpus": gpus,
-           "gpu_hours": round(seconds * gpus / 3600, 6), "phases_s": phases, "engine": backend, "device": device,
-           "dtype": dtype, "limit": plan.get("limit"),
-           "lm_eval": results.get("lm_eval_version") or _version()}  # fmt: skip
-    write_step(run.bundle_dir, step, {**row, "lm_eval_results": results})
-    row["wandb"] = to_wandb(run, row)
-    return row
+    row = {"state": "done", "tokens": step * job.tokens_per_step, "tasks": metrics_of(results),
+           "samples": samples_of(results), "heldout": figures, "job": os.environ.get("SLURM_JOB_ID", ""),
+           "seconds": round(seconds, 1), "gpus": settings.gpus, "gpu_hours": round(seconds * settings.gpus / 3600, 6),
+           "phases_s": phases, "engine": backend, "device": device, "dtype": dtype, "limit": settings.limit,
+           "settings": settings.to_dict(), "lm_eval": results.get("lm_eval_version") or _version()}  # fmt: skip
+    row["wandb"] = to_wandb(job, {**row, "step": step})
+    return {**row, "lm_eval_results": results}
 
 
 def _version() -> str:
@@ -168,39 +183,74 @@ def _version() -> str:
     return metadata.version("lm_eval")
 
 
-def main(argv: list[str]) -> int:
-    bundle, step = Path(argv[0]), int(argv[1])
-    started = time.time()
-    signal.signal(signal.SIGTERM, _terminated)
-    run = manifest.load(bundle)
-    root, job = run.checkpoints, os.environ.get("SLURM_JOB_ID", "")
-    submissions.write_record(root, step, state="running", job=job, bundle=str(bundle))
-    print(f"eval: job {job or '-'} on {os.uname().nodename}, step {step} of {bundle}", flush=True)
-    lease = layout.take_lease(root, step, "eval")
-    scratch = Path(tempfile.mkdtemp(prefix=f"launcher-eval-{job or os.getpid()}-{step}-"))
+def remove_stale_scratch(tmp: Path, job: str) -> list[str]:
+    """The scratch folders that eval jobs killed outright left under `tmp` (a SIGKILL at the time limit runs no
+    `finally`), removed: those of jobs Slurm says have ended (one query for them all). Their names."""
+    folders = {p: p.name[len(SCRATCH) :].split("-")[0] for p in tmp.glob(f"{SCRATCH}*") if p.is_dir()}
+    others = {p: owner for p, owner in folders.items() if owner.isdigit() and owner != job}
+    if not others:
+        return []
     try:
-        row = evaluate(run, step, scratch, started)
+        states = client.job_states_many(sorted(set(others.values())))
+    except SlurmUnavailable:
+        return []
+    gone = [p for p, owner in others.items() if owner not in states or states[owner].terminal]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in gone]
+
+
+def settings_of(job: Job, step: int, key: str) -> EvalSettings:
+    """What to score: the step's submission record's settings (the run's --eval_tasks where it holds none)."""
+    sub = record.submission(job.checkpoints, step, key) or {}
+    if isinstance(sub.get("settings"), dict):
+        return EvalSettings.from_dict(sub["settings"])
+    if job.evals is not None and job.evals.key == key:
+        return job.evals
+    where = layout.eval_submission(job.checkpoints, step, key)
+    raise RuntimeError(f"no eval settings for step {step} and key {key} in {where}")
+
+
+def main(argv: list[str]) -> int:
+    job, step, key = job_file.load(argv[0]), int(argv[1]), argv[2]
+    started, slurm_job = time.time(), os.environ.get("SLURM_JOB_ID", "")
+    os.environ.update({"TMPDIR": str(job.tmp_dir), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    if job.wandb_disabled:
+        os.environ["WANDB_MODE"] = "disabled"
+    signal.signal(signal.SIGTERM, _terminated)
+    print(f"eval: job {slurm_job or '-'} on {os.uname().nodename}, step {step} of {job.bundle}", flush=True)
+    row: dict = {"state": "running", "job": slurm_job, "started": round(started, 3)}
+    lease, scratch, settings = None, None, None
+    try:
+        record.write_result(job.bundle, step, key, row)
+        settings = settings_of(job, step, key)
+        if removed := remove_stale_scratch(job.tmp_dir, slurm_job):
+            print(f"eval: removed what eval jobs killed before left: {', '.join(removed)}", flush=True)
+        lease = layout.take_lease(job.checkpoints, step, "eval")
+        scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{slurm_job or os.getpid()}-{step}-", dir=job.tmp_dir))
+        row = evaluate(job, settings, step, scratch, started)
     except Interrupted as e:
-        submissions.write_record(root, step, state="interrupted", job=job, cause=str(e))
+        with contextlib.suppress(OSError):
+            record.write_result(job.bundle, step, key, {**row, "state": "interrupted", "cause": str(e)})
         print(f"eval: step {step} interrupted: {e}", file=sys.stderr, flush=True)
         return 128 + signal.SIGTERM
     except Exception as e:  # noqa: BLE001  whatever failed, recorded with its cause: training is not affected
         cause = f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
         seconds = time.time() - started
-        gpus = int(run.data["evals"].get("gpus") or 0)
-        append(run.bundle_dir, {"step": step, "state": "failed", "cause": cause, "job": job,
-                                "seconds": round(seconds, 1), "gpus": gpus,
-                                "gpu_hours": round(seconds * gpus / 3600, 6)})  # fmt: skip
-        submissions.write_record(root, step, state="failed", job=job, cause=cause)
+        gpus = settings.gpus if settings is not None else 0
+        with contextlib.suppress(OSError):
+            record.write_result(job.bundle, step, key, {"state": "failed", "cause": cause, "job": slurm_job,
+                                                        "seconds": round(seconds, 1), "gpus": gpus,
+                                                        "gpu_hours": round(seconds * gpus / 3600, 6)})  # fmt: skip
         print(f"eval: step {step} failed: {cause}", file=sys.stderr, flush=True)
         return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for held in [lease, *(h for h in layout.leases(root) if h.step == step and job and h.job == job)]:
-            layout.drop_lease(held)  # its own, and the one the supervisor took in its name at the submission
-        shutil.rmtree(scratch, ignore_errors=True)
-    append(run.bundle_dir, row)
-    submissions.write_record(root, step, state="done", job=job)
+        if lease is not None:
+            layout.drop_lease(lease)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    record.write_result(job.bundle, step, key, row)
     scores = "; ".join(f"{t} " + ", ".join(f"{m} {v:.4g}" for m, v in ms.items() if "stderr" not in m)
                        for t, ms in row["tasks"].items())  # fmt: skip
     print(f"eval: step {step} ({row['tokens']:,} tokens): {scores} [{row['engine']} on {row['device']}, "

@@ -15,6 +15,7 @@ from launcher.bundle import files, render
 from launcher.config.spec import RunSpec
 from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
 from launcher.evals import checks as eval_checks
+from launcher.evals import script as eval_script
 from launcher.problems import Problem
 from launcher.slurm import client
 
@@ -91,7 +92,7 @@ def _slurm_problems(spec: RunSpec) -> list[Problem]:
     paths = files.paths_for(a.run_name, "check", Path(a.paths.configs_path), Path(a.paths.slurm_scripts_dir),
                             Path(a.paths.slurm_logs_path), spec.checkpoints_dir)  # fmt: skip
     try:
-        client.check_submission(render.eval_script(spec, paths))
+        client.check_submission(eval_script.text(spec, paths))
     except (QueueFull, SlurmUnavailable):
         return []  # the cluster's state now (said by the run's own verdict, which asks next)
     except SubmissionError as e:

@@ -1,76 +1,73 @@
-"""A run's evaluations as records (docs/evals.md), standard library only (the supervisor, the eval job and the
-launcher's reports read them):
+"""A run's evaluations as records (docs/evals.md). Two records per evaluated step and key (what is scored:
+`EvalSettings.key`), each with one writer, read only through here; standard library only (the supervisor, the eval
+job, `jobs evaluate` and the launcher's reports all read them):
 
-- the record by step under the run's checkpoints (`.evals/<step>.json`), which names each step's eval job and the
-  bundle it writes into, across the run's launches: claimed, submitted, running, done, failed (evals/submit.py);
-- the bundle's evals.jsonl (a JSON object per evaluated step: its scores, or its failure and cause; a line cut by a
-  kill is skipped, a step's last line counts) and evals/step-N.json (lm-eval's whole results), written by the eval job
-  (launcher/evals/evaljob.py). Read by `jobs evals`, --show_logs, --rank_by, `jobs diff` and the ledger."""
+- the **submission**, under the run's checkpoints (checkpoint_layout.eval_submission: `.evals/<step>-<key>.json`),
+  which every job and every launch of the run shares, so that a step is evaluated once across requeues, restarts,
+  relaunches and `jobs evaluate`. Its writer is the submitter (the run's supervisor, or `jobs evaluate`): created
+  exclusively before sbatch ("submitting": a claim), then "submitted" (the eval job, the bundle its result goes to,
+  its log), "refused" (sbatch's words) or "lost" (Slurm says the job ended, and it wrote no result). It holds the
+  settings the eval job scores by.
+- the **result**, in the bundle the submission names (`evals/step-<step>-<key>.json`). Its writer is the eval job:
+  "running", then "done" (each task's metrics, the held-out figures, lm-eval's whole results, the job's seconds and
+  GPU-hours), "failed" (the cause) or "interrupted" (a SIGTERM: Slurm requeues it and it runs again).
+
+An eval is *settled* once its result is done or failed, or its submission refused or lost. Until then its step is
+owed the eval (`owed`): checkpoint retention keeps it (launcher/retention/rules.py).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import atomic
+from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 
-# -- the record by step, under the checkpoints folder
+SETTLED_RESULTS = ("done", "failed")
+SETTLED_SUBMISSIONS = ("refused", "lost")
+# The metric a task is ranked and drawn by, where none is named: the first of these it has.
+MAIN_METRICS = ("acc_norm", "acc", "exact_match", "bits_per_byte", "word_perplexity", "byte_perplexity", "f1")
+LOWER_IS_BETTER = frozenset({"bits_per_byte", "word_perplexity", "byte_perplexity", "perplexity", "loss", "gold_bpb"})
 
 
-def record_path(root: Path, step: int) -> Path:
-    return root / P.EVALS_SUBMITTED / f"{step}.json"
-
-
-def read_record(root: Path, step: int) -> dict | None:
-    """The step's record; None where there is none (a record cut short reads as a claim: "submitting")."""
-    path = record_path(root, step)
+def _read(path: Path) -> dict | None:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+        row = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    try:
-        row = json.loads(text)
-    except ValueError:
-        return {"step": step, "state": "submitting"}
-    return row if isinstance(row, dict) else {"step": step, "state": "submitting"}
+    return row if isinstance(row, dict) else None
 
 
-def records(root: Path) -> dict[int, dict]:
-    """Every step's record: step -> record."""
-    try:
-        names = os.listdir(root / P.EVALS_SUBMITTED)
-    except OSError:
-        return {}
-    found = {}
-    for name in names:
-        stem = name.removesuffix(".json")
-        if name.endswith(".json") and stem.isdigit() and (row := read_record(root, int(stem))) is not None:
-            found[int(stem)] = row
-    return found
+# -- the submission (its writer: the submitter)
 
 
-def write_record(root: Path, step: int, **fields: object) -> dict:
-    """The step's record replaced whole (written beside, then renamed): its fields laid onto what it held."""
-    path = record_path(root, step)
+def submission(root: Path, step: int, key: str) -> dict | None:
+    """The step's submission for `key`; None where there is none (a record cut short reads as a claim)."""
+    path = layout.eval_submission(root, step, key)
+    if not path.exists():
+        return None
+    return _read(path) or {"step": step, "key": key, "state": "submitting"}
+
+
+def submissions(root: Path) -> dict[tuple[int, str], dict]:
+    """Every submission of the run: (step, key) -> its record."""
+    return {(step, key): _read(path) or {"step": step, "key": key, "state": "submitting"}
+            for step, key, path in layout.eval_submissions(root)}  # fmt: skip
+
+
+def claim(root: Path, step: int, key: str, **fields: object) -> bool:
+    """The step claimed for submission (its record created exclusively, on disk); False where it has one already."""
+    path = layout.eval_submission(root, step, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    row = {**(read_record(root, step) or {}), "step": step, **fields, "time": round(time.time(), 3)}
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    tmp.write_text(json.dumps(row) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return row
-
-
-def claim(root: Path, step: int, **fields: object) -> bool:
-    """The step claimed for submission (its record created, exclusively); False where it has a record already."""
-    path = record_path(root, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    row = {"step": step, "state": "submitting", **fields, "time": round(time.time(), 3)}
+    row = {"step": step, "key": key, "state": "submitting", **fields, "time": round(time.time(), 3)}
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -80,47 +77,84 @@ def claim(root: Path, step: int, **fields: object) -> bool:
     return True
 
 
-# The metric a task is ranked and drawn by, where none is named: the first of these it has.
-MAIN_METRICS = ("acc_norm", "acc", "exact_match", "bits_per_byte", "word_perplexity", "byte_perplexity", "f1")
-LOWER_IS_BETTER = frozenset({"bits_per_byte", "word_perplexity", "byte_perplexity", "perplexity", "loss"})
-
-
-def append(bundle: Path, row: dict) -> None:
-    """One line of evals.jsonl, in one write (appends of two eval jobs do not interleave)."""
-    line = (json.dumps(row, default=str) + "\n").encode("utf-8")
-    fd = os.open(bundle / P.EVALS_RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
-
-
-def write_step(bundle: Path, step: int, data: dict) -> Path:
-    """evals/step-N.json, replaced whole."""
-    path = bundle / P.EVALS_DIR / f"step-{step}.json"
+def note_submission(root: Path, step: int, key: str, **fields: object) -> dict:
+    """The submission replaced whole (atomic): its fields laid onto what it held."""
+    path = layout.eval_submission(root, step, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.replace(path, json.dumps(data, indent=2, default=str) + "\n")
-    return path
+    row = {**(submission(root, step, key) or {}), "step": step, "key": key, **fields, "time": round(time.time(), 3)}
+    atomic.replace(path, json.dumps(row) + "\n")
+    return row
 
 
-def rows(bundle: Path) -> dict[int, dict]:
-    """The bundle's evaluated steps: step -> its last line."""
+# -- the result (its writer: the eval job)
+
+
+def result_path(bundle: Path, step: int, key: str) -> Path:
+    return bundle / P.EVALS_DIR / f"step-{step}-{key}.json"
+
+
+def result(bundle: Path, step: int, key: str) -> dict | None:
+    return _read(result_path(bundle, step, key))
+
+
+def write_result(bundle: Path, step: int, key: str, row: Mapping[str, object]) -> None:
+    """The eval's result replaced whole (atomic)."""
+    path = result_path(bundle, step, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.replace(path, json.dumps({**row, "step": step, "key": key}, default=str) + "\n")
+
+
+def results(bundle: Path) -> dict[tuple[int, str], dict]:
+    """Every result in a bundle: (step, key) -> its record."""
+    found = {}
     try:
-        text = (bundle / P.EVALS_RECORD).read_text(encoding="utf-8")
+        names = os.listdir(bundle / P.EVALS_DIR)
     except OSError:
         return {}
-    found: dict[int, dict] = {}
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            found[row["step"]] = row
+    for name in names:
+        step, _, key = name.removeprefix("step-").removesuffix(".json").partition("-")
+        if name.startswith("step-") and name.endswith(".json") and step.isdigit() and key:
+            if (row := _read(bundle / P.EVALS_DIR / name)) is not None:
+                found[(int(step), key)] = row
     return found
 
 
-def main_metric(metrics: dict[str, float], asked: str | None = None) -> str | None:
+def result_of(sub: Mapping) -> dict | None:
+    """The result of a submission, in the bundle it names (None: none yet)."""
+    bundle = sub.get("bundle")
+    if not bundle or not isinstance(sub.get("step"), int):
+        return None
+    return result(Path(str(bundle)), int(sub["step"]), str(sub.get("key") or ""))  # type: ignore[call-overload]
+
+
+def settled(sub: Mapping, res: Mapping | None) -> bool:
+    """Whether an eval has ended for good: its result done or failed, or its submission refused or lost."""
+    return (res is not None and res.get("state") in SETTLED_RESULTS) or sub.get("state") in SETTLED_SUBMISSIONS
+
+
+def owed(root: Path, steps: Iterable[int], evaluated: Callable[[int], bool]) -> dict[int, str]:
+    """step -> why an eval is still owed it, of `steps` (the complete ones): a step `evaluated` names with no
+    submission yet, and every step with a submission not settled."""
+    subs: dict[int, list[dict]] = {}
+    for (step, _), sub in submissions(root).items():
+        subs.setdefault(step, []).append(sub)
+    found = {}
+    for step in steps:
+        mine = subs.get(step, [])
+        if not mine and evaluated(step):
+            found[step] = "--eval_every names it; not submitted yet"
+        for sub in mine:
+            res = result_of(sub)
+            if not settled(sub, res):
+                job = f"eval job {sub['job']}" if sub.get("job") else "its eval job"
+                found[step] = f"{job} {(res or sub).get('state', 'submitting')}"
+    return found
+
+
+# -- a run's evaluations, read
+
+
+def main_metric(metrics: Mapping[str, float], asked: str | None = None) -> str | None:
     """The metric a task's score is: `asked` where it has it, else the first of MAIN_METRICS it has."""
     if asked:
         return asked if asked in metrics else None
@@ -133,12 +167,13 @@ def better(metric: str, a: float, b: float) -> bool:
 
 @dataclass
 class RunEvals:
-    """A run's evaluations: every evaluated step's row (from whichever launch's bundle evaluated it), and the steps
-    whose eval job has no result yet or none at all (their record: submitted, running, refused, interrupted...)."""
+    """A run's evaluations by step: the results done (a step's keys merged: every task it was scored on), failed
+    (a result's cause, or a submission refused or lost), and open (submitted, running, interrupted: no end yet)."""
 
-    done: dict[int, dict] = field(default_factory=dict)  # step -> its row (state "done")
-    failed: dict[int, dict] = field(default_factory=dict)  # step -> its row or record (state "failed", a cause)
-    open: dict[int, dict] = field(default_factory=dict)  # step -> its record (submitted, running, ...)
+    done: dict[int, dict] = field(default_factory=dict)  # step -> its merged row (state "done")
+    failed: dict[int, dict] = field(default_factory=dict)  # step -> its result or submission (a cause)
+    open: dict[int, dict] = field(default_factory=dict)  # step -> its submission (and its result's state)
+    spent: float = 0.0  # the GPU-hours of every eval job that wrote a result
 
     @property
     def tasks(self) -> list[str]:
@@ -157,27 +192,38 @@ class RunEvals:
         return chosen, points
 
     def gpu_hours(self) -> float:
-        return sum(float(r.get("gpu_hours") or 0) for r in [*self.done.values(), *self.failed.values()])
+        return self.spent
+
+
+def _merge(into: dict | None, row: dict) -> dict:
+    if into is None:
+        return {**row, "tasks": dict(row.get("tasks") or {})}
+    into["tasks"].update(row.get("tasks") or {})
+    into["heldout"] = into.get("heldout") or row.get("heldout")
+    return into
 
 
 def of_run(bundle: Path, checkpoints: Path | None) -> RunEvals:
-    """Every evaluated step of the run: the rows of this bundle and of the bundles its checkpoints' record names (the
-    run's other launches), and the records of the steps with no row."""
+    """Every evaluation of the run: the results of this bundle and of the bundles its checkpoints' submissions name
+    (the run's other launches, `jobs evaluate`), and the submissions with no settled result."""
     found = RunEvals()
-    by_step = records(checkpoints) if checkpoints is not None else {}
-    bundles = dict.fromkeys([bundle, *(Path(r["bundle"]) for r in by_step.values() if r.get("bundle"))])
+    subs = submissions(checkpoints) if checkpoints is not None else {}
+    bundles = dict.fromkeys([bundle, *(Path(str(s["bundle"])) for s in subs.values() if s.get("bundle"))])
+    seen: dict[tuple[int, str], dict] = {}
     for where in bundles:
-        for step, row in rows(where).items():
-            target = found.done if row.get("state") == "done" else found.failed
-            if step not in found.done:
-                target[step] = row
-                if target is found.done:
-                    found.failed.pop(step, None)
-    for step, record in by_step.items():
-        if step in found.done or step in found.failed:
-            continue
-        if record.get("state") in ("failed", "refused"):
-            found.failed[step] = record
-        else:
-            found.open[step] = record
+        seen.update(results(where))
+    for (step, _), row in sorted(seen.items()):
+        found.spent += float(row.get("gpu_hours") or 0)
+        if row.get("state") == "done":
+            found.done[step] = _merge(found.done.get(step), row)
+            found.failed.pop(step, None)
+        elif row.get("state") == "failed" and step not in found.done:
+            found.failed[step] = row
+    for (step, key), sub in sorted(subs.items()):
+        row = seen.get((step, key))
+        if settled(sub, row):
+            if (row is None or row.get("state") not in SETTLED_RESULTS) and step not in found.done:
+                found.failed[step] = sub  # refused, or lost
+        elif step not in found.done:
+            found.open[step] = {**sub, "result": (row or {}).get("state")}
     return found

@@ -1,8 +1,8 @@
 """A run's or a sweep's evaluations on the screen: `python -m launcher.jobs evals BUNDLE|SWEEP|JOB_ID` (the table of
 step x task with the tokens consumed, and the picture: score against tokens, a panel per task, a line per point of a
 sweep), the end of --show_logs (the table so far, and which eval jobs still run), a sweep's points ranked by an
-eval score (--rank_by), the eval line of the ledger. Reads the bundles' records (launcher/bundle/eval_record.py);
-asks Slurm once, for the eval jobs that have no result yet."""
+eval score (--rank_by), the eval line of the ledger. Reads the run's eval records (launcher/evals/record.py) and
+its job's settings (job.json); asks Slurm once, for the eval jobs that have no result yet."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from launcher.bundle import manifest, sweep_record
 from launcher.errors import LauncherError, SlurmUnavailable
 from launcher.evals import record as eval_record
 from launcher.evals.record import RunEvals
+from launcher.evals.settings import EvalSettings
+from launcher.node import job as job_file
 from launcher.report import pictures
 from launcher.slurm import client
+from launcher.slurm.follow import Cadence
 from launcher.slurm.parse import TERMINAL
 
 PICTURE = "evals.png"
@@ -25,9 +28,17 @@ def of(run: manifest.Manifest) -> RunEvals:
     return eval_record.of_run(run.bundle_dir, run.checkpoints)
 
 
+def settings(run: manifest.Manifest) -> EvalSettings | None:
+    """The run's --eval_tasks as its job reads them (None: none, or a bundle of another release)."""
+    try:
+        return job_file.load(run.bundle_dir).evals
+    except job_file.JobFileError:
+        return None
+
+
 def asked(run: manifest.Manifest) -> bool:
-    """Whether the run was launched with --eval_tasks."""
-    return isinstance(run.data.get("evals"), dict)
+    """Whether the run is evaluated: launched with --eval_tasks, or steps of it given to `jobs evaluate`."""
+    return settings(run) is not None or bool(eval_record.submissions(run.checkpoints))
 
 
 def open_states(found: RunEvals) -> dict[str, str]:
@@ -80,7 +91,7 @@ def table(found: RunEvals, states: dict[str, str] | None = None, indent: str = "
             why = f": {r['cause']}" if r.get("cause") else ""
             lines.append(f"{indent}step {step}: eval job {r.get('job')} ended {state} without a result{why}")
         else:
-            running.append(f"step {step} (job {r.get('job') or '?'}, {state or r.get('state', '?')})")
+            running.append(f"step {step} (job {r.get('job') or '?'}, {state or r.get('result') or r.get('state', '?')})")
     if running:
         lines.append(f"{indent}still to end: " + ", ".join(running))
     if not lines:
@@ -91,16 +102,18 @@ def table(found: RunEvals, states: dict[str, str] | None = None, indent: str = "
 def run_lines(run: manifest.Manifest, ask_slurm: bool = True) -> list[str]:
     """The run's evaluations as `jobs evals` and the end of --show_logs say them."""
     found = of(run)
-    plan = run.data.get("evals") or {}
     name = run.data.get("run_name") or run.bundle_dir.parent.name
-    head = f"Evals of {name} (lm-eval: {', '.join(plan.get('tasks', []))})"
+    tasks = found.tasks or list((settings(run) or EvalSettings(())).tasks)
+    head = f"Evals of {name} (lm-eval: {', '.join(tasks) or 'no task yet'})"
     return [head, *table(found, open_states(found) if ask_slurm else None)]
 
 
-def wait(bundles: list[Path], every_s: float = 15.0) -> None:
-    """Until no eval job of these runs is still to end (Slurm asked once a look, for all of them)."""
+def wait(bundles: list[Path], every_s: float | None = None) -> None:
+    """Until no eval job of these runs is still to end (Slurm asked once a look, for all of them; a look every
+    LAUNCHER_POLL_SECONDS, as the follower's)."""
     import time
 
+    every_s = every_s if every_s is not None else Cadence.from_env().quiet
     while True:
         jobs = [str(r["job"]) for b in bundles for r in of(manifest.load(b)).open.values() if r.get("job")]
         if not jobs:
@@ -121,7 +134,7 @@ def ledger_line(run: manifest.Manifest) -> str | None:
     found = of(run)
     jobs = len(found.done) + len(found.failed)
     seconds = sum(float(r.get("seconds") or 0) for r in [*found.done.values(), *found.failed.values()])
-    on = "GPUs" if (run.data["evals"].get("gpus") or 0) else "CPUs"
+    on = "GPUs" if any(int(r.get("gpus") or 0) for r in [*found.done.values(), *found.failed.values()]) else "CPUs"
     still = f", {len(found.open)} still to end" if found.open else ""
     return f"{found.gpu_hours():.3f} GPU-hours in {jobs} eval job(s) on {on} ({seconds / 3600:.3f} hours{still}), apart"
 
@@ -179,7 +192,9 @@ def command(target: manifest.Manifest | Path, rank_by: str | None = None) -> int
     """`jobs evals`: a run's (its manifest) or a sweep's (its record's directory) evaluations, and the picture."""
     if isinstance(target, manifest.Manifest):
         if not asked(target):
-            raise LauncherError(f"{target.bundle_dir} was launched without --eval_tasks: no evals to show")
+            raise LauncherError(f"{target.bundle_dir} was launched without --eval_tasks and none of its steps was "
+                                "evaluated: evaluate some with `python -m launcher.jobs evaluate BUNDLE --eval_tasks "
+                                "TASKS`")  # fmt: skip
         print("\n".join(run_lines(target)))
         drawn = picture({"run": of(target)}, target.bundle_dir / PICTURE, f"{target.data.get('run_name')}: evals")
         if drawn:

@@ -1,6 +1,7 @@
-"""--eval_tasks at launch: the eval job's script written into the bundle (templates/eval.sh.j2, beside the run's),
-and what the eval jobs are to do recorded in the manifest (`evals`: the tasks, the folders of task YAMLs, the steps,
-the limit, the GPUs, the held-out data), where the eval job reads it."""
+"""The eval job's batch script (templates/eval.sh.j2), written into every bundle beside the run's: the run's
+supervisor submits it for each step --eval_tasks evaluates, and `python -m launcher.jobs evaluate` for the steps it
+is asked to. A pure function of the job's settings (job.json) and the run's eval flags; what it scores is the
+step's record's (launcher/evals/record.py), named by the script's second argument."""
 
 from __future__ import annotations
 
@@ -8,26 +9,30 @@ from launcher import protocol as P
 from launcher.bundle import files, render
 from launcher.bundle.files import BundlePaths
 from launcher.config.spec import RunSpec
-from launcher.evals import checks as eval_checks
+from launcher.evals import plan
+from launcher.evals.settings import EvalSettings
+
+
+def text(spec: RunSpec, paths: BundlePaths) -> str:
+    """The eval job's batch script: its #SBATCH defaults are the run's eval flags (without --eval_tasks: one node's
+    CPUs on the run's partition, the default time limit)."""
+    a = spec.args
+    unasked = EvalSettings((), partition=a.slurm.partition or "", time_limit=plan.time_limit(spec))
+    evals = plan.settings_of(spec) or unasked
+    values = {
+        "job": render.job_settings(spec, paths),
+        "job_file": paths.job,
+        "evals": evals,
+        "default_time_limit": plan.time_limit(spec),
+        "qos": a.slurm.qos,
+        "account": a.slurm.account,
+    }
+    return render.environment().get_template("eval.sh.j2").render(**values)
 
 
 def write(spec: RunSpec, paths: BundlePaths, data: dict) -> None:
-    """The eval job's script, written new into the bundle, and the manifest's (`data`'s) record of it; nothing without
-    --eval_tasks. Raises OSError as the bundle's other files do."""
-    found, _ = eval_checks.tasks_of(spec.args.evals)
-    if found is None:
-        return
-    e = spec.args.evals
+    """The eval job's script, written new into the bundle, and the manifest's (`data`'s) record of it. Raises OSError
+    as the bundle's other files do."""
     script = paths.bundle_dir / P.EVAL_SCRIPT
-    sha = files.write_new(script, render.eval_script(spec, paths), mode=0o755)
+    sha = files.write_new(script, text(spec, paths), mode=0o755)
     data["files"]["eval_script"] = {"path": str(script), "sha256": sha}
-    data["outputs"]["eval_log"] = str(render.eval_log(paths))
-    data["evals"] = {
-        **found.record(),
-        "every": e.eval_every or 0,
-        "last_step": spec.args.training.train_steps,
-        "limit": e.eval_limit,
-        "gpus": e.eval_gpus,
-        "heldout": e.eval_heldout,
-        "partition": e.eval_partition or spec.args.slurm.partition,
-    }

@@ -1,9 +1,12 @@
-"""The eval jobs' settings as the job's supervisor reads them (job.json's `evals`, launcher/node/job.py's `Job`):
-which steps are evaluated, the eval job's script, name and log. Standard library only (the supervisor's side)."""
+"""--eval_tasks and its flags as the job reads them (job.json's `evals`, in launcher/node/job.py's `Job`): what each
+eval job scores and where it runs. Which steps are evaluated, and the eval job's name and log, are the job's
+(`Job.evaluated`, `Job.eval_name`, `Job.eval_log`): the run's name, bundle, log and last step are said once, in the
+job's settings. Standard library only (the supervisor's side)."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,23 +14,28 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """What the supervisor needs to submit a run's eval jobs (the job's settings hold it: job.json's `evals`)."""
+    """What the eval jobs do: the run's own (--eval_tasks), or those `jobs evaluate` asks for."""
 
-    script: str  # the bundle's eval job script (protocol.EVAL_SCRIPT); its one argument: the step
-    bundle: str  # the run's bundle directory
-    checkpoints: str  # the run's checkpoints folder
-    run_name: str
-    log: str  # the eval job's log, with "{step}" for the step
-    every: int  # --eval_every (0: the last step only)
-    last_step: int  # --train_steps
-    tasks: str  # the tasks, as the log's line names them
+    tasks: tuple[str, ...]  # lm-eval's task, group and tag names
+    include: tuple[str, ...] = ()  # folders of task YAMLs lm-eval reads beside its own (a preset's, --eval_include)
+    said: str = ""  # the tasks as the job's log names them (a preset by its name)
+    every: int = 0  # --eval_every (0: the run's last step only)
+    limit: int | None = None  # --eval_limit: the samples a task is scored on (None: all)
+    gpus: int = 0  # --eval_gpus (0: the eval job runs on its node's CPUs)
+    heldout: str | None = None  # --eval_heldout: the held-out data (None: none)
+    partition: str = ""  # the eval job's partition ("": Slurm's default)
+    time_limit: str = ""  # the eval job's time limit (HH:MM:SS; "": the partition's)
 
-    def evaluated(self, step: int) -> bool:
+    def evaluated(self, step: int, last_step: int) -> bool:
         """Whether `step`'s checkpoint is evaluated: a multiple of --eval_every, or the run's last step."""
-        return step > 0 and (step == self.last_step or (self.every > 0 and step % self.every == 0))
+        return step > 0 and (step == last_step or (self.every > 0 and step % self.every == 0))
 
-    def job_name(self, step: int) -> str:
-        return f"{self.run_name}-eval-{step}"
+    @property
+    def key(self) -> str:
+        """What is scored, as a short name: the same tasks, task folders, limit and held-out data give the same key
+        (a step is evaluated once per key)."""
+        what = json.dumps([list(self.tasks), list(self.include), self.limit, self.heldout])
+        return hashlib.sha256(what.encode("utf-8")).hexdigest()[:10]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -35,17 +43,10 @@ class EvalSettings:
     @classmethod
     def from_dict(cls, data: Mapping) -> EvalSettings:
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = names - set(data)
-        if missing:
-            raise ValueError(f"the eval settings lack {', '.join(sorted(missing))}")
-        return cls(**{name: data[name] for name in names})
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> EvalSettings:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("the eval settings are not a JSON object")
-        return cls.from_dict(data)
+        if unknown := set(data) - names:
+            raise ValueError(f"unknown eval settings {', '.join(sorted(unknown))}")
+        if "tasks" not in data:
+            raise ValueError("the eval settings name no tasks")
+        values = dict(data)
+        values.update({name: tuple(values[name]) for name in ("tasks", "include") if name in values})
+        return cls(**values)

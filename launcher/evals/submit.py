@@ -1,68 +1,46 @@
-"""The eval jobs of a run (--eval_tasks, docs/evals.md), submitted by the job's supervisor: one per evaluated step,
-once that step's checkpoint is complete, never by a training rank. Standard library only (the supervisor's side).
+"""The eval jobs' submission (docs/evals.md): one eval job per evaluated step and key, once that step's checkpoint is
+complete, never by a training rank; by the run's supervisor (--eval_tasks: every multiple of --eval_every and the
+last step) or by `python -m launcher.jobs evaluate` (steps already on disk). Standard library only.
 
-Which steps: every multiple of --eval_every, and the run's last step (only the last without --eval_every).
+Once per step and key, across restarts in the allocation, requeues, a second launch of the run and `jobs evaluate`:
+the step is claimed first (its submission record created exclusively, launcher/evals/record.py), then sbatch, then
+the record names the job. A kill between the claim and the record leaves "submitting": whoever finds it asks Slurm
+for a job of the step's name (one query, only then) and takes it for the step's where there is one; else where the
+eval job wrote a result, it ran; else it is submitted. An eval job Slurm says ended without writing its end is
+recorded "lost" (its step is then no longer owed an eval).
 
-Once per step, across restarts in the allocation, requeues and a second launch of the run: the record is by step
-under the run's checkpoints folder (`.evals/<step>.json`), which every job and every launch of the run shares (a
-second launch writes a new bundle but resumes the same checkpoints; the one-writer lock lives there too). A step is
-claimed first (the file created exclusively, state "submitting"), then `sbatch`, then the record names the job
-("submitted"). A kill between the claim and the record leaves "submitting": whoever finds it asks Slurm for a job
-of the step's name (`squeue --name`, one query, only then) and takes it for the step's where there is one, else
-submits. A job that started has said so in the record itself ("running"), so Slurm forgetting a finished job does
-not make a second one. The eval job writes its end there too ("done", "failed" with the cause).
-
-Nothing here raises into the supervisor: sbatch is time-limited, its refusal is recorded ("refused", with sbatch's
-words) and said in the log, and training goes on.
+Everything here acts through a `Queue` (the supervisor's Effects, or the launcher's Slurm client): sbatch and squeue
+are time-limited there, a refusal is recorded ("refused", with sbatch's words) and said, and nothing raises into the
+supervisor: training goes on.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import threading
-import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from launcher import checkpoint_layout as layout
 from launcher import protocol as P
-from launcher.evals.record import claim, read_record, write_record
+from launcher.evals import record
 from launcher.evals.settings import EvalSettings
-
-SBATCH_TIMEOUT_S = 120  # sbatch's answer (it retries by itself for a while when the queue is full)
-SQUEUE_TIMEOUT_S = 60
-LOOK_EVERY_S = 2.0  # while the step runs: how often the pointers are looked at (one stat each)
-OPEN = ("submitting", "submitted", "running")  # a step whose eval job may still run
-Runner = Callable[..., subprocess.CompletedProcess]
+from launcher.node.job import Job
 
 
-# -- Slurm
+class Queue(Protocol):
+    """What a submitter does to Slurm (and says in its log)."""
+
+    def say(self, name: str, **fields: object) -> None: ...
+    def sbatch(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]: ...
+    def jobs_named(self, name: str) -> list[str] | None: ...  # None: Slurm did not answer
+    def jobs_alive(self, jobs: Iterable[str]) -> Mapping[str, bool | None]: ...  # None: Slurm cannot say
 
 
-def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment sbatch runs in: the training job's, without Slurm's own variables of that job (sbatch would
-    read some as the eval job's options); SLURM_CONF stays."""
-    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-
-
-def _first_words(text: str) -> str:
+def first_words(text: str) -> str:
     return " ".join(text.split())[:300] or "no answer"
-
-
-def jobs_named(name: str, run: Runner = subprocess.run) -> list[str] | None:
-    """The jobs of that name Slurm knows (any state it still holds); None where squeue does not answer."""
-    try:
-        out = run(["squeue", "-h", "--states=all", f"--name={name}", "-o", "%i"], capture_output=True, text=True,
-                  timeout=SQUEUE_TIMEOUT_S, env=sbatch_env(os.environ))  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return [word for word in out.stdout.split() if word.replace("_", "").isdigit()]
 
 
 @dataclass(frozen=True)
@@ -80,124 +58,94 @@ class Submission:
         return bool(self.job)
 
 
-def submit(s: EvalSettings, step: int, by: str, run: Runner = subprocess.run) -> Submission:
-    """The step's eval job, submitted unless its record says it was (see the module's docstring); `by`: the training
-    job that submits. Never raises for Slurm's sake."""
-    root = Path(s.checkpoints)
-    found = read_record(root, step)
+def submit(job: Job, settings: EvalSettings, step: int, by: str, queue: Queue,
+           options: Sequence[str] = ()) -> Submission:  # fmt: skip
+    """The step's eval job for `settings`, submitted unless its record says it was (the module's docstring); `by`:
+    who submits (the training job, or "jobs evaluate"); `options`: sbatch's, before the script (a partition, GPUs,
+    a time limit other than the script's). Never raises for Slurm's sake."""
+    root, key = job.checkpoints, settings.key
+    fields = {"by": by, "bundle": str(job.bundle), "settings": settings.to_dict()}
+    found = record.submission(root, step, key)
     if found is None:
-        if not claim(root, step, by=by, bundle=s.bundle):
-            return Submission(step, why="claimed by another look", retry=True)
+        if not record.claim(root, step, key, **fields):
+            return Submission(step, why="claimed by another submitter", retry=True)
     elif found.get("state") == "submitting":  # a kill (or a timeout) between the claim and the record
-        named = jobs_named(s.job_name(step), run)
+        named = queue.jobs_named(job.eval_name(step))
         if named is None:
             return Submission(step, why="Slurm did not say whether it was submitted", retry=True)
-        if named:
-            write_record(root, step, state="submitted", job=named[-1], by=by, bundle=s.bundle)
-            _lease(root, step, named[-1])
-            return Submission(step, job=named[-1])
-        write_record(root, step, state="submitting", by=by, bundle=s.bundle)
+        ran = record.result_of(found)
+        if named or ran is not None:
+            eval_job = named[-1] if named else str(ran.get("job") or "") if ran else ""
+            record.note_submission(root, step, key, state="submitted", job=eval_job, log=str(job.eval_log(step)))
+            return Submission(step, job=eval_job)
     else:
         return Submission(step, job=str(found.get("job") or ""), why=str(found.get("cause") or found.get("state")))
-    log = s.log.replace("{step}", str(step))
-    argv = ["sbatch", "--parsable", f"--job-name={s.job_name(step)}", f"--output={log}", s.script, str(step)]
-    held = _lease(root, step, by)  # the step held from here: retention leaves it for the eval job
-    try:
-        out = run(argv, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S, env=sbatch_env(os.environ))
-    except (OSError, subprocess.TimeoutExpired) as e:  # (the hold stays, in this job's name: it may be submitted)
-        return Submission(step, why=f"sbatch did not answer ({type(e).__name__})", retry=True)
-    job = out.stdout.strip().split(";")[0]
-    if out.returncode == 0 and job.isdigit():
-        _lease(root, step, job)  # the eval job's, until it ends (it drops it; retention drops a dead job's)
-    if held is not None:
-        layout.drop_lease(held)
-    if out.returncode != 0 or not job.isdigit():
-        why = f"sbatch refused it: {_first_words(out.stderr or out.stdout)}"
-        write_record(root, step, state="refused", cause=why, by=by, bundle=s.bundle)
+    log = job.eval_log(step)
+    argv = ["sbatch", "--parsable", f"--job-name={job.eval_name(step)}", f"--output={log}", *options,
+            str(job.file(P.EVAL_SCRIPT)), str(step), key]  # fmt: skip
+    out = queue.sbatch(argv)
+    eval_job = out.stdout.strip().split(";")[0]
+    if out.returncode in (124, 127) and not eval_job.isdigit():  # not answered in time, or not run: unsettled
+        return Submission(step, why=f"sbatch did not answer ({first_words(out.stderr)})", retry=True)
+    if out.returncode != 0 or not eval_job.isdigit():
+        why = f"sbatch refused it: {first_words(out.stderr or out.stdout)}"
+        record.note_submission(root, step, key, state="refused", cause=why, **fields)
         return Submission(step, why=why, new=True)
-    write_record(root, step, state="submitted", job=job, by=by, bundle=s.bundle, log=log)
-    return Submission(step, job=job, new=True)
+    record.note_submission(root, step, key, state="submitted", job=eval_job, log=str(log), **fields)
+    return Submission(step, job=eval_job, new=True)
 
 
-def _lease(root: Path, step: int, job: str) -> layout.Lease | None:
-    """A lease on `step` in the name of Slurm job `job` (None where it cannot be written: the step is then held
-    only once the eval job runs)."""
-    try:
-        return layout.take_lease(root, step, "eval", env={"SLURM_JOB_ID": job})
-    except OSError:
-        return None
-
-
-# -- the supervisor's side
-
-
-def say_line(name: str, **fields: object) -> None:
-    """A contract line in the job's log, whole, in one write (stamped as the supervisor's own lines)."""
-    now = time.time()
-    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
-    sys.stdout.write(P.line(name, stamp, **fields) + "\n")
-    sys.stdout.flush()
+def lost(root: Path, queue: Queue) -> list[dict]:
+    """The submitted eval jobs Slurm says have ended without writing their end (killed outright, or before they
+    started), each recorded "lost" (its step owed no more): one query for them all, only where there are some."""
+    pending = {where: sub for where, sub in record.submissions(root).items() if sub.get("state") == "submitted"
+               and sub.get("job") and not record.settled(sub, record.result_of(sub))}  # fmt: skip
+    if not pending:
+        return []
+    alive = queue.jobs_alive({str(sub["job"]) for sub in pending.values()})
+    gone = []
+    for (step, key), sub in pending.items():
+        if alive.get(str(sub["job"])) is False and not record.settled(sub, res := record.result_of(sub)):
+            state = (res or {}).get("state")
+            cause = f"eval job {sub['job']} ended" + (f" while {state}" if state else " before it started") + \
+                " without writing its end (killed outright: its time limit, its memory, a node's failure)"  # fmt: skip
+            gone.append(record.note_submission(root, step, key, state="lost", cause=cause))
+    return gone
 
 
 class Evals:
-    """The supervisor's eval submissions: `poll` between the step's polls, `on_checkpoint` for a new complete
-    checkpoint (and as the attempt ends)."""
+    """The supervisor's eval submissions (--eval_tasks): `on_checkpoint` after each new complete checkpoint (the
+    supervisor's after-checkpoint look, launcher/node/supervisor/followers.py) and as the attempt ends."""
 
-    def __init__(self, settings: EvalSettings, job: str, say: Callable[..., None] = say_line,
-                 run: Runner = subprocess.run, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self.s, self.job, self.say, self.run, self.clock = settings, job, say, run, clock
-        self.root = Path(settings.checkpoints)
-        self.stamp: tuple | None = None
-        self.next_look = float("-inf")
-        self.thread: threading.Thread | None = None
+    def __init__(self, job: Job, slurm_job: str, queue: Queue) -> None:
+        assert job.evals is not None, "only with --eval_tasks"
+        self.job, self.settings, self.slurm_job, self.queue = job, job.evals, slurm_job, queue
         self.done: set[int] = set()  # steps this process has settled (submitted, found submitted, or refused)
 
-    def poll(self, wait: bool = False) -> None:
-        """Where a pointer moved since the last look (looked at every LOOK_EVERY_S): the new steps' submissions, in
-        a thread while the step runs; at once (after one in flight) where `wait` (the step has ended)."""
-        if self.thread is not None and self.thread.is_alive():
-            if not wait:
-                return
-            self.thread.join()
-        now = self.clock()
-        if not wait and now < self.next_look:
-            return
-        self.next_look = now + LOOK_EVERY_S
-        stamp = layout.pointer_stamp(self.root)
-        if stamp == self.stamp and not wait:
-            return
-        self.stamp = stamp
-        if wait:
-            self.on_checkpoint()
-        else:
-            self.thread = threading.Thread(target=self.on_checkpoint, daemon=True, name="evals")
-            self.thread.start()
-
-    def on_checkpoint(self, step: int | None = None) -> list[Submission]:
-        """A new complete checkpoint (`step`, where the caller knows it), or the attempt's end: every complete
-        evaluated step not yet settled gets its eval job. Said in the log; never raises."""
+    def on_checkpoint(self) -> list[Submission]:
+        """Every complete evaluated step not yet settled gets its eval job; the lost ones recorded. Said in the log;
+        never raises."""
         try:
-            return self._on_checkpoint(step)
+            return self._on_checkpoint()
         except Exception as e:  # noqa: BLE001  a bug here must not end training: its traceback, and the line
             traceback.print_exc()
-            self.say("eval_not_submitted", step=step if step is not None else "?", why=f"{type(e).__name__}: {e}")
+            self.queue.say("eval_not_submitted", step="?", why=f"{type(e).__name__}: {e}")
             return []
 
-    def _on_checkpoint(self, step: int | None) -> list[Submission]:
-        complete = set(layout.complete_steps(self.root))
-        if step is not None and layout.engine_of(layout.step_dir(self.root, step)) is not None:
-            complete.add(step)
+    def _on_checkpoint(self) -> list[Submission]:
         made = []
-        for candidate in sorted(complete - self.done):
-            if not self.s.evaluated(candidate):
+        for step in sorted(set(layout.complete_steps(self.job.checkpoints)) - self.done):
+            if not self.job.evaluated(step):
                 continue
-            done = submit(self.s, candidate, self.job, self.run)
+            done = submit(self.job, self.settings, step, self.slurm_job, self.queue)
             if done.new and done.submitted:
-                log = self.s.log.replace("{step}", str(candidate))
-                self.say("eval_submitted", step=candidate, eval_job=done.job, tasks=self.s.tasks, log=log)
+                self.queue.say("eval_submitted", step=step, eval_job=done.job, tasks=self.settings.said,
+                               log=self.job.eval_log(step))  # fmt: skip
             elif done.new:
-                self.say("eval_not_submitted", step=candidate, why=done.why)
+                self.queue.say("eval_not_submitted", step=step, why=done.why)
             if not done.retry:
-                self.done.add(candidate)
+                self.done.add(step)
             made.append(done)
+        for sub in lost(self.job.checkpoints, self.queue):
+            self.queue.say("eval_lost", step=sub["step"], eval_job=sub["job"], why=sub["cause"])
         return made

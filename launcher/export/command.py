@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher import checkpoint_layout as layout
@@ -63,26 +64,34 @@ def card(run: Manifest, checkpoint: Checkpoint, dtype: str, argv: list[str]) -> 
 
 def export(run: Manifest, step: int | None, output: Path | None, dtype: str, argv: list[str]) -> int:
     """Export the run's checkpoint at `step` (default: the newest complete one); prints where it went."""
-    from launcher.export import folder, weights  # torch and safetensors: only for an export
-
-    if dtype not in folder.DTYPES:
-        raise ExportError(f"--dtype {dtype}: not one of {', '.join(folder.DTYPES)}")
+    started = time.monotonic()
     checkpoint = found.find(run.checkpoints, step, run_config(run))
     target = output or default_output(run, checkpoint.step)
-    started = time.monotonic()
-    with layout.leased(run.checkpoints, checkpoint.step, "export") as lease:  # the run's retention leaves it be
-        if checkpoint.step not in layout.complete_steps(run.checkpoints):
-            raise found.StepNotFound(f"checkpoint step {checkpoint.step} was removed as the export began (the run "
-                                     "keeps only what --keep_last/--keep_every say): export a step it keeps "
-                                     "(`python -m launcher.jobs checkpoints` lists them)")  # fmt: skip
-        if lease is None:
-            print(f"warning: no lease could be taken in {run.checkpoints} (not writable): the run's retention may "
-                  f"remove step {checkpoint.step} while it is read")  # fmt: skip
-        if checkpoint.tokenizer:  # the tokenizer's vocabulary, not the config's rounding of it nor the engine's padding
-            checkpoint = checkpoint.with_vocabulary(folder.vocabulary(checkpoint.tokenizer))
-        groups = weights.groups(checkpoint)
-        size = folder.write(target, checkpoint, groups, dtype, card(run, checkpoint, dtype, argv))
+    size = write(run.checkpoints, checkpoint, target, dtype, lambda c: card(run, c, dtype, argv))
     print(f"Exported step {checkpoint.step} of {run.bundle_dir.resolve()} ({checkpoint.engine} engine) to {target}: "
           f"{size / 2**20:.1f} MiB of {dtype} weights in {time.monotonic() - started:.1f} s.")  # fmt: skip
     print(f"  load it: AutoModelForCausalLM.from_pretrained({str(target)!r})")
     return 0
+
+
+def write(checkpoints: Path, checkpoint: Checkpoint, target: Path, dtype: str,
+          card_of: Callable[[Checkpoint], dict[str, str]]) -> int:  # fmt: skip
+    """`checkpoint` (found in `checkpoints` by `found.find`) written as a transformers folder at `target`, its step
+    leased while it is read (the run's retention leaves it be); the bytes of weights written. `jobs export` and the
+    eval job both export through here."""
+    from launcher.export import folder, weights  # torch and safetensors: only for an export
+
+    if dtype not in folder.DTYPES:
+        raise ExportError(f"--dtype {dtype}: not one of {', '.join(folder.DTYPES)}")
+    with layout.leased(checkpoints, checkpoint.step, "export") as lease:
+        if checkpoint.step not in layout.complete_steps(checkpoints):
+            raise found.StepNotFound(f"checkpoint step {checkpoint.step} was removed as the export began (the run "
+                                     "keeps only what --keep_last/--keep_every say): export a step it keeps "
+                                     "(`python -m launcher.jobs checkpoints` lists them)")  # fmt: skip
+        if lease is None:
+            print(f"warning: no lease could be taken in {checkpoints} (not writable): the run's retention may "
+                  f"remove step {checkpoint.step} while it is read")  # fmt: skip
+        if checkpoint.tokenizer:  # the tokenizer's vocabulary, not the config's rounding of it nor the engine's padding
+            checkpoint = checkpoint.with_vocabulary(folder.vocabulary(checkpoint.tokenizer))
+        groups = weights.groups(checkpoint)
+        return folder.write(target, checkpoint, groups, dtype, card_of(checkpoint))

@@ -241,6 +241,13 @@ def _evals(target: str, configs_path: Path, rank_by: str | None) -> int:
     return evals_report.command(sweep_dir if sweep_dir is not None else bundle_of(target, configs_path), rank_by)
 
 
+def _checkpoints(target: str, configs_path: Path) -> int:
+    sweep_dir = sweep_record.directory_of(Path(target))
+    if sweep_dir is not None:
+        return checkpoints_report.command(sweep_dir)
+    return checkpoints_report.show(bundle_of(target, configs_path))
+
+
 def _export(args: argparse.Namespace, argv: list[str]) -> int:
     return export(bundle_of(args.target, args.configs_path), args.step, args.output, args.dtype, argv)
 
@@ -256,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "export":
         return as_command(lambda: _export(args, argv))
     if args.action == "checkpoints":
-        return as_command(lambda: checkpoints_report.show(bundle_of(args.target, args.configs_path)))
+        return as_command(lambda: _checkpoints(args.target, args.configs_path))
     if args.action == "evals":
         return as_command(lambda: _evals(args.target, args.configs_path, args.rank_by))
     if args.action == "diff":

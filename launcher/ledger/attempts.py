@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from launcher import jsonl
 from launcher import protocol as P
-from launcher.bundle.records import read_metrics
 from launcher.ledger.breakdown import COMPLETED, Attempt, Work
 
 STARTED, ENDED = P.pattern("attempt_started", whole=False), P.pattern("attempt_ended")
@@ -157,7 +157,7 @@ def steps_by_attempt(rows: list[dict], spans: list[tuple[Key, float, float]]) ->
 
 def works(seen: dict[int, _Seen], metrics: Path, spans: list[tuple[Key, float, float]]) -> dict[Key, Work]:
     """What training did in each node step (its steps by time within `spans`, its resume, its last save)."""
-    steps = steps_by_attempt(read_metrics(metrics) if metrics.is_file() else [], spans)
+    steps = steps_by_attempt(jsonl.read(metrics) if metrics.is_file() else [], spans)
     out = {}
     for (n, k), _, _ in spans:
         segments = seen[n].segments if n in seen else []

@@ -19,7 +19,7 @@ from launcher import protocol as P
 from launcher.evals.settings import EvalSettings
 from launcher.retention.rules import Rules
 
-VERSION = 1  # the file's format: a job refuses a file of another (written by another release of the launcher)
+VERSION = 2  # the file's format: a job refuses a file of another (written by another release of the launcher)
 PATHS = ("bundle", "log", "checkpoints", "python", "project", "train_script", "config", "tmp_dir")
 KINDS: dict[str, tuple[type, ...]] = {  # a field's annotation -> what its JSON value may be
     "str": (str,), "Path": (str,), "int": (int,), "float": (int, float), "float | None": (int, float, type(None)),
@@ -47,7 +47,9 @@ class Job:
     engine: str  # --engine: auto | torch | nanotron
     nodes: int  # the nodes the layout trains on
     gpus_per_node: int  # training processes per node
-    tmp_dir: Path  # TMPDIR of the node step and training
+    tmp_dir: Path  # TMPDIR of the node step, training and the eval jobs
+    train_steps: int = 0  # the run's last step
+    tokens_per_step: int = 0  # the tokens a step trains on (the global batch)
     spare_nodes: int = 0  # nodes the allocation holds beyond the layout's (restarts without a failed node)
     max_requeues: int = 0  # requeues after time limits the job may make
     max_restarts: int = 0  # restarts and failure requeues the job may make
@@ -76,6 +78,19 @@ class Job:
     @property
     def log_dir(self) -> Path:
         return self.log.parent
+
+    def evaluated(self, step: int) -> bool:
+        """Whether --eval_tasks evaluates `step`'s checkpoint (every --eval_every, and the last step)."""
+        return self.evals is not None and self.evals.evaluated(step, self.train_steps)
+
+    def eval_name(self, step: int) -> str:
+        """An eval job's Slurm name: what the submitter names it and looks it up by."""
+        return f"{self.run_name}-eval-{step}"
+
+    def eval_log(self, step: int | str) -> Path:
+        """An eval job's log, beside the run's (`<stamp>.eval-<step>.out`)."""
+        stem = self.log.name.removesuffix(P.LOG_SUFFIX)
+        return self.log.with_name(stem + P.EVAL_LOG_SUFFIX.replace("{step}", str(step)))
 
     @property
     def allocated(self) -> int:

@@ -266,6 +266,6 @@ def answer(step: Step, job: str, checkpoints: Path, records_file: Path, gpus: in
         record = P.RESTART_FORMAT.format(why=found.why, action=decision.action, job=job, attempt=step.attempt,
                                          start=step.started_from, end=checkpoint, at="-" if at is None else at,
                                          nodes=",".join(decision.nodes) or "-", failure=signature(found))  # fmt: skip
-        with open(records_file, "a", encoding="utf-8") as f:
+        with open(records_file, "a", encoding="utf-8") as f:  # (a text line, RESTART_FORMAT)
             f.write(record + "\n")
     return decision

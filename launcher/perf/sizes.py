@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, nanoset, nanoset_yaml, stages
@@ -51,7 +51,7 @@ def checkpoint_count(train_steps: int, save_interval: int, save_initial_state: b
 def retention_rules(spec: RunSpec) -> Rules:
     """The run's retention rules (--keep_last, --keep_every), as the job's supervisor applies them."""
     paths = spec.args.paths
-    return Rules(paths.keep_last, paths.keep_every, spec.args.training.train_steps)
+    return Rules(paths.keep_last, paths.keep_every)
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,18 @@ class Disk:
     saves: int
     most: int  # at once, one being written counted (every save where none is removed)
     rules: Rules
+    train_steps: int = 0
+    save_interval: int = 0
+    save_initial_state: bool = False
+    eval_every: int | None = None  # --eval_every: a step owed an eval stays until its eval has ended
 
     @property
     def peak(self) -> int:
         return self.each * self.most
+
+    def most_with(self, rules: Rules) -> int | None:
+        """The most checkpoints `rules` would keep at once over this run (None: every one)."""
+        return most_kept(rules, self.train_steps, self.save_interval, self.save_initial_state, self.eval_every)
 
 
 def disk(spec: RunSpec) -> Disk:
@@ -73,15 +81,24 @@ def disk(spec: RunSpec) -> Disk:
     torch) times the most kept at once."""
     paths, t = spec.args.paths, spec.args.training
     saves = checkpoint_count(t.train_steps, paths.save_interval, paths.save_initial_state)
-    rules = retention_rules(spec)
-    most = most_kept(rules, paths.save_interval, paths.save_initial_state)
-    return Disk(checkpoint_bytes(spec), saves, saves if most is None else min(most, saves), rules)
+    rules, e = retention_rules(spec), spec.args.evals
+    eval_every = (e.eval_every or None) if e.eval_tasks is not None else None
+    found = Disk(checkpoint_bytes(spec), saves, saves, rules, t.train_steps, paths.save_interval,
+                 paths.save_initial_state, eval_every)  # fmt: skip
+    most = found.most_with(rules)
+    return replace(found, most=saves if most is None else min(most, saves))
 
 
 def checkpoint_bytes(spec: RunSpec) -> int:
     """A checkpoint's size, estimated: the engine's bytes a parameter (nanotron's unless --engine torch)."""
     per_parameter = MIN_BYTES_PER_PARAMETER if spec.args.job.engine == "torch" else BYTES_PER_PARAMETER
     return parameters(spec) * per_parameter
+
+
+def global_batch_tokens(spec: RunSpec) -> int:
+    """The tokens one step trains on: micro batch x accumulation x dp x the sequence length."""
+    t, p = spec.args.training, spec.args.parallelism
+    return t.micro_batch_size * t.grad_accum_steps * (p.dp or 0) * spec.shape.max_seq_len
 
 
 def derived(spec: RunSpec) -> dict:

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
+from launcher import jsonl
 from launcher import protocol as P
 from launcher.bundle import manifest
-from launcher.bundle.records import read_metrics
 from launcher.evals import record as eval_record
 from launcher.report import environment as env
 
@@ -108,7 +108,7 @@ def layout_of(run: manifest.Manifest) -> dict[str, Any]:
 def steps_of(run: manifest.Manifest) -> dict[int, float]:
     """Each logged step's loss (a step logged twice, before a crash and after a resume: its last line)."""
     try:
-        rows = read_metrics(run.metrics)
+        rows = jsonl.read(run.metrics)
     except OSError:
         return {}
     return {int(r["step"]): float(r["loss"]) for r in rows if "step" in r and isinstance(r.get("loss"), (int, float))}

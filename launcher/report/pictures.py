@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from launcher import jsonl
 from launcher import protocol as P
 from launcher.bundle import manifest
-from launcher.bundle.records import read_metrics
 from launcher.report import dmon, stragglers
 
 TRAINING = (  # metrics.jsonl field -> panel title, y label
@@ -42,7 +42,7 @@ def sweep_curves(series: dict[str, Path], png: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for name, metrics in series.items():
-        rows = {r["step"]: r for r in read_metrics(metrics) if "step" in r and "loss" in r} if metrics.exists() else {}
+        rows = {r["step"]: r for r in jsonl.read(metrics) if "step" in r and "loss" in r} if metrics.exists() else {}
         steps = sorted(rows)
         ax.plot(steps, [rows[s]["loss"] for s in steps], label=name)
     ax.set_xlabel("step")
@@ -84,7 +84,7 @@ def evals_png(panels: dict[str, tuple[str, dict[str, list[tuple[int, float]]]]],
 def loss_curve(metrics: Path, png: Path) -> Path:
     """Plot loss (and learning rate) against step; requeued attempts show as one continuous curve."""
     plt = _pyplot()
-    rows = {r["step"]: r for r in read_metrics(metrics) if "step" in r and "loss" in r}  # a resumed step wins
+    rows = {r["step"]: r for r in jsonl.read(metrics) if "step" in r and "loss" in r}  # a resumed step wins
     steps = sorted(rows)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot(steps, [rows[s]["loss"] for s in steps], color="tab:blue", label="loss")
@@ -121,7 +121,7 @@ def steps_and_resumes(rows: list[dict]) -> tuple[dict[int, dict], list[int]]:
 def training_png(metrics: Path, png: Path, title: str, slow: list[dict] | None = None) -> Path | None:
     """Loss, learning rate, gradient norm and tokens/s against step, the stragglers (`slow`: the stragglers file's
     records) shaded on the throughput over the steps they were slow; None when the file has no step yet."""
-    by_step, resumes = steps_and_resumes(read_metrics(metrics))
+    by_step, resumes = steps_and_resumes(jsonl.read(metrics))
     if not by_step:
         return None
     plt = _pyplot()

@@ -3,28 +3,16 @@ while one stays slow, into the bundle's stragglers file): read back for the run'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from launcher import jsonl
 from launcher import protocol as P
 from launcher.bundle import manifest
 
 
 def rows(path: Path) -> list[dict]:
     """The stragglers file's records, in order (none where there is no file)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("ratio"), (int, float)):
-            found.append(row)
-    return found
+    return [r for r in jsonl.read(path) if isinstance(r.get("step"), int) and isinstance(r.get("ratio"), (int, float))]
 
 
 def by_who(found: list[dict]) -> dict[str, list[dict]]:

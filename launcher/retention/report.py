@@ -1,38 +1,47 @@
-"""`python -m launcher.jobs checkpoints BUNDLE|JOB_ID`: a run's checkpoints as retention sees them
+"""`python -m launcher.jobs checkpoints BUNDLE|SWEEP|JOB_ID`: a run's checkpoints as retention sees them
 (docs/checkpoints.md): every step on disk with its size, complete or not, why it stays (the pointer, the last N,
-every K, a reader's lease) or what removes it; then what was removed, a line per purge of the run's bundles'
-records, and the bytes in all.
+every K, a reader's lease, an eval still owed) or what removes it; then what was removed, a line per purge of the
+run's bundles' records, and the bytes in all. A sweep: each point's, under its name.
 
-The judgement is the job's own (launcher/node/retention.py's `judge`, by the bundle's --keep_last/--keep_every),
-read-only: nothing is removed here. The readers' Slurm jobs are asked in one query."""
+The judgement is the job's own (launcher/retention/rules.py's `judge`, by the rules in the bundle's job.json, the
+steps owed an eval by the eval records), read-only: nothing is removed here. The readers' Slurm jobs are asked in one
+query."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from launcher import checkpoint_layout as layout
+from launcher import jsonl
 from launcher import protocol as P
+from launcher.bundle import manifest, sweep_record
 from launcher.bundle.manifest import Manifest
-from launcher.bundle.records import checkpoint_totals, read_metrics
+from launcher.bundle.records import checkpoint_totals
 from launcher.errors import LauncherError, SlurmUnavailable
+from launcher.evals import record as eval_record
+from launcher.node import job as job_file
 from launcher.perf.sizes import human_bytes
 from launcher.retention.purge import readers
-from launcher.retention.rules import Judged, Rules, judge
+from launcher.retention.rules import Judged, judge
 from launcher.slurm import client
 
 
-def rules_of(run: Manifest) -> Rules:
-    flags = run.flags
+def settings_of(run: Manifest) -> job_file.Job:
+    """The run's job settings (its bundle's job.json): the retention rules, the steps it evaluates."""
     try:
-        return Rules.from_dict({key: flags.get(key) for key in ("keep_last", "keep_every", "train_steps")})
-    except (TypeError, ValueError) as e:
-        raise LauncherError(f"{run.path}: its keep_last, keep_every or train_steps is not a count ({e})") from None
+        return job_file.load(run.bundle_dir)
+    except job_file.JobFileError as e:
+        raise LauncherError(f"{e}: this bundle was written by another release of the launcher; `jobs checkpoints` "
+                            "reads the job's settings of this one's") from None  # fmt: skip
 
 
-def job_states(jobs: object) -> dict[str, bool | None]:
+def jobs_alive(jobs: Iterable[str]) -> dict[str, bool | None]:
     """Each lease's job alive? One controller query; None for each where Slurm cannot be asked."""
-    wanted = sorted(set(jobs))  # type: ignore[call-overload]
+    wanted = sorted(set(jobs))
+    if not wanted:
+        return {}
     try:
         states = client.job_states_many(wanted)
     except SlurmUnavailable:
@@ -40,10 +49,22 @@ def job_states(jobs: object) -> dict[str, bool | None]:
     return {job: (job in states and not states[job].terminal) for job in wanted}
 
 
+def command(sweep: Path) -> int:
+    """Each point's checkpoints of a sweep (`sweep`: its directory)."""
+    record = sweep_record.load(sweep)
+    for n, point in enumerate(record.points):
+        values = ", ".join(f"{k}={v}" for k, v in point.values.items())
+        print(("\n" if n else "") + f"Point {point.run_name} ({values})")
+        show(manifest.load(point.bundle))
+    return 0
+
+
 def show(run: Manifest) -> int:
-    root, rules = run.checkpoints, rules_of(run)
+    job = settings_of(run)
+    root, rules = job.checkpoints, job.retention
     folder = layout.look(root)
-    plan = judge(folder, rules, readers(folder, job_states, drop_stale=False))
+    owed = eval_record.owed(root, folder.complete, job.evaluated)
+    plan = judge(folder, rules, readers(folder, jobs_alive, drop_stale=False), owed)
     print(f"Checkpoints of run {run.data.get('run_name', run.bundle_dir.parent.name)} in {root}: it keeps "
           f"{rules.describe()}")  # fmt: skip
     if not plan.steps:
@@ -90,9 +111,9 @@ def _removed(run: Manifest) -> None:
     """What the purges of the run's launches (its bundles that name the same checkpoints) removed, oldest first."""
     rows = []
     for record in sorted(run.bundle_dir.parent.glob(f"*/{P.CHECKPOINTS_RECORD}")):
-        rows += [r for r in read_metrics(record) if r.get("event") == "purge"]
+        rows += [r for r in jsonl.read(record) if r.get("event") == "purge"]
     if not rows:
-        print("  removed: nothing" + ("" if rules_of(run).active else " (no --keep_last or --keep_every)"))
+        print("  removed: nothing" + ("" if settings_of(run).retention.active else " (no --keep_last or --keep_every)"))
         return
     print("  removed (a line per purge):")
     for row in sorted(rows, key=_when):

@@ -9,12 +9,15 @@ rules, never removed:
   and the pointer's move);
 - a save in progress (a partial step newer than the newest complete one, or than the pointer);
 - a step a reader holds (an export, an eval: its lease, while its job or process lives);
+- a step owed an eval (--eval_every names it, or `jobs evaluate` asked for it, and its eval has not ended: the
+  eval records say so, launcher/evals/record.py's `owed`): a rule of the judgement, whatever the eval submissions'
+  timing;
 - a step the launcher's engines did not record as theirs (`saves`): a folder of steps from elsewhere is left alone.
 
 A partial step (a save cut short) goes only once a newer complete step exists and the pointer names one past it.
-What an interrupted purge left (`.purging-*`) always goes. Standard library only, like every node helper: the job's
-supervisor purges by it (launcher/node/purge.py), `python -m launcher.jobs checkpoints` explains by it, and the
-launcher's forecast counts by it (`most_kept`).
+What an interrupted purge left (`.purging-*`) always goes. Standard library only (an import contract holds it so): the
+job's supervisor purges by it (launcher/retention/purge.py), `python -m launcher.jobs checkpoints` explains by it
+(retention/report.py), and the launcher's forecast counts by it (`most_kept`).
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ class Rules:
 
     keep_last: int | None = None  # the N newest complete checkpoints (None: every one, unless keep_every is set)
     keep_every: int | None = None  # every step that is a multiple of K, for good
-    train_steps: int = 0  # the run's last step (what the forecast counts the kept multiples to)
-    record: str = ""  # the bundle's record of checkpoints seen and purges (protocol.CHECKPOINTS_RECORD; "": none)
 
     @property
     def active(self) -> bool:
@@ -55,7 +56,7 @@ class Rules:
             value = data.get(key)
             return None if value is None else int(value)  # type: ignore[call-overload]
 
-        return cls(count("keep_last"), count("keep_every"), count("train_steps") or 0, str(data.get("record") or ""))
+        return cls(count("keep_last"), count("keep_every"))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -100,22 +101,24 @@ class Plan:
         return [j for j in self.steps if j.remove]
 
 
-def judge(folder: Folder, rules: Rules, readers: Mapping[int, str]) -> Plan:
-    """Every step in `folder` judged by `rules`; `readers`: step -> who reads it (the leases that hold)."""
+def judge(folder: Folder, rules: Rules, readers: Mapping[int, str], owed: Mapping[int, str] | None = None) -> Plan:
+    """Every step in `folder` judged by `rules`; `readers`: step -> who reads it (the leases that hold); `owed`: step
+    -> why an eval is still owed it (kept until that eval has ended)."""
+    owed = owed or {}
     leftovers = tuple(str(p) for p in folder.purging)
     complete = sorted(folder.complete)
     newest = complete[-1] if complete else None
     pointer = folder.pointer
     out = []
     for rank, step in enumerate(reversed(complete)):  # rank 0: the newest
-        out.append(_complete(step, rank, folder, rules, readers, newest))
+        out.append(_complete(step, rank, folder, rules, readers, owed, newest))
     for partial in folder.partials:
         out.append(_partial(partial.step, str(partial.path), folder, rules, readers, newest, pointer))
     return Plan(tuple(sorted(out, key=lambda j: (j.step, j.complete, j.path))), leftovers)
 
 
 def _complete(step: int, rank: int, folder: Folder, rules: Rules, readers: Mapping[int, str],
-              newest: int | None) -> Judged:  # fmt: skip
+              owed: Mapping[int, str], newest: int | None) -> Judged:  # fmt: skip
     kept = []
     if step == folder.pointer:
         kept.append("latest (the pointer names it)")
@@ -129,6 +132,8 @@ def _complete(step: int, rank: int, folder: Folder, rules: Rules, readers: Mappi
         kept.append(f"a multiple of {rules.keep_every} (--keep_every)")
     if step in readers:
         kept.append(f"read by {readers[step]}")
+    if step in owed:
+        kept.append(f"owed an eval ({owed[step]})")
     if step not in folder.saves and rules.active:
         kept.append("not saved by this launcher's engines (no line in its saves record): left alone")
     engine = folder.complete[step]
@@ -137,10 +142,12 @@ def _complete(step: int, rank: int, folder: Folder, rules: Rules, readers: Mappi
             f", not a multiple of {rules.keep_every}" if rules.keep_every is not None else ""
         )
         return Judged(step, True, remove=why, engine=engine)
-    return Judged(step, True, tuple(kept), later=_later(step, rank, folder, rules, readers, kept), engine=engine)
+    later = _later(step, rank, folder, rules, readers, owed)
+    return Judged(step, True, tuple(kept), later=later, engine=engine)
 
 
-def _later(step: int, rank: int, folder: Folder, rules: Rules, readers: Mapping[int, str], kept: list[str]) -> str:
+def _later(step: int, rank: int, folder: Folder, rules: Rules, readers: Mapping[int, str],
+           owed: Mapping[int, str]) -> str:  # fmt: skip
     """What will remove a step that stays now ("" where nothing will)."""
     if not rules.active or step not in folder.saves:
         return ""
@@ -150,6 +157,8 @@ def _later(step: int, rank: int, folder: Folder, rules: Rules, readers: Mapping[
     said = f"removed after {more} more checkpoint{'s' if more > 1 else ''}"
     if step in readers:
         said += f", once {readers[step]} ends"
+    if step in owed:
+        said += ", once its eval has ended"
     return said
 
 
@@ -166,13 +175,16 @@ def _partial(step: int, path: str, folder: Folder, rules: Rules, readers: Mappin
     return Judged(step, False, remove=f"a save cut short (step {newest} is complete)", path=path)
 
 
-def most_kept(rules: Rules, save_interval: int, save_initial_state: bool = False) -> int | None:
+def most_kept(rules: Rules, train_steps: int, save_interval: int, save_initial_state: bool = False,
+              eval_every: int | None = None) -> int | None:  # fmt: skip
     """The most checkpoints the rules keep at once over the run, one being written counted: those kept after the
     last save but one (the last N of them and the multiples of K among the older ones; the count only grows over
-    the run), and the last save, being written. None where every checkpoint is kept."""
+    the run), and the last save, being written; with --eval_every, one evaluated step more where the rules would
+    not keep it (a step owed an eval stays until its eval job has ended: one at a time is counted, an eval queue
+    slower than the saves keeps more). None where every checkpoint is kept."""
     if not rules.active:
         return None
-    steps, every = max(rules.train_steps, 0), rules.keep_every
+    steps, every = max(train_steps, 0), rules.keep_every
     interval = save_interval if save_interval > 0 else max(steps, 1)
     saves = steps // interval + int(steps % interval != 0) + int(save_initial_state)  # [0,] interval, ..., the last
     before = max(saves - 1, 0)  # those on disk as the last is written
@@ -185,4 +197,5 @@ def most_kept(rules: Rules, save_interval: int, save_initial_state: bool = False
             multiples = 1 + (older - 1) * interval // lcm  # step 0, then interval .. (older - 1) x interval
         else:
             multiples = older * interval // lcm
-    return last + multiples + 1
+    owed = int(bool(eval_every) and older > multiples and not (every and eval_every and eval_every % every == 0))
+    return last + multiples + owed + 1

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import jsonl
 from launcher import protocol as P
 from launcher.bundle import files, manifest, sweep_record
 from launcher.bundle.sweep_record import SweepPoint
@@ -196,7 +197,7 @@ def _verdict(bundle: Path) -> dict | None:
 
 
 def _final(metrics: Path) -> dict | None:
-    rows = pictures.read_metrics(metrics) if metrics.exists() else []
+    rows = jsonl.read(metrics)
     return max(rows, key=lambda r: r.get("step", -1)) if rows else None
 
 

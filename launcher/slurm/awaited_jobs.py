@@ -31,8 +31,8 @@ def _never(kind: str, job_id: str, states: list[JobState]) -> str | None:
     """Why `kind` on this job can never be met now, or None (as slurmctld's _test_job_dependency_common judges;
     after, afterany and afterburstbuffer are met by any end). `states`: Slurm's records for the job, one a task
     for a whole array, which Slurm judges once every task has ended."""
-    # SPECIAL_EXIT is a job requeued and held: Slurm counts it as pending still, so it can yet end either way
-    if not all(s.terminal and s.state != "SPECIAL_EXIT" for s in states):
+    # (SPECIAL_EXIT is a job requeued and held, not terminal: Slurm counts it as pending still)
+    if not all(s.terminal for s in states):
         return None
     # aftercorr waits, task by task, for the corresponding task to succeed; a run that is no array waits for the
     # whole job (or array) to succeed, exactly as afterok does

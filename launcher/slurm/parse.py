@@ -9,19 +9,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+# The states a job ends in (protocol.LIVE_STATES are those it may still run in: SPECIAL_EXIT, a job requeued and
+# held, among them).
 TERMINAL = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "OUT_OF_MEMORY",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "SPECIAL_EXIT",
-    }
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 )
 
 

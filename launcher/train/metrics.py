@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from launcher import jsonl
 from launcher.nanotron_config import gpus
 from launcher.train import tracker
 from launcher.train.environment import JobEnvironment
@@ -51,8 +51,7 @@ def format_line(m: StepMetrics, train_steps: int) -> str:
 def append_metrics(path: str, m: StepMetrics) -> None:
     """Append one step to a metrics file (JSON lines), creating its directory if needed."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(dataclasses.asdict(m)) + "\n")
+    jsonl.append(path, dataclasses.asdict(m))
 
 
 class Reporter:

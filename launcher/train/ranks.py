@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher import atomic
+from launcher import atomic, jsonl
 from launcher import protocol as P
 from launcher.train.environment import JobEnvironment
 
@@ -145,5 +144,5 @@ class StragglerWatch:
                 print(s.words(), flush=True)
                 self.named.add(s.ranks)
         if found and self.job.stragglers_file:
-            with open(self.job.stragglers_file, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(asdict(s)) + "\n" for s in found))
+            for s in found:
+                jsonl.append(self.job.stragglers_file, asdict(s))

@@ -12,7 +12,6 @@ record that cannot be written is said on the log, and training goes on.
 
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from launcher import jsonl
 from launcher.nanotron_config import provenance
 from launcher.train.environment import JobEnvironment
 from launcher.train.settings import TrainConfig
@@ -95,8 +95,6 @@ def append(cfg: TrainConfig, job: JobEnvironment, engine: str) -> None:
     if not job.is_main or not job.runtime_file:
         return
     try:
-        line = json.dumps(record(cfg, job, engine), sort_keys=False) + "\n"
-        with open(job.runtime_file, "a", encoding="utf-8") as f:
-            f.write(line)
+        jsonl.append(job.runtime_file, record(cfg, job, engine))
     except Exception as e:  # a record is worth no training run: whatever fails here is said, and training goes on
         print(f"warning: this attempt's runtime record was not written ({job.runtime_file}): {e}", flush=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import secrets
 import sys
@@ -26,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from launcher import atomic
+from launcher import atomic, jsonl
 from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.settings import TrainConfig
@@ -92,15 +91,9 @@ def lost_steps(metrics_file: str | None, after: int, up_to: int) -> list[dict]:
     if not metrics_file or up_to <= after:
         return []
     rows: dict[int, dict] = {}
-    try:
-        with open(metrics_file, encoding="utf-8") as f:
-            for line in f:
-                with contextlib.suppress(ValueError):
-                    row = json.loads(line)
-                    if isinstance(row, dict) and isinstance(row.get("step"), int) and after < row["step"] <= up_to:
-                        rows[row["step"]] = row
-    except OSError:
-        return []
+    for row in jsonl.read(metrics_file):
+        if isinstance(row.get("step"), int) and after < row["step"] <= up_to:
+            rows[row["step"]] = row
     return [rows[step] for step in sorted(rows)]
 
 

@@ -16,12 +16,14 @@ from pathlib import Path
 from types import FrameType
 
 from launcher import protocol as P
+from launcher.evals import record as eval_record
 from launcher.evals import submit as evals
 from launcher.node import restart, watchdog
 from launcher.node.job import Job
 from launcher.node.restart import Decision
 from launcher.node.supervisor import decide, records, table
 from launcher.node.supervisor.effects import Effects
+from launcher.node.supervisor.followers import AfterCheckpoints
 from launcher.node.supervisor.state import SIGNALS, Allocation, Notice, Phase, State, Then, Verdict
 from launcher.retention import purge
 
@@ -59,8 +61,13 @@ class Attempt:
         self.leave_by: float | None = None  # after a SIGTERM: when the step is left to Slurm (its SIGKILL is near)
         # What follows each complete checkpoint: each looks at the checkpoints folder between the step's polls (a stat
         # a pointer every few seconds) and does its work in a thread of its own while the step runs.
-        self.retention = purge.Retention(job.retention, job.checkpoints, slurm.job, say=effects.say)
-        self.evals = evals.Evals(job.evals, slurm.job, say=effects.say) if job.evals else None
+        self.evals = evals.Evals(job, slurm.job, effects) if job.evals else None
+        owed = (lambda folder: eval_record.owed(job.checkpoints, folder.complete, job.evaluated)) if job.evals else None
+        self.retention = purge.Retention(job.retention, job.checkpoints, slurm.job, job.file(P.CHECKPOINTS_RECORD),
+                                         effects, owed)  # fmt: skip
+        work = ([self.evals.on_checkpoint] if self.evals else []) + ([self.retention.on_checkpoint]
+                                                                      if job.retention.active else [])  # fmt: skip
+        self.followers = AfterCheckpoints(job.checkpoints, work)
         self.beating = threading.Event()
 
     def step_command(self, *args: str) -> list[str]:
@@ -119,12 +126,10 @@ class Attempt:
 
     # -- after each complete checkpoint
     def after_checkpoints(self, wait: bool) -> None:
-        """The eval job of each evaluated step submitted (--eval_tasks, node/evals.py), then retention's purge
-        (--keep_last/--keep_every, node/purge.py): each where the checkpoints folder changed since its last look, in
-        a thread while the step runs; at once where `wait` (the step has ended: a checkpoint saved as it ended)."""
-        if self.evals is not None:
-            self.evals.poll(wait)
-        self.retention.poll(wait)
+        """The eval job of each evaluated step submitted (--eval_tasks), then retention's purge (--keep_last/
+        --keep_every): where the checkpoints folder changed since the last look, in a thread while the step runs; at
+        once where `wait` (the step has ended: a checkpoint saved as it ended). node/supervisor/followers.py."""
+        self.followers.poll(wait)
 
     # -- the nodes and the port
     def allocation_now(self) -> list[str]:

@@ -1,17 +1,19 @@
 """The supervisor's effects: everything it does to the world and all it reads of it besides its own state. `Effects`
 is the interface the attempt acts through: the contract lines it prints, Slurm's commands (argument lists,
 time-limited), the node step and the commands beside it, the lock and the records, the restart decision, the free
-port, the watchdog. `Node` is the real one (tests use it too, with real child processes, and replace only the Slurm
-side where no cluster runs)."""
+port, the watchdog, and what follows each checkpoint (the eval jobs' sbatch and squeue, retention's squeue and
+deletions: `evals.submit.Queue` and `retention.purge.Slurm` are its parts). `Node` is the real one (tests use it
+too, with real child processes, and replace only the Slurm side where no cluster runs)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -20,8 +22,11 @@ from launcher.node import restart
 from launcher.node.job import Job
 from launcher.node.step import end
 from launcher.node.supervisor import decide, records
+from launcher.retention.purge import remove_tree
 
 POLL_S = 0.2  # how often the supervisor looks at its pending notices while the step runs
+SBATCH_TIMEOUT_S = 120  # sbatch's answer (it retries by itself for a while when the queue is full)
+SQUEUE_TIMEOUT_S = 60
 EXCLUDE_TRIES, EXCLUDE_EVERY_S = 6, 0.5  # the exclusion's tries after a requeue: within KillWait (5 s here)
 _PRINTING = threading.Lock()  # the heartbeat's thread prints too: one whole line at a time
 
@@ -34,11 +39,14 @@ def say(name: str, out: IO[str] | None = None, **fields: object) -> None:
         stream.flush()
 
 
-def run(argv: Sequence[str], timeout: float, kill_after: float = 10) -> subprocess.CompletedProcess[str]:
+def run(argv: Sequence[str], timeout: float, kill_after: float = 10,
+        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """A command, its output kept, ended (then killed) after `timeout` s: a node that does not answer holds up
-    nothing. A command that cannot run is a failed one (exit code 127), not a traceback."""
+    nothing. A command that cannot run is a failed one (exit code 127), not a traceback; one ended for its time,
+    exit code 124 with what it said."""
     try:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=None if env is None else dict(env))  # fmt: skip
     except OSError as e:
         return subprocess.CompletedProcess(list(argv), 127, "", str(e))
     try:
@@ -50,7 +58,14 @@ def run(argv: Sequence[str], timeout: float, kill_after: float = 10) -> subproce
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
+        return subprocess.CompletedProcess(list(argv), 124, out, f"{err}\n{argv[0]} did not answer in {timeout:g} s")
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a job submitted from the job runs sbatch in: the job's, without Slurm's own variables of this
+    job (sbatch would read some as the new job's options); SLURM_CONF stays."""
+    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
 
 
 def field_of(text: str, name: str) -> str:
@@ -100,14 +115,20 @@ class Effects(Protocol):
     def record_requeue(self, path: Path, why: str, attempt: int, saved: str, nodes: Sequence[str]) -> None: ...
     def amend_restart(self, path: Path, how: str) -> None: ...
     def restart_decision(self, step: restart.Step, job: Job, job_id: str, offset: int) -> restart.Decision: ...
+    # what follows each checkpoint (the eval jobs, retention)
+    def sbatch(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]: ...
+    def jobs_named(self, name: str) -> list[str] | None: ...
+    def jobs_alive(self, jobs: Iterable[str]) -> Mapping[str, bool | None]: ...
+    def remove_tree(self, path: Path) -> None: ...
 
 
 class Node:
     """The real effects: the batch host's view of Slurm (scontrol, srun), its child processes and the run's files."""
 
-    def __init__(self, out: IO[str] | None = None, scontrol: str = "scontrol", srun: str = "srun") -> None:
+    def __init__(self, out: IO[str] | None = None, scontrol: str = "scontrol", srun: str = "srun",
+                 sbatch: str = "sbatch", squeue: str = "squeue") -> None:  # fmt: skip
         self.out = out
-        self.scontrol, self.srun = scontrol, srun
+        self.scontrol, self.srun, self.sbatch_command, self.squeue = scontrol, srun, sbatch, squeue
         self.step: subprocess.Popen[bytes] | None = None
         self.watchdog: subprocess.Popen[bytes] | None = None
 
@@ -225,3 +246,32 @@ class Node:
         appends its record of a restart or a requeue)."""
         return restart.answer(step, job_id, job.checkpoints, job.file(P.RESTARTS_FILE), job.gpus_per_node, job.log,
                               offset, job.file(P.RANKS_FILE), job.file(P.METRICS))  # fmt: skip
+
+    def sbatch(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """`sbatch ARGS...` (argv[0] is sbatch's place), in the job's environment less its own Slurm variables."""
+        return run([self.sbatch_command, *argv[1:]], SBATCH_TIMEOUT_S, env=sbatch_env(os.environ))
+
+    def jobs_named(self, name: str) -> list[str] | None:
+        """The jobs of that name Slurm knows (any state it still holds); None where squeue does not answer."""
+        out = run([self.squeue, "-h", "--states=all", f"--name={name}", "-o", "%i"], SQUEUE_TIMEOUT_S,
+                  env=sbatch_env(os.environ))  # fmt: skip
+        if out.returncode != 0:
+            return None
+        return [word for word in out.stdout.split() if word.replace("_", "").isdigit()]
+
+    def jobs_alive(self, jobs: Iterable[str]) -> dict[str, bool | None]:
+        """Whether each job may still run (protocol.LIVE_STATES), by one squeue for them all; None for each where
+        squeue does not answer (a job Slurm no longer knows has ended)."""
+        wanted = sorted(set(jobs))
+        if not wanted:
+            return {}
+        out = run([self.squeue, "-h", "-j", ",".join(wanted), "-o", "%i %T"], SQUEUE_TIMEOUT_S)
+        if out.returncode != 0:
+            gone = "Invalid job id" in out.stderr
+            return {job: (False if gone else None) for job in wanted}
+        rows = [line.split() for line in out.stdout.splitlines()]
+        live = {words[0] for words in rows if len(words) == 2 and words[1] in P.LIVE_STATES}
+        return {job: job in live for job in wanted}
+
+    def remove_tree(self, path: Path) -> None:
+        remove_tree(path)

@@ -8,13 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 
-# A holder in one of these states is alive (pending, running, requeued, ...): its lock stands.
-LIVE_STATES = frozenset(
-    "PENDING RUNNING SUSPENDED REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SIGNALING CONFIGURING COMPLETING STAGE_OUT "
-    "SPECIAL_EXIT".split()
-)
 RESTART_ACTION = re.compile(r"^(\S*) restart job ")
 
 
@@ -52,7 +48,7 @@ def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> t
     """One writer per run: the lock under the checkpoints path (a directory: mkdir is atomic, on shared filesystems
     too) names the job that trains the run. Taken (or this job's own, from an earlier attempt): None. Held by a job
     alive: (that job, its state). A dead job's lock is taken over."""
-    lock = checkpoints / P.LOCK
+    lock = layout.lock_dir(checkpoints)
     checkpoints.mkdir(parents=True, exist_ok=True)
     while True:
         try:
@@ -60,16 +56,16 @@ def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> t
             break
         except FileExistsError:
             pass
-        holder = _holder(lock)
+        holder = layout.lock_holder(checkpoints)
         if not holder:
             time.sleep(1)  # being written by the job that just made it
-            holder = _holder(lock)
+            holder = layout.lock_holder(checkpoints)
         if holder == job:
             break
         state = job_state(holder or "0")
-        if state in LIVE_STATES:
+        if state in P.LIVE_STATES:  # a holder alive: its lock stands
             return holder, state
-        stale = lock.with_name(f"{P.LOCK}.stale.{job}")
+        stale = lock.with_name(f"{lock.name}.stale.{job}")
         try:
             lock.rename(stale)
         except OSError:
@@ -79,10 +75,3 @@ def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> t
         stale.rmdir()
     (lock / P.LOCK_HOLDER).write_text(job + "\n", encoding="utf-8")
     return None
-
-
-def _holder(lock: Path) -> str:
-    try:
-        return (lock / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""
