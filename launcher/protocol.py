@@ -36,8 +36,7 @@ EXPORT_RESULT = "export.json"  # the export job's word: the HF folder, its step,
 EXPORT_LOG_SUFFIX = ".export.out"  # <logs>/<run>/<stamp>.export.out: the export job's log
 CHECKPOINTS_RECORD = "checkpoints.jsonl"  # the job's supervisor: a line per checkpoint seen, a line per purge
 EVAL_SCRIPT = "eval.sbatch"  # --eval_tasks: the eval job's batch script, in the bundle (its argument: the step)
-EVALS_DIR = "evals"  # in the bundle: each evaluated step's whole result, step-<N>.json
-EVALS_RECORD = "evals.jsonl"  # in the bundle: one JSON object per evaluated step (its scores), or its failure
+EVALS_DIR = "evals"  # in the bundle: each eval's result, step-<N>-<key>.json (launcher/evals/record.py)
 EVAL_LOG_SUFFIX = ".eval-{step}.out"  # <logs>/<run>/<stamp>.eval-<step>.out: an eval job's log
 
 # Under the run's checkpoints path.
@@ -54,7 +53,7 @@ NANOTRON_METADATA = "checkpoint_metadata.json"  # in a nanotron checkpoint step:
 SAVES_RECORD = "saves"  # a line per save the launcher's engines began (its step): retention removes only these
 LEASES = ".leases"  # a reader's lease on a step (an export, an eval): a file each, named <step>-<holder>.json
 PURGING = ".purging-"  # .purging-<step>-<random>: a step renamed out of the steps' names, being deleted
-EVALS_SUBMITTED = ".evals"  # the eval job of each evaluated step, submitted once across jobs and launches: <step>.json
+EVALS_SUBMITTED = ".evals"  # each eval job's submission, once across jobs and launches: <step>-<key>.json
 
 # Slurm's job states in which a job may still run (pending, running, requeued or held, ...): one set for the whole house
 # (a lock's holder alive, a reader's lease holding, an eval job still to end). SPECIAL_EXIT is a job requeued and held

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.node.job import Job
+from launcher.node.supervisor import followers
 from launcher.node.supervisor.attempt import Attempt
 from launcher.node.supervisor.effects import Node, run
 from launcher.node.supervisor.records import take_lock
 from launcher.node.supervisor.state import Allocation
-from launcher.retention import purge
 from launcher.retention.rules import Rules
 
 TRAINING = r"""
@@ -70,14 +70,14 @@ class NoSlurm(Node):
 
 def main() -> int:
     (FOLDER / "ck").mkdir(exist_ok=True)
-    keep = Rules(keep_last=1, train_steps=6, record=str(FOLDER / "checkpoints.jsonl"))  # where a test asks for it
+    keep = Rules(keep_last=1)  # where a test asks for it
     job = Job("t", FOLDER, FOLDER / "job.log", FOLDER / "ck", Path(sys.executable), Path.cwd(), FOLDER / "train.py",
-              FOLDER / "config.yaml", "auto", 1, 1, FOLDER, max_requeues=2,
+              FOLDER / "config.yaml", "auto", 1, 1, FOLDER, train_steps=6, max_requeues=2,
               retention=keep if (FOLDER / "keep").exists() else Rules())  # fmt: skip
     take_lock(job.checkpoints, "77", lambda job: "")  # the attempt's (its retention purges only under it)
     attempt = Attempt(job, Allocation("77", 1, "node1", "node1"), NoSlurm())
     attempt.state.step_nodes = ["node1"]
-    purge.LOOK_EVERY_S = 0.1
+    followers.LOOK_EVERY_S = 0.1
     attempt.install()
     if (FOLDER / "killwait").exists():  # Slurm's KillWait, where a test sets it (else unknown: the default's)
         attempt.kill_wait_s = float((FOLDER / "killwait").read_text())

@@ -13,9 +13,8 @@ import yaml
 from conftest import DemoData
 from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
-from test_evals_job import STEP, TASKS, eval_job, trained_run, write_tasks
+from test_evals_job import STEP, TASKS, eval_job, result, trained_run, write_tasks
 
-from launcher.evals import record as eval_record
 from launcher.nanotron_config import nanoset, schema
 from launcher.perf.sizes import data_volume
 from launcher.train.data import build_micro_batches
@@ -143,9 +142,9 @@ def test_the_eval_job_scores_the_tail(nanoset_folders: list[Path], demo_data: De
     tasks = write_tasks(tmp_path)
     run = trained_run(tmp_path, demo_data, "--eval_tasks", ",".join(TASKS), "--eval_include", str(tasks),
                       "--eval_heldout", f"tail:{HELD}", "--nanotron_dialect", "main", dataset=folder)  # fmt: skip
-    job = eval_job(run, STEP, tmp_path / "tmp")
+    job = eval_job(run, STEP)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    held = eval_record.rows(run.bundle_dir)[STEP]["heldout"]
+    held = result(run)["heldout"]
     assert held["held_out"] == f"the last {HELD:,} tokens of {folder} (kept out of training)"
     assert held["tokens"] > 0 and np.isfinite(held["loss"]) and held["bits_per_byte"] > 0
 

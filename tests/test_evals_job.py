@@ -1,12 +1,13 @@
-"""The eval job on its own (`python -m launcher.evals.evaljob BUNDLE STEP`, as eval.sbatch runs it), against
+"""The eval job on its own (`python -m launcher.evals.evaljob JOB STEP KEY`, as eval.sbatch runs it), against
 a tiny run the torch engine trained in one process: two tasks of the test's own over local JSONL (a multiple-choice
 task and a perplexity task) score exactly what `lm_eval` run by hand gives on `jobs export` of that step; the
-held-out loss and bits per byte; the results in the bundle and the record; the lease dropped and the scratch folder
-gone. A failure (a tokenizer that cannot be saved with the model, a task whose data went away) is recorded with its
-cause, and nothing of the run is lost."""
+held-out loss and bits per byte; the result in the bundle; the lease dropped and the scratch folder gone. A failure
+(a tokenizer that cannot be saved with the model, a task whose data went away) is recorded with its cause, and nothing
+of the run is lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from launcher import checkpoint_layout as layout
 from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.evals import record as eval_record
-from launcher.evals import record as submissions
+from launcher.node import job as job_file
 from launcher.runs import launch
 
 STEP = 5
@@ -76,7 +77,8 @@ def trained_run(where: Path, demo, *flags: str, dataset: Path | None = None) -> 
         argv = ["--run_name", "evaluated", "--nodes", "1", "--gpus_per_node", "1", "--engine", "torch",
                 "--dataset", str(dataset or demo.dataset), "--tokenizer", str(demo.tokenizer),
                 "--micro_batch_size", "2", "--grad_accum_steps", "1", "--train_steps", str(STEP), "--save_interval",
-                str(STEP), "--wandb_disabled", "--dry_run", *flags]  # fmt: skip
+                str(STEP), "--wandb_disabled", "--tmp_dir", str(where / "tmp"), "--dry_run", *flags]  # fmt: skip
+        (where / "tmp").mkdir(exist_ok=True)
         run = manifest.load(launch.prepare(argv).paths.bundle_dir)
     finally:
         os.chdir(cwd)
@@ -88,17 +90,32 @@ def trained_run(where: Path, demo, *flags: str, dataset: Path | None = None) -> 
     return run
 
 
-def eval_job(run: manifest.Manifest, step: int, tmp: Path) -> subprocess.CompletedProcess:
-    """The eval job as its script runs it (the script's exports; its step as its argument)."""
-    tmp.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TMPDIR": str(tmp), "SLURM_JOB_ID": "4242"}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir), str(step)], env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+def settings(run: manifest.Manifest) -> job_file.Job:
+    return job_file.load(run.bundle_dir)
 
 
-def scratch(tmp: Path) -> list[Path]:
-    return list(tmp.glob("launcher-eval-*"))  # (torch's own caches may lie beside)
+def key_of(run: manifest.Manifest) -> str:
+    return settings(run).evals.key  # type: ignore[union-attr]
+
+
+def command(run: manifest.Manifest, step: int) -> list[str]:
+    """The eval job's command, as its script runs it: the job's settings, the step, the key of what it scores."""
+    return [sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir / P.JOB_FILE), str(step), key_of(run)]
+
+
+def eval_job(run: manifest.Manifest, step: int, job_id: str = "4242") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": job_id}
+    return subprocess.run(command(run, step), env=env, capture_output=True, text=True, timeout=900)
+
+
+def result(run: manifest.Manifest, step: int = STEP) -> dict:
+    found = eval_record.result(run.bundle_dir, step, key_of(run))
+    assert found is not None
+    return found
+
+
+def scratch(run: manifest.Manifest) -> list[Path]:
+    return list(settings(run).tmp_dir.glob("launcher-eval-*"))  # (torch's own caches may lie beside)
 
 
 def by_hand(run: manifest.Manifest, tasks: Path, where: Path, step: int = STEP) -> dict:
@@ -128,11 +145,11 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, demo_data):
 
 def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_path: Path):
     run, tasks, _ = evaluated
-    done = eval_job(run, STEP, tmp_path / "tmp")
+    done = eval_job(run, STEP)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    row = eval_record.rows(run.bundle_dir)[STEP]
+    row = result(run)
     hand = by_hand(run, tasks, tmp_path)
-    for task, metrics in row["tasks"].items():
+    for task, metrics in row["tasks"].items():  # (lm-eval's whole results beside them: lm_eval_results)
         for metric, value in metrics.items():
             assert math.isclose(value, hand[task][f"{metric},none"], rel_tol=1e-9), (task, metric, value)
     assert set(row["tasks"]) == set(TASKS) and {"acc", "acc_norm"} <= set(row["tasks"]["evals_mc"])
@@ -146,11 +163,9 @@ def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_pat
     held = row["heldout"]
     assert math.isclose(held["perplexity"], math.exp(held["loss"])) and 0 < held["bits_per_byte"] < 8
     assert held["held_out"].endswith("heldout.jsonl")
-    whole = json.loads((run.bundle_dir / P.EVALS_DIR / f"step-{STEP}.json").read_text())
-    assert whole["lm_eval_results"]["results"]["evals_mc"]["acc,none"] == row["tasks"]["evals_mc"]["acc"]
-    assert "samples" not in whole["lm_eval_results"]
-    assert submissions.read_record(run.checkpoints, STEP)["state"] == "done"
-    assert layout.leases(run.checkpoints) == [] and scratch(tmp_path / "tmp") == []  # the lease, the scratch gone
+    assert row["lm_eval_results"]["results"]["evals_mc"]["acc,none"] == row["tasks"]["evals_mc"]["acc"]
+    assert "samples" not in row["lm_eval_results"] and row["state"] == "done"
+    assert layout.leases(run.checkpoints) == [] and scratch(run) == []  # the lease, the scratch gone
     said = done.stdout + done.stderr
     assert f"eval: step {STEP} ({row['tokens']:,} tokens): evals_mc" in said and "[hf on cpu" in said
 
@@ -162,26 +177,24 @@ def test_a_failing_eval_job_is_recorded_with_its_cause_and_loses_nothing(evaluat
     aside = where / "tokenizer-aside"
     shutil.move(tokenizer, aside)  # the tokenizer cannot be saved with the model
     try:
-        done = eval_job(run, STEP, tmp_path / "tmp")
+        done = eval_job(run, STEP)
     finally:
         shutil.move(aside, tokenizer)
     assert done.returncode == 1
-    row = eval_record.rows(run.bundle_dir)[STEP]
+    row = result(run)
     assert row["state"] == "failed" and "tokenizer" in row["cause"] and "cannot be read here" in row["cause"]
-    record = submissions.read_record(run.checkpoints, STEP)
-    assert record["state"] == "failed" and record["cause"] == row["cause"] and record["job"] == "4242"
-    assert f"eval: step {STEP} failed: ExportError" in done.stderr
+    assert row["job"] == "4242" and f"eval: step {STEP} failed: ExportError" in done.stderr
     after = sorted(p.relative_to(run.checkpoints) for p in run.checkpoints.rglob("*") if ".evals" not in p.parts)
     assert after == before or set(after) - set(before) <= {Path(P.LEASES)}  # the checkpoint whole, no lease left
-    assert layout.leases(run.checkpoints) == [] and scratch(tmp_path / "tmp") == []
+    assert layout.leases(run.checkpoints) == [] and scratch(run) == []
 
     data = tasks / "ppl.jsonl"
     shutil.move(data, where / "ppl-aside.jsonl")  # a task's data gone after the launch
     try:
-        done = eval_job(run, STEP, tmp_path / "tmp2")
+        done = eval_job(run, STEP)
     finally:
         shutil.move(where / "ppl-aside.jsonl", data)
-    row = eval_record.rows(run.bundle_dir)[STEP]
+    row = result(run)
     assert done.returncode == 1 and row["state"] == "failed" and "ppl.jsonl" in row["cause"], row
 
 
@@ -193,8 +206,7 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
     from launcher.evals import evaljob as job
 
     run, _, _ = evaluated
-    on = manifest.Manifest(run.path, json.loads(json.dumps(run.data)))  # the same run, launched with W&B on
-    on.data["resolved"]["logging"]["wandb_disabled"] = False
+    on = dataclasses.replace(settings(run), wandb_disabled=False)  # the same run, launched with W&B on
     row = {"step": STEP, "tokens": 1280, "tasks": {"evals_mc": {"acc": 0.5}}, "heldout": {"loss": 4.0,
            "bits_per_byte": 1.2}}  # fmt: skip
     assert job.to_wandb(on, row).startswith("not logged: the run has no W&B run")
@@ -221,20 +233,16 @@ def test_an_eval_job_killed_by_slurms_sigterm_records_it_and_leaves_nothing_behi
     import time
 
     run, _, _ = evaluated
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TMPDIR": str(tmp), "SLURM_JOB_ID": "4343"}  # fmt: skip
-    job = subprocess.Popen([sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir), str(STEP)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": "4343"}
+    job = subprocess.Popen(command(run, STEP), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not (scratch(tmp) and list(scratch(tmp)[0].glob("model/*.safetensors"))):  # (exported: lm-eval next)
+    while not (scratch(run) and list(scratch(run)[0].glob("model/*.safetensors"))):  # (exported: lm-eval next)
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()
         time.sleep(0.2)
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
-    record = submissions.read_record(run.checkpoints, STEP)
-    assert record["state"] == "interrupted" and record["job"] == "4343" and "SIGTERM" in record["cause"]
-    assert layout.leases(run.checkpoints) == [] and scratch(tmp) == []
+    row = result(run)
+    assert row["state"] == "interrupted" and row["job"] == "4343" and "SIGTERM" in row["cause"]
+    assert layout.leases(run.checkpoints) == [] and scratch(run) == []
     assert f"eval: step {STEP} interrupted: signal SIGTERM" in err

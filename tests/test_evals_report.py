@@ -1,7 +1,7 @@
-"""A run's evaluations read back (launcher/evals/report.py, launcher/bundle/eval_record.py): `jobs evals`' table and
+"""A run's evaluations read back (launcher/evals/report.py, launcher/evals/record.py): `jobs evals`' table and
 picture, a sweep's points ranked by an eval score (best first, the direction of the metric), `jobs diff`'s evals,
-the ledger's eval GPU-hours apart, a second launch's steps found through the checkpoints' record. The rows are the
-eval job's (tests/test_evals_job.py makes real ones); here they are written as it writes them."""
+the ledger's eval GPU-hours apart, a second launch's steps found through the checkpoints' submissions. The results
+are the eval job's (tests/test_evals_job.py makes real ones); here they are written as it writes them."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from launcher import jobs
 from launcher.bundle import manifest
 from launcher.evals import record as eval_record
-from launcher.evals import record as submissions
 from launcher.evals import report
+from launcher.node import job as job_file
 from launcher.report import compare
 from launcher.runs import launch, sweep
 
@@ -40,6 +40,15 @@ def argv(where: Path, demo, name: str, *more: str) -> list[str]:
             "--eval_include", str(tasks_folder(where)), "--eval_every", "10", "--dry_run", *more]  # fmt: skip
 
 
+def key(bundle: Path) -> str:
+    return job_file.load(bundle).evals.key  # type: ignore[union-attr]
+
+
+def put(bundle: Path, row: dict) -> None:
+    """A result, as the eval job writes it, of the run's own --eval_tasks."""
+    eval_record.write_result(bundle, row["step"], key(bundle), row)
+
+
 def row(step: int, acc: float, bpb: float, **more: object) -> dict:
     tasks = {"rep_mc": {"acc": acc, "acc_norm": acc + 0.1}, "rep_ppl": {"bits_per_byte": bpb, "word_perplexity": 9.0}}
     return {"step": step, "tokens": step * 4096, "state": "done", "tasks": tasks, "gpus": 1, "seconds": 360.0,
@@ -53,30 +62,32 @@ def bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data) -> manife
 
 
 def test_the_table_says_every_step_the_failures_and_what_is_still_to_end(bundle: manifest.Manifest):
-    assert report.asked(bundle) and bundle.data["evals"]["tasks"] == ["rep_mc", "rep_ppl"]
+    assert report.asked(bundle) and report.settings(bundle).tasks == ("rep_mc", "rep_ppl")  # type: ignore[union-attr]
     assert report.run_lines(bundle, ask_slurm=False)[1:] == ["  no step evaluated yet"]
-    eval_record.append(bundle.bundle_dir, row(10, 0.25, 1.5))
-    eval_record.append(bundle.bundle_dir, {"step": 20, "state": "failed", "cause": "ExportError: gone", "job": "7",
-                                           "gpus": 1, "seconds": 36.0, "gpu_hours": 0.01})  # fmt: skip
-    (bundle.bundle_dir / "evals.jsonl").open("a").write('{"step": 30, "sta')  # a line cut by a kill
-    submissions.write_record(bundle.checkpoints, 30, state="submitted", job="99", bundle=str(bundle.bundle_dir))
+    put(bundle.bundle_dir, row(10, 0.25, 1.5))
+    put(bundle.bundle_dir, {"step": 20, "state": "failed", "cause": "ExportError: gone", "job": "7", "gpus": 1,
+                            "seconds": 36.0, "gpu_hours": 0.01})  # fmt: skip
+    eval_record.result_path(bundle.bundle_dir, 40, key(bundle.bundle_dir)).write_text('{"step": 40, "sta')  # cut
+    eval_record.note_submission(bundle.checkpoints, 30, key(bundle.bundle_dir), state="submitted", job="99",
+                                bundle=str(bundle.bundle_dir))  # fmt: skip
     lines = report.run_lines(bundle, ask_slurm=False)
     assert lines[0].startswith("Evals of rep (lm-eval: rep_mc, rep_ppl")
     assert lines[1].split() == ["step", "tokens", "rep_mc", "acc_norm", "rep_ppl", "bits_per_byte"]
     assert lines[2].split() == ["10", "40,960", "0.3500", "1.5000"]
     assert lines[3] == "  step 20: failed (job 7): ExportError: gone"
     assert lines[4] == "  still to end: step 30 (job 99, submitted)"
-    submissions.write_record(bundle.checkpoints, 30, state="interrupted", cause="signal SIGTERM (preempted, ...)")
+    put(bundle.bundle_dir, {"step": 30, "state": "interrupted", "cause": "signal SIGTERM (preempted, ...)"})
     assert report.table(report.of(bundle), {"99": "TIMEOUT"})[-1] == (
-        "  step 30: eval job 99 ended TIMEOUT without a result: signal SIGTERM (preempted, ...)"
+        "  step 30: eval job 99 ended TIMEOUT without a result"
     )
     assert report.table(report.of(bundle), {"99": "PENDING"})[-1] == "  still to end: step 30 (job 99, PENDING)"
+    assert report.table(report.of(bundle))[-1] == "  still to end: step 30 (job 99, interrupted)"
     assert report.ledger_line(bundle) == "0.110 GPU-hours in 2 eval job(s) on CPUs (0.110 hours, 1 still to end), apart"
 
 
 def test_jobs_evals_draws_the_picture(bundle: manifest.Manifest, capsys: pytest.CaptureFixture[str]):
     for step, acc in ((10, 0.2), (20, 0.3), (30, 0.4)):
-        eval_record.append(bundle.bundle_dir, row(step, acc, 2.0 - acc))
+        put(bundle.bundle_dir, row(step, acc, 2.0 - acc))
     assert jobs.main(["evals", str(bundle.bundle_dir)]) == 0
     out = capsys.readouterr().out
     assert (
@@ -89,9 +100,10 @@ def test_jobs_evals_draws_the_picture(bundle: manifest.Manifest, capsys: pytest.
 def test_a_second_launchs_steps_are_found_through_the_checkpoints(bundle: manifest.Manifest, tmp_path: Path):
     first = tmp_path / "first-bundle"
     first.mkdir()
-    eval_record.append(first, row(10, 0.2, 1.8))
-    submissions.write_record(bundle.checkpoints, 10, state="done", job="5", bundle=str(first))
-    eval_record.append(bundle.bundle_dir, row(20, 0.3, 1.7))
+    k = key(bundle.bundle_dir)
+    eval_record.write_result(first, 10, k, row(10, 0.2, 1.8))
+    eval_record.note_submission(bundle.checkpoints, 10, k, state="submitted", job="5", bundle=str(first))
+    put(bundle.bundle_dir, row(20, 0.3, 1.7))
     found = report.of(bundle)
     assert sorted(found.done) == [10, 20] and found.open == {}
     assert found.series("rep_ppl") == ("bits_per_byte", [(10, 40960, 1.8), (20, 81920, 1.7)])
@@ -103,9 +115,9 @@ def test_a_sweep_is_ranked_by_an_eval_score_best_first(tmp_path: Path, monkeypat
     assert launch.main(argv(tmp_path, demo_data, "sw", "--sweep", "seed=1,2,3", "--rank_by", "rep_mc")) == 0
     (record_dir,) = [p.parent for p in tmp_path.glob("logs/configs/sw/*/sweep.json")]
     bundles = {p.parts[-3]: p.parent for p in tmp_path.glob("logs/configs/sw-*/*/manifest.json")}
-    eval_record.append(bundles["sw-1"], row(30, 0.30, 1.2))
-    eval_record.append(bundles["sw-2"], row(20, 0.90, 1.0))  # the best score, though of an earlier step
-    eval_record.append(bundles["sw-2"], row(30, 0.50, 1.6))  # its last step's counts
+    put(bundles["sw-1"], row(30, 0.30, 1.2))
+    put(bundles["sw-2"], row(20, 0.90, 1.0))  # the best score, though of an earlier step
+    put(bundles["sw-2"], row(30, 0.50, 1.6))  # its last step's counts
     capsys.readouterr()
     text = sweep.results(record_dir, {}, plot=False)  # --rank_by read from the points' flags
     ranking = text[text.index("Ranked by") :].splitlines()
@@ -125,8 +137,8 @@ def test_jobs_diff_compares_the_evals(tmp_path: Path, monkeypatch: pytest.Monkey
     a = manifest.load(launch.prepare(argv(tmp_path, demo_data, "da")).paths.bundle_dir)
     b = manifest.load(launch.prepare(argv(tmp_path, demo_data, "db", "--seed", "7")).paths.bundle_dir)
     for step in (10, 20):
-        eval_record.append(a.bundle_dir, row(step, 0.2 + step / 100, 1.5))
-    eval_record.append(b.bundle_dir, row(20, 0.45, 1.4))
+        put(a.bundle_dir, row(step, 0.2 + step / 100, 1.5))
+    put(b.bundle_dir, row(20, 0.45, 1.4))
     found = compare.diff(a, b, ("A", "B"))
     assert found.evals["rep_mc"] == {"metric": "acc_norm", "rows": [(20, 0.5, pytest.approx(0.55))]}
     text = compare.render(found)

@@ -6,9 +6,9 @@ the torch engine is. Two tasks of the test's own over local JSONL: a multiple-ch
 
 from __future__ import annotations
 
-import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +20,12 @@ from test_e2e_training import bundles, finish, launch, paced, submitted_job_id, 
 from test_evals_job import TASKS, by_hand, write_tasks
 from test_preemption import last_logged_step
 
+from launcher import checkpoint_layout as layout
+from launcher import jsonl
+from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.evals import record as eval_record
-from launcher.evals import record as submissions
+from launcher.node import job as job_file
 
 pytestmark = pytest.mark.slurm
 four_slots = test_nanotron_slurm.four_slots  # its fixture: a cluster of 2 nodes x 4 slots (the 8-rank run's)
@@ -33,14 +36,23 @@ def eval_flags(tmp_path: Path, every: int) -> tuple[str, ...]:
     return ("--eval_tasks", ",".join(TASKS), "--eval_include", str(write_tasks(tmp_path)), "--eval_every", str(every))
 
 
+def rows(bundle: Path) -> dict[int, dict]:
+    """step -> the result the eval job wrote into the bundle (the run's one set of tasks)."""
+    return {step: row for (step, _), row in eval_record.results(bundle).items()}
+
+
 def settled(run: manifest.Manifest, steps: list[int], timeout: float = 600) -> dict[int, dict]:
-    """Each step's record once its eval job has ended (done or failed)."""
+    """Each step's result once its eval job has ended (done or failed)."""
 
     def ended() -> dict[int, dict] | None:
-        found = submissions.records(run.checkpoints)
+        found = rows(run.bundle_dir)
         return found if all(found.get(s, {}).get("state") in ("done", "failed") for s in steps) else None
 
     return wait_for(ended, timeout=timeout, every=2)
+
+
+def submitted_steps(run: manifest.Manifest) -> set[int]:
+    return {step for step, _ in eval_record.submissions(run.checkpoints)}
 
 
 def submitted_lines(log: str) -> dict[int, list[str]]:
@@ -85,17 +97,17 @@ def test_a_run_evaluated_every_10_steps_gets_each_steps_scores_as_lm_eval_gives_
     log = run.log.read_text()
     assert {s: len(jobs) for s, jobs in submitted_lines(log).items()} == {10: 1, 20: 1}
     assert {s: records[s]["job"] for s in (10, 20)} == {s: j[0] for s, j in submitted_lines(log).items()}
-    rows = eval_record.rows(bundle)
-    assert sorted(rows) == [10, 20] and rows[20]["tokens"] == 2 * rows[10]["tokens"] > 0
+    found = rows(bundle)
+    assert sorted(found) == [10, 20] and found[20]["tokens"] == 2 * found[10]["tokens"] > 0
     hand = by_hand(run, tmp_path / "tasks", tmp_path, step=20)
-    for task, metrics in rows[20]["tasks"].items():
+    for task, metrics in found[20]["tasks"].items():
         for metric, value in metrics.items():
             assert math.isclose(value, hand[task][f"{metric},none"], rel_tol=1e-9), (task, metric)
-    eval_log = Path(run.data["outputs"]["eval_log"].replace("{step}", "20")).read_text()
+    eval_log = job_file.load(bundle).eval_log(20).read_text()
     assert f"eval: job {records[20]['job']}" in eval_log and "[hf on cpu" in eval_log
     shown = jobs_command(slurm_env, "evals", str(bundle))
-    assert [line.split()[:2] for line in shown.splitlines()[2:4]] == [["10", f"{rows[10]['tokens']:,}"],
-                                                                        ["20", f"{rows[20]['tokens']:,}"]]  # fmt: skip
+    assert [line.split()[:2] for line in shown.splitlines()[2:4]] == [["10", f"{found[10]['tokens']:,}"],
+                                                                        ["20", f"{found[20]['tokens']:,}"]]  # fmt: skip
     assert (bundle / "evals.png").is_file()
     status = jobs_command(slurm_env, "status", str(bundle))
     assert "GPU-hours in 2 eval job(s) on CPUs" in status and "apart" in status
@@ -111,7 +123,7 @@ def test_preempted_in_the_middle_every_evaluated_step_is_evaluated_once(tmp_path
                          timeout=60)  # fmt: skip
     job = wait_for(lambda: submitted_job_id(bundle), timeout=60)
     run = manifest.load(bundle)
-    wait_for(lambda: 10 in submissions.records(run.checkpoints) and last_logged_step(bundle) >= 14, timeout=300)
+    wait_for(lambda: 10 in submitted_steps(run) and last_logged_step(bundle) >= 14, timeout=300)
     urgent = ["sbatch", "--parsable", "--partition", "urgent", "--nodes", "2", "--gpus-per-node", "2",
               "--output", str(tmp_path / "urgent-%j.out"), "--wrap", "sleep 3"]  # fmt: skip
     subprocess.run(urgent, env=slurm_env, capture_output=True, text=True, check=True)
@@ -125,8 +137,8 @@ def test_preempted_in_the_middle_every_evaluated_step_is_evaluated_once(tmp_path
     ran = wait_for(lambda: (r := eval_jobs_in_slurm(slurm_env, "evpre", job)) and len(r) == 4 and r, timeout=60)
     assert {s: len(jobs) for s, jobs in ran.items()} == {10: 1, 20: 1, 30: 1, 40: 1}, ran
     assert {s: {r["job"]} for s, r in records.items()} == ran
-    lines = [json.loads(line) for line in (bundle / "evals.jsonl").read_text().splitlines()]
-    assert sorted(r["step"] for r in lines if r["state"] == "done") == [10, 20, 30, 40]
+    assert sorted(s for s, r in rows(bundle).items() if r["state"] == "done") == [10, 20, 30, 40]
+    assert len(eval_record.submissions(run.checkpoints)) == 4  # one submission a step
 
 
 def test_a_failing_eval_job_is_recorded_with_its_cause_and_the_run_ends_completed(
@@ -143,8 +155,6 @@ def test_a_failing_eval_job_is_recorded_with_its_cause_and_the_run_ends_complete
     run = manifest.load(bundle)
     record = settled(run, [10])[10]
     assert record["state"] == "failed" and "ppl.jsonl" in record["cause"], record
-    row = eval_record.rows(bundle)[10]
-    assert row["state"] == "failed" and row["cause"] == record["cause"]
     shown = jobs_command(slurm_env, "evals", str(bundle))
     assert f"step 10: failed (job {record['job']}): " in shown and "ppl.jsonl" in shown
     assert (run.checkpoints / "10").is_dir() and not list((run.checkpoints / ".leases").iterdir())
@@ -162,7 +172,7 @@ def test_a_sweep_of_two_points_is_ranked_by_an_eval_score(tmp_path: Path, slurm_
     assert list(scores.values()) == sorted(scores.values(), reverse=True)
     for name, score in scores.items():
         (bundle,) = bundles(tmp_path, name)
-        assert eval_record.rows(bundle)[10]["tasks"]["evals_mc"]["acc"] == pytest.approx(score, abs=5e-5)
+        assert rows(bundle)[10]["tasks"]["evals_mc"]["acc"] == pytest.approx(score, abs=5e-5)
     (record_dir,) = [p.parent for p in tmp_path.glob("logs/configs/evsw/*/sweep.json")]
     again = jobs_command(slurm_env, "status", str(record_dir))
     assert "Ranked by evals_mc acc, highest first" in again  # the sweep's record keeps --rank_by
@@ -180,9 +190,9 @@ def test_nanotron_mains_8_rank_run_is_evaluated(tmp_path: Path, slurm_env: dict,
     run = manifest.load(bundle)
     records = settled(run, [2, 4])
     assert {s: r["state"] for s, r in records.items()} == {2: "done", 4: "done"}, records
-    rows = eval_record.rows(bundle)
-    assert set(rows[4]["tasks"]) == set(TASKS) and 0 <= rows[4]["tasks"]["evals_mc"]["acc"] <= 1
-    assert all(math.isfinite(v) for v in rows[4]["tasks"]["evals_ppl"].values())
+    found = rows(bundle)
+    assert set(found[4]["tasks"]) == set(TASKS) and 0 <= found[4]["tasks"]["evals_mc"]["acc"] <= 1
+    assert all(math.isfinite(v) for v in found[4]["tasks"]["evals_ppl"].values())
     assert {s: len(j) for s, j in submitted_lines(run.log.read_text()).items()} == {2: 1, 4: 1}
 
 
@@ -199,3 +209,45 @@ def test_an_eval_job_slurm_would_not_run_is_refused_before_anything_is_written(
         code, out = finish(proc, timeout=300)
         assert code == 2 and f"--eval_partition: Slurm would not run an eval job {said}: " in out, out
         assert "Traceback" not in out and not (tmp_path / "logs" / "configs" / "evpart").exists()
+
+
+def slow_sbatch(where: Path, env: dict, job_name: str, seconds: int) -> dict:
+    """`env` with an sbatch first on its PATH that waits `seconds` before submitting a job named `job_name` (a busy
+    controller), then runs Slurm's own: the job's supervisor submits its eval jobs through it."""
+    real = shutil.which("sbatch", path=env.get("PATH"))
+    assert real is not None
+    folder = where / "slow-bin"
+    folder.mkdir()
+    script = folder / "sbatch"
+    script.write_text(f'#!/bin/bash\nfor a in "$@"; do [ "$a" = --job-name={job_name} ] && sleep {seconds}; done\n'
+                      f'exec {real} "$@"\n')  # fmt: skip
+    script.chmod(0o755)
+    return {**env, "PATH": f"{folder}:{env['PATH']}"}
+
+
+def test_a_step_owed_an_eval_is_never_purged_while_its_submission_is_held_up(
+    tmp_path: Path, slurm_env: dict, demo_data
+):
+    """--keep_last 1 saving every 5 steps, evaluated every 10, step 10's sbatch held up 25 s (a busy controller):
+    steps 15, 20, 25 and 30 complete meanwhile; step 10 is kept until its eval job has ended, and every evaluated
+    step is scored once. An eval job killed outright left a scratch folder on the node: the next one removes it."""
+    nodetmp = tmp_path / "nodetmp"
+    (nodetmp / "launcher-eval-999999-10-x" / "model").mkdir(parents=True)  # job 999999: long gone
+    env = slow_sbatch(tmp_path, slurm_env, "owed-eval-10", 25)
+    flags = ("--train_steps", "30", "--save_interval", "5", "--keep_last", "1", "--tmp_dir", str(nodetmp),
+             "--run_train_script", paced(tmp_path, 0.3), *eval_flags(tmp_path, 10))  # fmt: skip
+    code, out = finish(launch(tmp_path, env, demo_data, "owed", *flags, nodes="1"), timeout=600)
+    assert code == 0 and "ended COMPLETED" in out, out
+    (bundle,) = bundles(tmp_path, "owed")
+    run = manifest.load(bundle)
+    found = settled(run, [10, 20, 30])
+    assert {s: r["state"] for s, r in found.items()} == {10: "done", 20: "done", 30: "done"}, found
+    assert {s: len(jobs) for s, jobs in submitted_lines(run.log.read_text()).items()} == {10: 1, 20: 1, 30: 1}
+    purges = [r for r in jsonl.read(bundle / P.CHECKPOINTS_RECORD) if r["event"] == "purge"]
+    removed = {r["step"]: purge["time"] for purge in purges for r in purge["removed"]}
+    assert {5, 15, 25} <= set(removed), purges  # retention ran all along
+    for step in (10, 20):  # removed, if at all, only once its eval had ended
+        assert step not in removed or removed[step] >= found[step]["ended"], (step, removed, found[step])
+    assert removed.get(10, math.inf) > found[10]["ended"] - 1 or 10 in layout.complete_steps(run.checkpoints)
+    assert not (nodetmp / "launcher-eval-999999-10-x").exists()
+    assert list(nodetmp.glob("launcher-eval-*")) == []

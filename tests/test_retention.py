@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DONE_WHEN = Rules(keep_last=2, keep_every=50)
 
 
-
 class Judged(purging.Unasked):
     """Retention's effects in a test: Slurm's word on each job from `alive` (False where it names none), the lines
     kept in `said`."""

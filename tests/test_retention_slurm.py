@@ -25,7 +25,6 @@ from test_preemption import last_logged_step
 from launcher import checkpoint_layout as layout
 from launcher import jsonl
 from launcher import protocol as P
-from launcher.retention.purge import read_record
 
 FAULTS = Path(__file__).resolve().parent / "fault_points"
 RULES = ("--train_steps", "200", "--save_interval", "10", "--keep_last", "2", "--keep_every", "50")
@@ -55,7 +54,7 @@ def assert_kept_as_promised(root: Path, bundle_dirs: list[Path]) -> None:
     one the rules do not keep, each purge with its bytes."""
     assert set(layout.complete_steps(root)) == KEPT, sorted(layout.complete_steps(root))
     assert layout.partial_steps(root) == [] and purging_left(root) == []
-    removed = [r for b in bundle_dirs for row in read_record(b / P.CHECKPOINTS_RECORD) if row["event"] == "purge"
+    removed = [r for b in bundle_dirs for row in jsonl.read(b / P.CHECKPOINTS_RECORD) if row["event"] == "purge"
                for r in row["removed"]]  # fmt: skip
     assert removed and not {r["step"] for r in removed} & KEPT and all(r["bytes"] > 0 for r in removed)
 
@@ -66,7 +65,7 @@ def test_a_run_keeps_the_last_2_and_every_50th(tmp_path: Path, slurm_env: dict, 
     root = tmp_path / "checkpoints/kept"
     (bundle_dir,) = bundles(tmp_path, "kept")
     assert_kept_as_promised(root, [bundle_dir])
-    rows = read_record(bundle_dir / P.CHECKPOINTS_RECORD)
+    rows = jsonl.read(bundle_dir / P.CHECKPOINTS_RECORD)
     assert [r["step"] for r in rows if r["event"] == "saved"] == list(range(10, 201, 10))  # each seen once
     removed = sorted(r["step"] for row in rows if row["event"] == "purge" for r in row["removed"])
     assert removed == sorted(set(range(10, 201, 10)) - KEPT)
@@ -203,6 +202,6 @@ def test_nanotron_mains_trainer_keeps_the_last_2_and_every_50th(tmp_path: Path, 
     (bundle_dir,) = bundles(tmp_path, "nanomain")
     assert_kept_as_promised(root, [bundle_dir])
     assert json.loads((root / "200" / P.NANOTRON_METADATA).read_text())["version"] == "1.5"  # main's format
-    rows = read_record(bundle_dir / P.CHECKPOINTS_RECORD)
+    rows = jsonl.read(bundle_dir / P.CHECKPOINTS_RECORD)
     assert [r["step"] for r in rows if r["event"] == "saved"] == list(range(10, 201, 10))
     assert {r["engine"] for r in rows if r["event"] == "saved"} == {"nanotron"}

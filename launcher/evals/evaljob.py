@@ -168,9 +168,11 @@ def evaluate(job: Job, settings: EvalSettings, step: int, scratch: Path, started
     seconds = time.time() - started
     names = ("export", "lm_eval", "heldout")
     phases = {name: round(b - a, 2) for name, a, b in zip(names, marks[:-1], marks[1:], strict=True)}
-    row = {"state": "done", "tokens": step * job.tokens_per_step, "tasks": metrics_of(results),
-           "samples": samples_of(results), "heldout": figures, "job": os.environ.get("SLURM_JOB_ID", ""),
-           "seconds": round(seconds, 1), "gpus": settings.gpus, "gpu_hours": round(seconds * settings.gpus / 3600, 6),
+    gpus = settings.gpus
+    row = {"state": "done", "ended": round(time.time(), 3), "tokens": step * job.tokens_per_step,
+           "tasks": metrics_of(results), "samples": samples_of(results), "heldout": figures,
+           "job": os.environ.get("SLURM_JOB_ID", ""), "seconds": round(seconds, 1), "gpus": gpus,
+           "gpu_hours": round(seconds * gpus / 3600, 6),
            "phases_s": phases, "engine": backend, "device": device, "dtype": dtype, "limit": settings.limit,
            "settings": settings.to_dict(), "lm_eval": results.get("lm_eval_version") or _version()}  # fmt: skip
     row["wandb"] = to_wandb(job, {**row, "step": step})
@@ -239,7 +241,8 @@ def main(argv: list[str]) -> int:
         seconds = time.time() - started
         gpus = settings.gpus if settings is not None else 0
         with contextlib.suppress(OSError):
-            record.write_result(job.bundle, step, key, {"state": "failed", "cause": cause, "job": slurm_job,
+            record.write_result(job.bundle, step, key, {"state": "failed", "ended": round(time.time(), 3),
+                                                        "cause": cause, "job": slurm_job,
                                                         "seconds": round(seconds, 1), "gpus": gpus,
                                                         "gpu_hours": round(seconds * gpus / 3600, 6)})  # fmt: skip
         print(f"eval: step {step} failed: {cause}", file=sys.stderr, flush=True)

@@ -91,7 +91,8 @@ def table(found: RunEvals, states: dict[str, str] | None = None, indent: str = "
             why = f": {r['cause']}" if r.get("cause") else ""
             lines.append(f"{indent}step {step}: eval job {r.get('job')} ended {state} without a result{why}")
         else:
-            running.append(f"step {step} (job {r.get('job') or '?'}, {state or r.get('result') or r.get('state', '?')})")
+            now = state or r.get("result") or r.get("state", "?")
+            running.append(f"step {step} (job {r.get('job') or '?'}, {now})")
     if running:
         lines.append(f"{indent}still to end: " + ", ".join(running))
     if not lines:
@@ -134,7 +135,10 @@ def ledger_line(run: manifest.Manifest) -> str | None:
     found = of(run)
     jobs = len(found.done) + len(found.failed)
     seconds = sum(float(r.get("seconds") or 0) for r in [*found.done.values(), *found.failed.values()])
-    on = "GPUs" if any(int(r.get("gpus") or 0) for r in [*found.done.values(), *found.failed.values()]) else "CPUs"
+    asked_for = settings(run)
+    rows = [*found.done.values(), *found.failed.values()]
+    gpus = asked_for.gpus if asked_for is not None else max((int(r.get("gpus") or 0) for r in rows), default=0)
+    on = "GPUs" if gpus else "CPUs"
     still = f", {len(found.open)} still to end" if found.open else ""
     return f"{found.gpu_hours():.3f} GPU-hours in {jobs} eval job(s) on {on} ({seconds / 3600:.3f} hours{still}), apart"
 

@@ -80,9 +80,9 @@ def _nanotron_serialize(module: Any) -> None:
 
 
 def _purge(module: Any) -> None:
-    real_remove = module.remove_aside
+    real_remove = module.remove_tree
 
-    def remove_aside(path: Path) -> None:
+    def remove_tree(path: Path) -> None:
         step = path.name.removeprefix(".purging-").split("-")[0]
         if path.is_dir() and step.isdigit():
             files = sorted(p for p in path.rglob("*") if p.is_file())
@@ -91,7 +91,7 @@ def _purge(module: Any) -> None:
             die_at("purge-mid-delete", int(step))
         real_remove(path)
 
-    module.remove_aside = remove_aside
+    module.remove_tree = remove_tree
 
 
 PATCHES = {

@@ -22,7 +22,7 @@ from launcher.node import restart
 from launcher.node.job import Job
 from launcher.node.step import end
 from launcher.node.supervisor import decide, records
-from launcher.retention.purge import remove_tree
+from launcher.retention import purge
 
 POLL_S = 0.2  # how often the supervisor looks at its pending notices while the step runs
 SBATCH_TIMEOUT_S = 120  # sbatch's answer (it retries by itself for a while when the queue is full)
@@ -274,4 +274,4 @@ class Node:
         return {job: job in live for job in wanted}
 
     def remove_tree(self, path: Path) -> None:
-        remove_tree(path)
+        purge.remove_tree(path)
