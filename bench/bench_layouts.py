@@ -55,9 +55,11 @@ def run_cell(where: Path, demo: SimpleNamespace, dialect: str, cell: tuple, init
         return f"refused before the queue: {problems[0].message} (fix: {problems[0].fix})"
     note = " (written sync: 0.4's async backward is wrong)" if "tp_linear_async_communication" in spec.adapted else ""
     config = cpu.written_config(spec, where, label, **{"model.init_method": {"path": str(init)}})
-    metrics, log = config.with_suffix(".jsonl"), config.with_suffix(".log")
+    bundle, log = config.with_suffix(".bundle"), config.with_suffix(".log")  # (LAUNCHER_BUNDLE: its metrics.jsonl)
+    metrics = bundle / "metrics.jsonl"
+    bundle.mkdir(exist_ok=True)
     metrics.unlink(missing_ok=True)
-    done = cpu.torchrun(config, dp * tp * pp, log, main=dialect == "main", env={"LAUNCHER_METRICS_FILE": str(metrics)})
+    done = cpu.torchrun(config, dp * tp * pp, log, main=dialect == "main", env={"LAUNCHER_BUNDLE": str(bundle)})
     if done.returncode != 0:
         errors = [line for line in log.read_text().splitlines() if "Error" in line and "ChildFailed" not in line]
         return f"FAILS: {errors[-1].strip()[:160] if errors else 'exit ' + str(done.returncode)}"

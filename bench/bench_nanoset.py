@@ -175,8 +175,9 @@ def start(engine: str, cfg: Path, log: Path, metrics: Path, timeout: float) -> t
     wall seconds)."""
     from cpu_nanotron import environment
 
-    metrics.unlink(missing_ok=True)
-    env = {**os.environ, **environment(main=engine == "nanotron"), "LAUNCHER_METRICS_FILE": str(metrics)}
+    metrics.unlink(missing_ok=True)  # (`metrics`: <bundle>/metrics.jsonl, the job's bundle LAUNCHER_BUNDLE names)
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **environment(main=engine == "nanotron"), "LAUNCHER_BUNDLE": str(metrics.parent)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
                str(ROOT / "run_train.py"), "--config-file", str(cfg), "--engine", engine]  # fmt: skip
     started_at, started = time.time(), time.monotonic()
@@ -203,8 +204,20 @@ def startup(b: Bench, sources: list[tuple[str, str, Path]], tokenizer: Path, eng
                 continue
             flags = ("--dataset", str(data), "--tokenizer", str(tokenizer))
             try:
-                one = start(engine, config(work, engine, 3, flags), work / "run.log", work / "1.jsonl", b.left())
-                two = start(engine, config(work, engine, 5, flags), work / "run.log", work / "2.jsonl", b.left())
+                one = start(
+                    engine,
+                    config(work, engine, 3, flags),
+                    work / "run.log",
+                    work / "1.bundle" / "metrics.jsonl",
+                    b.left(),
+                )
+                two = start(
+                    engine,
+                    config(work, engine, 5, flags),
+                    work / "run.log",
+                    work / "2.bundle" / "metrics.jsonl",
+                    b.left(),
+                )
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 b.say(f"| {engine} | {kind} | {size} | FAILED: {e} | | |")
                 continue

@@ -133,19 +133,21 @@ def run_engine(
     save: bool = True,
     keep: bool = False,
     env: dict[str, str] | None = None,
-    metrics: Path | None = None,
+    bundle: Path | None = None,
     timeout: float | None = None,
 ) -> dict:
     """One torchrun process training `config` with `engine`, as the node step starts one: torchrun's c10d
     rendezvous (one node, its own port); its metrics lines, peak memory and wall time. `pythonpath` goes first on
     the job's path (nanotron main's source); `save=False` skips every checkpoint save (a memory run); the run's
-    checkpoints are deleted afterwards unless `keep`."""
-    metrics = metrics or out / f"{label}.jsonl"
+    checkpoints are deleted afterwards unless `keep`; `bundle`: the job's bundle it writes its metrics, its outcome
+    (and reads its stop file) in (LAUNCHER_BUNDLE; a new one named after `label` by default)."""
+    metrics = (bundle or out / f"{label}.bundle") / "metrics.jsonl"
     memory = out / f"{label}.memory.json"
-    if metrics == out / f"{label}.jsonl":
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    if bundle is None:
         metrics.unlink(missing_ok=True)
     memory.unlink(missing_ok=True)
-    env = {**os.environ, "LAUNCHER_METRICS_FILE": str(metrics), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, "LAUNCHER_BUNDLE": str(metrics.parent), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
            "CUDA_DEVICE_MAX_CONNECTIONS": "1", **(env or {})}  # fmt: skip  # nanotron asserts it with async TP
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")

@@ -149,20 +149,21 @@ def resume_chain(s: Session, dialect: str, configs: dict[str, Path]) -> None:
 def _resume_chain(s: Session, dialect: str, configs: dict[str, Path]) -> None:
     engine = "nanotron-main" if dialect == "main" else "nanotron"
     work = configs["straight"].parent
-    a, b, stop, outcome = work / "a.jsonl", work / "b.jsonl", work / "STOP", work / "OUTCOME"
-    for f in (a, b, stop, outcome):
+    a, b = work / "a.bundle", work / "b.bundle"  # the two jobs' bundles (LAUNCHER_BUNDLE)
+    stop, outcome = b / "stop-requested", b / "outcome"
+    for f in (a / "metrics.jsonl", b / "metrics.jsonl", stop, outcome):
         f.unlink(missing_ok=True)
-    env = {"LAUNCHER_OUTCOME_FILE": str(outcome)}
+    env: dict[str, str] = {}
     tag = f"resume-{dialect}"
-    if s.run(engine, configs["straight"], f"{tag}-straight", metrics=a, env=env, keep=True) is None:
+    if s.run(engine, configs["straight"], f"{tag}-straight", bundle=a, env=env, keep=True) is None:
         return
-    if s.run(engine, configs["first"], f"{tag}-first", metrics=b, env=env, keep=True) is None:
+    if s.run(engine, configs["first"], f"{tag}-first", bundle=b, env=env, keep=True) is None:
         return
     ckpt_b = Path(yaml.safe_load(configs["first"].read_text())["checkpoints"]["checkpoints_path"])
     saved_after_30 = sorted(p.name for p in ckpt_b.iterdir())
 
     def stop_at_40() -> None:  # as the batch script makes one on Slurm's warning
-        while s.left() > 0 and '"step": 40,' not in (b.read_text() if b.exists() else ""):
+        while s.left() > 0 and '"step": 40,' not in _read(b / "metrics.jsonl"):
             time.sleep(0.05)
         stop.touch()
 
@@ -172,16 +173,26 @@ def _resume_chain(s: Session, dialect: str, configs: dict[str, Path]) -> None:
         engine,
         configs["rest"],
         f"{tag}-stopped",
-        metrics=b,
+        bundle=b,
         keep=True,
-        env={**env, "LAUNCHER_STOP_FILE": str(stop), "LAUNCHER_STOP_FILE_EVERY_S": "0.01"},
+        env={**env, "LAUNCHER_STOP_FILE_EVERY_S": "0.01"},
     )
     watcher.join(timeout=1)
     after_stop = (outcome.read_text().strip() if outcome.exists() else "?", _read(ckpt_b / "latest.txt"))
-    if stopped is None or s.run(engine, configs["rest"], f"{tag}-rest", metrics=b, env=env, keep=True) is None:
+    if stopped is None or s.run(engine, configs["rest"], f"{tag}-rest", bundle=b, env=env, keep=True) is None:
         return
     final = outcome.read_text().strip() if outcome.exists() else "?"
-    judge_resume(s, dialect, a, b, configs["rest"], saved_after_30, after_stop, final, s.work / f"{tag}-stopped.log")
+    judge_resume(
+        s,
+        dialect,
+        a / "metrics.jsonl",
+        b / "metrics.jsonl",
+        configs["rest"],
+        saved_after_30,
+        after_stop,
+        final,
+        s.work / f"{tag}-stopped.log",
+    )
 
 
 def _read(path: Path) -> str:

@@ -63,17 +63,12 @@ LIVE_STATES = frozenset(
     "SPECIAL_EXIT".split()
 )
 
-# What training reads from its environment (set by the node step).
-ENV_STOP_FILE = "LAUNCHER_STOP_FILE"
-ENV_OUTCOME_FILE = "LAUNCHER_OUTCOME_FILE"
-ENV_METRICS_FILE = "LAUNCHER_METRICS_FILE"
-ENV_PROGRESS_FILE = "LAUNCHER_PROGRESS_FILE"
-ENV_RUNTIME_FILE = "LAUNCHER_RUNTIME_FILE"  # RUNTIME_RECORD's path (unset: the job records nothing)
+# What training reads from its environment (set by the node step): the bundle, whose files (STOP_FILE, OUTCOME_FILE,
+# METRICS, PROGRESS_FILE, RUNTIME_RECORD, RANKS_FILE, STRAGGLERS_FILE) it reads and writes by the names above.
+ENV_BUNDLE = "LAUNCHER_BUNDLE"  # (unset: training runs alone, outside a job, and writes none of them)
 ENV_SIGNAL_GRACE = "LAUNCHER_SIGNAL_GRACE"  # seconds the time-limit warning comes early (where the job requeues)
 ENV_STOP_FILE_EVERY = "LAUNCHER_STOP_FILE_EVERY_S"  # seconds between rank 0's looks for the stop file (default 5)
 ENV_NODE_TAG = "LAUNCHER_NODE_TAG"  # "JOB:NODE": the job and the node a training process runs on
-ENV_RANKS_FILE = "LAUNCHER_RANKS_FILE"  # where rank 0 writes which node holds which ranks (RANKS_FILE)
-ENV_STRAGGLERS_FILE = "LAUNCHER_STRAGGLERS_FILE"  # where rank 0 records the stragglers it names (STRAGGLERS_FILE)
 ENV_STRAGGLER_EVERY = "LAUNCHER_STRAGGLER_EVERY"  # steps between rank 0's looks at every rank's step time (100)
 
 # The rendezvous port on the first node (torchrun's store, and the node check before it): RDZV_PORT_LOW + job id %

@@ -76,6 +76,14 @@ def restore_flash_attn() -> Iterator[None]:
     sys.modules.update(saved)
 
 
+def bundle_of(where: Path, name: str) -> Path:
+    """A folder standing for a job's bundle (LAUNCHER_BUNDLE: training writes its metrics, outcome, ... there by
+    their protocol names), made under `where`."""
+    folder = where / f"bundle-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def tiny_config(demo: DemoData, checkpoints: Path, **overrides: Any) -> dict:
     """A nanotron 0.4 config dict for a tiny Llama (hidden 32, 2 layers, 4 heads, 2 kv heads) on the demo data.
 

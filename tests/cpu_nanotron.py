@@ -112,9 +112,12 @@ def launcher_config(
 
 
 def train(config: Path, nproc: int, dialect: str, metrics: Path | None = None, **env: str) -> dict[int, dict]:
-    """One torchrun of the nanotron engine on `config`; the metrics it logged (the test fails with its log)."""
-    metrics = metrics or config.with_suffix(".jsonl")
+    """One torchrun of the nanotron engine on `config`; the metrics it logged (the test fails with its log). Its
+    bundle (LAUNCHER_BUNDLE, where it writes its metrics) is named after `metrics` (the config's name by default):
+    two runs given the same one append to one metrics file, as a resumed job does."""
+    bundle = (metrics or config.with_suffix(".jsonl")).with_suffix(".bundle")
+    bundle.mkdir(parents=True, exist_ok=True)
     log = config.with_suffix(".log")
-    done = torchrun(config, nproc, log, main=dialect == "main", env={"LAUNCHER_METRICS_FILE": str(metrics), **env})
+    done = torchrun(config, nproc, log, main=dialect == "main", env={"LAUNCHER_BUNDLE": str(bundle), **env})
     assert done.returncode == 0, log.read_text()[-6000:]
-    return {m["step"]: m for m in map(json.loads, metrics.read_text().splitlines())}
+    return {m["step"]: m for m in map(json.loads, (bundle / "metrics.jsonl").read_text().splitlines())}

@@ -238,7 +238,7 @@ def engines(runs: list[dict]) -> list[dict]:
         for name, value in run.get("env", {}).items():  # None: unset
             os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         if run.get("stop"):  # a stop requested before this attempt starts
-            open(os.environ["LAUNCHER_STOP_FILE"], "w").close()
+            open(os.path.join(os.environ["LAUNCHER_BUNDLE"], "stop-requested"), "w").close()
         if not dist.is_initialized():  # the engine destroys the process group on its way out
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         code, error = None, None

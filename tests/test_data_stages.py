@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config, write_config
+from conftest import bundle_of, tiny_config, write_config
 from launcher_helpers import all_problems, config_of, spec_for
 from nanotron_main import judge
 from test_train_engine import door, metrics
 
+from launcher import protocol as P
 from launcher.nanotron_config import dialect, schema, stages
 from launcher.perf.sizes import derived
 from launcher.report.summary import _data_note
@@ -24,7 +25,7 @@ from launcher.train.settings import to_train_config
 @pytest.fixture(autouse=True)
 def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    for name in ("LAUNCHER_STOP_FILE", "LAUNCHER_METRICS_FILE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in ("LAUNCHER_BUNDLE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -106,7 +107,7 @@ def test_the_torch_engine_switches_at_the_stages_first_step(demo_data, second_da
 def test_a_resume_across_the_stage_switch_is_exact(demo_data, second_dataset, tmp_path, monkeypatch, capsys):
     def leg(name: str, ckpt: str, steps: int) -> str:
         config = _staged_config(demo_data, second_dataset, tmp_path / ckpt, **{"tokens.train_steps": steps})
-        monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / f"{ckpt}.jsonl"))
+        monkeypatch.setenv("LAUNCHER_BUNDLE", str(bundle_of(tmp_path, ckpt)))
         code, out, err = door(write_config(tmp_path / f"{name}.yaml", copy.deepcopy(config)), capsys)
         assert code == 0, err
         return out
@@ -116,7 +117,7 @@ def test_a_resume_across_the_stage_switch_is_exact(demo_data, second_dataset, tm
     leg("first", "b", 3)  # stops before the switch
     out = leg("second", "b", 7)
     assert "resumed from checkpoint step 3" in out and "data: stage anneal begins at step 4" in out
-    straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
+    straight, resumed = metrics(bundle_of(tmp_path, "a") / P.METRICS), metrics(bundle_of(tmp_path, "b") / P.METRICS)
     assert sorted(straight) == sorted(resumed) == list(range(1, 8))
     assert [straight[s]["loss"] for s in range(1, 8)] == [resumed[s]["loss"] for s in range(1, 8)]
 

@@ -21,7 +21,7 @@ from launcher.train.tokenized import FolderWindows
 @pytest.fixture(autouse=True)
 def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    for name in ("LAUNCHER_STOP_FILE", "LAUNCHER_METRICS_FILE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in ("LAUNCHER_BUNDLE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -82,7 +82,7 @@ def test_run_train_trains_on_a_folder(nanoset_folders, demo_data: DemoData, tmp_
     assert cfg.nanoset == ((folder, 1.0),) and cfg.mixture == ()
     batches = build_micro_batches(cfg, 0, 1)
     assert isinstance(batches, PackedWindows) and isinstance(batches.windows, FolderWindows)
-    monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / "metrics.jsonl"))
+    monkeypatch.setenv("LAUNCHER_BUNDLE", str(tmp_path))  # its metrics.jsonl
     code, out, err = door(write_config(tmp_path / "c.yaml", config), capsys, "--engine", "torch")
     assert code == 0, err
     m = metrics(tmp_path / "metrics.jsonl")

@@ -241,7 +241,7 @@ def _train(config: dict, where: Path, monkeypatch: pytest.MonkeyPatch, engine: s
     config = {**config, "checkpoints": {**config["checkpoints"], "checkpoints_path": str(where / "ckpt")}}
     path = where / "config.yaml"
     path.write_text(schema.dump(config))
-    monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(where / "metrics.jsonl"))
+    monkeypatch.setenv("LAUNCHER_BUNDLE", str(where))  # its metrics.jsonl
     run(str(path), engine)
     lines = (where / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines]
@@ -249,7 +249,7 @@ def _train(config: dict, where: Path, monkeypatch: pytest.MonkeyPatch, engine: s
 
 def test_the_torch_engine_trains_either_dialect_to_the_same_losses(demo_data, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    for name in ("LAUNCHER_STOP_FILE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in ("LAUNCHER_BUNDLE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     config = tiny_config(demo_data, tmp_path / "unused", **{"tokens.train_steps": 6})
     main = dialect.to_main(config)

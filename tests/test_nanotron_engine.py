@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import tiny_config, write_config
+from conftest import bundle_of, tiny_config, write_config
 
 from launcher.errors import TrainError
 from launcher.train.nanotron_engine import compat as nanotron_compat
@@ -121,7 +121,7 @@ def on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[SimpleNa
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    for name in ("LAUNCHER_STOP_FILE", "LAUNCHER_METRICS_FILE", "LAUNCHER_OUTCOME_FILE"):
+    for name in ("LAUNCHER_BUNDLE",):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(nanotron.parallel.ParallelContext, "set_device", lambda self: None)
@@ -255,8 +255,7 @@ def test_nanotrons_loop_goes_around_epochs_and_saves_its_last_step(
     on_cpu: SimpleNamespace, demo_data: DemoData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / "m.jsonl"))
-    monkeypatch.setenv("LAUNCHER_OUTCOME_FILE", str(tmp_path / "outcome"))
+    monkeypatch.setenv("LAUNCHER_BUNDLE", str(tmp_path))  # its metrics.jsonl, its outcome
     ckpt = tmp_path / "ckpt"
     config = cpu_config(demo_data, ckpt, **{"tokens.train_steps": 23, "checkpoints.checkpoint_interval": 10})
     out = run(config, tmp_path / "c.yaml", capsys)
@@ -273,7 +272,7 @@ def test_nanotrons_loop_goes_around_epochs_and_saves_its_last_step(
     assert not [p for p in ckpt.iterdir() if p.name.endswith(".tmp")]
     assert (tmp_path / "outcome").read_text() == "finished 23\n"
     assert "training finished at step 23" in out
-    m = metrics(tmp_path / "m.jsonl")
+    m = metrics(tmp_path / "metrics.jsonl")
     assert sorted(m) == list(range(1, 24)) and all(0 < m[s]["loss"] < 10 for s in m)
     assert m[1]["lr"] == 0.0 and m[4]["lr"] == pytest.approx(0.01)  # tiny_config's warmup: as the torch engine's
 
@@ -294,26 +293,24 @@ def test_a_stop_logs_its_step_saves_it_and_the_resumed_run_continues_exactly(
     checkpoint save and load, LR scheduler state and data position, on CPU: the same LR and loss at every step."""
 
     def leg(ckpt: str, steps: int, name: str) -> str:
-        monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / f"{ckpt}.jsonl"))
+        monkeypatch.setenv("LAUNCHER_BUNDLE", str(bundle_of(tmp_path, ckpt)))
         overrides = {"tokens.train_steps": steps, "logging.iteration_step_info_interval": 3}
         return run(cpu_config(demo_data, tmp_path / ckpt, **overrides), tmp_path / f"{name}.yaml", capsys)
 
     leg("a", 12, "straight")
     leg("b", 4, "first")
-    stop_file, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
+    stop_file, outcome = bundle_of(tmp_path, "b") / "stop-requested", bundle_of(tmp_path, "b") / "outcome"
     stop_file.touch()
-    monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))
-    monkeypatch.setenv("LAUNCHER_OUTCOME_FILE", str(outcome))
     out = leg("b", 12, "second")
     assert "resuming from the run's own checkpoints" in out and "(latest: 4)" in out
     assert STOP_MESSAGE.format(step=5) in out
     assert outcome.read_text() == "stopped 5\n" and not stop_file.exists()
     assert (tmp_path / "b" / POINTER).read_text() == "5"
-    assert 5 in metrics(tmp_path / "b.jsonl"), "the stop step is logged though (5 - 1) % 3 != 0"
+    assert 5 in metrics(bundle_of(tmp_path, "b") / "metrics.jsonl"), "the stop step is logged though (5 - 1) % 3 != 0"
     out = leg("b", 12, "third")
     assert "(latest: 5)" in out and outcome.read_text() == "finished 12\n"
 
-    straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
+    straight, resumed = (metrics(bundle_of(tmp_path, ckpt) / "metrics.jsonl") for ckpt in ("a", "b"))
     assert sorted(straight) == [1, 4, 7, 10, 12] and sorted(resumed) == [1, 4, 5, 7, 10, 12]  # 12: the last
     for step in straight:
         for key in ("loss", "lr"):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from conftest import tiny_config
+from conftest import bundle_of, tiny_config
 from nanotron_main import on_cpu
 
 from launcher.nanotron_config import dialect, schema
@@ -89,7 +89,7 @@ def test_mains_trainer_trains_its_data_stages_on_cpu_and_saves_its_checkpoint_fo
               {"name": "decay", "start_training_step": 8, "dataset": str(second_dataset)}]  # fmt: skip
     config = main_config(demo_data, ckpt, tmp_path / "c.yaml", stages,
                          **{"tokens.train_steps": 12, "checkpoints.checkpoint_interval": 5})  # fmt: skip
-    env = {"LAUNCHER_METRICS_FILE": str(tmp_path / "m.jsonl"), "LAUNCHER_OUTCOME_FILE": str(tmp_path / "outcome")}
+    env = {"LAUNCHER_BUNDLE": str(tmp_path)}  # its metrics.jsonl, its outcome
     runs = [{"config_file": config, "env": env}] * 2  # the second attempt finds the run finished
     (ended, again), out = on_cpu("engines", runs=runs, env={"WANDB_MODE": "disabled"})
 
@@ -106,7 +106,7 @@ def test_mains_trainer_trains_its_data_stages_on_cpu_and_saves_its_checkpoint_fo
             for s in meta["metas"]["data_stages"]]  # fmt: skip
     assert seen == [("stable", 56, {a: 56 * 64}), ("decay", 40, {b: 40 * 64})]
     assert len(list((ckpt / packcache.CACHE_DIR).glob("packed-*.arrow"))) == 2, "each stage packed its own dataset"
-    m = metrics(tmp_path / "m.jsonl")
+    m = metrics(tmp_path / "metrics.jsonl")
     assert sorted(m) == list(range(1, 13)) and m[1]["lr"] == 0.0 and m[4]["lr"] == pytest.approx(0.01)
     losses = [m[s]["loss"] for s in sorted(m)]
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.5, losses
@@ -120,7 +120,7 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     checkpoint (weights, optimizer, LR scheduler, the stage's consumed samples), across the switch to a second data
     stage at step 7: the same loss and LR every step. And a run of the first stage alone, relaunched at step 7 with
     the second stage added (main's way of adding a stage), as the straight run from there."""
-    stop, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
+    stop, outcome = bundle_of(tmp_path, "b") / "stop-requested", bundle_of(tmp_path, "b") / "outcome"
     stages = [{"name": "stable", "start_training_step": 1},
               {"name": "decay", "start_training_step": 7, "dataset": str(second_dataset)}]  # fmt: skip
 
@@ -130,8 +130,7 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
         config = main_config(demo_data, tmp_path / ckpt, tmp_path / f"{name}.yaml", stages, **fp32,
                              **{"tokens.train_steps": steps, "logging.iteration_step_info_interval": 3,
                                 "checkpoints.checkpoint_interval": 100})  # fmt: skip
-        env = {"LAUNCHER_METRICS_FILE": str(tmp_path / f"{ckpt}.jsonl"), "LAUNCHER_STOP_FILE": str(stop),
-               "LAUNCHER_OUTCOME_FILE": str(outcome), "TMPDIR": str(tmp_path)}  # fmt: skip
+        env = {"LAUNCHER_BUNDLE": str(bundle_of(tmp_path, ckpt)), "TMPDIR": str(tmp_path)}
         return {"config_file": config, "env": env}
 
     runs = [run("a", 9, "straight"), run("b", 4, "first"), run("b", 9, "second"), run("b", 9, "third")]
@@ -148,7 +147,7 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     assert meta["metas"]["last_train_step"] == 5 and meta["metas"]["data_stages"][0]["consumed_train_samples"] == 40
     last = json.loads((tmp_path / "b" / "9" / "checkpoint_metadata.json").read_text())["metas"]
     assert [(s["name"], s["consumed_train_samples"]) for s in last["data_stages"]] == [("stable", 48), ("decay", 24)]
-    straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
+    straight, resumed = (metrics(bundle_of(tmp_path, ckpt) / "metrics.jsonl") for ckpt in ("a", "b"))
     assert sorted(straight) == [1, 4, 7, 9] and sorted(resumed) == [1, 4, 5, 7, 9]  # 5: the stop; 9: the last
     for step in straight:  # bit-exact, as 0.4's, once both of main's resume bugs are mended
         # (launcher.train.nanotron_engine.trainer.mend_lr_scheduler_resume): its extra scheduler step was 7e-4 off at
@@ -158,7 +157,7 @@ def test_a_stop_saves_its_step_in_mains_format_and_the_resumed_run_continues_exa
     assert lrs(third_out) == lrs(straight_out)[-2:], "nanotron's own LR log at steps 7 and 9: the same schedule"
 
     # a run of the first stage alone, relaunched at step 7 with the second stage added, trains as if it had had it
-    added = metrics(tmp_path / "c.jsonl")
+    added = metrics(bundle_of(tmp_path, "c") / "metrics.jsonl")
     assert sorted(added) == [1, 4, 6, 7, 9]
     for step in (7, 9):
         assert added[step]["loss"] == straight[step]["loss"], step
@@ -184,8 +183,8 @@ def test_mains_trainer_trains_on_random_tokens_without_a_dataset(demo_data: Demo
     data = yaml.safe_load(Path(config).read_text())
     data["data_stages"][0]["data"]["dataset"] = None
     Path(config).write_text(schema.dump(data))
-    env = {"LAUNCHER_METRICS_FILE": str(tmp_path / "m.jsonl"), "WANDB_MODE": "disabled", "TMPDIR": str(tmp_path)}
+    env = {"LAUNCHER_BUNDLE": str(tmp_path), "WANDB_MODE": "disabled", "TMPDIR": str(tmp_path)}
     ended, _ = on_cpu("engines", runs=[{"config_file": config, "env": env}])
     assert ended == [{"exit": None, "error": None, "destroyed": True}]
-    m = metrics(tmp_path / "m.jsonl")
+    m = metrics(tmp_path / "metrics.jsonl")
     assert sorted(m) == [1, 2, 3] and all(math.isfinite(m[s]["loss"]) for s in m)

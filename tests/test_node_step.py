@@ -28,7 +28,8 @@ TRAINING = r"""
 import os, pathlib, signal, sys, time
 rank, folder = int(os.environ["RANK"]), pathlib.Path(os.environ["TMPDIR"])
 blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-stop, outcome = pathlib.Path(os.environ["LAUNCHER_STOP_FILE"]), pathlib.Path(os.environ["LAUNCHER_OUTCOME_FILE"])
+bundle = pathlib.Path(os.environ["LAUNCHER_BUNDLE"])
+stop, outcome = bundle / "stop-requested", bundle / "outcome"
 told = []
 signal.signal(signal.SIGTERM, lambda *_: told.append(1))
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

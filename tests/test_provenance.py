@@ -199,7 +199,7 @@ def test_rank_0_appends_one_record_per_attempt_and_others_write_nothing(tmp_path
     cfg = _job_config(demo_data, tmp_path)
     runtime = tmp_path / "runtime.jsonl"
     env = {"RANK": "0", "WORLD_SIZE": "2", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]",
-           "HF_HOME": str(tmp_path / "hf"), "LAUNCHER_RUNTIME_FILE": str(runtime)}  # fmt: skip
+           "HF_HOME": str(tmp_path / "hf"), "LAUNCHER_BUNDLE": str(tmp_path)}  # fmt: skip
     record.append(cfg, JobEnvironment.read({**env, "RANK": "1"}), "torch")
     assert not runtime.exists()
     record.append(cfg, JobEnvironment.read(env), "torch")
@@ -230,7 +230,7 @@ def test_every_dataset_of_a_mixture_and_of_later_stages_is_fingerprinted(tmp_pat
 
 def test_an_unwritable_record_is_a_warning_not_a_failed_job(tmp_path: Path, demo_data, capsys):
     cfg = _job_config(demo_data, tmp_path)
-    record.append(cfg, JobEnvironment.read({"LAUNCHER_RUNTIME_FILE": str(tmp_path / "no" / "such" / "dir")}), "torch")
+    record.append(cfg, JobEnvironment.read({"LAUNCHER_BUNDLE": str(tmp_path / "no" / "such" / "dir")}), "torch")
     assert "runtime record was not written" in capsys.readouterr().out
 
 

@@ -149,7 +149,7 @@ def test_strict_refuses_a_changed_package_version_and_writes_nothing(workdir: Pa
 
 def _ran(run: manifest.Manifest) -> None:
     """The runtime record the job's rank 0 writes, written for the bundle's config here."""
-    job = JobEnvironment.read({"LAUNCHER_RUNTIME_FILE": str(run.bundle_dir / "runtime.jsonl"), "SLURM_JOB_ID": "9"})
+    job = JobEnvironment.read({"LAUNCHER_BUNDLE": str(run.bundle_dir), "SLURM_JOB_ID": "9"})  # its runtime.jsonl
     record.append(load_train_config(str(run.bundle_dir / "config.yaml")), job, "torch")
 
 

@@ -90,7 +90,8 @@ def test_the_supervisor_restarts_a_failing_step_until_the_decision_stops(tmp_pat
 STOPPABLE = """
 import os, pathlib, signal, sys, time
 rank = int(os.environ.get("RANK", "0"))
-stop, outcome = pathlib.Path(os.environ["LAUNCHER_STOP_FILE"]), pathlib.Path(os.environ["LAUNCHER_OUTCOME_FILE"])
+bundle = pathlib.Path(os.environ["LAUNCHER_BUNDLE"])
+stop, outcome = bundle / "stop-requested", bundle / "outcome"
 if int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1:
     if rank == 0:
         outcome.write_text("finished 5\\n")

@@ -25,9 +25,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
-from conftest import ROOT, tiny_config, write_config
+from conftest import ROOT, bundle_of, tiny_config, write_config
 from torch.utils.data import DataLoader
 
+from launcher import protocol as P
 from launcher.errors import TrainError
 from launcher.train.data import PackedWindows, RandomTokens, load_texts, pack
 from launcher.train.environment import JobEnvironment
@@ -70,7 +71,7 @@ def metrics(path: Path) -> dict[int, dict]:
 @pytest.fixture(autouse=True)
 def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    for name in ("LAUNCHER_STOP_FILE", "LAUNCHER_METRICS_FILE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in ("LAUNCHER_BUNDLE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -79,7 +80,7 @@ def test_tiny_llama_learns_the_demo_data(
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")  # wandb must work without network
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / "metrics.jsonl"))
+    monkeypatch.setenv("LAUNCHER_BUNDLE", str(tmp_path))  # its metrics.jsonl
     config = write_config(tmp_path / "c.yaml", tiny_config(demo_data, tmp_path / "ckpt"))
 
     code, out, err = door(config, capsys)
@@ -93,7 +94,7 @@ def test_tiny_llama_learns_the_demo_data(
     assert "note: model.dtype is bfloat16; on CPU the torch engine trains in float32" in out
     step_lines = [line for line in out.splitlines() if line.startswith("step ")]
     assert len(step_lines) == 30 and all(STEP_LINE.match(line) for line in step_lines), step_lines[:2]
-    m = metrics(tmp_path / "metrics.jsonl")
+    m = metrics(tmp_path / P.METRICS)
     assert sorted(m) == list(range(1, 31))
     losses = [m[s]["loss"] for s in range(1, 31)]
     assert np.mean(losses[:5]) - np.mean(losses[-5:]) > 1.0, losses
@@ -117,7 +118,7 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
     def leg(name: str, ckpt: str, **overrides: Any) -> tuple[int, str]:
         overrides = {"checkpoints.checkpoint_interval": 5, "data.dataset.hf_dataset_or_datasets": data, **overrides}
         config = tiny_config(demo_data, tmp_path / ckpt, **overrides)
-        monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / f"{ckpt}.jsonl"))
+        monkeypatch.setenv("LAUNCHER_BUNDLE", str(bundle_of(tmp_path, ckpt)))
         code, out, err = door(write_config(tmp_path / f"{name}.yaml", config), capsys)
         assert code == 0, err
         return code, out
@@ -136,10 +137,8 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
         "saves",  # the steps the engine saved: 5, 10 (retention's to remove, where asked)
     ]
     assert (tmp_path / "b" / "saves").read_text() == "5\n10\n"
-    stop_file, outcome = tmp_path / "STOP", tmp_path / "OUTCOME"
+    stop_file, outcome = bundle_of(tmp_path, "b") / P.STOP_FILE, bundle_of(tmp_path, "b") / P.OUTCOME_FILE
     stop_file.touch()
-    monkeypatch.setenv("LAUNCHER_STOP_FILE", str(stop_file))
-    monkeypatch.setenv("LAUNCHER_OUTCOME_FILE", str(outcome))
     _, out = leg("second", "b", **{"tokens.train_steps": 20})
     assert f"resumed from checkpoint step 10 ({tmp_path / 'b' / '10'})" in out
     assert out.strip().endswith("stop requested: checkpoint saved at step 11; exiting")
@@ -149,7 +148,7 @@ def test_stop_and_resume_continue_exactly_like_an_uninterrupted_run(
     assert "resumed from checkpoint step 11" in out and "training finished at step 20" in out
     assert outcome.read_text() == "finished 20\n", "and never requeues this"
 
-    straight, resumed = metrics(tmp_path / "a.jsonl"), metrics(tmp_path / "b.jsonl")
+    straight, resumed = metrics(bundle_of(tmp_path, "a") / P.METRICS), metrics(bundle_of(tmp_path, "b") / P.METRICS)
     assert sorted(resumed) == sorted(straight) == list(range(1, 21))
     for key in ("loss", "lr", "grad_norm"):
         a = torch.tensor([straight[s][key] for s in range(1, 21)], dtype=torch.float64)
@@ -304,8 +303,8 @@ def test_two_ranks_stopped_by_sigterm_resume_to_the_same_weights(demo_data: Demo
 
     def run(name: str, ckpt: str, steps: int, stop_after: int | None = None) -> str:
         config = tiny_config(demo_data, tmp_path / ckpt, **ddp, **{"tokens.train_steps": steps})
-        metrics_file, outcome = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.outcome"
-        job_env = {**env, "LAUNCHER_METRICS_FILE": str(metrics_file), "LAUNCHER_OUTCOME_FILE": str(outcome)}
+        metrics_file = bundle_of(tmp_path, name) / P.METRICS
+        job_env = {**env, "LAUNCHER_BUNDLE": str(bundle_of(tmp_path, name))}
         proc = torchrun_two_ranks(write_config(tmp_path / f"{name}.yaml", config), job_env, tmp_path)
         if stop_after is not None:
             deadline = time.monotonic() + 120
@@ -320,8 +319,9 @@ def test_two_ranks_stopped_by_sigterm_resume_to_the_same_weights(demo_data: Demo
     steps = 120  # long enough that the signal lands well before the end on any machine
     run("straight", "a", steps)
     out = run("first", "b", steps, stop_after=3)
-    stopped = int((tmp_path / "first.outcome").read_text().split()[1])
-    assert (tmp_path / "first.outcome").read_text().startswith("stopped ") and 3 <= stopped < steps, out
+    first = (bundle_of(tmp_path, "first") / P.OUTCOME_FILE).read_text()
+    stopped = int(first.split()[1])
+    assert first.startswith("stopped ") and 3 <= stopped < steps, out
     assert f"stop requested: checkpoint saved at step {stopped}; exiting" in out
 
     # The RNG states saved with the checkpoint are replaced by others: the resumed run must report exactly those
@@ -353,7 +353,7 @@ def test_two_torchrun_ranks_stay_in_sync_and_match_one_process(
     config = tiny_config(
         demo_data, tmp_path / "ddp", **steps, **{"parallelism.dp": 2, "tokens.batch_accumulation_per_replica": 1}
     )
-    env = {**os.environ, "LAUNCHER_METRICS_FILE": str(tmp_path / "ddp.jsonl"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "LAUNCHER_BUNDLE": str(bundle_of(tmp_path, "ddp")), "OMP_NUM_THREADS": "1"}
     cwd = tmp_path / "elsewhere"  # run_train.py must work from any directory
     cwd.mkdir()
     proc = subprocess.run(
@@ -387,10 +387,10 @@ def test_two_torchrun_ranks_stay_in_sync_and_match_one_process(
     # The same global batch on one process (2 micro-batches accumulated) sees the same windows per step, so the
     # losses agree up to float summation order: gradients really are averaged across the two ranks.
     single = tiny_config(demo_data, tmp_path / "one", **steps)
-    monkeypatch.setenv("LAUNCHER_METRICS_FILE", str(tmp_path / "one.jsonl"))
+    monkeypatch.setenv("LAUNCHER_BUNDLE", str(bundle_of(tmp_path, "one")))
     code, _, err = door(write_config(tmp_path / "one.yaml", single), capsys)
     assert code == 0, err
-    two, one = metrics(tmp_path / "ddp.jsonl"), metrics(tmp_path / "one.jsonl")
+    two, one = metrics(bundle_of(tmp_path, "ddp") / P.METRICS), metrics(bundle_of(tmp_path, "one") / P.METRICS)
     assert sorted(two) == sorted(one) == list(range(1, 7))
     assert [two[s]["loss"] for s in two] == pytest.approx([one[s]["loss"] for s in one], rel=1e-4)
     assert two[6]["tokens_per_s_per_gpu"] == pytest.approx(two[6]["tokens_per_s"] / 2)

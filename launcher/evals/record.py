@@ -220,10 +220,10 @@ def of_run(bundle: Path, checkpoints: Path | None) -> RunEvals:
         elif row.get("state") == "failed" and step not in found.done:
             found.failed[step] = row
     for (step, key), sub in sorted(subs.items()):
-        row = seen.get((step, key))
-        if settled(sub, row):
-            if (row is None or row.get("state") not in SETTLED_RESULTS) and step not in found.done:
+        res = seen.get((step, key))
+        if settled(sub, res):
+            if (res is None or res.get("state") not in SETTLED_RESULTS) and step not in found.done:
                 found.failed[step] = sub  # refused, or lost
         elif step not in found.done:
-            found.open[step] = {**sub, "result": (row or {}).get("state")}
+            found.open[step] = {**sub, "result": (res or {}).get("state")}
     return found

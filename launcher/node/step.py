@@ -50,13 +50,11 @@ USAGE = "usage: python -m launcher.node.step JOB run HOST:PORT NODES | JOB dump 
 
 
 def environment(job: Job, env: Mapping[str, str], job_id: str, node: str) -> dict[str, str]:
-    """Training's environment: the step's own (srun's), the run's files by their protocol names, the settings
-    training and its libraries read, --extra_env over them, and --debug's over all."""
+    """Training's environment: the step's own (srun's), the run's bundle (whose files training reads and writes by
+    their protocol names), the settings training and its libraries read, --extra_env over them, and --debug's over
+    all."""
     out = dict(env)
-    files = {P.ENV_STOP_FILE: P.STOP_FILE, P.ENV_OUTCOME_FILE: P.OUTCOME_FILE, P.ENV_METRICS_FILE: P.METRICS,
-             P.ENV_RUNTIME_FILE: P.RUNTIME_RECORD, P.ENV_PROGRESS_FILE: P.PROGRESS_FILE,
-             P.ENV_RANKS_FILE: P.RANKS_FILE, P.ENV_STRAGGLERS_FILE: P.STRAGGLERS_FILE}  # fmt: skip
-    out.update({name: str(job.file(file)) for name, file in files.items()})
+    out[P.ENV_BUNDLE] = str(job.bundle)
     out[P.ENV_NODE_TAG] = f"{job_id}:{node}"  # training's node, as Slurm names it
     if job.signal_grace:  # seconds a time-limit save has (training warns where its saves take longer)
         out[P.ENV_SIGNAL_GRACE] = str(job.signal_grace)

@@ -2,8 +2,8 @@
 
 - stdout: one flushed line per logged step,
   `step 12/30 | loss 5.1234 | lr 3.0000e-04 | grad_norm 1.234 | tokens/s 12345 | tokens/s/gpu 3086 | mfu -`
-- `LAUNCHER_METRICS_FILE`, if set: one JSON object per logged step, appended (a resumed run appends again, so a
-  step logged before a crash can appear twice: readers keep the last line of each step).
+- the bundle's metrics.jsonl (`LAUNCHER_BUNDLE`), if set: one JSON object per logged step, appended (a resumed run
+  appends again, so a step logged before a crash can appear twice: readers keep the last line of each step).
 - wandb, unless `WANDB_MODE=disabled` (then wandb is never imported); offline mode needs no network. One wandb run
   per training run (`launcher.train.tracker`).
 """

@@ -1,8 +1,8 @@
 """Which node each rank runs on, and which ranks are slower than the others.
 
 - **The rank map**: as training starts, every rank says its node (one `all_gather_object` of a name) and rank 0
-  writes `LAUNCHER_RANKS_FILE` (protocol.RANKS_FORMAT, a line a node): the supervisor's restart decision finds the
-  node of a failed rank there (torchrun's c10d rendezvous numbers the nodes its own way).
+  writes the bundle's `ranks` (LAUNCHER_BUNDLE's; protocol.RANKS_FORMAT, a line a node): the supervisor's restart
+  decision finds the node of a failed rank there (torchrun's c10d rendezvous numbers the nodes its own way).
 - **Stragglers**: in data parallel training every rank waits for the slowest at each step's gradient all-reduce, so
   a step's wall time is the same everywhere; what differs is a rank's own work before it waits (its data, its
   forward passes, the micro-batches it accumulates alone). Each rank times that part of every step; every
@@ -11,7 +11,7 @@
   COSTLY of a step (less is the timer's noise under a busy CPU, and costs the run little) at PERSISTENT looks in a
   row is named: in the log, once
   (`straggler: rank 3 on node2 ...`; a node all of whose ranks are named is named as the node), and at every look
-  while it stays slow in `LAUNCHER_STRAGGLERS_FILE` (JSON lines), which the run's summary and training.png read.
+  while it stays slow in the bundle's `stragglers.jsonl` (JSON lines), which the run's summary and training.png read.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stop requests: SIGTERM, SIGUSR1, or the file named by `LAUNCHER_STOP_FILE` appearing on the shared filesystem.
+"""Stop requests: SIGTERM, SIGUSR1, or the bundle's `stop-requested` (LAUNCHER_BUNDLE's) appearing on the shared disk.
 
 Each asks the job to save a checkpoint at the next step boundary and exit 0. SIGTERM is Slurm's notice to the
 training processes of a preemption (within its grace time), a cancel, or the time limit; the stop file is the job's
@@ -8,7 +8,7 @@ ranks agree every step with an all_reduce(MAX) of their flags; only rank 0 looks
 seconds (at 32,000 ranks, one metadata request where there were 32,000 a step). The request is consumed: rank 0
 removes the stop file once the checkpoint is saved, so the requeued job trains on.
 
-The outcome is explicit: rank 0 writes `LAUNCHER_OUTCOME_FILE` as training ends, "finished STEP" or "stopped STEP"
+The outcome is explicit: rank 0 writes the bundle's `outcome` as training ends, "finished STEP" or "stopped STEP"
 (at a checkpoint before the last step). The supervisor requeues a stopped run and never a finished one, so a
 request that comes as the run ends (the time-limit warning landing during the last steps) changes nothing.
 """

@@ -14,8 +14,9 @@ that. The subclass from `trainer_class` adds:
   the run finish and is consumed once the last step is saved;
 - the last step saved (nanotron saves only at multiples of checkpoint_interval and its post_training saves
   nothing) and logged (nanotron logs only every iteration_step_info_interval steps), as the torch engine does;
-- `LAUNCHER_METRICS_FILE`: the first rank that holds the loss (nanotron's logger rank) appends one JSON line per
-  logged step (grad_norm is null when clipping is off: nanotron computes it only while clipping);
+- the bundle's metrics.jsonl (`LAUNCHER_BUNDLE`): the first rank that holds the loss (nanotron's logger rank)
+  appends one JSON line per logged step (grad_norm is null when clipping is off: nanotron computes it only while
+  clipping);
 - wandb: nanotron's `wandb.init` is unguarded (no key and no WANDB_MODE: a traceback); here, as in the torch
   engine, a one-line error that says what to do (`WANDB_MODE=offline` or `disabled` both work without network),
   and the run's one wandb run opened (`tracker.one_wandb_run`); the rank map written (`launcher.train.ranks`);
