@@ -101,7 +101,7 @@ def measured(command: list[str], env: dict[str, str] | None = None, log: Path | 
 def sizes(run: Any) -> tuple[str, int, int, int]:
     """(largest tensor's name, its bytes, the model's bytes, parameters) from the checkpoint's headers (bf16)."""
     from launcher.export import checkpoints, weights
-    from launcher.export.command import run_config
+    from launcher.export.exporter import run_config
 
     checkpoint = checkpoints.find(run.checkpoints, None, run_config(run))
     shapes = {n: weights._numel(s) for g in weights.groups(checkpoint) for n, s in g.shapes.items()}

@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from launcher import checkpoint_layout as layout  # noqa: E402
+from launcher import checkpoint_layout as ckpt  # noqa: E402
 from launcher import protocol as P  # noqa: E402
 from launcher.retention import purge  # noqa: E402
 from launcher.retention.rules import Rules, judge  # noqa: E402
@@ -113,7 +113,7 @@ def bench_many_files(work: Path, size: int, files: int, repeats: int) -> list[fl
                 f.write(chunk)
                 os.fsync(f.fileno())
         (root / str(step) / P.NANOTRON_METADATA).write_text("{}")
-        layout.note_save(root, step)
+        ckpt.note_save(root, step)
         (root / P.NANOTRON_POINTER).write_text(str(step))
         if step > 2:
             started = time.perf_counter()
@@ -129,8 +129,8 @@ def bench_looks(work: Path, repeats: int) -> tuple[list[float], list[float], lis
     root = work / "looks"
     for step in range(1, 1001):
         (root / str(step)).mkdir(parents=True)
-        (root / str(step) / layout.TORCH_STATE).write_bytes(b"")
-        (root / str(step) / layout.TORCH_META).write_bytes(b"")
+        (root / str(step) / ckpt.TORCH_STATE).write_bytes(b"")
+        (root / str(step) / ckpt.TORCH_META).write_bytes(b"")
     (root / P.TORCH_POINTER).write_text("1000\n")
     now = [0.0]
     keeper = purge.Retention(Rules(keep_every=1), root, "", lambda name, **f: None, clock=lambda: now[0])
@@ -143,11 +143,11 @@ def bench_looks(work: Path, repeats: int) -> tuple[list[float], list[float], lis
         polls.append(time.perf_counter() - started)
     for _ in range(repeats):
         started = time.perf_counter()
-        judge(layout.look(root), Rules(keep_last=2, keep_every=100), {})
+        judge(ckpt.look(root), Rules(keep_last=2, keep_every=100), {})
         looks.append(time.perf_counter() - started)
     for step in range(repeats * 4):
         started = time.perf_counter()
-        layout.note_save(work / "notes", step)
+        ckpt.note_save(work / "notes", step)
         notes.append(time.perf_counter() - started)
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(work / "notes", ignore_errors=True)

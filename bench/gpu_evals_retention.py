@@ -104,7 +104,7 @@ def main() -> int:
 
     import torch
 
-    from launcher import checkpoint_layout as layout
+    from launcher import checkpoint_layout as ckpt
     from launcher.evals import record as eval_record
     from launcher.retention.purge import purge
     from launcher.retention.rules import Rules
@@ -118,13 +118,13 @@ def main() -> int:
         root = run.checkpoints  # type: ignore[attr-defined]
         train = [sys.executable, str(ROOT / "run_train.py"), "--config-file", config, "--engine", "torch"]
         seconds = timed(train, args.out / "train.log", env)
-        steps = sorted(layout.complete_steps(root))
-        size = layout.size_of(layout.step_dir(root, max(steps)))
+        steps = sorted(ckpt.complete_steps(root))
+        size = ckpt.size_of(ckpt.step_dir(root, max(steps)))
         say(f"- trained {args.steps} steps in {seconds:.1f} s; saved {steps}, {size / 2**20:,.1f} MiB each")
 
         done = purge(root, Rules(keep_last=2), "")
         say(f"- purge (keep_last 2): removed {[r['step'] for r in done.removed]}, {done.freed / 2**20:,.1f} MiB freed "
-            f"in {done.seconds:.2f} s; kept {sorted(layout.complete_steps(root))}")  # fmt: skip
+            f"in {done.seconds:.2f} s; kept {sorted(ckpt.complete_steps(root))}")  # fmt: skip
 
         last = max(steps)
         job = [sys.executable, "-m", "launcher.evals.evaljob", str(run.bundle_dir), str(last)]  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from launcher_helpers import ROOT
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.bundle import manifest
 from launcher.evals import record as eval_record
@@ -165,7 +165,7 @@ def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_pat
     assert held["held_out"].endswith("heldout.jsonl")
     assert row["lm_eval_results"]["results"]["evals_mc"]["acc,none"] == row["tasks"]["evals_mc"]["acc"]
     assert "samples" not in row["lm_eval_results"] and row["state"] == "done"
-    assert layout.leases(run.checkpoints) == [] and scratch(run) == []  # the lease, the scratch gone
+    assert ckpt.leases(run.checkpoints) == [] and scratch(run) == []  # the lease, the scratch gone
     said = done.stdout + done.stderr
     assert f"eval: step {STEP} ({row['tokens']:,} tokens): evals_mc" in said and "[hf on cpu" in said
 
@@ -186,7 +186,7 @@ def test_a_failing_eval_job_is_recorded_with_its_cause_and_loses_nothing(evaluat
     assert row["job"] == "4242" and f"eval: step {STEP} failed: ExportError" in done.stderr
     after = sorted(p.relative_to(run.checkpoints) for p in run.checkpoints.rglob("*") if ".evals" not in p.parts)
     assert after == before or set(after) - set(before) <= {Path(P.LEASES)}  # the checkpoint whole, no lease left
-    assert layout.leases(run.checkpoints) == [] and scratch(run) == []
+    assert ckpt.leases(run.checkpoints) == [] and scratch(run) == []
 
     data = tasks / "ppl.jsonl"
     shutil.move(data, where / "ppl-aside.jsonl")  # a task's data gone after the launch
@@ -244,5 +244,5 @@ def test_an_eval_job_killed_by_slurms_sigterm_records_it_and_leaves_nothing_behi
     assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
     row = result(run)
     assert row["state"] == "interrupted" and row["job"] == "4343" and "SIGTERM" in row["cause"]
-    assert layout.leases(run.checkpoints) == [] and scratch(run) == []
+    assert ckpt.leases(run.checkpoints) == [] and scratch(run) == []
     assert f"eval: step {STEP} interrupted: signal SIGTERM" in err

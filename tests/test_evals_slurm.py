@@ -20,7 +20,7 @@ from test_e2e_training import bundles, finish, launch, paced, submitted_job_id, 
 from test_evals_job import TASKS, by_hand, write_tasks
 from test_preemption import last_logged_step
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import jsonl
 from launcher import protocol as P
 from launcher.bundle import manifest
@@ -248,6 +248,6 @@ def test_a_step_owed_an_eval_is_never_purged_while_its_submission_is_held_up(
     assert {5, 15, 25} <= set(removed), purges  # retention ran all along
     for step in (10, 20):  # removed, if at all, only once its eval had ended
         assert step not in removed or removed[step] >= found[step]["ended"], (step, removed, found[step])
-    assert removed.get(10, math.inf) > found[10]["ended"] - 1 or 10 in layout.complete_steps(run.checkpoints)
+    assert removed.get(10, math.inf) > found[10]["ended"] - 1 or 10 in ckpt.complete_steps(run.checkpoints)
     assert not (nodetmp / "launcher-eval-999999-10-x").exists()
     assert list(nodetmp.glob("launcher-eval-*")) == []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.evals import record
 from launcher.evals.settings import EvalSettings
@@ -70,8 +70,8 @@ class Slurm:
 def save(root: Path, step: int) -> None:
     """A complete torch-engine checkpoint of `step`, and the pointer to it."""
     (root / str(step)).mkdir(parents=True)
-    (root / str(step) / layout.TORCH_STATE).write_bytes(b"x")
-    (root / str(step) / layout.TORCH_META).write_text("{}")
+    (root / str(step) / ckpt.TORCH_STATE).write_bytes(b"x")
+    (root / str(step) / ckpt.TORCH_META).write_text("{}")
     (root / P.TORCH_POINTER).write_text(f"{step}\n")
 
 
@@ -209,8 +209,8 @@ def test_a_step_is_owed_its_eval_from_its_save_until_its_eval_settles(tmp_path: 
 def test_the_submissions_are_files_per_step_and_key_under_the_checkpoints(tmp_path: Path):
     root = tmp_path / "ckpt"
     record.note_submission(root, 40, "abc", state="submitted", job="9")
-    (layout.evals_dir(root) / "41-abc.json").write_text("{cut sh")  # a record cut short reads as a claim
+    (ckpt.evals_dir(root) / "41-abc.json").write_text("{cut sh")  # a record cut short reads as a claim
     found = record.submissions(root)
     assert found[(40, "abc")]["state"] == "submitted" and found[(41, "abc")]["state"] == "submitting"
-    assert json.loads(layout.eval_submission(root, 40, "abc").read_text())["job"] == "9"
-    assert layout.complete_steps(root) == {}  # not a step's folder
+    assert json.loads(ckpt.eval_submission(root, 40, "abc").read_text())["job"] == "9"
+    assert ckpt.complete_steps(root) == {}  # not a step's folder

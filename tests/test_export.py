@@ -30,7 +30,7 @@ from cpu_nanotron import ROOT, environment, launcher_config, train
 from launcher import jobs
 from launcher.bundle import manifest
 from launcher.export import checkpoints, folder, weights
-from launcher.export.command import export
+from launcher.export.exporter import export
 from launcher.runs import launch
 
 if TYPE_CHECKING:
@@ -362,14 +362,14 @@ def test_an_export_holds_its_step_against_the_runs_retention(
 ) -> None:
     """The run keeps only its newest step (--keep_last 1) and its supervisor purges while `jobs export --step 5`
     reads step 5: the export's lease keeps it; once the export has ended, the next purge removes it."""
-    from launcher import checkpoint_layout as layout
+    from launcher import checkpoint_layout as ckpt
     from launcher.retention import purge
     from launcher.retention.rules import Rules
 
     run = _copy(torch_run("0.4"), tmp_path / "t")
     shutil.copytree(run.checkpoints / "5", run.checkpoints / "10")
     for step in (5, 10):
-        layout.note_save(run.checkpoints, step)
+        ckpt.note_save(run.checkpoints, step)
     (run.checkpoints / "latest").write_text("10\n")
     real, purged = folder.write_weights, []
 
@@ -380,5 +380,5 @@ def test_an_export_holds_its_step_against_the_runs_retention(
     monkeypatch.setattr(folder, "write_weights", while_reading)
     assert jobs.main(["export", str(run.bundle_dir), "--step", "5", "--output", str(tmp_path / "hf")]) == 0
     assert purged[0].removed == [] and 5 in purged[0].kept  # read by the export
-    assert layout.leases(run.checkpoints) == []  # dropped as the export ended
+    assert ckpt.leases(run.checkpoints) == []  # dropped as the export ended
     assert [r["step"] for r in purge.purge(run.checkpoints, Rules(keep_last=1), "").removed] == [5]

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from nanotron_names import as_transformers as named_as_transformers
 
-from launcher.nanotron_config.layout import ParallelDims, check_layout
+from launcher.nanotron_config.parallel import ParallelDims, check_layout
 from launcher.nanotron_config.shape import ModelShape
 from launcher.train.nanotron_engine import compat as nanotron_compat
 from launcher.train.nanotron_engine import flash_attn_compat
@@ -161,7 +161,7 @@ def test_nanotrons_parallel_context_accepts_exactly_the_layouts_the_launcher_acc
     nanotron: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ParallelContext's world-size assertions run before it touches a GPU: stop it right after them (at
-    set_device) and compare its verdict with launcher.nanotron_config.layout's on every small layout."""
+    set_device) and compare its verdict with launcher.nanotron_config.parallel's on every small layout."""
 
     class Accepted(Exception):
         pass

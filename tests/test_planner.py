@@ -14,7 +14,7 @@ from test_dry_run import HEAVY
 from test_memory import B1, B3, B8, B80, DOC, V
 
 from launcher.nanotron_config import gpus
-from launcher.nanotron_config.layout import ParallelDims, check_layout
+from launcher.nanotron_config.parallel import ParallelDims, check_layout
 from launcher.nanotron_config.shape import ModelShape
 from launcher.perf.memory import Layout
 from launcher.perf.planner import evaluate, search

@@ -11,7 +11,7 @@ from launcher_helpers import TRIAGE_FIXTURES
 
 from launcher import protocol as P
 from launcher.node import failures, restart
-from launcher.node.restart import Found, Step, answer, decide, find, ranks_map, records
+from launcher.node.restart import Found, Step, answer, choose, find, ranks_map, records
 
 ROOT = Path(__file__).resolve().parent.parent
 CRASH = failures.Failure("crash", "died of SIGKILL (exit code -9), with no traceback", 1, "node1")
@@ -34,81 +34,81 @@ def past(*ends: tuple[int, int], failure: str = "crash: died", at: str = "12") -
 
 
 def test_a_failed_node_is_left_out_while_a_spare_is_there():
-    d = decide(step(), failed(), [], 10)
+    d = choose(step(), failed(), [], 10)
     assert (d.action, d.nodes, d.checkpoint) == ("restart", ["node1"], 10)
 
 
 def test_without_a_spare_the_job_requeues_without_the_node_where_the_partition_can_spare_one():
     no_spare = step(allocation=["node1", "node2"], partition_spare=1)
-    assert (decide(no_spare, failed(), [], 10).action, decide(no_spare, failed(), [], 10).nodes) == (
+    assert (choose(no_spare, failed(), [], 10).action, choose(no_spare, failed(), [], 10).nodes) == (
         "requeue",
         ["node1"],
     )
     # the partition has no other node: the step again on the same nodes (the requeue would get them back)
-    same = decide(step(allocation=["node1", "node2"], partition_spare=0), failed(), [], 10)
+    same = choose(step(allocation=["node1", "node2"], partition_spare=0), failed(), [], 10)
     assert (same.action, same.nodes) == ("restart", []) and "none spare" in same.said
     # a failure no node can be blamed for: the same nodes
-    assert decide(step(allocation=["node1", "node2"]), failed(nodes=()), [], 10).action == "restart"
+    assert choose(step(allocation=["node1", "node2"]), failed(nodes=()), [], 10).action == "restart"
 
 
 def test_a_node_that_left_the_allocation_without_a_spare_requeues():
     gone = step(allocation=["node1"], partition_spare=1)
     found = find(gone, "", {}, 2, 30)
     assert (found.why, found.nodes) == ("node-failure", ["node2"]) and "node2 left the allocation" in found.said
-    d = decide(gone, found, [], 30)
+    d = choose(gone, found, [], 30)
     assert (d.action, d.nodes) == ("requeue", ["node2"])
     # with a spare: on node1 and node3
-    assert decide(step(allocation=["node1", "node3"]), find(step(allocation=["node1", "node3"]), "", {}, 2, 30), [],
+    assert choose(step(allocation=["node1", "node3"]), find(step(allocation=["node1", "node3"]), "", {}, 2, 30), [],
                   30).action == "restart"  # fmt: skip
     # the job may not requeue itself (--max_requeues 0): a stop that says so
-    refused = decide(step(allocation=["node1"], requeues_allowed=False), found, [], 30)
+    refused = choose(step(allocation=["node1"], requeues_allowed=False), found, [], 30)
     assert refused.action == "stop" and "--max_requeues" in refused.fix
 
 
 def test_what_a_retry_cannot_fix_stops_at_once():
-    bad = decide(step(), failed(failure=failures.Failure("bad_input", "dataset has no column 'x'", 0, None)), [], 4)
+    bad = choose(step(), failed(failure=failures.Failure("bad_input", "dataset has no column 'x'", 0, None)), [], 4)
     assert (bad.action, bad.code) == ("stop", 2) and "refused its data or config" in bad.reason
     missing = failures.Failure("exception", "FileNotFoundError: [Errno 2] No such file or directory: '/d/x'", 0, None)
-    gone = decide(step(), failed(failure=missing), [], 4)
+    gone = choose(step(), failed(failure=missing), [], 4)
     assert gone.action == "stop" and "a file is missing" in gone.reason and "step 4" in gone.fix
 
 
 def test_the_same_exception_at_the_same_step_stops_and_another_step_does_not():
     before = past((0, 10), failure=f"exception: {VALUE.summary}", at="12")
-    same = decide(step(), failed(failure=VALUE, at=12), before, 10)
+    same = choose(step(), failed(failure=VALUE, at=12), before, 10)
     assert same.action == "stop" and "the same exception as the failure before, at the same point of the run (after " \
         "step 12)" in same.reason  # fmt: skip
     assert "traceback" in same.fix
-    assert decide(step(), failed(failure=VALUE, at=15), before, 10).action == "restart"
+    assert choose(step(), failed(failure=VALUE, at=15), before, 10).action == "restart"
     oom = failures.Failure("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory", 1, None)
-    again = decide(step(), failed(failure=oom, at=12), past((0, 10), failure=f"cuda_oom: {oom.summary}"), 10)
+    again = choose(step(), failed(failure=oom, at=12), past((0, 10), failure=f"cuda_oom: {oom.summary}"), 10)
     assert again.action == "stop" and "the same out-of-memory as" in again.reason and "--micro_batch_size" in again.fix
     # before the run's first step (no step logged), twice: the same point too
-    first = decide(step(), failed(failure=oom, at=None), past((0, 0), failure=f"cuda_oom: {oom.summary}", at="-"), 0)
+    first = choose(step(), failed(failure=oom, at=None), past((0, 0), failure=f"cuda_oom: {oom.summary}", at="-"), 0)
     assert first.action == "stop" and "at the same point of the run (before its first step)" in first.reason
     # a crash (SIGKILL, SIGSEGV) may be the node's: retried however often it comes, within the bounds below
-    assert decide(step(), failed(at=12), past((0, 10), failure=f"crash: {CRASH.summary}"), 10).action == "restart"
+    assert choose(step(), failed(at=12), past((0, 10), failure=f"crash: {CRASH.summary}"), 10).action == "restart"
 
 
 def test_three_steps_in_a_row_without_a_newer_checkpoint_stop():
-    assert decide(step(), failed(), past((10, 10)), 10).action == "restart"
-    assert decide(step(started_from=10), failed(), past((0, 10), (10, 10)), 10).action == "restart"
-    stuck = decide(step(started_from=10), failed(), past((10, 10), (10, 10)), 10)
+    assert choose(step(), failed(), past((10, 10)), 10).action == "restart"
+    assert choose(step(started_from=10), failed(), past((0, 10), (10, 10)), 10).action == "restart"
+    stuck = choose(step(started_from=10), failed(), past((10, 10), (10, 10)), 10)
     assert stuck.action == "stop" and "3 node steps in a row ended without a checkpoint newer than step 10" in \
         stuck.reason  # fmt: skip
-    assert decide(step(started_from=10), failed(), past((10, 10), (10, 10)), 20).action == "restart"  # progress
+    assert choose(step(started_from=10), failed(), past((10, 10), (10, 10)), 20).action == "restart"  # progress
 
 
 def test_the_restarts_are_bounded():
-    spent = decide(step(max_restarts=2), failed(), past((0, 10), (10, 20)), 30)
+    spent = choose(step(max_restarts=2), failed(), past((0, 10), (10, 20)), 30)
     assert spent.action == "stop" and "--max_restarts 2" in spent.reason and "step 30" in spent.fix
 
 
 def test_every_node_failing_its_check_is_the_runs_problem():
     found = Found("node-check", "a failed node check", ["node1", "node2"])
-    d = decide(step(verdict="unhealthy", suspects=["node1", "node2"]), found, [], 0)
+    d = choose(step(verdict="unhealthy", suspects=["node1", "node2"]), found, [], 0)
     assert (d.action, d.code) == ("stop", 5)
-    one = decide(step(verdict="unhealthy"), Found("node-check", "a failed node check", ["node2"]), [], 0)
+    one = choose(step(verdict="unhealthy"), Found("node-check", "a failed node check", ["node2"]), [], 0)
     assert (one.action, one.nodes) == ("restart", ["node2"])
 
 
@@ -121,7 +121,7 @@ def test_the_failed_rank_is_found_on_its_node_by_the_rank_map(tmp_path: Path, mo
     found = find(nodes, log, ranks_map(ranks), 2, 5)
     assert found.failure is not None and found.failure.rank == 3 and "rank 3 on node9: ValueError" in found.said
     # an exception is the run's own, not node9's: the step again on the same nodes, none left out or excluded
-    assert found.nodes == [] and (decide(nodes, found, [], 4).action, decide(nodes, found, [], 4).nodes) == (
+    assert found.nodes == [] and (choose(nodes, found, [], 4).action, choose(nodes, found, [], 4).nodes) == (
         "restart", [])  # fmt: skip
     crash = failures.Failure("crash", "died of SIGKILL", 3, None)  # the same ranks, a node's failure this time
     monkeypatch.setattr(failures, "first_failure", lambda text: crash)
@@ -192,7 +192,7 @@ def test_a_node_gone_before_slurm_noticed_is_the_one_srun_never_heard_from():
     node DOWN; the node whose task srun never heard end is blamed, not the survivors."""
     found = find(step(), LOST, {}, 2, 40)
     assert found.nodes == ["node2"] and "no word from node2" in found.said
-    assert decide(step(), found, [], 30).nodes == ["node2"]
+    assert choose(step(), found, [], 30).nodes == ["node2"]
     # every node's task was heard: no one node to blame, the same nodes again
     heard = LOST + "srun: error: node2: task 1: Killed\n"
     assert find(step(), heard, {}, 2, 40).nodes == []  # a rank that only lost its peers blames no node

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher import atomic, jsonl
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.node.job import Job, from_json
 from launcher.node.supervisor.attempt import Attempt
@@ -47,8 +47,8 @@ class Judged(purging.Unasked):
 def torch_step(root: Path, step: int, size: int = 10) -> Path:
     folder = root / str(step)
     folder.mkdir(parents=True)
-    (folder / layout.TORCH_STATE).write_bytes(b"x" * size)
-    (folder / layout.TORCH_META).write_text("{}")
+    (folder / ckpt.TORCH_STATE).write_bytes(b"x" * size)
+    (folder / ckpt.TORCH_META).write_text("{}")
     return folder
 
 
@@ -64,18 +64,18 @@ def nanotron_step(root: Path, step: int, complete: bool = True) -> Path:
 def saved(root: Path, *steps: int, pointer: str = P.TORCH_POINTER) -> None:
     """The launcher's saves record for `steps`, and the pointer at the last."""
     for step in steps:
-        layout.note_save(root, step)
+        ckpt.note_save(root, step)
     (root / pointer).write_text(f"{steps[-1]}\n")
 
 
 def run_of(root: Path, steps: range, rules: Rules) -> set[int]:
     """What stays after saving `steps` one by one, a purge after each (the supervisor's order)."""
     for step in steps:
-        layout.note_save(root, step)
+        ckpt.note_save(root, step)
         torch_step(root, step)
         (root / P.TORCH_POINTER).write_text(f"{step}\n")
         purging.purge(root, rules, "")
-    return set(layout.complete_steps(root))
+    return set(ckpt.complete_steps(root))
 
 
 def on_disk(root: Path) -> list[str]:
@@ -90,7 +90,7 @@ def test_the_plan_says_why_each_step_stays_and_why_the_others_go(tmp_path: Path)
     for step in range(10, 201, 10):
         torch_step(tmp_path, step)
     saved(tmp_path, *range(10, 201, 10))
-    plan = judge(layout.look(tmp_path), DONE_WHEN, {})
+    plan = judge(ckpt.look(tmp_path), DONE_WHEN, {})
     by_step = {j.step: j for j in plan.steps}
     assert [j.step for j in plan.removed] == [s for s in range(10, 201, 10) if s not in (50, 100, 150, 190, 200)]
     assert by_step[40].remove == "not among the last 2, not a multiple of 50"
@@ -105,7 +105,7 @@ def test_the_pointers_step_and_the_newest_complete_one_are_never_removed(tmp_pat
         torch_step(tmp_path, step)
     saved(tmp_path, 10, 20, 30)
     (tmp_path / P.TORCH_POINTER).write_text("10\n")  # the pointer lags: 20 and 30 completed after it
-    plan = judge(layout.look(tmp_path), Rules(keep_last=1), {})
+    plan = judge(ckpt.look(tmp_path), Rules(keep_last=1), {})
     assert [j.step for j in plan.removed] == [20]
     kept = {j.step: j.kept for j in plan.steps if j.kept}
     assert kept == {10: ("latest (the pointer names it)",), 30: ("the newest complete step", "among the last 1")}
@@ -118,8 +118,8 @@ def test_a_save_in_progress_stays_and_one_cut_short_goes_once_a_newer_step_is_co
     (tmp_path / ".tmp-30-abcd").mkdir()  # the torch engine's save of 30, in progress
     nanotron_step(tmp_path, 15, complete=False)  # cut short before 20 was saved
     (tmp_path / P.TORCH_POINTER).write_text("20\n")
-    layout.note_save(tmp_path, 15)
-    plan = judge(layout.look(tmp_path), Rules(keep_last=5), {})
+    ckpt.note_save(tmp_path, 15)
+    plan = judge(ckpt.look(tmp_path), Rules(keep_last=5), {})
     assert [(j.step, j.complete) for j in plan.removed] == [(15, False)]
     writing = next(j for j in plan.steps if j.step == 30)
     assert not writing.remove and writing.kept[0].startswith("being written")
@@ -134,7 +134,7 @@ def test_a_partial_step_newer_than_the_pointer_stays(tmp_path: Path):
     nanotron_step(tmp_path, 20, complete=False)
     saved(tmp_path, 10, 20, 30, pointer=P.NANOTRON_POINTER)
     (tmp_path / P.NANOTRON_POINTER).write_text("10")
-    assert judge(layout.look(tmp_path), Rules(keep_last=1), {}).removed == []
+    assert judge(ckpt.look(tmp_path), Rules(keep_last=1), {}).removed == []
 
 
 def test_steps_the_launcher_did_not_save_are_left_alone(tmp_path: Path):
@@ -143,8 +143,8 @@ def test_steps_the_launcher_did_not_save_are_left_alone(tmp_path: Path):
     for step in (310, 320, 330):
         nanotron_step(tmp_path, step)
     saved(tmp_path, 310, 320, 330, pointer=P.NANOTRON_POINTER)
-    assert [j.step for j in judge(layout.look(tmp_path), Rules(keep_last=1), {}).removed] == [310, 320]
-    folder = judge(layout.look(tmp_path), Rules(keep_last=1), {})
+    assert [j.step for j in judge(ckpt.look(tmp_path), Rules(keep_last=1), {}).removed] == [310, 320]
+    folder = judge(ckpt.look(tmp_path), Rules(keep_last=1), {})
     assert "left alone" in next(j for j in folder.steps if j.step == 100).kept[0]
 
 
@@ -153,7 +153,7 @@ def test_without_rules_nothing_is_removed(tmp_path: Path):
         torch_step(tmp_path, step)
     saved(tmp_path, 10, 20, 30)
     (tmp_path / ".tmp-5-dead").mkdir()
-    assert not Rules().active and judge(layout.look(tmp_path), Rules(), {}).removed == []
+    assert not Rules().active and judge(ckpt.look(tmp_path), Rules(), {}).removed == []
     assert run_of(tmp_path / "again", range(10, 60, 10), Rules()) == {10, 20, 30, 40, 50}
 
 
@@ -162,15 +162,15 @@ def test_a_read_step_stays_while_its_reader_lives_and_goes_once_it_is_gone(tmp_p
         torch_step(tmp_path, step)
     saved(tmp_path, 10, 20, 30)
     alive = {"77": True}
-    job_lease = layout.take_lease(tmp_path, 10, "export", env={"SLURM_JOB_ID": "77"})
+    job_lease = ckpt.take_lease(tmp_path, 10, "export", env={"SLURM_JOB_ID": "77"})
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        pid_lease = json.loads(layout.take_lease(tmp_path, 20, "eval", env={}).path.read_text())
-        pid_lease.update(pid=proc.pid, started=layout._process_start(proc.pid))
-        next(p for p in layout.leases(tmp_path) if p.step == 20).path.write_text(json.dumps(pid_lease))
+        pid_lease = json.loads(ckpt.take_lease(tmp_path, 20, "eval", env={}).path.read_text())
+        pid_lease.update(pid=proc.pid, started=ckpt._process_start(proc.pid))
+        next(p for p in ckpt.leases(tmp_path) if p.step == 20).path.write_text(json.dumps(pid_lease))
         done = purging.purge(tmp_path, Rules(keep_last=1), "", Judged(alive))
         assert done.removed == [] and sorted(done.kept) == [10, 20, 30]
-        plan = judge(layout.look(tmp_path), Rules(keep_last=1), {10: "export (job 77)"})
+        plan = judge(ckpt.look(tmp_path), Rules(keep_last=1), {10: "export (job 77)"})
         assert next(j for j in plan.steps if j.step == 10).kept == ("read by export (job 77)",)
     finally:
         proc.kill()
@@ -178,16 +178,16 @@ def test_a_read_step_stays_while_its_reader_lives_and_goes_once_it_is_gone(tmp_p
     alive["77"] = False
     done = purging.purge(tmp_path, Rules(keep_last=1), "", Judged(alive))
     assert [r["step"] for r in done.removed] == [10, 20]
-    assert layout.leases(tmp_path) == [] and not job_lease.path.exists()  # the stale leases dropped
+    assert ckpt.leases(tmp_path) == [] and not job_lease.path.exists()  # the stale leases dropped
 
 
 def test_a_lease_whose_job_slurm_cannot_judge_holds(tmp_path: Path):
-    lease = layout.take_lease(tmp_path, 10, "export", env={"SLURM_JOB_ID": "5"})
-    assert layout.lease_holds(lease, lambda job: None)
-    assert not layout.lease_holds(lease, lambda job: False)
-    elsewhere = layout.Lease(10, "export", "", "another-host", 1, "", 0.0, lease.path)
-    assert not layout.lease_holds(elsewhere, lambda job: None, now=layout.LEASE_MAX_AGE_S + 1)
-    assert layout.lease_holds(elsewhere, lambda job: None, now=layout.LEASE_MAX_AGE_S - 1)
+    lease = ckpt.take_lease(tmp_path, 10, "export", env={"SLURM_JOB_ID": "5"})
+    assert ckpt.lease_holds(lease, lambda job: None)
+    assert not ckpt.lease_holds(lease, lambda job: False)
+    elsewhere = ckpt.Lease(10, "export", "", "another-host", 1, "", 0.0, lease.path)
+    assert not ckpt.lease_holds(elsewhere, lambda job: None, now=ckpt.LEASE_MAX_AGE_S + 1)
+    assert ckpt.lease_holds(elsewhere, lambda job: None, now=ckpt.LEASE_MAX_AGE_S - 1)
 
 
 def test_a_reader_that_comes_as_the_step_is_renamed_out_gets_it_back(tmp_path: Path, monkeypatch):
@@ -200,11 +200,11 @@ def test_a_reader_that_comes_as_the_step_is_renamed_out_gets_it_back(tmp_path: P
         real(directory)
         if not taken:
             taken.append(10)  # once: taking the lease fsyncs a folder too
-            layout.take_lease(tmp_path, 10, "eval", env={})
+            ckpt.take_lease(tmp_path, 10, "eval", env={})
 
     monkeypatch.setattr(atomic, "fsync_dir", lease_comes)
     done = purging.purge(tmp_path, Rules(keep_last=1), "")
-    assert taken and done.restored == [10] and done.removed == [] and 10 in layout.complete_steps(tmp_path)
+    assert taken and done.restored == [10] and done.removed == [] and 10 in ckpt.complete_steps(tmp_path)
 
 
 def test_a_purge_killed_mid_delete_leaves_no_step_that_looks_complete_and_the_next_purge_ends_it(tmp_path: Path):
@@ -233,7 +233,7 @@ purge.purge(Path({str(tmp_path)!r}), Rules(keep_last=1), "")
     assert subprocess.run([sys.executable, "-c", child], env=env).returncode == -9
     left = [p for p in tmp_path.iterdir() if p.name.startswith(P.PURGING)]
     assert len(left) == 1 and len(list(left[0].iterdir())) == 5  # half deleted, out of the steps' names
-    assert layout.complete_steps(tmp_path) == {20: "torch"} and layout.partial_steps(tmp_path) == []
+    assert ckpt.complete_steps(tmp_path) == {20: "torch"} and ckpt.partial_steps(tmp_path) == []
     done = purging.purge(tmp_path, Rules(keep_last=1), "")
     assert [r["path"] for r in done.leftovers] == [left[0].name] and not left[0].exists()
 
@@ -245,7 +245,7 @@ def test_only_the_holder_of_the_runs_lock_purges(tmp_path: Path):
     (tmp_path / P.LOCK).mkdir()
     (tmp_path / P.LOCK / P.LOCK_HOLDER).write_text("41\n")
     refused = purging.purge(tmp_path, Rules(keep_last=1), "42")
-    assert "names job 41, not this job (42)" in refused.refused and set(layout.complete_steps(tmp_path)) == {10, 20}
+    assert "names job 41, not this job (42)" in refused.refused and set(ckpt.complete_steps(tmp_path)) == {10, 20}
     assert [r["step"] for r in purging.purge(tmp_path, Rules(keep_last=1), "41").removed] == [10]
 
 
@@ -259,7 +259,7 @@ def simulated_peak(rules: Rules, train_steps: int, interval: int, initial: bool)
     for step in steps:
         peak = max(peak, len(complete) + 1)  # the new one being written beside those kept
         complete.add(step)
-        folder = layout.Folder(Path("/x"), dict.fromkeys(complete, "torch"), (), step, frozenset(complete), (), ())
+        folder = ckpt.Folder(Path("/x"), dict.fromkeys(complete, "torch"), (), step, frozenset(complete), (), ())
         complete -= {j.step for j in judge(folder, rules, {}).removed}
     return peak
 
@@ -293,14 +293,14 @@ def test_the_supervisors_polls_record_each_checkpoint_and_each_purge(tmp_path: P
     said: list[tuple[str, dict]] = []
     now = [0.0]
     looks: list[int] = []
-    real_look = layout.look
-    monkeypatch.setattr(layout, "look", lambda r: (looks.append(1), real_look(r))[1])
+    real_look = ckpt.look
+    monkeypatch.setattr(ckpt, "look", lambda r: (looks.append(1), real_look(r))[1])
     keeper = purging.Retention(Rules(1, None), root, "", record, Judged({}, said))
     follower = AfterCheckpoints(root, [keeper.on_checkpoint], clock=lambda: now[0])
     follower.poll()  # the attempt's first look, before training saves
     follower.thread.join()  # type: ignore[union-attr]
     for step in (10, 20, 30):
-        layout.note_save(root, step)
+        ckpt.note_save(root, step)
         torch_step(root, step, size=1000)
         (root / P.TORCH_POINTER).write_text(f"{step}\n")
         now[0] += LOOK_EVERY_S
@@ -312,7 +312,7 @@ def test_the_supervisors_polls_record_each_checkpoint_and_each_purge(tmp_path: P
     assert rows[0]["steps"] == [5] and [r["step"] for r in rows if r["event"] == "saved"] == [10, 20, 30]
     assert rows[1]["bytes"] == 1002 and [r["removed"][0]["step"] for r in rows if r["event"] == "purge"] == [10, 20]
     assert said[-1][0] == "purged" and said[-1][1]["steps"] == "20" and said[-1][1]["kept"] == "5, 30"
-    assert set(layout.complete_steps(root)) == {5, 30}
+    assert set(ckpt.complete_steps(root)) == {5, 30}
 
 
 def test_the_supervisor_purges_by_its_jobs_rules_between_its_polls_and_by_none_without_them(tmp_path: Path):
@@ -327,9 +327,9 @@ def test_the_supervisor_purges_by_its_jobs_rules_between_its_polls_and_by_none_w
 
     assert take_lock(tmp_path, "48", lambda job: "") is None  # the attempt's, as it starts
     attempt(Rules()).handle_pending()  # (starting: no step runs, a purge is done at once)
-    assert set(layout.complete_steps(tmp_path)) == {10, 20}
+    assert set(ckpt.complete_steps(tmp_path)) == {10, 20}
     attempt(Rules(keep_last=1)).handle_pending()
-    assert set(layout.complete_steps(tmp_path)) == {20}
+    assert set(ckpt.complete_steps(tmp_path)) == {20}
 
 
 def test_the_resume_points_are_on_disk_before_anything_older_goes(tmp_path: Path, monkeypatch):
@@ -343,4 +343,4 @@ def test_the_resume_points_are_on_disk_before_anything_older_goes(tmp_path: Path
     monkeypatch.setattr(purging, "remove_tree", lambda p: (order.append("remove"), real_remove(p)))
     purging.purge(tmp_path, Rules(keep_last=1), "")
     assert sorted(order[:2]) == ["sync 20", "sync 30"] and order[2:] == ["remove"]
-    assert set(layout.complete_steps(tmp_path)) == {20, 30}
+    assert set(ckpt.complete_steps(tmp_path)) == {20, 30}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from launcher_helpers import all_problems, fixed_paths, run_launcher, spec_for
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.bundle import render, storage
 from launcher.bundle.records import checkpoint_totals
@@ -131,8 +131,8 @@ def test_the_summary_names_steps_this_launcher_did_not_save(tmp_path: Path):
     root = tmp_path / "checkpoints" / "r"
     for step in (100, 200):
         (root / str(step)).mkdir(parents=True)
-        (root / str(step) / layout.TORCH_STATE).write_text("x")
-        (root / str(step) / layout.TORCH_META).write_text("{}")
+        (root / str(step) / ckpt.TORCH_STATE).write_text("x")
+        (root / str(step) / ckpt.TORCH_META).write_text("{}")
     out = run_launcher("--run_name", "r", *TINY, "--keep_last", "2", "--dry_run", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "leaves alone 2 steps this launcher did not save (100, 200)" in out.stdout
@@ -163,13 +163,13 @@ def test_the_checkpoints_command_says_why_each_step_stays_and_what_was_removed(t
     root = tmp_path / "checkpoints/r"
     for step in (50, 100, 110, 120, 130):
         (root / str(step)).mkdir(parents=True)
-        (root / str(step) / layout.TORCH_STATE).write_bytes(b"x" * 1000)
-        (root / str(step) / layout.TORCH_META).write_text("{}")
-        layout.note_save(root, step)
+        (root / str(step) / ckpt.TORCH_STATE).write_bytes(b"x" * 1000)
+        (root / str(step) / ckpt.TORCH_META).write_text("{}")
+        ckpt.note_save(root, step)
     (root / P.TORCH_POINTER).write_text("130\n")
     (root / ".tmp-140-abcd").mkdir()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    lease = layout.take_lease(root, 110, "export", env={})
+    lease = ckpt.take_lease(root, 110, "export", env={})
     lease.path.write_text(lease.path.read_text().replace(f'"pid": {lease.pid}', f'"pid": {gone.stdout.strip()}'))
     row = {"event": "purge", "removed": [{"step": 40, "bytes": 1000, "why": "not among the last 2, not a multiple "
            "of 50"}], "leftovers": [], "freed": 1000, "time": 0, "job": "7"}  # fmt: skip
@@ -186,8 +186,8 @@ def test_the_checkpoints_command_says_why_each_step_stays_and_what_was_removed(t
     assert "latest (the pointer names it); among the last 2" in lines[5]
     assert "partial (.tmp-140-abcd)" in lines[6] and "being written" in lines[6]
     assert "job 7 removed 40 (1.00 KB): not among the last 2, not a multiple of 50" in shown.stdout
-    assert layout.leases(root) != []  # it judges, and removes nothing: not even a gone reader's lease
-    assert set(layout.complete_steps(root)) == {50, 100, 110, 120, 130}
+    assert ckpt.leases(root) != []  # it judges, and removes nothing: not even a gone reader's lease
+    assert set(ckpt.complete_steps(root)) == {50, 100, 110, 120, 130}
 
 
 def environment_here() -> dict[str, str]:

@@ -22,7 +22,7 @@ from launcher_helpers import ROOT
 from test_e2e_training import assert_continuous, bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import jsonl
 from launcher import protocol as P
 
@@ -52,8 +52,8 @@ def purging_left(root: Path) -> list[str]:
 def assert_kept_as_promised(root: Path, bundle_dirs: list[Path]) -> None:
     """On disk: 50, 100, 150, 190, 200, nothing partial, nothing a purge left; the records: every step removed is
     one the rules do not keep, each purge with its bytes."""
-    assert set(layout.complete_steps(root)) == KEPT, sorted(layout.complete_steps(root))
-    assert layout.partial_steps(root) == [] and purging_left(root) == []
+    assert set(ckpt.complete_steps(root)) == KEPT, sorted(ckpt.complete_steps(root))
+    assert ckpt.partial_steps(root) == [] and purging_left(root) == []
     removed = [r for b in bundle_dirs for row in jsonl.read(b / P.CHECKPOINTS_RECORD) if row["event"] == "purge"
                for r in row["removed"]]  # fmt: skip
     assert removed and not {r["step"] for r in removed} & KEPT and all(r["bytes"] > 0 for r in removed)
@@ -101,7 +101,7 @@ def test_a_preempted_run_keeps_the_same(tmp_path: Path, slurm_env: dict, demo_da
 
 
 def meta(root: Path, step: int) -> dict:
-    return json.loads((root / str(step) / layout.TORCH_META).read_text())
+    return json.loads((root / str(step) / ckpt.TORCH_META).read_text())
 
 
 @pytest.mark.parametrize(
@@ -116,11 +116,11 @@ def test_a_kill_at_each_point_of_a_save_and_a_purge_loses_nothing_promised(
     code, out = finish(launch(tmp_path, slurm_env, demo_data, "fault", *flags, nodes="1"), timeout=300)
     root = tmp_path / "checkpoints/fault"
     assert code != 0 and (tmp_path / "killed").exists(), out
-    complete, pointer = set(layout.complete_steps(root)), layout.pointer_step(root)
+    complete, pointer = set(ckpt.complete_steps(root)), ckpt.pointer_step(root)
     newest = max(complete)
     assert {s for s in (50, 100, 150) if s <= newest} <= complete  # the multiples so far, whatever was cut
     if point == "save-mid-write":
-        assert [p.step for p in layout.partial_steps(root)] == [60] and newest == pointer == 50
+        assert [p.step for p in ckpt.partial_steps(root)] == [60] and newest == pointer == 50
     elif point == "save-before-pointer":
         assert newest == 60 and pointer == 50
     else:
@@ -166,13 +166,13 @@ def test_nanotrons_trainer_keeps_the_same_and_a_save_cut_at_each_point_loses_not
     code, out = run()
     root = tmp_path / "checkpoints/nano"
     assert code != 0 and (tmp_path / "killed").exists(), out[-4000:]
-    complete, pointer = set(layout.complete_steps(root)), layout.pointer_step(root)
+    complete, pointer = set(ckpt.complete_steps(root)), ckpt.pointer_step(root)
     if point == "save-mid-write":
         assert complete == {40, 50} and pointer == 50
-        (partial,) = layout.partial_steps(root)
+        (partial,) = ckpt.partial_steps(root)
         assert partial.step == 60 and "no checkpoint_metadata.json" in partial.why
     else:  # 60 complete, the pointer still at 50: both kept (the pointer's, the newest), nothing partial
-        assert {50, 60} <= complete <= {40, 50, 60} and pointer == 50 and layout.partial_steps(root) == []
+        assert {50, 60} <= complete <= {40, 50, 60} and pointer == 50 and ckpt.partial_steps(root) == []
     consumed = json.loads((root / "50" / P.NANOTRON_METADATA).read_text())["metas"]["consumed_train_samples"]
     assert consumed == 50 * 8  # dp 2 x micro-batch 2 x accumulation 2 a step
     first = jsonl.read(bundles(tmp_path, "nano")[0] / P.METRICS)

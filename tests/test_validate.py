@@ -12,7 +12,7 @@ from launcher_helpers import spec_for
 from launcher.config.flags import flag_names
 from launcher.config.slurm_values import time_limit_seconds
 from launcher.config.validate import validate
-from launcher.nanotron_config.layout import ParallelDims, check_layout
+from launcher.nanotron_config.parallel import ParallelDims, check_layout
 from launcher.nanotron_config.shape import ModelShape
 from launcher.problems import report
 

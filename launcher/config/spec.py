@@ -17,8 +17,8 @@ from launcher.config.facts import NOT_ASKED, ClusterFacts
 from launcher.config.flags import GROUPS, LaunchArgs
 from launcher.nanotron_config import dialect, mixture, schema
 from launcher.nanotron_config.gpus import GpuChoice
-from launcher.nanotron_config.layout import ParallelDims
 from launcher.nanotron_config.nanoset import TokenizedFolder
+from launcher.nanotron_config.parallel import ParallelDims
 from launcher.nanotron_config.schema import get_path
 from launcher.nanotron_config.shape import ModelShape, from_model_config
 from launcher.nanotron_config.stages import Stage

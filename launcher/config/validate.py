@@ -4,8 +4,8 @@ It reads the spec and local files (a dataset, a tokenizer, the training script),
 checks, `launcher.slurm.checks`, ask the world as it is now (output directories, disk, the jobs a dependency
 names, Slurm's verdict). `launcher.runs.launch.check` runs both and reports every problem at once.
 
-The model/parallelism rules live in `launcher.nanotron_config.layout`, shared with the training job, so the launcher and
-the trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing
+The model/parallelism rules live in `launcher.nanotron_config.parallel`, shared with the training job, so the launcher
+and the trainer cannot disagree about what nanotron accepts. Patterns are matched whole (`fullmatch`): a trailing
 line break is not a safe run name.
 """
 
@@ -41,7 +41,7 @@ from launcher.config.spec import RunSpec
 from launcher.evals import checks as eval_checks
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.datasource import is_local_path
-from launcher.nanotron_config.layout import check_layout
+from launcher.nanotron_config.parallel import check_layout
 from launcher.nanotron_config.schema import train_split
 from launcher.problems import Problem
 from launcher.retention import checks as retention_checks

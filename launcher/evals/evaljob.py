@@ -35,13 +35,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.errors import SlurmUnavailable
 from launcher.evals import record
 from launcher.evals.settings import EvalSettings
 from launcher.export import checkpoints as found
-from launcher.export.command import write
+from launcher.export.exporter import write
 from launcher.node import job as job_file
 from launcher.node.job import Job
 from launcher.slurm import client
@@ -209,7 +209,7 @@ def settings_of(job: Job, step: int, key: str) -> EvalSettings:
         return EvalSettings.from_dict(sub["settings"])
     if job.evals is not None and job.evals.key == key:
         return job.evals
-    where = layout.eval_submission(job.checkpoints, step, key)
+    where = ckpt.eval_submission(job.checkpoints, step, key)
     raise RuntimeError(f"no eval settings for step {step} and key {key} in {where}")
 
 
@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
         settings = settings_of(job, step, key)
         if removed := remove_stale_scratch(job.tmp_dir, slurm_job):
             print(f"eval: removed what eval jobs killed before left: {', '.join(removed)}", flush=True)
-        lease = layout.take_lease(job.checkpoints, step, "eval")
+        lease = ckpt.take_lease(job.checkpoints, step, "eval")
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{slurm_job or os.getpid()}-{step}-", dir=job.tmp_dir))
         row = evaluate(job, settings, step, scratch, started)
     except Interrupted as e:
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if lease is not None:
-            layout.drop_lease(lease)
+            ckpt.drop_lease(lease)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     record.write_result(job.bundle, step, key, row)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import atomic
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 
 SETTLED_RESULTS = ("done", "failed")
@@ -49,7 +49,7 @@ def _read(path: Path) -> dict | None:
 
 def submission(root: Path, step: int, key: str) -> dict | None:
     """The step's submission for `key`; None where there is none (a record cut short reads as a claim)."""
-    path = layout.eval_submission(root, step, key)
+    path = ckpt.eval_submission(root, step, key)
     if not path.exists():
         return None
     return _read(path) or {"step": step, "key": key, "state": "submitting"}
@@ -58,12 +58,12 @@ def submission(root: Path, step: int, key: str) -> dict | None:
 def submissions(root: Path) -> dict[tuple[int, str], dict]:
     """Every submission of the run: (step, key) -> its record."""
     return {(step, key): _read(path) or {"step": step, "key": key, "state": "submitting"}
-            for step, key, path in layout.eval_submissions(root)}  # fmt: skip
+            for step, key, path in ckpt.eval_submissions(root)}  # fmt: skip
 
 
 def claim(root: Path, step: int, key: str, **fields: object) -> bool:
     """The step claimed for submission (its record created exclusively, on disk); False where it has one already."""
-    path = layout.eval_submission(root, step, key)
+    path = ckpt.eval_submission(root, step, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     row = {"step": step, "key": key, "state": "submitting", **fields, "time": round(time.time(), 3)}
     try:
@@ -79,7 +79,7 @@ def claim(root: Path, step: int, key: str, **fields: object) -> bool:
 
 def note_submission(root: Path, step: int, key: str, **fields: object) -> dict:
     """The submission replaced whole (atomic): its fields laid onto what it held."""
-    path = layout.eval_submission(root, step, key)
+    path = ckpt.eval_submission(root, step, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     row = {**(submission(root, step, key) or {}), "step": step, "key": key, **fields, "time": round(time.time(), 3)}
     atomic.replace(path, json.dumps(row) + "\n")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.evals import record
 from launcher.evals.settings import EvalSettings
@@ -134,7 +134,7 @@ class Evals:
 
     def _on_checkpoint(self) -> list[Submission]:
         made = []
-        for step in sorted(set(layout.complete_steps(self.job.checkpoints)) - self.done):
+        for step in sorted(set(ckpt.complete_steps(self.job.checkpoints)) - self.done):
             if not self.job.evaluated(step):
                 continue
             done = submit(self.job, self.settings, step, self.slurm_job, self.queue)

@@ -14,7 +14,7 @@ from launcher import atomic
 from launcher.bundle import manifest
 from launcher.errors import LauncherError
 from launcher.export import checkpoints as found
-from launcher.export.command import DEFAULT_DTYPE, default_output, export, run_config
+from launcher.export.exporter import DEFAULT_DTYPE, default_output, export, run_config
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.errors import LauncherError
 from launcher.nanotron_config import dialect as dialects
@@ -72,7 +72,7 @@ class Checkpoint:
 
 def choose_step(root: Path, step: int | None) -> tuple[int, str]:
     """(step, engine): the step asked for, or the newest complete one; a named refusal otherwise."""
-    steps = layout.complete_steps(root)
+    steps = ckpt.complete_steps(root)
     if step is None:
         if not steps:
             leftover = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
@@ -83,7 +83,7 @@ def choose_step(root: Path, step: int | None) -> tuple[int, str]:
             )
         step = max(steps)
     if step not in steps:
-        why = layout.in_progress(root, step)
+        why = ckpt.in_progress(root, step)
         if why is not None:
             raise CheckpointIncomplete(f"checkpoint step {step} is not complete: {why}; wait for the save to end, "
                                        f"or export a complete step ({_listed(steps)})")  # fmt: skip

@@ -24,8 +24,8 @@ from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.evals import report as evals_report
-from launcher.export.command import export
-from launcher.ledger.command import ledger_command, run_ledger_line, sweep_ledger_line
+from launcher.export.exporter import export
+from launcher.ledger.report import ledger_command, run_ledger_line, sweep_ledger_line
 from launcher.report import compare
 from launcher.retention import report as checkpoints_report
 from launcher.runs import rerun, sweep

@@ -1,7 +1,7 @@
 """A Llama model's shape: the one type the launcher's checks, memory model and planner and the training job share.
 
 The launcher builds it from the resolved flags (`launcher.config.spec.RunSpec.shape`), the job from the run's
-nanotron YAML (`launcher.train.settings`); `launcher.nanotron_config.layout.check_layout`, `launcher.perf.memory`,
+nanotron YAML (`launcher.train.settings`); `launcher.nanotron_config.parallel.check_layout`, `launcher.perf.memory`,
 `launcher.perf.planner`, `launcher.perf.fit`, `launcher.perf.sizes` and the job's model take it whole.
 Field names are the launcher's flags (`--hidden_size`, `--num_layers`, ...). Standard library only: the job
 imports it.

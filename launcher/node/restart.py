@@ -144,7 +144,7 @@ def stop_for(step: Step, found: Found, past: list[dict[str, str]], checkpoint: i
     return None
 
 
-def decide(step: Step, found: Found, past: list[dict[str, str]], checkpoint: int) -> Decision:
+def choose(step: Step, found: Found, past: list[dict[str, str]], checkpoint: int) -> Decision:
     """Restart, requeue or stop after the step `found` describes."""
     stop = stop_for(step, found, past, checkpoint)
     if stop is not None:
@@ -261,7 +261,7 @@ def answer(step: Step, job: str, checkpoints: Path, records_file: Path, gpus: in
     found = find(step, text, ranks_map(ranks) if ranks else {}, gpus, at)
     checkpoint = checkpoint_step(checkpoints)
     past = records(records_file, job)
-    decision = replace(decide(step, found, past, checkpoint), count=len(past) + 1)
+    decision = replace(choose(step, found, past, checkpoint), count=len(past) + 1)
     if decision.action != STOP:
         record = P.RESTART_FORMAT.format(why=found.why, action=decision.action, job=job, attempt=step.attempt,
                                          start=step.started_from, end=checkpoint, at="-" if at is None else at,

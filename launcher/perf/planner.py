@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from launcher.nanotron_config.gpus import Gpu
-from launcher.nanotron_config.layout import ParallelDims, check_layout, divisors
+from launcher.nanotron_config.parallel import ParallelDims, check_layout, divisors
 from launcher.nanotron_config.shape import ModelShape
 from launcher.perf.memory import Estimate, Layout, estimate, padded_vocab, stage_params, stages
 
@@ -173,7 +173,7 @@ def layouts(m: ModelShape, world: int, global_batch: int, fixed: dict[str, objec
 
 
 def refused(m: ModelShape, world: int, dp: int, tp: int, pp: int, *, grad_accum_steps: int) -> bool:
-    """Whether nanotron refuses the layout (`launcher.nanotron_config.layout`, as validation applies it)."""
+    """Whether nanotron refuses the layout (`launcher.nanotron_config.parallel`, as validation applies it)."""
     return bool(check_layout(m, ParallelDims(world, dp, tp, pp, grad_accum_steps)))
 
 

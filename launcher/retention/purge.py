@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Protocol
 
 from launcher import atomic, jsonl
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.retention.rules import Rules, judge
 
-Owed = Callable[[layout.Folder], Mapping[int, str]]  # the folder's steps still owed an eval -> why
+Owed = Callable[[ckpt.Folder], Mapping[int, str]]  # the folder's steps still owed an eval -> why
 
 
 class Slurm(Protocol):
@@ -63,24 +63,24 @@ class Unasked:
         remove_tree(path)
 
 
-def readers(folder: layout.Folder, jobs_alive: Callable[[Iterable[str]], Mapping[str, bool | None]],
+def readers(folder: ckpt.Folder, jobs_alive: Callable[[Iterable[str]], Mapping[str, bool | None]],
             drop_stale: bool = True) -> dict[int, str]:  # fmt: skip
     """step -> who reads it, by the leases that hold; a lease whose holder is gone is dropped (`drop_stale`)."""
     states = jobs_alive(lease.job for lease in folder.leases if lease.job) if folder.leases else {}
     held: dict[int, str] = {}
     for lease in folder.leases:
-        if layout.lease_holds(lease, lambda job: states.get(job)):
+        if ckpt.lease_holds(lease, lambda job: states.get(job)):
             held[lease.step] = f"{lease.reader} ({lease.holder})"
         elif drop_stale:
-            layout.drop_lease(lease)
+            ckpt.drop_lease(lease)
     return held
 
 
 def _read_now(root: Path, step: int, slurm: Slurm) -> bool:
     """Whether a lease that holds names `step` now."""
-    found = [lease for lease in layout.leases(root) if lease.step == step]
+    found = [lease for lease in ckpt.leases(root) if lease.step == step]
     states = slurm.jobs_alive(lease.job for lease in found if lease.job) if found else {}
-    return any(layout.lease_holds(lease, lambda job: states.get(job)) for lease in found)
+    return any(ckpt.lease_holds(lease, lambda job: states.get(job)) for lease in found)
 
 
 def make_durable(path: Path) -> None:
@@ -119,20 +119,20 @@ def purge(root: Path, rules: Rules, job: str, slurm: Slurm | None = None, owed: 
     `owed`: the steps still owed an eval (kept)."""
     started, slurm = time.monotonic(), slurm or Unasked()
     done = Purge()
-    holder = layout.lock_holder(root)
+    holder = ckpt.lock_holder(root)
     if job and holder != job:
-        done.refused = f"the run's lock ({layout.lock_dir(root)}) names job {holder or 'none'}, not this job ({job})"
+        done.refused = f"the run's lock ({ckpt.lock_dir(root)}) names job {holder or 'none'}, not this job ({job})"
         return done
-    folder = layout.look(root)
+    folder = ckpt.look(root)
     plan = judge(folder, rules, readers(folder, slurm.jobs_alive), owed(folder) if owed else {})
     if plan.removed:  # the resume points on disk before anything older goes (nanotron fsyncs none of its files)
         newest = max(folder.complete, default=None)
         for step in {s for s in (folder.pointer, newest) if s is not None and s in folder.complete}:
-            make_durable(layout.step_dir(root, step))
+            make_durable(ckpt.step_dir(root, step))
     for judged in plan.removed:
         source = Path(judged.path) if judged.path else root / str(judged.step)
-        size = layout.size_of(source)
-        aside = layout.purging_path(root, judged.step)
+        size = ckpt.size_of(source)
+        aside = ckpt.purging_path(root, judged.step)
         try:
             os.rename(source, aside)
         except OSError:
@@ -146,7 +146,7 @@ def purge(root: Path, rules: Rules, job: str, slurm: Slurm | None = None, owed: 
         done.removed.append({"step": judged.step, "bytes": size, "why": judged.remove,
                              **({} if judged.complete else {"partial": source.name})})  # fmt: skip
     for left in map(Path, plan.leftovers):
-        size = layout.size_of(left)
+        size = ckpt.size_of(left)
         slurm.remove_tree(left)
         done.leftovers.append({"path": left.name, "bytes": size, "why": "left by an interrupted purge"})
     done.kept = [j.step for j in plan.steps if j.kept and j.complete]
@@ -205,13 +205,13 @@ class Retention:
             self.known = {int(s) for r in rows for s in ([r["step"]] if "step" in r else r.get("steps", []))
                           if r.get("event") in ("saved", "found")}  # fmt: skip
             if not rows:
-                found = sorted(layout.complete_steps(self.root))
+                found = sorted(ckpt.complete_steps(self.root))
                 self._write({"event": "found", "steps": found})
                 self.known.update(found)
-        for step, engine in sorted(layout.complete_steps(self.root).items()):
+        for step, engine in sorted(ckpt.complete_steps(self.root).items()):
             if step not in self.known:
                 self.known.add(step)
-                size = layout.size_of(layout.step_dir(self.root, step))
+                size = ckpt.size_of(ckpt.step_dir(self.root, step))
                 self._write({"event": "saved", "step": step, "bytes": size, "engine": engine})
 
     def _write(self, row: dict) -> None:

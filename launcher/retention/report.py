@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import jsonl
 from launcher import protocol as P
 from launcher.bundle import manifest, sweep_record
@@ -62,19 +62,19 @@ def command(sweep: Path) -> int:
 def show(run: Manifest) -> int:
     job = settings_of(run)
     root, rules = job.checkpoints, job.retention
-    folder = layout.look(root)
+    folder = ckpt.look(root)
     owed = eval_record.owed(root, folder.complete, job.evaluated)
     plan = judge(folder, rules, readers(folder, jobs_alive, drop_stale=False), owed)
     print(f"Checkpoints of run {run.data.get('run_name', run.bundle_dir.parent.name)} in {root}: it keeps "
           f"{rules.describe()}")  # fmt: skip
     if not plan.steps:
         print("  none on disk" + ("" if root.is_dir() else f" ({root} does not exist)"))
-    sizes = [layout.size_of(_path(root, j)) for j in plan.steps]
+    sizes = [ckpt.size_of(_path(root, j)) for j in plan.steps]
     for j, size in zip(plan.steps, sizes, strict=True):
         state = "complete" if j.complete else f"partial ({Path(j.path).name})"
         print(f"  {j.step:>9}  {human_bytes(size):>9}  {state:<10}  {_why(j)}")
     for left in plan.leftovers:
-        print(f"  {'-':>9}  {human_bytes(layout.size_of(Path(left))):>9}  {'leftover':<10}  {Path(left).name}: left by "
+        print(f"  {'-':>9}  {human_bytes(ckpt.size_of(Path(left))):>9}  {'leftover':<10}  {Path(left).name}: left by "
               "an interrupted purge; removed by the next")  # fmt: skip
     if plan.steps:
         print(f"  on disk: {len(plan.steps)} step(s), {human_bytes(sum(sizes))}")

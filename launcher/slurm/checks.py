@@ -25,7 +25,7 @@ from launcher.config import hostlist, ranges
 from launcher.config.spec import RunSpec
 from launcher.errors import QueueFull, SlurmUnavailable, SubmissionError
 from launcher.nanotron_config import dialect
-from launcher.nanotron_config.layout import resume_relayout
+from launcher.nanotron_config.parallel import resume_relayout
 from launcher.perf import sizes
 from launcher.problems import Problem
 from launcher.slurm import awaited_jobs, client, follow, one_writer, releases
@@ -101,7 +101,7 @@ def resume_problems(spec: RunSpec) -> list[Problem]:
 
 
 def relayout_problems(spec: RunSpec, root: Path) -> list[Problem]:
-    """A run resumed into a layout nanotron cannot re-shard its checkpoint into (launcher.nanotron_config.layout)."""
+    """A run resumed into a layout nanotron cannot re-shard its checkpoint into (launcher.nanotron_config.parallel)."""
     saved, where = dialect.saved_layout(root)
     p = spec.args.parallelism
     new = {"dp": p.dp or 1, "tp": p.tp or 1, "pp": p.pp or 1, "zero_stage": p.zero_stage}

@@ -3,7 +3,7 @@
 `load_train_config(path)` reads a nanotron config, in 0.4's dialect or main's (`launcher.nanotron_config.dialect`),
 into a `TrainConfig`; the engines (`launcher.train.torch_engine.engine`, `launcher.train.nanotron_engine.engine`)
 consume only this. `check_train_config` holds the config to the launcher's own layout rules
-(`launcher.nanotron_config.layout`) against the processes torchrun actually started.
+(`launcher.nanotron_config.parallel`) against the processes torchrun actually started.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import yaml
 
 from launcher.nanotron_config import nanoset_yaml
 from launcher.nanotron_config.dialect import is_main, stages_of, to_canonical
-from launcher.nanotron_config.layout import ParallelDims, check_layout
 from launcher.nanotron_config.mixture import to_flag
+from launcher.nanotron_config.parallel import ParallelDims, check_layout
 from launcher.nanotron_config.schema import VOCAB_MULTIPLE, get_path, train_split
 from launcher.nanotron_config.shape import ModelShape, from_model_config
 from launcher.problems import Problem

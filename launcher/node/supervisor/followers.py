@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 
 LOOK_EVERY_S = 2.0  # while the step runs: how often the pointers and the folder are looked at
 
@@ -36,7 +36,7 @@ class AfterCheckpoints:
             folder = os.stat(self.root).st_mtime_ns
         except OSError:
             folder = None
-        return (*layout.pointer_stamp(self.root), folder)
+        return (*ckpt.pointer_stamp(self.root), folder)
 
     def poll(self, wait: bool = False) -> None:
         """Between the step's polls: where a pointer moved or the folder changed since the last look, the work, in a

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 
 RESTART_ACTION = re.compile(r"^(\S*) restart job ")
@@ -48,7 +48,7 @@ def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> t
     """One writer per run: the lock under the checkpoints path (a directory: mkdir is atomic, on shared filesystems
     too) names the job that trains the run. Taken (or this job's own, from an earlier attempt): None. Held by a job
     alive: (that job, its state). A dead job's lock is taken over."""
-    lock = layout.lock_dir(checkpoints)
+    lock = ckpt.lock_dir(checkpoints)
     checkpoints.mkdir(parents=True, exist_ok=True)
     while True:
         try:
@@ -56,10 +56,10 @@ def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> t
             break
         except FileExistsError:
             pass
-        holder = layout.lock_holder(checkpoints)
+        holder = ckpt.lock_holder(checkpoints)
         if not holder:
             time.sleep(1)  # being written by the job that just made it
-            holder = layout.lock_holder(checkpoints)
+            holder = ckpt.lock_holder(checkpoints)
         if holder == job:
             break
         state = job_state(holder or "0")

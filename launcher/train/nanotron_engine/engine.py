@@ -32,7 +32,7 @@ import yaml
 
 from launcher.errors import TrainError
 from launcher.nanotron_config import dialect
-from launcher.nanotron_config.layout import resume_relayout
+from launcher.nanotron_config.parallel import resume_relayout
 from launcher.train import packcache
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.environment import JobEnvironment

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher import checkpoint_layout as layout
+from launcher import checkpoint_layout as ckpt
 from launcher.bundle.manifest import Manifest
 from launcher.export import checkpoints as found
 from launcher.export.checkpoints import Checkpoint, ExportError
@@ -83,8 +83,8 @@ def write(checkpoints: Path, checkpoint: Checkpoint, target: Path, dtype: str,
 
     if dtype not in folder.DTYPES:
         raise ExportError(f"--dtype {dtype}: not one of {', '.join(folder.DTYPES)}")
-    with layout.leased(checkpoints, checkpoint.step, "export") as lease:
-        if checkpoint.step not in layout.complete_steps(checkpoints):
+    with ckpt.leased(checkpoints, checkpoint.step, "export") as lease:
+        if checkpoint.step not in ckpt.complete_steps(checkpoints):
             raise found.StepNotFound(f"checkpoint step {checkpoint.step} was removed as the export began (the run "
                                      "keeps only what --keep_last/--keep_every say): export a step it keeps "
                                      "(`python -m launcher.jobs checkpoints` lists them)")  # fmt: skip
