@@ -217,7 +217,9 @@ def test_what_cannot_be_compared_is_refused_with_the_reason():
     nan = Arm("arm1", {}, [Seed("1", ITEMS, np.full((3, 200), np.nan))])
     assert "arm arm1 seed 1: a value is not a number" in refused(Comparison("mc", "acc", [arms[0], nan]))
     shape = Arm("arm1", {}, [Seed("1", ITEMS, np.ones((3, 199)))])
-    assert "values of shape (3, 199) for 200 items" in refused(Comparison("mc", "acc", [arms[0], shape]))
+    assert "values of shape (3, 199) (float64) for 200 items" in refused(Comparison("mc", "acc", [arms[0], shape]))
+    words = Arm("arm1", {}, [Seed("1", ITEMS, [["right"] * 200])])
+    assert "values of shape (1, 200) (<U5) for 200 items" in refused(Comparison("mc", "acc", [arms[0], words]))
     assert "needs each item's denominator" in refused(Comparison("ppl", "bits_per_byte", arms, kind="ratio"))
     zero = [Arm(a.label, {}, [Seed("1", ITEMS, np.ones(200), np.zeros(200))]) for a in arms]
     assert "denominator is not a positive number" in refused(Comparison("ppl", "bpb", zero, kind="ratio"))

@@ -226,14 +226,14 @@ def _prepare(c: Comparison) -> _Runs:
             order = _alignment(s.items, reference, position, name, f"arm {c.arms[0].label} seed {first.name}")
             v, t = _matrices(s, order, n, c.kind, name)
             if c.kind == "mean":
-                values.append(v.mean(axis=0))
-                per_checkpoint = v.mean(axis=1)
+                values.append(v.mean(axis=0, dtype=np.float64))
+                per_checkpoint = v.mean(axis=1, dtype=np.float64)
                 arm_seed.append(float(values[-1].mean()))
             else:
                 assert t is not None
-                values.append(v.sum(axis=0))
-                totals.append(t.sum(axis=0))
-                per_checkpoint = v.sum(axis=1) / t.sum(axis=1)
+                values.append(v.sum(axis=0, dtype=np.float64))
+                totals.append(t.sum(axis=0, dtype=np.float64))
+                per_checkpoint = v.sum(axis=1, dtype=np.float64) / t.sum(axis=1, dtype=np.float64)
                 arm_seed.append(float(values[-1].sum() / totals[-1].sum()))
             arm_checkpoints.append(per_checkpoint)
         arm_columns.append(range(start, len(values)))
@@ -262,12 +262,13 @@ def _alignment(items: Sequence[str], reference: list[str], position: dict[str, i
     )
 
 
-def _matrices(s: Seed, order: Any, n: int, kind: Kind, name: str) -> tuple[Floats, Floats | None]:
-    """The seed's values (and totals) as K x N float64 in the reference's item order, checked."""
-    v = np.atleast_2d(np.asarray(s.values, dtype=np.float64))
-    if v.ndim != 2 or v.shape[1] != n or v.shape[0] < 1:
-        raise VerdictError(f"{name}: values of shape {np.shape(s.values)} for {n} items (checkpoints x items)")
-    if not np.isfinite(v).all():
+def _matrices(s: Seed, order: Any, n: int, kind: Kind, name: str) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None]:
+    """The seed's values (and totals) as K x N numbers in the reference's item order, checked (as given: 0/1 as
+    uint8 is never copied to float64)."""
+    v = np.atleast_2d(np.asarray(s.values))
+    if v.ndim != 2 or v.shape[1] != n or v.shape[0] < 1 or v.dtype.kind not in "biuf":
+        raise VerdictError(f"{name}: values of shape {v.shape} ({v.dtype}) for {n} items (checkpoints x items)")
+    if v.dtype.kind == "f" and not np.isfinite(v).all():
         raise VerdictError(f"{name}: a value is not a number (NaN or infinite)")
     if kind == "mean":
         if s.totals is not None:
@@ -275,10 +276,10 @@ def _matrices(s: Seed, order: Any, n: int, kind: Kind, name: str) -> tuple[Float
         return (v if order is None else v[:, order]), None
     if s.totals is None:
         raise VerdictError(f"{name}: a ratio score needs each item's denominator (totals)")
-    t = np.atleast_2d(np.asarray(s.totals, dtype=np.float64))
-    if t.shape != v.shape:
-        raise VerdictError(f"{name}: totals of shape {t.shape} for values of shape {v.shape}")
-    if not np.isfinite(t).all() or not (t > 0).all():
+    t = np.atleast_2d(np.asarray(s.totals))
+    if t.shape != v.shape or t.dtype.kind not in "biuf":
+        raise VerdictError(f"{name}: totals of shape {t.shape} ({t.dtype}) for values of shape {v.shape}")
+    if (t.dtype.kind == "f" and not np.isfinite(t).all()) or not (t > 0).all():
         raise VerdictError(f"{name}: an item's denominator is not a positive number (an empty document?)")
     return (v, t) if order is None else (v[:, order], t[:, order])
 
@@ -313,14 +314,14 @@ def _resampled_sums(columns: npt.NDArray[np.float32], draws: int, seed: int) -> 
 
 
 def _judge(r: _Runs, sums: npt.NDArray[np.float32], draws: int, seed: int) -> Verdict:
-    c, tail = r.comparison, (1 - LEVEL) / 2
+    c = r.comparison
     draws_by_arm = _arm_draws(r, np.ascontiguousarray(sums.T, dtype=np.float64), seed)  # arms x draws
-    arm_low, arm_high = np.quantile(draws_by_arm, [tail, 1 - tail], axis=1)
+    arm_low, arm_high = _interval(draws_by_arm)
     scores = np.array([float(x.mean()) for x in r.seed_scores])
     arms = [ArmScore(a.label, a.values, [s.name for s in a.seeds], list(a.steps), float(scores[i]),
                      float(arm_low[i]), float(arm_high[i])) for i, a in enumerate(c.arms)]  # fmt: skip
     first, second = np.triu_indices(len(c.arms), k=1)
-    low, high = np.quantile(draws_by_arm[first] - draws_by_arm[second], [tail, 1 - tail], axis=1)
+    low, high = _interval(draws_by_arm[first] - draws_by_arm[second])
     pairs = []
     for i, j, lo, hi in zip(first.tolist(), second.tolist(), low, high, strict=True):
         word = "indistinguishable" if lo <= 0 <= hi else ("a" if (lo > 0) != c.lower_is_better else "b")
@@ -353,6 +354,19 @@ def _arm_draws(r: _Runs, sums: Floats, seed: int) -> Floats:
         weights = (picks[None, :, :] == np.arange(seeds)[:, None, None]).sum(axis=1) / seeds
         out[a] = (per_run[columns.start : columns.stop] * weights).sum(axis=0)
     return out
+
+
+def _interval(rows: Floats) -> tuple[Floats, Floats]:
+    """Each row's 95% percentile interval, as np.quantile's default ('linear') gives it: from a sort, which numpy
+    does with SIMD, 2.5 times faster here than the partition np.quantile does."""
+    ordered = np.sort(rows, axis=1)
+    ends = []
+    for q in ((1 - LEVEL) / 2, (1 + LEVEL) / 2):
+        at = (rows.shape[1] - 1) * q
+        below = math.floor(at)
+        above = min(below + 1, rows.shape[1] - 1)
+        ends.append(ordered[:, below] + (at - below) * (ordered[:, above] - ordered[:, below]))
+    return ends[0], ends[1]
 
 
 def _noise(scores: Floats, checkpoints: list[Floats]) -> Noise:
