@@ -12,25 +12,22 @@ byte, summed NLL bits over summed UTF-8 bytes; a loss, summed NLL over summed to
   averages a run's last checkpoints; its score is the item aggregate of those; an arm's score the mean over seeds.
 - Every pair's difference, score(a) - score(b), has a 95% percentile interval from a paired two-level bootstrap:
   each draw resamples the item indices once for every arm (paired: the same items, so a difference's interval is
-  far narrower than two arms' intervals suggest), and each arm's seeds with replacement where it has two or more.
-  A draw is a row of item counts (multinomial: N indices drawn, counted); a chunk of draws is a (draws x items)
-  count matrix multiplied by the (items x runs) matrix of values, in float32 with each item's values centred on
-  their mean over runs (so the sums' rounding is that of the runs' differences, not of their size). The draws come
-  from numpy Generators seeded by (seed, number of items) alone: the same input gives the same numbers, whatever
-  else is computed beside it, and the tasks with as many items share one count matrix (`verdicts`).
+  far narrower than two arms' intervals suggest), and each arm's seeds with replacement where it has two or more
+  (launcher/evals/resample.py draws). The generators are seeded by (seed, number of items) alone: the same input
+  gives the same numbers whatever is computed beside it, and tasks with as many items share the draws (`verdicts`).
 - Noise and signal as in Heineman et al. 2025, "Signal and Noise" (arXiv 2508.13144; the authors' snr/metrics.py,
   `signal_to_noise_ratio`): signal = max_{j,k} |m_j - m_k| / mean(m) over the models' scores m (here the arms'),
   noise = sd / mean of one run's scores over its last n checkpoints (np.std). Here the sd is pooled: every single
   checkpoint's score of every seed of an arm about that arm's mean (sum of squares over sum of (count - 1)), so it
-  holds the checkpoint-to-checkpoint and the seed-to-seed spread; with one seed it is the paper's noise (up to
-  sqrt(K / (K - 1))). snr = signal / noise = (max - min of arm scores) / pooled sd, which needs no sign of the mean.
+  holds the checkpoint-to-checkpoint and the seed-to-seed spread; with one seed, each run's noise as the paper's
+  (its np.std times sqrt(K / (K - 1))) averaged over the arms in quadrature. snr = signal / noise = (max - min of
+  the arms' scores) / pooled sd, which needs no sign of the mean.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,14 +35,9 @@ import numpy as np
 import numpy.typing as npt
 
 from launcher.errors import LauncherError
+from launcher.evals.resample import interval, resampled_sums
 
 DRAWS = 10_000  # the fewest bootstrap draws a verdict takes
-LEVEL = 0.95
-CHUNK_CELLS = 2_500_000  # count-matrix cells built at once: 250 draws of 10,000 items (10 MB as float32)
-# Threads drawing chunks of draws, each with a one-thread BLAS: numpy's generators and BLAS leave the GIL, and BLAS's
-# own threads beside them only wait on each other (twice the CPU on 2 busy cores, bench/bench_verdict.py). The
-# numbers do not depend on it: each chunk has a generator of its own.
-WORKERS = 2
 Kind = Literal["mean", "ratio"]
 Floats = npt.NDArray[np.float64]
 
@@ -180,7 +172,7 @@ def verdicts(comparisons: Sequence[Comparison], draws: int = DRAWS, seed: int = 
             block = _columns(r)
             blocks.append(block)
             offsets.append(offsets[-1] + block.shape[1])
-        sums = _resampled_sums(np.ascontiguousarray(np.hstack(blocks), dtype=np.float32), draws, seed)
+        sums = resampled_sums(np.ascontiguousarray(np.hstack(blocks), dtype=np.float32), draws, seed)
         for (i, r), start, stop in zip(group, offsets, offsets[1:], strict=False):
             results[i] = _judge(r, sums[:, start:stop], draws, seed)
     return [results[i] for i in range(len(runs))]
@@ -292,36 +284,15 @@ def _columns(r: _Runs) -> Floats:
     return np.hstack(parts)
 
 
-def _resampled_sums(columns: npt.NDArray[np.float32], draws: int, seed: int) -> npt.NDArray[np.float32]:
-    """draws x columns: each draw's sums over N items drawn with replacement (the same items for every column)."""
-    n = columns.shape[0]
-    rows = max(1, CHUNK_CELLS // n)
-    out = np.empty((draws, columns.shape[1]), dtype=np.float32)
-
-    def chunk(j: int) -> None:
-        start, stop = j * rows, min(draws, (j + 1) * rows)
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0, n, j))))
-        idx = rng.integers(0, n, size=(stop - start, n))
-        idx += np.arange(0, (stop - start) * n, n)[:, None]
-        counts = np.bincount(idx.ravel(), minlength=(stop - start) * n).reshape(stop - start, n)
-        np.matmul(counts.astype(np.float32), columns, out=out[start:stop])
-
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(chunk, range(math.ceil(draws / rows))))
-    return out
-
-
 def _judge(r: _Runs, sums: npt.NDArray[np.float32], draws: int, seed: int) -> Verdict:
     c = r.comparison
     draws_by_arm = _arm_draws(r, np.ascontiguousarray(sums.T, dtype=np.float64), seed)  # arms x draws
-    arm_low, arm_high = _interval(draws_by_arm)
+    arm_low, arm_high = interval(draws_by_arm)
     scores = np.array([float(x.mean()) for x in r.seed_scores])
     arms = [ArmScore(a.label, a.values, [s.name for s in a.seeds], list(a.steps), float(scores[i]),
                      float(arm_low[i]), float(arm_high[i])) for i, a in enumerate(c.arms)]  # fmt: skip
     first, second = np.triu_indices(len(c.arms), k=1)
-    low, high = _interval(draws_by_arm[first] - draws_by_arm[second])
+    low, high = interval(draws_by_arm[first] - draws_by_arm[second])
     pairs = []
     for i, j, lo, hi in zip(first.tolist(), second.tolist(), low, high, strict=True):
         word = "indistinguishable" if lo <= 0 <= hi else ("a" if (lo > 0) != c.lower_is_better else "b")
@@ -354,19 +325,6 @@ def _arm_draws(r: _Runs, sums: Floats, seed: int) -> Floats:
         weights = (picks[None, :, :] == np.arange(seeds)[:, None, None]).sum(axis=1) / seeds
         out[a] = (per_run[columns.start : columns.stop] * weights).sum(axis=0)
     return out
-
-
-def _interval(rows: Floats) -> tuple[Floats, Floats]:
-    """Each row's 95% percentile interval, as np.quantile's default ('linear') gives it: from a sort, which numpy
-    does with SIMD, 2.5 times faster here than the partition np.quantile does."""
-    ordered = np.sort(rows, axis=1)
-    ends = []
-    for q in ((1 - LEVEL) / 2, (1 + LEVEL) / 2):
-        at = (rows.shape[1] - 1) * q
-        below = math.floor(at)
-        above = min(below + 1, rows.shape[1] - 1)
-        ends.append(ordered[:, below] + (at - below) * (ordered[:, above] - ordered[:, below]))
-    return ends[0], ends[1]
 
 
 def _noise(scores: Floats, checkpoints: list[Floats]) -> Noise:
