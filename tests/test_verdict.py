@@ -105,7 +105,8 @@ def test_ratio_scores_of_one_seed_each_are_over_items_only():
     arms = []
     for a, level in enumerate([1.0, 1.02, 1.2]):
         bits = size * hardness * level * rng.lognormal(0, 0.05, (2, len(ITEMS)))
-        arms.append(Arm(f"arm{a}", {"a": a}, [Seed("1", ITEMS, bits, np.stack([size, size]))]))
+        counted = size + 3 * (a == 2)  # the last arm's denominators its own (another tokenizer's tokens, say)
+        arms.append(Arm(f"arm{a}", {"a": a}, [Seed("1", ITEMS, bits, np.stack([counted, counted]))]))
     v = verdict(Comparison("heldout:web", "bits_per_byte", arms, kind="ratio", lower_is_better=True))
     assert v.over_items_only
     draws = loop_bootstrap(arms, "ratio", 5_000)
@@ -127,8 +128,10 @@ def test_same_input_same_numbers_and_alone_as_in_company():
     assert [p.low for p in other.pairs] != [p.low for p in first.pairs]
     # a task beside others of as many items shares their count matrix: its numbers stay its own
     company = accuracy_arms(np.random.default_rng(3), [0.0, 0.5])
-    together = verdicts([Comparison("other", "acc", company), Comparison("mc", "acc", arms)])
-    assert together[1] == first and together[0] == verdict(Comparison("other", "acc", company))
+    smaller = [Arm(a.label, {}, [Seed("1", ITEMS[:50], np.asarray(a.seeds[0].values)[:, :50])]) for a in company]
+    beside = [Comparison("other", "acc", company), Comparison("mc", "acc", arms), Comparison("small", "acc", smaller)]
+    together = verdicts(beside)
+    assert together[1] == first and together == [verdict(c) for c in beside]
 
 
 def test_an_obvious_difference_is_said_and_identical_arms_cannot_be_told_apart():
