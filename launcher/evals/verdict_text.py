@@ -37,7 +37,12 @@ def shown_pairs(v: Verdict, every: bool = False) -> list[Pair]:
     if every or len(v.pairs) <= MAX_PAIRS:
         return v.pairs
     rank = {label: i for i, label in enumerate(v.ranking)}
-    return [p for p in v.pairs if v.ranking[0] in (p.a, p.b) or abs(rank[p.a] - rank[p.b]) == 1]
+    shown = [p for p in v.pairs if v.ranking[0] in (p.a, p.b) or abs(rank[p.a] - rank[p.b]) == 1]
+    return sorted(shown, key=lambda p: sorted((rank[p.a], rank[p.b])))  # the best's first, then down the ranking
+
+
+def steps(numbers: Sequence[int]) -> str:
+    return ", ".join(str(s) for s in numbers) if len(numbers) <= 3 else f"{numbers[0]}..{numbers[-1]} ({len(numbers)})"
 
 
 def lines(v: Verdict, every_pair: bool = False) -> list[str]:
@@ -58,9 +63,10 @@ def lines(v: Verdict, every_pair: bool = False) -> list[str]:
     width = max(len(a.label) for a in v.arms)
     out.append(f"  {'arm':<{width}}  {'score':>9}  {'95% interval':<21}  seeds  steps")
     for a in v.arms:
-        steps = ", ".join(str(s) for s in a.steps)
         interval = f"[{number(a.low)}, {number(a.high)}]"
-        out.append(f"  {a.label:<{width}}  {number(a.score):>9}  {interval:<21}  {' '.join(a.seeds):<5}  {steps}")
+        out.append(
+            f"  {a.label:<{width}}  {number(a.score):>9}  {interval:<21}  {' '.join(a.seeds):<5}  {steps(a.steps)}"
+        )
     pairs = shown_pairs(v, every_pair)
     pair_width = max(len(f"{p.a} - {p.b}") for p in pairs)
     out.append(f"  {'a - b':<{pair_width}}  {'diff':>9}  {'95% interval':<23}  better")
@@ -110,7 +116,9 @@ def picture(panels: Sequence[tuple[Verdict, Series]], png: Path, at_tokens: floa
     import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter
 
-    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 3.6 * len(panels)), dpi=100, squeeze=False)
+    heights = [max(3.6, 0.16 * len(shown_pairs(v))) for v, _ in panels]  # a readable line per pair
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12, sum(heights)), dpi=100, squeeze=False,
+                             gridspec_kw={"height_ratios": heights})  # fmt: skip
     for (left, right), (v, series) in zip(axes, panels, strict=True):
         for label, points in series.items():
             tokens = [p[0] for p in points]
