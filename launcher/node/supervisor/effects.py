@@ -239,7 +239,7 @@ class Node:
         records.append_requeue_record(path, why, attempt, saved, nodes)
 
     def amend_restart(self, path: Path, how: str) -> None:
-        records.amend_restart_record(path, how)
+        restart.amend(path, how)
 
     def restart_decision(self, step: restart.Step, job: Job, job_id: str, offset: int) -> restart.Decision:
         """launcher/node/restart.py's answer after `step`, from the job's log from `offset` and the run's files (it
