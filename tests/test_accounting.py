@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cluster_runs import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from launcher_helpers import ROOT
 from slurm_cluster import require_slurm, slurm_release
-from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
 from launcher import localcluster

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_e2e_training import bundles, finish, launch, wait_for
+from cluster_runs import bundles, finish, launch, wait_for
 from test_slurm_e2e import FAIL, script
 
 from launcher import protocol as P

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import wrapped_script
-from test_e2e_training import (
+from cluster_runs import (
     assert_continuous,
     bundles,
     finish,
@@ -28,6 +27,7 @@ from test_e2e_training import (
     submitted_job_id,
     wait_for,
 )
+from launcher_helpers import wrapped_script
 from test_preemption import drawn, last_logged_step, logged_run_train, straight_run
 from wandb_records import offline_runs
 

@@ -7,8 +7,8 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
+from cluster_runs import bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 from launcher_helpers import spec_for
-from test_e2e_training import bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 
 from launcher import protocol as P
 from launcher.problems import Problem

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import ROOT
-from test_e2e_training import (
+from cluster_runs import (
     bundles,
     finish,
     launch,
@@ -25,6 +24,7 @@ from test_e2e_training import (
     submitted_job_id,
     wait_for,
 )
+from launcher_helpers import ROOT
 
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launcher_helpers import ROOT
-from slurm_cluster import slurm_release
-from test_e2e_training import (
+from cluster_runs import (
     assert_continuous,
     bundles,
     finish,
@@ -31,6 +29,8 @@ from test_e2e_training import (
     wait_for,
     with_fake_nvidia_smi,
 )
+from launcher_helpers import ROOT
+from slurm_cluster import slurm_release
 
 from launcher import protocol as P
 from launcher.bundle.records import read_metrics

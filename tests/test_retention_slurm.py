@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_runs import assert_continuous, bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 from launcher_helpers import ROOT
-from test_e2e_training import assert_continuous, bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
 from launcher import checkpoint_layout as layout

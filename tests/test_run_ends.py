@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cluster_runs import bundles, finish, launch
 from launcher_helpers import START
-from test_e2e_training import bundles, finish, launch
 
 from launcher import protocol as P
 from launcher.slurm import triage
