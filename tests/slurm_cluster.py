@@ -2,8 +2,9 @@
 worker where pytest-xdist runs several), and one with accounting (slurmdbd on a MariaDB of its own), started only
 for the tests that ask for it (`slurm_accounting`), so that both paths, with sacct and without, stay tested.
 
-Imported by conftest.py (with the hook that marks the tests using it `slurm`). Outside CI, tests that need it skip
-(with the reason) when Slurm is not installed; under CI=true they never skip. A cluster that was already up (e.g.
+Imported by conftest.py (with the hook that stops a session where a test uses the cluster and its file does not
+say so: `pytestmark = pytest.mark.slurm`). Outside CI, tests that need it skip (with the reason) when Slurm is not
+installed; under CI=true they never skip. A cluster that was already up (e.g.
 after `make demo`) is reused and left up. Under scripts/slurm_root.sh it is that release's, in `.slurm-24.11[-gwN]`
 or `.slurm-26.05[-gwN]`.
 """
@@ -30,14 +31,26 @@ if TYPE_CHECKING:
 IN_CI = os.environ.get("CI") == "true"
 
 
+# The fixtures that are the local cluster, or stand on it: a test file whose tests use one says so at its top with
+# `pytestmark` (pyproject.toml's markers; tests/test_architecture.py reads every file for it).
+CLUSTER_FIXTURES = ("slurm_cluster_spec", "slurm_cluster", "slurm_env", "slurm_accounting", "slurm_nanoset")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that uses the session's cluster is marked `slurm` (`-m slurm`: the Slurm end-to-end tests, which
-    CI also runs on Slurm 26.05 through scripts/slurm_root.sh)."""
+    """A test that uses the session's cluster and whose file does not say so (`pytestmark = pytest.mark.slurm`, and
+    `accounting` beside it for the cluster with accounting) stops the session before any test runs, its file named:
+    `make test` picks its parts by these markers, so a test unmarked would run in the wrong part, or on no
+    release."""
+    unmarked = set()
     for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.slurm)
-        if "slurm_accounting" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.accounting)
+        used = getattr(item, "fixturenames", ())
+        if any(name in used for name in CLUSTER_FIXTURES) and item.get_closest_marker("slurm") is None:
+            unmarked.add(f"{item.nodeid.split('::')[0]}: pytestmark = pytest.mark.slurm")
+        if "slurm_accounting" in used and item.get_closest_marker("accounting") is None:
+            unmarked.add(f"{item.nodeid.split('::')[0]}: pytestmark = [pytest.mark.slurm, pytest.mark.accounting]")
+    if unmarked:
+        raise pytest.UsageError("tests that use the local cluster in a file that does not say so; add at its top:\n  "
+                                + "\n  ".join(sorted(unmarked)))  # fmt: skip
 
 
 def require_slurm(accounting: bool = False) -> None:

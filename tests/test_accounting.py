@@ -25,6 +25,8 @@ from launcher.localcluster.slurm_conf import DBD_OFFSET, PORT_STEP
 from launcher.runs import submission, sweep
 from launcher.slurm import client
 
+pytestmark = [pytest.mark.slurm, pytest.mark.accounting]
+
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
 # finishes (as one that outlasts the grace time): Slurm kills the run at the end of the grace time and requeues it,
 # and the next attempt resumes from the last periodic checkpoint before the notice; the steps after it are thrown
@@ -174,7 +176,6 @@ def listening_tcp_ports(pid: int) -> list[int]:
     return [int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes]  # 0A: LISTEN
 
 
-@pytest.mark.accounting
 def test_accounting_comes_up_where_its_ports_are_held(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ):

@@ -35,6 +35,8 @@ from launcher.bundle.records import read_metrics
 from launcher.slurm import client as slurm
 from launcher.train.settings import load_train_config
 
+pytestmark = pytest.mark.slurm
+
 
 def assert_ledger_from_the_jobs_records(bundle_dir: Path, out: str) -> None:
     """Without accounting (sacct says so), the ledger comes from the job's own records: its one attempt held the

@@ -35,6 +35,8 @@ from launcher import protocol as P
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
 
+pytestmark = pytest.mark.slurm
+
 
 def job_fields(job_id: str, env: dict) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True)

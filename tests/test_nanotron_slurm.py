@@ -30,7 +30,7 @@ from test_preemption import last_logged_step
 from launcher.bundle.records import read_metrics
 from launcher.localcluster import ClusterSpec, down, up
 
-pytestmark = pytest.mark.nanotron_cpu
+pytestmark = [pytest.mark.slurm, pytest.mark.nanotron_cpu]
 TOLERANCE = 1e-3
 
 

@@ -29,6 +29,8 @@ from launcher_helpers import ROOT
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
 
+pytestmark = pytest.mark.slurm
+
 # run_train.py itself, except that in the first attempt one rank stops answering after a few steps: the other
 # waits for it in its next all_reduce, and nothing moves. (The test's stand-in for a dead GPU or a deadlocked loader.)
 HANGS_ON = """

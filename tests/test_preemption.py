@@ -37,6 +37,8 @@ from launcher.bundle.records import read_metrics
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
 
+pytestmark = pytest.mark.slurm
+
 
 def last_logged_step(bundle_dir: Path) -> int:
     path = bundle_dir / "metrics.jsonl"

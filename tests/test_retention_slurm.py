@@ -27,6 +27,8 @@ from launcher import protocol as P
 from launcher.bundle.records import read_metrics
 from launcher.node.purge import read_record
 
+pytestmark = pytest.mark.slurm
+
 FAULTS = Path(__file__).resolve().parent / "fault_points"
 RULES = ("--train_steps", "200", "--save_interval", "10", "--keep_last", "2", "--keep_every", "50")
 KEPT = {50, 100, 150, 190, 200}

@@ -9,12 +9,15 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from launcher_helpers import spec_for
 from test_slurm_e2e import ALLREDUCE, FAIL, script
 
 from launcher import protocol as P
 from launcher.bundle import render
 from launcher.bundle.files import paths_for
+
+pytestmark = pytest.mark.slurm
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 
