@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,18 +92,43 @@ def slurm_cluster(slurm_cluster_spec: localcluster.ClusterSpec) -> dict[str, str
     return slurm_cluster_spec.env()
 
 
-def _every_node_in_service(spec: localcluster.ClusterSpec) -> None:
+def every_node_in_service(spec: localcluster.ClusterSpec) -> None:
     """Each test starts on a cluster whose nodes are all in service: a node an earlier test left drained or down
-    (a step Slurm could not kill, a slurmd that stopped answering) is named in a warning, with Slurm's reason, and
-    brought back (one sinfo query where all is well)."""
+    (a step Slurm could not kill in time, "Kill task failed"; a slurmd that stopped answering) is named in a warning,
+    with Slurm's reason, and brought back (one sinfo query where all is well)."""
     argv = ["sinfo", "-h", "-N", "-o", parse.NODE_STATES]
     out = subprocess.run(argv, env={**os.environ, **spec.env()}, capture_output=True, text=True, timeout=60)
     away = [n for n in parse.parse_node_states(out.stdout) if not n.in_service]
     if out.returncode == 0 and not away:
         return
     said = ", ".join(f"{n.name} {n.state} ({n.reason})" for n in away) or out.stderr.strip()
-    warnings.warn(f"the cluster in {spec.dir} had nodes out of service before this test: {said}", stacklevel=1)
+    warnings.warn(f"the cluster in {spec.dir} had nodes out of service: {said}; brought back", stacklevel=1)
     localcluster.up(spec)  # restarts a daemon that died, resumes drained and down nodes, waits until all are ready
+
+
+def no_job_left(spec: localcluster.ClusterSpec) -> None:
+    """After each test, none of its jobs is left on the cluster: one still pending or running (a test that failed
+    midway, or let its job run on) is cancelled and named in a warning, and every job is waited out of Slurm's
+    queue, its steps' ends included, so that the next test starts on an idle cluster. A step whose processes are
+    slow to die (a task in an uninterruptible write under load) holds its job COMPLETING until they do, or until
+    UnkillableStepTimeout drains its node: either way here, within this test, never in the next one."""
+    env = {**os.environ, **spec.env()}
+
+    def queued() -> list[list[str]] | None:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True, timeout=60)
+        return [line.split() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else None
+
+    jobs = queued()
+    running = [job for job, state in jobs or [] if state != "COMPLETING"]
+    if running:
+        warnings.warn(f"the test left jobs {', '.join(running)} in {spec.dir}: cancelled", stacklevel=1)
+        subprocess.run(["scancel", *running], env=env, capture_output=True, timeout=60)
+    deadline = time.monotonic() + spec.unkillable_step_timeout_s + 30
+    while jobs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        jobs = queued()
+    if jobs:
+        warnings.warn(f"jobs still in the queue of {spec.dir} after the test: {jobs}", stacklevel=1)
 
 
 ACCOUNTING_GRACE_S = 10  # short, so that a preemption a run does not heed ends within a test's patience
@@ -127,13 +153,15 @@ def slurm_accounting() -> Iterator[dict[str, str]]:
 @pytest.fixture
 def slurm_env(
     slurm_cluster_spec: localcluster.ClusterSpec, slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> dict[str, str]:
+) -> Iterator[dict[str, str]]:
     """Per test: SLURM_CONF set in this process too (the launcher runs in-process in some tests); every node of
-    the cluster in service."""
-    _every_node_in_service(slurm_cluster_spec)
+    the cluster in service before, and no job of the test's left after."""
+    every_node_in_service(slurm_cluster_spec)
     for key, value in slurm_cluster.items():
         monkeypatch.setenv(key, value)
-    return {**os.environ, **slurm_cluster}
+    yield {**os.environ, **slurm_cluster}
+    no_job_left(slurm_cluster_spec)
+    every_node_in_service(slurm_cluster_spec)
 
 
 def slurm_release(env: dict[str, str]) -> tuple[int, int]:
