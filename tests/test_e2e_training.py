@@ -56,7 +56,7 @@ def assert_ledger_from_the_jobs_records(bundle_dir: Path, out: str) -> None:
     assert said and said[0] in {f"{hours['allocated'] + d:.3g}" for d in (-1e-6, 0, 1e-6)}, (said, hours)
 
 
-@pytest.mark.main_job  # also on 22.05 in make test (pyproject.toml's markers)
+@pytest.mark.main_job  # on 22.05 and 26.05 in make test (pyproject.toml's markers)
 def test_demo_flow_then_relaunch_resumes(tmp_path: Path, slurm_env: dict, demo_data):
     started = time.monotonic()
     job_env = with_fake_nvidia_smi(tmp_path, slurm_env)

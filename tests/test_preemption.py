@@ -155,7 +155,7 @@ def test_a_preempted_run_on_a_slurm_tokenized_folder_reads_what_the_straight_run
     """The torch engine on a folder tokenized as a Slurm array job on this same cluster (`slurm_nanoset`): the loss
     falls, and after a real preemption every rank's micro-batches of both attempts are those of an uninterrupted
     torchrun of the bundle's own config (4 ranks, 150 each, across epochs). Not a release difference: `make test`
-    runs it on 26.05 alone (the preemption itself is the test above, on every release)."""
+    runs it on 22.05 alone (the preemption itself is the test above, on every release)."""
     script = logged_run_train(tmp_path, tmp_path / "onfolder")
     flags = ("--dataset", str(slurm_nanoset), "--nanotron_dialect", "main", "--run_train_script", str(script))
     job_id, seen, out, log = preempt_and_follow(tmp_path, slurm_env, demo_data, "onfolder", *flags)
