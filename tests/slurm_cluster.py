@@ -34,7 +34,8 @@ IN_CI = os.environ.get("CI") == "true"
 
 # The fixtures that are the local cluster, or stand on it: a test file whose tests use one says so at its top with
 # `pytestmark` (pyproject.toml's markers; tests/test_architecture.py reads every file for it).
-CLUSTER_FIXTURES = ("slurm_cluster_spec", "slurm_cluster", "slurm_env", "slurm_accounting", "slurm_nanoset")
+CLUSTER_FIXTURES = ("slurm_cluster_spec", "slurm_cluster", "slurm_env", "slurm_accounting_spec", "slurm_accounting",
+                    "slurm_nanoset")  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -47,7 +48,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         used = getattr(item, "fixturenames", ())
         if any(name in used for name in CLUSTER_FIXTURES) and item.get_closest_marker("slurm") is None:
             unmarked.add(f"{item.nodeid.split('::')[0]}: pytestmark = pytest.mark.slurm")
-        if "slurm_accounting" in used and item.get_closest_marker("accounting") is None:
+        if "slurm_accounting_spec" in used and item.get_closest_marker("accounting") is None:
             unmarked.add(f"{item.nodeid.split('::')[0]}: pytestmark = [pytest.mark.slurm, pytest.mark.accounting]")
     if unmarked:
         raise pytest.UsageError("tests that use the local cluster in a file that does not say so; add at its top:\n  "
@@ -135,19 +136,26 @@ ACCOUNTING_GRACE_S = 10  # short, so that a preemption a run does not heed ends 
 
 
 @pytest.fixture(scope="session")
-def slurm_accounting() -> Iterator[dict[str, str]]:
-    """SLURM_CONF of a local cluster with accounting: slurmdbd on its own MariaDB, the cluster, account `research`
-    and root registered, AccountingStorageTRES=gres/gpu; preemption's grace time ACCOUNTING_GRACE_S."""
+def slurm_accounting_spec() -> Iterator[localcluster.ClusterSpec]:
+    """A local cluster with accounting, running: slurmdbd on its own MariaDB, the cluster, account `research` and
+    root registered, AccountingStorageTRES=gres/gpu; preemption's grace time ACCOUNTING_GRACE_S."""
     require_slurm(accounting=True)
     # `.slurm-acct`, or `.slurm-26.05-acct`: a release's slurmctld and slurmdbd refuse another release's state
     name = f"{localcluster.default_dir().name}-acct"
     spec = localcluster.ClusterSpec(_directory(name), nodes=2, gpus_per_node=2, accounting=True,
                                     preempt_grace_s=ACCOUNTING_GRACE_S)  # fmt: skip
     was_up = localcluster.is_up(spec)
-    env = localcluster.up(spec)
-    yield env
+    localcluster.up(spec)
+    yield spec
     if not was_up:
         localcluster.down(spec)
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting(slurm_accounting_spec: localcluster.ClusterSpec) -> dict[str, str]:
+    """SLURM_CONF of the cluster with accounting (a test that takes it leaves it as `slurm_env` leaves the session's:
+    tests/test_accounting.py's `acct_env`)."""
+    return slurm_accounting_spec.env()
 
 
 @pytest.fixture

@@ -123,7 +123,7 @@ def cluster_marker_problems(sources: dict[str, str]) -> list[str]:
     it), and `accounting` beside it where it is the cluster with accounting; a file that says `slurm` uses one."""
     trees = {name: ast.parse(source) for name, source in sources.items()}
     on_cluster = _fixtures_standing_on(set(CLUSTER_FIXTURES), list(trees.values()))
-    on_accounting = _fixtures_standing_on({"slurm_accounting"}, list(trees.values()))
+    on_accounting = _fixtures_standing_on({"slurm_accounting_spec", "slurm_accounting"}, list(trees.values()))
     problems = []
     for name, tree in sorted(trees.items()):
         marks = {node.attr for top in tree.body if isinstance(top, ast.Assign)
