@@ -16,9 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import ROOT
-from terminal import launcher_in_terminal
-from test_e2e_training import (
+from cluster_runs import (
     bundles,
     finish,
     latest_step,
@@ -29,6 +27,8 @@ from test_e2e_training import (
     wait_for,
     with_fake_nvidia_smi,
 )
+from launcher_helpers import ROOT
+from terminal import launcher_in_terminal
 from test_evals_job import TASKS, write_tasks
 from test_interactive import settled
 from test_operations import HANGS_ON, assert_caught_fast_and_named
