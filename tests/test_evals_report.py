@@ -146,3 +146,25 @@ def test_jobs_diff_compares_the_evals(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "rep_ppl bits_per_byte:" in text and "1.5000      1.4000    -0.1000" in text
     plain = compare.diff(manifest.load(a.bundle_dir), manifest.load(a.bundle_dir), ("A", "A"))
     assert compare.render(plain).count("evals:") == 1
+
+
+def test_jobs_checkpoints_says_which_steps_are_owed_an_eval(bundle: manifest.Manifest,
+                                                             capsys: pytest.CaptureFixture[str]):  # fmt: skip
+    """A step --eval_every names stays until its eval has ended, and `jobs checkpoints` says why; once the result is
+    done, only the rules speak for it."""
+    from test_retention import saved, torch_step
+
+    for step in (5, 10, 15):
+        torch_step(bundle.checkpoints, step)
+    saved(bundle.checkpoints, 5, 10, 15)
+    assert jobs.main(["checkpoints", str(bundle.bundle_dir)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:4]}
+    assert "owed an eval (--eval_every names it; not submitted yet)" in lines["10"], lines
+    assert "owed an eval" not in lines["5"] and "owed an eval" not in lines["15"]
+    k = key(bundle.bundle_dir)
+    eval_record.note_submission(bundle.checkpoints, 10, k, state="submitted", job="77", bundle=str(bundle.bundle_dir))
+    assert jobs.main(["checkpoints", str(bundle.bundle_dir)]) == 0
+    assert "owed an eval (eval job 77 submitted)" in capsys.readouterr().out
+    put(bundle.bundle_dir, row(10, 0.5, 1.0))
+    assert jobs.main(["checkpoints", str(bundle.bundle_dir)]) == 0
+    assert "owed an eval" not in capsys.readouterr().out
