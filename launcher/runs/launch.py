@@ -173,6 +173,7 @@ def prepare_all(
     if checked is None:
         checked = [check(argv, p) for argv, p in zip(points, parsed or [None] * len(points), strict=True)]
     problems = labelled([p for _, p in checked], labels or [f"point {i + 1}" for i in range(len(points))])
+    problems += _shared_checkpoints([spec for spec, _ in checked])
     if problems:
         raise ConfigError(report(problems))
     drafts: list[_Draft] = []
@@ -187,6 +188,24 @@ def prepare_all(
             raise ConfigError(f"{e}\nNothing was written or submitted.") from None
         raise
     return [_write(draft, forecast) for draft, forecast in zip(drafts, forecasts, strict=True)]
+
+
+def _shared_checkpoints(specs: list[RunSpec]) -> list[Problem]:
+    """A sweep's points that would train into one checkpoints folder (a --config's checkpoints_path names one folder,
+    whatever the point's name): each would resume the other's checkpoints."""
+    by_folder: dict[Path, list[str]] = {}
+    for spec in specs:
+        by_folder.setdefault(spec.checkpoints_dir, []).append(spec.args.run_name)
+    return [
+        Problem(
+            "checkpoints_path",
+            f"{', '.join(names)} would all train into {folder} (--config's "
+            "checkpoints.checkpoints_path names one folder)",
+            "give --checkpoints_path: each point trains into PATH/ITS_NAME",
+        )  # fmt: skip
+        for folder, names in by_folder.items()
+        if len(names) > 1
+    ]
 
 
 def prepare(argv: list[str], parsed: cli.Parsed | None = None) -> Prepared:
