@@ -112,3 +112,13 @@ def test_nanotron_mains_lighteval_section_is_refused_with_the_flags_that_do_it_h
     prepared = launch.prepare(argv)
     written = yaml.safe_load(prepared.paths.config.read_text())
     assert written.get("lighteval") is None
+
+
+def test_a_name_longer_than_a_filesystem_allows_is_a_named_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    long = "x" * 300
+    for flag, value in (("eval_include", f"/tmp/{long}"), ("eval_include", long), ("eval_heldout", f"/tmp/{long}"),
+                        ("eval_heldout", f"{tmp_path}/{long}/held.jsonl")):  # fmt: skip
+        found = problems_of("--eval_tasks", "hellaswag", f"--{flag}", value)
+        assert "a name in it is 300 bytes long" in found[flag] and f"give --{flag} a path of shorter names" in found[
+            flag]  # fmt: skip

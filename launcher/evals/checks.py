@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import datacheck
+from launcher.config import datacheck, ranges
 from launcher.config.flags import EvalArgs
 from launcher.config.spec import RunSpec
 from launcher.nanotron_config import mixture, nanoset, nanoset_yaml
@@ -106,7 +106,7 @@ def problems(spec: RunSpec) -> list[Problem]:
         out.append(Problem("eval_limit", f"must be positive, got {e.eval_limit}", "leave it out for every sample"))
     if e.eval_gpus < 0:
         out.append(Problem("eval_gpus", f"must be 0 (CPU) or more, got {e.eval_gpus}", "e.g. --eval_gpus 1"))
-    if e.eval_include is not None:
+    if e.eval_include is not None and not ranges.unusable_path("eval_include", e.eval_include):  # (said by ranges)
         folder = Path(os.path.expanduser(e.eval_include))
         if not folder.is_dir():
             out.append(Problem("eval_include", f"{e.eval_include} is not a folder", "give a folder of task YAMLs"))
@@ -137,7 +137,7 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
     folder it trains on (`tail_problems`), or a local dataset the run does not train on, readable with --text_column
     (a tokenized folder: made with the run's tokenizer)."""
     text = spec.args.evals.eval_heldout
-    if text is None:
+    if text is None or ranges.unusable_path("eval_heldout", text):  # (that is said by ranges)
         return []
     if text.startswith(nanoset.TAIL):
         return tail_problems(spec, text)
