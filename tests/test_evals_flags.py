@@ -74,7 +74,9 @@ def test_the_heldout_data_is_out_of_training(tmp_path: Path, demo_data):
     assert "eval_heldout" not in problems_of(*with_eval, "split:validation", "--dataset", str(both))
     trained = problems_of(*with_eval, "split:train", "--dataset", str(both))
     assert "trains on the split 'train'" in trained["eval_heldout"]
-    assert "has no split 'test'" in problems_of(*with_eval, "split:test", "--dataset", str(both))["eval_heldout"]
+    missing = problems_of(*with_eval, "split:test", "--dataset", str(both))["eval_heldout"]
+    assert f"{both} has no split 'test' (splits: train, validation) | name a split it has that the run does not " \
+           "train on: split:validation" in missing and "save the training split" not in missing  # fmt: skip
     found = problems_of(*with_eval, str(demo_data.dataset), demo=demo_data)
     assert "the run trains on" in found["eval_heldout"] and "not held out" in found["eval_heldout"]
     assert "eval_heldout" not in problems_of(*with_eval, str(both / "validation"), demo=demo_data)

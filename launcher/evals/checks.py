@@ -156,6 +156,16 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
                     "give a local dataset the run does not train on: --eval_heldout PATH",
                 )
             ]
+        if dataset in spec.nanosets or nanoset.is_tokenized(dataset):
+            return [Problem("eval_heldout", f"{text} names a split of a saved DatasetDict; the run trains on the "
+                            f"tokenized folder {dataset}, which has none", "hold out its last tokens: --eval_heldout "
+                            "tail:N (e.g. tail:100k), or give held-out data: --eval_heldout PATH")]  # fmt: skip
+        splits = datacheck.saved_splits(dataset)
+        if splits is not None and split not in splits:
+            others = ", ".join(f"split:{s}" for s in splits if s != training)
+            fix = f"name a split it has that the run does not train on: {others}" if others else (
+                "give held-out data the run does not train on: --eval_heldout PATH")  # fmt: skip
+            return [Problem("eval_heldout", f"{dataset} has no split {split!r} (splits: {', '.join(splits)})", fix)]
         if split == training:
             return [
                 Problem(
@@ -209,6 +219,13 @@ def tail_problems(spec: RunSpec, text: str) -> list[Problem]:
     (name, folder), seq = next(iter(spec.nanosets.items())), spec.shape.max_seq_len
     if folder is None:
         return []  # (what is wrong with the folder is said by the dataset's checks)
+    if count >= folder.tokens:
+        most, dp = folder.tokens - max(spec.dims.dp, 1) * seq - 1, max(spec.dims.dp, 1)
+        fix = f"hold out fewer: at most tail:{most}" if most >= seq + 1 else "tokenize more data, or give held-out " \
+            "data: --eval_heldout PATH"  # fmt: skip
+        how = "all" if count == folder.tokens else "more than"
+        return [Problem("eval_heldout", f"{text} holds out {count:,} tokens, {how} the {folder.tokens:,} {name} holds",
+                        fix)]  # fmt: skip
     if count < seq + 1:
         return [Problem("eval_heldout", f"{text}: {count} tokens are less than one window of the sequence length + 1 "
                         f"({seq + 1})", f"hold out at least {seq + 1} tokens")]  # fmt: skip
