@@ -124,3 +124,37 @@ def test_a_name_longer_than_a_filesystem_allows_is_a_named_problem(tmp_path: Pat
         found = problems_of("--eval_tasks", "hellaswag", f"--{flag}", value)
         assert "a name in it is 300 bytes long" in found[flag] and f"give --{flag} a path of shorter names" in found[
             flag]  # fmt: skip
+
+
+def test_heldout_data_is_never_the_training_data_however_it_is_named(tmp_path: Path, demo_data):
+    """The split folder the run trains on, by its path, a path with `..` in it, a symlink, a hard link, a file in the
+    folder it trains on, a folder holding it, or the dataset of a --config's later stage: none is held out."""
+    import datasets
+
+    train = datasets.load_from_disk(str(demo_data.dataset))
+    both = tmp_path / "both"
+    datasets.DatasetDict({"train": train, "validation": train.select(range(4))}).save_to_disk(str(both))
+    (tmp_path / "link").symlink_to(both / "train")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "a"}\n{"text": "b"}\n')
+    (tmp_path / "hard.jsonl").hardlink_to(rows)
+    (tmp_path / "soft.jsonl").symlink_to(rows)
+    with_eval = ("--eval_tasks", "piqa", "--eval_heldout")
+    tok = ("--tokenizer", str(demo_data.tokenizer))
+    for named in (both / "train", f"{both}/validation/../train", tmp_path / "link", both / "train" / "state.json"):
+        said = problems_of(*with_eval, str(named), "--dataset", str(both), *tok).get("eval_heldout", "")
+        assert "not held out" in said and str(both / "train") in said, named
+    assert "eval_heldout" not in problems_of(*with_eval, str(both / "validation"), "--dataset", str(both), *tok)
+    for named in (tmp_path / "hard.jsonl", tmp_path / "soft.jsonl"):
+        said = problems_of(*with_eval, str(named), "--dataset", str(rows), *tok).get("eval_heldout", "")
+        assert "not held out" in said and str(rows) in said, named
+    holder = problems_of(*with_eval, str(tmp_path), "--dataset", str(rows), *tok).get("eval_heldout", "")
+    assert "not held out" in holder and f"{tmp_path} holds {rows}" in holder
+    config = tmp_path / "stages.yaml"
+    config.write_text(yaml.safe_dump({"data_stages": [
+        {"name": "first", "start_training_step": 1, "data": {"dataset": {"hf_dataset_or_datasets": str(demo_data.dataset)}}},
+        {"name": "later", "start_training_step": 5, "data": {"dataset": {"hf_dataset_or_datasets": str(rows)}}}]}))  # fmt: skip
+    spec, problems = spec_for("--nodes", "1", "--gpus_per_node", "2", "--save_interval", "10", "--config", str(config),
+                              *tok, *with_eval, str(tmp_path / "soft.jsonl"))  # fmt: skip
+    said = [p.message for p in problems + validate.validate(spec) if p.flag == "eval_heldout"]
+    assert any("not held out" in m and str(rows) in m for m in said), said

@@ -16,7 +16,7 @@ import yaml
 from launcher.config import datacheck, ranges
 from launcher.config.flags import EvalArgs
 from launcher.config.spec import RunSpec
-from launcher.nanotron_config import mixture, nanoset, nanoset_yaml
+from launcher.nanotron_config import mixture, nanoset, nanoset_yaml, stages
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.presets import PROJECT_ROOT
 from launcher.nanotron_config.schema import get_path, train_split
@@ -142,9 +142,6 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
     if text.startswith(nanoset.TAIL):
         return tail_problems(spec, text)
     column = spec.args.data.text_column
-    trained = [str(Path(n).resolve()) for n in mixture.names(spec.datasets) if is_local_path(n)]
-    trained += [str(Path(n).resolve()) for s in spec.stages for n in mixture.names(s.dataset) if is_local_path(n)]
-    trained += [str(Path(n).resolve()) for n in spec.nanosets]  # (a --config's stages' folders too)
     if text.startswith("split:"):
         split, dataset = text.removeprefix("split:"), spec.args.data.dataset
         training = train_split(spec.base_config)
@@ -179,9 +176,9 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
     if not is_local_path(text):
         return [Problem("eval_heldout", f"{text} is not a local path (the eval job reads offline)",
                         "give split:NAME of the run's dataset, or a local dataset folder or file")]  # fmt: skip
-    if str(path) in trained:
-        return [Problem("eval_heldout", f"the run trains on {path}: it is not held out",
-                        "give data the run does not train on")]  # fmt: skip
+    overlap = _not_held_out(path, trained_paths(spec), train_split(spec.base_config))
+    if overlap is not None:
+        return [overlap]
     if path.is_dir() and (path / "dataset_dict.json").is_file():
         return [Problem("eval_heldout", f"{path} is a dataset of several splits",
                         f"name one: {path}/validation (a split's folder)")]  # fmt: skip
@@ -197,6 +194,41 @@ def heldout_problems(spec: RunSpec) -> list[Problem]:
                             f"{spec.args.data.tokenizer}", "give held-out data tokenized as the run's")]  # fmt: skip
         return problems
     return [_heldout(p) for p in datacheck.dataset_problems(str(path), column, "train")]
+
+
+def trained_paths(spec: RunSpec) -> list[Path]:
+    """Every local dataset the run trains on, symlinks resolved: its --dataset's (each of a mixture's), its data
+    stages' (--data_stages', else a --config's), its tokenized folders."""
+    names = [*mixture.names(spec.datasets), *(n for s in spec.stages for n in mixture.names(s.dataset))]
+    names += [] if spec.stages else stages.config_dataset_names(spec.base_config)
+    return [Path(os.path.expanduser(n)).resolve() for n in [*names, *spec.nanosets] if is_local_path(n)]
+
+
+def _not_held_out(held: Path, trained: list[Path], split: str) -> Problem | None:
+    """Why `held` (resolved) is data the run trains on, however it is named: one of `trained` (or the same file by
+    another link), in one of them (a file of it, the split folder of a DatasetDict the run trains on; another split's
+    folder is held out), or holding one of them; None where it is held out."""
+    for t in trained:
+        if held == t or _same_file(held, t):
+            what = f"the run trains on {t}"
+        elif held.is_relative_to(t):
+            first = held.relative_to(t).parts[0]
+            if first != split and datacheck.saved_splits(str(t)) is not None:
+                continue  # another split of the DatasetDict whose `split` the run trains on
+            what = f"{held} is in {t / first}, which the run trains on"
+        elif t.is_relative_to(held):
+            what = f"{held} holds {t}, which the run trains on"
+        else:
+            continue
+        return Problem("eval_heldout", f"{what}: it is not held out", "give data the run does not train on")
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # (one of them is not there: not the same)
+        return False
 
 
 def tail_problems(spec: RunSpec, text: str) -> list[Problem]:
