@@ -1,7 +1,7 @@
 """--eval_tasks and its flags, read and checked purely (docs/evals.md): the tasks (a preset of configs/evals is data:
-its tasks and its own task YAMLs), the held-out data, and the flags' own rules; nanotron main's `lighteval:` section
-of a --config, refused with the flags that do it here. What needs lm-eval itself (is a task known, do the YAMLs
-load, is the data there offline) is asked of the job's Python: launcher/evals/checks.py.
+its tasks and its own task YAMLs), the flags' own rules (the held-out data's: launcher/evals/heldout.py); nanotron
+main's `lighteval:` section of a --config, refused with the flags that do it here. What needs lm-eval itself (is a
+task known, do the YAMLs load, is the data there offline) is asked of the job's Python: launcher/evals/probe.py.
 """
 
 from __future__ import annotations
@@ -13,19 +13,16 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import datacheck, ranges
+from launcher.config import ranges
 from launcher.config.flags import EvalArgs
 from launcher.config.spec import RunSpec
-from launcher.nanotron_config import mixture, nanoset, nanoset_yaml, stages
-from launcher.nanotron_config.datasource import is_local_path
+from launcher.evals import heldout
 from launcher.nanotron_config.presets import PROJECT_ROOT
-from launcher.nanotron_config.schema import get_path, train_split
 from launcher.problems import Problem
 
 PRESETS = PROJECT_ROOT / "configs" / "evals"
 LIGHTEVAL_NAMES = PRESETS / "lighteval.yaml"
 TASK_NAME = re.compile(r"[\w.:+-]+")  # lm-eval's task, group and tag names
-HELDOUT_FILES = (".jsonl", ".json", ".txt", ".parquet", ".csv")
 FLAGS = ("eval_include", "eval_every", "eval_limit", "eval_partition", "eval_heldout")  # each needs --eval_tasks
 
 
@@ -112,7 +109,7 @@ def problems(spec: RunSpec) -> list[Problem]:
             out.append(Problem("eval_include", f"{e.eval_include} is not a folder", "give a folder of task YAMLs"))
         elif not any(folder.rglob("*.yaml")):
             out.append(Problem("eval_include", f"{folder} holds no .yaml file", "give the folder of your task YAMLs"))
-    return out + heldout_problems(spec)
+    return out + heldout.problems(spec)
 
 
 def rank_by_problems(e: EvalArgs, swept: bool) -> list[Problem]:
@@ -130,148 +127,6 @@ def rank_by_problems(e: EvalArgs, swept: bool) -> list[Problem]:
         fix = f"rank by one of {', '.join(found.tasks)} (TASK or TASK:METRIC, e.g. hellaswag:acc_norm)"
         return [Problem("rank_by", f"{task!r} is not one of --eval_tasks' tasks", fix)]
     return []
-
-
-def heldout_problems(spec: RunSpec) -> list[Problem]:
-    """--eval_heldout: a split of the run's local dataset other than the one it trains on, the tail of the tokenized
-    folder it trains on (`tail_problems`), or a local dataset the run does not train on, readable with --text_column
-    (a tokenized folder: made with the run's tokenizer)."""
-    text = spec.args.evals.eval_heldout
-    if text is None or ranges.unusable_path("eval_heldout", text):  # (that is said by ranges)
-        return []
-    if text.startswith(nanoset.TAIL):
-        return tail_problems(spec, text)
-    column = spec.args.data.text_column
-    if text.startswith("split:"):
-        split, dataset = text.removeprefix("split:"), spec.args.data.dataset
-        training = train_split(spec.base_config)
-        if not dataset or mixture.is_mixture(dataset) or not is_local_path(dataset) or spec.stages:
-            return [
-                Problem(
-                    "eval_heldout",
-                    f"{text} names a split of the run's dataset, which is not one local saved dataset",
-                    "give a local dataset the run does not train on: --eval_heldout PATH",
-                )
-            ]
-        if dataset in spec.nanosets or nanoset.is_tokenized(dataset):
-            return [Problem("eval_heldout", f"{text} names a split of a saved DatasetDict; the run trains on the "
-                            f"tokenized folder {dataset}, which has none", "hold out its last tokens: --eval_heldout "
-                            "tail:N (e.g. tail:100k), or give held-out data: --eval_heldout PATH")]  # fmt: skip
-        splits = datacheck.saved_splits(dataset)
-        if splits is not None and split not in splits:
-            others = ", ".join(f"split:{s}" for s in splits if s != training)
-            fix = f"name a split it has that the run does not train on: {others}" if others else (
-                "give held-out data the run does not train on: --eval_heldout PATH")  # fmt: skip
-            return [Problem("eval_heldout", f"{dataset} has no split {split!r} (splits: {', '.join(splits)})", fix)]
-        if split == training:
-            return [
-                Problem(
-                    "eval_heldout",
-                    f"the run trains on the split {split!r}: it is not held out",
-                    "name another split (e.g. split:validation), or another dataset",
-                )
-            ]
-        return [_heldout(p) for p in datacheck.dataset_problems(dataset, column, split)]
-    path = Path(os.path.expanduser(text)).resolve()
-    if not is_local_path(text):
-        return [Problem("eval_heldout", f"{text} is not a local path (the eval job reads offline)",
-                        "give split:NAME of the run's dataset, or a local dataset folder or file")]  # fmt: skip
-    overlap = _not_held_out(path, trained_paths(spec), train_split(spec.base_config))
-    if overlap is not None:
-        return [overlap]
-    if path.is_dir() and (path / "dataset_dict.json").is_file():
-        return [Problem("eval_heldout", f"{path} is a dataset of several splits",
-                        f"name one: {path}/validation (a split's folder)")]  # fmt: skip
-    if path.is_file() and path.suffix not in HELDOUT_FILES:
-        return [Problem("eval_heldout", f"{path} is not one of {', '.join(HELDOUT_FILES)}",
-                        "give a save_to_disk folder or a .jsonl file")]  # fmt: skip
-    if path.is_file() and path.suffix == ".txt":
-        return []  # a line a document
-    if nanoset.is_tokenized(str(path)):
-        folder, problems = nanoset.inspect(path, "eval_heldout")
-        if folder is not None and not nanoset.same_tokenizer(folder.tokenizer, spec.args.data.tokenizer or ""):
-            return [Problem("eval_heldout", f"{path} was tokenized by {folder.tokenizer}, the run's tokenizer is "
-                            f"{spec.args.data.tokenizer}", "give held-out data tokenized as the run's")]  # fmt: skip
-        return problems
-    return [_heldout(p) for p in datacheck.dataset_problems(str(path), column, "train")]
-
-
-def trained_paths(spec: RunSpec) -> list[Path]:
-    """Every local dataset the run trains on, symlinks resolved: its --dataset's (each of a mixture's), its data
-    stages' (--data_stages', else a --config's), its tokenized folders."""
-    names = [*mixture.names(spec.datasets), *(n for s in spec.stages for n in mixture.names(s.dataset))]
-    names += [] if spec.stages else stages.config_dataset_names(spec.base_config)
-    return [Path(os.path.expanduser(n)).resolve() for n in [*names, *spec.nanosets] if is_local_path(n)]
-
-
-def _not_held_out(held: Path, trained: list[Path], split: str) -> Problem | None:
-    """Why `held` (resolved) is data the run trains on, however it is named: one of `trained` (or the same file by
-    another link), in one of them (a file of it, the split folder of a DatasetDict the run trains on; another split's
-    folder is held out), or holding one of them; None where it is held out."""
-    for t in trained:
-        if held == t or _same_file(held, t):
-            what = f"the run trains on {t}"
-        elif held.is_relative_to(t):
-            first = held.relative_to(t).parts[0]
-            if first != split and datacheck.saved_splits(str(t)) is not None:
-                continue  # another split of the DatasetDict whose `split` the run trains on
-            what = f"{held} is in {t / first}, which the run trains on"
-        elif t.is_relative_to(held):
-            what = f"{held} holds {t}, which the run trains on"
-        else:
-            continue
-        return Problem("eval_heldout", f"{what}: it is not held out", "give data the run does not train on")
-    return None
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # (one of them is not there: not the same)
-        return False
-
-
-def tail_problems(spec: RunSpec, text: str) -> list[Problem]:
-    """--eval_heldout tail:N: N tokens, at least one window of the run's sequence length + 1, at the end of the one
-    tokenized folder the run trains on from its first step; what training keeps of it (the config's
-    dataset_max_tokens, which keeps it off the tail: nanotron_config.nanoset_yaml.section) a window for each
-    data-parallel rank at least."""
-    fix = "give tail:N, the last N tokens of the run's tokenized folder (e.g. tail:100k), or held-out data: PATH"
-    try:
-        count = nanoset.heldout_tail(text) or 0
-    except ValueError as e:
-        return [Problem("eval_heldout", str(e), fix)]
-    first = [str(Path(n).resolve()) for n in mixture.names(spec.datasets)]
-    if len(spec.nanosets) != 1 or first != [str(Path(n).resolve()) for n in spec.nanosets]:
-        what = f"{len(spec.nanosets)} tokenized folders" if len(spec.nanosets) > 1 else "no tokenized folder"
-        what = "a tokenized folder in a later stage only" if len(spec.nanosets) == 1 else what
-        return [Problem("eval_heldout", f"{text} holds out the end of the one tokenized folder the run trains on "
-                        f"from its first step; it trains on {what}", "train on one folder, or give held-out data: "
-                        "--eval_heldout PATH (or split:NAME of a local dataset)")]  # fmt: skip
-    (name, folder), seq = next(iter(spec.nanosets.items())), spec.shape.max_seq_len
-    if folder is None:
-        return []  # (what is wrong with the folder is said by the dataset's checks)
-    if count >= folder.tokens:
-        most, dp = folder.tokens - max(spec.dims.dp, 1) * seq - 1, max(spec.dims.dp, 1)
-        fix = f"hold out fewer: at most tail:{most}" if most >= seq + 1 else "tokenize more data, or give held-out " \
-            "data: --eval_heldout PATH"  # fmt: skip
-        how = "all" if count == folder.tokens else "more than"
-        return [Problem("eval_heldout", f"{text} holds out {count:,} tokens, {how} the {folder.tokens:,} {name} holds",
-                        fix)]  # fmt: skip
-    if count < seq + 1:
-        return [Problem("eval_heldout", f"{text}: {count} tokens are less than one window of the sequence length + 1 "
-                        f"({seq + 1})", f"hold out at least {seq + 1} tokens")]  # fmt: skip
-    cap = nanoset_yaml.caps_of(get_path(spec.config, ("data", "dataset"))).get(name, folder.tokens - count)
-    windows, dp = max((cap - 1) // seq, 0), max(spec.dims.dp, 1)
-    if windows < dp:  # each data-parallel rank reads a window an epoch at least
-        return [Problem("eval_heldout", f"{text}: training keeps {cap:,} tokens of {name} ({folder.tokens:,} in all), "
-                        f"{windows} windows of {seq + 1} tokens, fewer than the {dp} data-parallel ranks",
-                        "hold out fewer tokens, or tokenize more data")]  # fmt: skip
-    return []
-
-
-def _heldout(p: Problem) -> Problem:
-    return Problem("eval_heldout", p.message, p.fix)
 
 
 def lighteval_problem(section: object, path: Path) -> Problem | None:
