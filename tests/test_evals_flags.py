@@ -158,3 +158,21 @@ def test_heldout_data_is_never_the_training_data_however_it_is_named(tmp_path: P
                               *tok, *with_eval, str(tmp_path / "soft.jsonl"))  # fmt: skip
     said = [p.message for p in problems + validate.validate(spec) if p.flag == "eval_heldout"]
     assert any("not held out" in m and str(rows) in m for m in said), said
+
+
+def test_every_line_of_a_heldout_jsonl_is_read_up_to_a_bound(tmp_path: Path, demo_data, monkeypatch: pytest.MonkeyPatch):
+    from launcher.evals import heldout
+
+    with_eval = ("--eval_tasks", "piqa", "--eval_heldout")
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "c"\n{"text": "d"}\n')
+    said = problems_of(*with_eval, str(held), demo=demo_data)["eval_heldout"]
+    assert f"line 4 of {held} is not a JSON object" in said
+    held.write_text('{"text": "a"}\n{"body": "b"}\n')
+    said = problems_of(*with_eval, str(held), demo=demo_data)["eval_heldout"]
+    assert f"line 2 of {held} has no 'text' (--text_column) as text" in said
+    held.write_text('{"text": "a"}\n{"text": 3}\n')
+    assert "line 2 of" in problems_of(*with_eval, str(held), demo=demo_data)["eval_heldout"]
+    held.write_text('{"text": "a"}\n' * 100 + "not json\n")
+    monkeypatch.setattr(heldout, "JSONL_BOUND", 1000)  # the rest of a bigger file is left to the job
+    assert "eval_heldout" not in problems_of(*with_eval, str(held), demo=demo_data)

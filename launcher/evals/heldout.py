@@ -4,6 +4,8 @@ training data, however it is named."""
 
 from __future__ import annotations
 
+import codecs
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +17,12 @@ from launcher.nanotron_config.schema import get_path, train_split
 from launcher.problems import Problem
 
 HELDOUT_FILES = (".jsonl", ".json", ".txt", ".parquet", ".csv")
+# A held-out JSON-lines file is read before the queue up to this many bytes or lines, whichever comes first (~2 s at
+# most on a busy 2-core machine: 64 MiB of documents, or a million short lines): every line a JSON object with the
+# text column; the rest of a bigger file is left to the eval job's loader.
+JSONL_BOUND = 64 << 20
+JSONL_LINES = 1_000_000
+JSONL_BATCH = 4 << 20
 
 
 def problems(spec: RunSpec) -> list[Problem]:
@@ -78,7 +86,60 @@ def problems(spec: RunSpec) -> list[Problem]:
             return [Problem("eval_heldout", f"{path} was tokenized by {folder.tokenizer}, the run's tokenizer is "
                             f"{spec.args.data.tokenizer}", "give held-out data tokenized as the run's")]  # fmt: skip
         return problems
-    return [_heldout(p) for p in datacheck.dataset_problems(str(path), column, "train")]
+    found = [_heldout(p) for p in datacheck.dataset_problems(str(path), column, "train")]
+    if not found and path.is_file() and path.suffix in (".jsonl", ".json"):
+        found += [p for p in [_jsonl_problem(path, column)] if p is not None]
+    return found
+
+
+def _jsonl_problem(path: Path, column: str) -> Problem | None:
+    """The first line of a held-out JSON-lines file that is not a JSON object with `column` as text (its number
+    named), read up to JSONL_BOUND bytes or JSONL_LINES lines: the rest of a bigger file is left to the job's loader.
+    The lines are parsed a batch at a time as one JSON array (a line at a time in a batch that does not parse so,
+    or whose lines are not each braced). A file whose first line is no whole object (one JSON array, a
+    pretty-printed object) is left to the job."""
+    read, number = 0, 0
+    with open(path, "rb") as f:
+        while read < JSONL_BOUND and number < JSONL_LINES:
+            lines = f.readlines(min(JSONL_BATCH, JSONL_BOUND - read))
+            if not lines:
+                return None
+            read += sum(len(line) for line in lines)
+            if read >= JSONL_BOUND and not lines[-1].endswith(b"\n"):
+                lines.pop()  # a line the bound cuts: the job's to read
+            if not lines:
+                return None
+            if number == 0:
+                lines[0] = lines[0].removeprefix(codecs.BOM_UTF8)
+                head = next((line for line in lines if line.strip()), b"")
+                if head and not isinstance(_record(head), dict):
+                    return None  # (an array, or an object over several lines: the job's loader reads it whole)
+            kept = [line for line in lines if not line.isspace()]
+            try:
+                records = json.loads(b"[" + b",".join(kept) + b"]")
+            except (ValueError, RecursionError):
+                records = None
+            whole = all(line.strip().startswith(b"{") and line.strip().endswith(b"}") for line in kept)
+            if not whole or not isinstance(records, list) or len(records) != len(kept):
+                records = [_record(line) for line in kept]
+            bad = next(
+                (k for k, r in enumerate(records) if type(r) is not dict or type(r.get(column)) is not str), None
+            )
+            if bad is not None:
+                at = number + [k for k, line in enumerate(lines, start=1) if not line.isspace()][bad]
+                what = f"has no {column!r} (--text_column) as text" if isinstance(records[bad], dict) else (
+                    "is not a JSON object")  # fmt: skip
+                return Problem("eval_heldout", f"line {at} of {path} {what}", 'give JSON lines, each an object with '
+                               f'the text column, e.g. {{"{column}": "..."}} (--text_column)')  # fmt: skip
+            number += len(lines)
+    return None
+
+
+def _record(line: bytes) -> object:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
 
 
 def trained_paths(spec: RunSpec) -> list[Path]:
