@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launcher_helpers import spec_for
+from launcher_helpers import fixed_paths, spec_for
 
 from launcher.config import validate
 from launcher.config.flags import EvalArgs
@@ -176,3 +176,19 @@ def test_every_line_of_a_heldout_jsonl_is_read_up_to_a_bound(tmp_path: Path, dem
     held.write_text('{"text": "a"}\n' * 100 + "not json\n")
     monkeypatch.setattr(heldout, "JSONL_BOUND", 1000)  # the rest of a bigger file is left to the job
     assert "eval_heldout" not in problems_of(*with_eval, str(held), demo=demo_data)
+
+
+def test_eval_time_limit_is_checked_like_time_limit_and_said_in_the_summary():
+    assert "eval_time_limit" not in problems_of("--eval_tasks", "hellaswag", "--eval_time_limit", "30:00")
+    found = problems_of("--eval_tasks", "hellaswag", "--eval_time_limit", "soon")
+    assert "'soon' is not a Slurm time | use HH:MM:SS" in found["eval_time_limit"]
+    assert "add --eval_tasks" in problems_of("--eval_time_limit", "1:00:00")["eval_time_limit"]
+    from launcher.perf import sizes
+    from launcher.report import summary
+
+    flags = ("--nodes", "1", "--gpus_per_node", "1", "--dataset", "none", "--time_limit", "2-00:00:00", "--eval_tasks",
+             "hellaswag")  # fmt: skip
+    for more, said in ((("--eval_time_limit", "30:00"), "(CPUs, up to 30:00: --eval_time_limit)"),
+                       ((), "(CPUs, up to 4:00:00: the run's --time_limit, at most 4 h)")):  # fmt: skip
+        spec, _ = spec_for(*flags, *more)
+        assert said in summary.render(spec, fixed_paths("t"), sizes.derived(spec))

@@ -15,6 +15,7 @@ import yaml
 
 from launcher.config import ranges
 from launcher.config.flags import EvalArgs
+from launcher.config.slurm_values import NO_TIME_LIMIT, TIME_LIMIT
 from launcher.config.spec import RunSpec
 from launcher.evals import heldout
 from launcher.nanotron_config.presets import PROJECT_ROOT
@@ -23,7 +24,8 @@ from launcher.problems import Problem
 PRESETS = PROJECT_ROOT / "configs" / "evals"
 LIGHTEVAL_NAMES = PRESETS / "lighteval.yaml"
 TASK_NAME = re.compile(r"[\w.:+-]+")  # lm-eval's task, group and tag names
-FLAGS = ("eval_include", "eval_every", "eval_limit", "eval_partition", "eval_heldout")  # each needs --eval_tasks
+FLAGS = ("eval_include", "eval_every", "eval_limit", "eval_partition", "eval_heldout", "eval_time_limit")  # each
+# needs --eval_tasks
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,13 @@ def problems(spec: RunSpec) -> list[Problem]:
                                f"use --eval_every {near}"))  # fmt: skip
     if e.eval_limit is not None and e.eval_limit <= 0:
         out.append(Problem("eval_limit", f"must be positive, got {e.eval_limit}", "leave it out for every sample"))
+    if (
+        e.eval_time_limit is not None
+        and e.eval_time_limit.upper() not in NO_TIME_LIMIT
+        and not TIME_LIMIT.fullmatch(e.eval_time_limit)
+    ):
+        fix = "use HH:MM:SS, e.g. 2:00:00 (or D-HH:MM:SS, minutes); leave it out for the run's, at most 4 hours"
+        out.append(Problem("eval_time_limit", f"{e.eval_time_limit!r} is not a Slurm time", fix))
     if e.eval_gpus < 0:
         out.append(Problem("eval_gpus", f"must be 0 (CPU) or more, got {e.eval_gpus}", "e.g. --eval_gpus 1"))
     if e.eval_include is not None and not ranges.unusable_path("eval_include", e.eval_include):  # (said by ranges)

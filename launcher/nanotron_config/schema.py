@@ -100,6 +100,7 @@ NOT_IN_CONFIG = frozenset(
     | {"preflight", "hang_timeout", "startup_timeout", "hang_factor", "debug", "interactive", "engine", "rdzv_backend"}
     | {"container_image", "container_mounts", "container_workdir", "container_env", "container_writable"}
     | {"eval_tasks", "eval_include", "eval_every", "eval_limit", "eval_partition", "eval_gpus", "eval_heldout"}
+    | {"eval_time_limit"}
     | {"rank_by"}
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.bundle.files import BundlePaths
+from launcher.bundle.render import eval_time_limit
 from launcher.bundle.storage import fitting, free_bytes
 from launcher.checkpoint_layout import look
 from launcher.config.spec import RunSpec
@@ -87,6 +88,10 @@ def _eval_note(spec: RunSpec) -> str:
     steps = f"every {e.eval_every} steps and the last ({count} evals)" if count > 1 else f"step {last}, the last"
     where = e.eval_partition or a.slurm.partition or "the default partition"
     on = f"{e.eval_gpus} GPU(s)" if e.eval_gpus else "CPUs"
+    if e.eval_time_limit is not None:  # (the eval job's script: launcher/bundle/render.py's eval_time_limit)
+        on += f", up to {e.eval_time_limit}: --eval_time_limit"
+    else:
+        on += f", up to {eval_time_limit(a.slurm.time_limit)}: the run's --time_limit, at most 4 h"
     held = f"; held-out loss on {e.eval_heldout}" if e.eval_heldout else ""
     limit = f", {e.eval_limit} samples a task" if e.eval_limit else ""
     return f"lm-eval on {found.said}{limit}: {steps}, a job each on {where} ({on}){held}"
