@@ -115,3 +115,28 @@ def test_a_sweep_never_trains_two_points_into_one_configs_checkpoints_folder(tmp
     assert f"--checkpoints_path: sw-1, sw-2 would all train into {tmp_path / 'ckpt' / 'one'}" in out.stderr
     assert not (tmp_path / "logs").exists()
     assert run_launcher(*flags, "--checkpoints_path", "ckpt", cwd=tmp_path).returncode == 0  # PATH/sw-1, PATH/sw-2
+
+
+def test_the_summary_names_the_step_a_resume_really_starts_from(tmp_path: Path):
+    """A pointer that names a step not complete (being written, or cut short): the torch engine resumes from the newest
+    complete step whatever the pointer says; nanotron loads the step its pointer names, which it cannot."""
+    root = tmp_path / "checkpoints" / "r"
+    for step in (100, 200):
+        (root / str(step)).mkdir(parents=True)
+        (root / str(step) / "state.pt").write_bytes(b"x")
+    (root / "100" / "meta.json").write_text("{}")  # 200: state.pt without meta.json, a save cut short
+    (root / "latest").write_text("200\n")
+    flags = ("--run_name", "r", "--nodes", "1", "--gpus_per_node", "1", "--dataset", "none", "--dry_run")
+    out = run_launcher(*flags, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "resume       from the checkpoint at step 100 (the newest complete one; the pointer names step 200: " \
+           f"{root / '200'} has state.pt but no meta.json)" in out.stdout and "step 200 (--resume" not in out.stdout  # fmt: skip
+    (root / "latest").unlink()
+    for step in (100, 200):
+        (root / str(step) / "state.pt").unlink()
+        (root / str(step) / "model").mkdir()
+    (root / "100" / "checkpoint_metadata.json").write_text("{}")
+    (root / "latest.txt").write_text("200")
+    out = run_launcher(*flags, cwd=tmp_path)
+    assert "resume       the pointer names step 200, which is not complete (" in out.stdout, out.stdout + out.stderr
+    assert "nanotron cannot load it: step 100 is the newest complete one" in out.stdout

@@ -232,9 +232,10 @@ def submit_prepared(prepared: Prepared) -> int:
         where = spec.args.slurm.export_partition or spec.args.slurm.partition or "the default partition"
         print(f"  export       after the run, a CPU job on {where} exports it as a Hugging Face model and prints its "
               f"held-out perplexity: {paths.bundle_dir / P.EXPORT_SCRIPT}")  # fmt: skip
-    step = checkpoint_layout.pointer_step(paths.checkpoints)
-    if step is not None:
-        print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")
+    step, note = checkpoint_layout.resume_point(paths.checkpoints)
+    if step is not None or note:
+        said = f"from the checkpoint at step {step}" + (f" ({note})" if note else "") if step is not None else note
+        print(f"  resume       {said}; --resume false starts afresh")
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
