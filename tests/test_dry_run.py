@@ -97,8 +97,9 @@ def test_every_value_of_a_config_no_typed_flag_overrides_reaches_the_written_con
                 and k not in typed and v is not None}  # fmt: skip
         assert lost == {}, written_as
         assert "checkpoints  mine/ckpt (" in out.stdout  # (the summary's: relative to where it was launched)
-    out = run_launcher("--run_name", "typed", "--nodes", "1", "--gpus_per_node", "1", "--config", "mine.yaml",
-                       "--checkpoints_path", "elsewhere", "--max_seq_len", "512", "--dry_run", cwd=tmp_path)  # fmt: skip
+    typed = ("--checkpoints_path", "elsewhere", "--max_seq_len", "512")
+    out = run_launcher("--run_name", "typed", "--nodes", "1", "--gpus_per_node", "1", "--config", "mine.yaml", *typed,
+                       "--dry_run", cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     (path,) = tmp_path.glob("logs/configs/typed/*/config.yaml")
     written = dialect.to_canonical(yaml.safe_load(path.read_text()))
@@ -130,7 +131,7 @@ def test_the_summary_names_the_step_a_resume_really_starts_from(tmp_path: Path):
     out = run_launcher(*flags, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "resume       from the checkpoint at step 100 (the newest complete one; the pointer names step 200: " \
-           f"{root / '200'} has state.pt but no meta.json)" in out.stdout and "step 200 (--resume" not in out.stdout  # fmt: skip
+           f"{root / '200'} has state.pt but no meta.json)" in out.stdout  # fmt: skip
     (root / "latest").unlink()
     for step in (100, 200):
         (root / str(step) / "state.pt").unlink()
@@ -140,3 +141,43 @@ def test_the_summary_names_the_step_a_resume_really_starts_from(tmp_path: Path):
     out = run_launcher(*flags, cwd=tmp_path)
     assert "resume       the pointer names step 200, which is not complete (" in out.stdout, out.stdout + out.stderr
     assert "nanotron cannot load it: step 100 is the newest complete one" in out.stdout
+
+
+def test_the_jobs_commands_advise_only_what_they_have(tmp_path: Path):
+    """Without Slurm, `jobs status` advises the local cluster, not a --dry_run it does not have; `jobs rerun` (which
+    has one) its own; the launcher its own. `jobs --help` says what it does whole."""
+    import os
+    import subprocess
+    import sys
+
+    from launcher_helpers import ROOT
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bash").symlink_to(shutil.which("bash"))
+    env = {**os.environ, "PATH": str(bin_dir), "PYTHONPATH": str(ROOT)}
+
+    def jobs(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "launcher.jobs", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    said = jobs("status", "123")
+    assert said.returncode != 0 and "Traceback" not in said.stderr and "launcher.localcluster" in said.stderr
+    assert "--dry_run" not in said.stderr
+    assert run_launcher("--run_name", "x", "--nodes", "1", "--gpus_per_node", "1", "--dataset", "none", "--dry_run",
+                        cwd=tmp_path).returncode == 0  # fmt: skip
+    (bundle,) = (tmp_path / "logs" / "configs" / "x").iterdir()
+    said = jobs("rerun", str(bundle))
+    assert said.returncode != 0 and "Traceback" not in said.stderr and "jobs rerun --dry_run" in said.stderr
+    helped = jobs("--help").stdout
+    first = helped.split("\n\n")[1].replace("\n", " ")
+    assert first.endswith(".") and "compare two runs" in first, first
+
+
+def test_the_layout_line_counts_in_words_that_agree(tmp_path: Path):
+    out = run_launcher("--run_name", "one", "--nodes", "1", "--gpus_per_node", "1", "--dataset", "none", "--dry_run",
+                       cwd=tmp_path)  # fmt: skip
+    assert "dp 1 x tp 1 x pp 1 = 1 GPU (1 node x 1)" in out.stdout, out.stdout + out.stderr
+    out = run_launcher("--run_name", "two", "--nodes", "2", "--gpus_per_node", "2", "--dataset", "none", "--dry_run",
+                       cwd=tmp_path)  # fmt: skip
+    assert "= 4 GPUs (2 nodes x 2)" in out.stdout, out.stdout + out.stderr

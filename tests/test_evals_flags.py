@@ -42,7 +42,8 @@ def test_every_eval_flag_names_its_fix():
                         "--eval_include", "/no/such/folder", "--eval_partition", "a b")  # fmt: skip
     assert "not a multiple of --save_interval 10" in found["eval_every"] and "--eval_every 20" in found["eval_every"]
     assert "must be positive" in found["eval_limit"] and "must be 0 (CPU) or more" in found["eval_gpus"]
-    assert "is not a folder" in found["eval_include"] and "not a Slurm eval_partition name" in found["eval_partition"]
+    assert "is not a folder" in found["eval_include"]
+    assert "'a b' is not a Slurm partition name" in found["eval_partition"]
     alone = problems_of("--eval_every", "20", "--eval_gpus", "1")
     assert "add --eval_tasks" in alone["eval_every"] and "add --eval_tasks" in alone["eval_gpus"]
     assert "names no task" in problems_of("--eval_tasks", ",")["eval_tasks"]
@@ -151,16 +152,16 @@ def test_heldout_data_is_never_the_training_data_however_it_is_named(tmp_path: P
     holder = problems_of(*with_eval, str(tmp_path), "--dataset", str(rows), *tok).get("eval_heldout", "")
     assert "not held out" in holder and f"{tmp_path} holds {rows}" in holder
     config = tmp_path / "stages.yaml"
-    config.write_text(yaml.safe_dump({"data_stages": [
-        {"name": "first", "start_training_step": 1, "data": {"dataset": {"hf_dataset_or_datasets": str(demo_data.dataset)}}},
-        {"name": "later", "start_training_step": 5, "data": {"dataset": {"hf_dataset_or_datasets": str(rows)}}}]}))  # fmt: skip
+    stage = [{"name": name, "start_training_step": at, "data": {"dataset": {"hf_dataset_or_datasets": str(data)}}}
+             for name, at, data in (("first", 1, demo_data.dataset), ("later", 5, rows))]  # fmt: skip
+    config.write_text(yaml.safe_dump({"data_stages": stage}))
     spec, problems = spec_for("--nodes", "1", "--gpus_per_node", "2", "--save_interval", "10", "--config", str(config),
                               *tok, *with_eval, str(tmp_path / "soft.jsonl"))  # fmt: skip
     said = [p.message for p in problems + validate.validate(spec) if p.flag == "eval_heldout"]
     assert any("not held out" in m and str(rows) in m for m in said), said
 
 
-def test_every_line_of_a_heldout_jsonl_is_read_up_to_a_bound(tmp_path: Path, demo_data, monkeypatch: pytest.MonkeyPatch):
+def test_every_line_of_a_heldout_jsonl_is_read_up_to_a_bound(tmp_path: Path, demo_data, monkeypatch):
     from launcher.evals import heldout
 
     with_eval = ("--eval_tasks", "piqa", "--eval_heldout")

@@ -111,6 +111,10 @@ def _memory_note(spec: RunSpec, figures: dict) -> str:
     return note
 
 
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}" + ("" if number == 1 else "s")
+
+
 def shown(path: object) -> str:
     """A path as the user reads it best: relative to where they launched, when it lies below; else whole."""
     text = str(path)
@@ -182,8 +186,8 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
         ("nanotron", f"config in nanotron {spec.dialect.dialect}'s dialect: {spec.dialect.why}" + _theta(spec)),
         (
             "layout",
-            f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
-            f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"
+            f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {_count(figures['world_size'], 'GPU')} "
+            f"({_count(a.slurm.nodes, 'node')} x {a.slurm.gpus_per_node})"
             + (", chosen by --layout auto (--plan shows why)" if a.parallelism.layout == "auto" else "")
             + (
                 f"; {spec.adapted['tp_linear_async_communication']}"

@@ -16,7 +16,7 @@ from launcher.config import cli, container, ranges, validate
 from launcher.config.flags import EvalArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
-from launcher.errors import ConfigError, LauncherError, SubmissionError, as_command
+from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.evals import checks as eval_checks
 from launcher.evals import probe as eval_probe
 from launcher.evals import script as eval_script
@@ -294,11 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parsed = cli.parse(argv)  # once: each command takes it (a sweep's points are command lines of their own)
     args = parsed.args
-    if args.execution.plan:
-        return plan_run(parsed)
-    if args.execution.sweep is not None:
-        return launch_sweep(argv, args.execution.sweep, args.run_name, args.evals)
-    return launch_run(argv, parsed)
+    try:
+        if args.execution.plan:
+            return plan_run(parsed)
+        if args.execution.sweep is not None:
+            return launch_sweep(argv, args.execution.sweep, args.run_name, args.evals)
+        return launch_run(argv, parsed)
+    except SlurmUnavailable as e:  # (a dry run asks Slurm nothing)
+        raise SlurmUnavailable(f"{e} Or give --dry_run: the bundle written, nothing submitted.") from None
 
 
 def command() -> int:
