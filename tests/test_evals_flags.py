@@ -90,7 +90,10 @@ def test_the_heldout_data_is_out_of_training(tmp_path: Path, demo_data):
 
 LIGHTEVAL = {
     "checkpoints_path": "/scratch/ckpt",
-    "tasks": {"tasks": "lighteval|hellaswag|0|1,lighteval|arc:easy|0|1,custom|mathqa|0|0", "max_samples": 1000},
+    "tasks": {
+        "tasks": "lighteval|hellaswag|0|1,lighteval|arc:easy|0|1,custom|mathqa|0|0,custom|nosuchtask|0|0",
+        "max_samples": 1000,
+    },
     "eval_interval": 20,
     "slurm": {"partition": "hopper-prod", "gpus_per_node": 8},
 }
@@ -108,8 +111,9 @@ def test_nanotron_mains_lighteval_section_is_refused_with_the_flags_that_do_it_h
         launch.prepare(argv)
     said = str(e.value)
     assert "lighteval: section" in said and "rank 0" in said
-    assert "hellaswag is lm-eval's hellaswag; arc:easy is lm-eval's arc_easy; mathqa has no lm-eval task" in said
-    assert "--eval_tasks hellaswag,arc_easy --eval_every 20" in said
+    assert "hellaswag is lm-eval's hellaswag; arc:easy is lm-eval's arc_easy; mathqa is lm-eval's mathqa; " \
+           "nosuchtask has no lm-eval task of that name" in said  # lm-eval asked (0.4.13 ships mathqa)  # fmt: skip
+    assert "--eval_tasks hellaswag,arc_easy,mathqa --eval_every 20" in said
     assert not list(tmp_path.rglob("config.yaml"))  # nothing written for nanotron's rank 0 to read
     config.write_text(yaml.safe_dump({"lighteval": None}))  # main's examples' own `lighteval: null`: no section
     prepared = launch.prepare(argv)
@@ -193,3 +197,42 @@ def test_eval_time_limit_is_checked_like_time_limit_and_said_in_the_summary():
                        ((), "(CPUs, up to 4:00:00: the run's --time_limit, at most 4 h)")):  # fmt: skip
         spec, _ = spec_for(*flags, *more)
         assert said in summary.render(spec, fixed_paths("t"), sizes.derived(spec))
+
+
+def test_presets_combine_with_tasks_and_a_task_named_twice_is_evaluated_once():
+    found, problems = eval_checks.tasks_of(EvalArgs(eval_tasks="early-signal,lambada_openai", eval_include="/d/mine"))
+    preset, _ = eval_checks.tasks_of(EvalArgs(eval_tasks="early-signal"))
+    assert not problems and found is not None and preset is not None
+    assert found.tasks == (*preset.tasks, "lambada_openai") and found.include == (*preset.include, "/d/mine")
+    assert found.preset == "early-signal" and "early-signal and lambada_openai (" in found.said
+    twice, _ = eval_checks.tasks_of(EvalArgs(eval_tasks="early-signal,hellaswag,piqa,piqa"))
+    assert twice is not None and twice.tasks == preset.tasks and twice.repeated == ("hellaswag", "piqa")
+    assert "hellaswag, piqa named twice: evaluated once" in twice.said
+
+
+def test_rank_by_is_checked_against_what_the_task_computes_and_the_points_evaluate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The metric asked of lm-eval in the job's Python (sys.executable here); a sweep of --eval_tasks ranked by a task
+    every point evaluates."""
+    monkeypatch.chdir(tmp_path)
+    base = ["--run_name", "sw", "--nodes", "1", "--gpus_per_node", "1", "--dataset", "none", "--extra_env",
+            f"HF_HOME={tmp_path / 'hf'}", "--dry_run"]  # fmt: skip
+
+    def refused(*flags: str) -> str:
+        with pytest.raises(ConfigError) as e:
+            launch.main([*base, *flags])
+        return str(e.value)
+
+    said = refused("--sweep", "seed=1,2", "--eval_tasks", "piqa", "--rank_by", "piqa:bogus")
+    assert "--rank_by: piqa does not compute 'bogus' (it computes acc, acc_norm); e.g. --rank_by piqa:acc_norm" in said
+    assert "piqa: its Hub dataset baber/piqa is not in the job's datasets cache" in said  # (said at once)
+    assert "'piqa:' names no metric after the colon" in refused("--sweep", "seed=1,2", "--eval_tasks", "piqa",
+                                                                 "--rank_by", "piqa:")  # fmt: skip
+    assert "'acc' is not one of --eval_tasks' tasks" in refused("--sweep", "seed=1,2", "--eval_tasks", "piqa",
+                                                                 "--rank_by", "acc:extra")  # fmt: skip
+    swept = refused("--sweep", "eval_tasks=piqa,arc_easy", "--rank_by", "piqa")
+    assert "--rank_by: 'piqa' is not one of the tasks every point evaluates" in swept
+    every = refused("--sweep", "eval_tasks=piqa seed=1,2", "--rank_by", "piqa:acc")
+    assert "--rank_by" not in every and "no task is evaluated" not in every and "baber/piqa" in every
+    assert not (tmp_path / "logs").exists()

@@ -118,6 +118,12 @@ def test_a_sweep_is_ranked_by_an_eval_score_best_first(tmp_path: Path, monkeypat
     out = capsys.readouterr().out
     assert "Ranked by rep_mc acc, highest first" in out and out.count("Evals of sw-") == 3
     assert (record_dir / "evals.png").is_file()
+    for by, said in (("rep_mc:bogus", "the records hold no 'bogus' of rep_mc (they hold acc, acc_norm)"),
+                     ("rep_mc:", "'rep_mc:' names no metric after the colon"),
+                     ("acc:extra", "'acc' is not a task the records hold (rep_mc, rep_ppl)")):  # fmt: skip
+        assert jobs.main(["evals", str(record_dir), "--rank_by", by]) == 2
+        err = capsys.readouterr().err
+        assert f"error: --rank_by: {said}" in err and "Traceback" not in err, err
 
 
 def test_jobs_diff_compares_the_evals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data):

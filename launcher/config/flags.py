@@ -179,7 +179,8 @@ class EvalArgs:
     """Downstream scores of the checkpoints: an lm-eval job per evaluated step, beside training (docs/evals.md)."""
 
     eval_tasks: str | None = None
-    """lm-eval task names, comma-separated (e.g. hellaswag,arc_easy), or a preset of configs/evals (early-signal)."""
+    """lm-eval task names, comma-separated (e.g. hellaswag,arc_easy); a preset of configs/evals among them
+    (early-signal) stands for its tasks."""
     eval_include: str | None = None  # A folder of your own lm-eval task YAMLs (e.g. over local JSONL files).
     eval_every: int | None = None  # Evaluate every N steps, a multiple of --save_interval (default: the last step).
     eval_limit: int | None = None  # Samples per task (default: every sample).

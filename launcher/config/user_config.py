@@ -20,7 +20,6 @@ import yaml
 
 from launcher.config import dialect_rules as rules
 from launcher.config.flags import flag_types
-from launcher.evals import checks as eval_checks
 from launcher.nanotron_config import dialect, nanoset_yaml, schema
 from launcher.nanotron_config.presets import BASE_CONFIG, YAML_LOADER
 from launcher.problems import Problem
@@ -85,9 +84,8 @@ def _load_base(path: str | None, explicit: set[str], cwd: Path) -> tuple[dict, d
     user, problems = _read_yaml(target)
     if problems:
         return {}, {}, str(target), problems, []
-    refused = eval_checks.lighteval_problem(user.get("lighteval"), target)  # never left for nanotron's rank 0
     user, notes, unread = nanoset_yaml.normalize(dialect.to_canonical(user), lambda f: absolute(f, cwd))
-    problems = rules.model_problems(user, target) + ([refused] if refused else [])
+    problems = rules.model_problems(user, target)
     problems += [Problem("config", f"{where}: {what}", f"fix it in {target}") for where, what in unread]
     replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
     for keys, what in schema.shape_problems(user, base):

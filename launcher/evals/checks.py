@@ -22,7 +22,7 @@ from launcher.nanotron_config.presets import PROJECT_ROOT
 from launcher.problems import Problem
 
 PRESETS = PROJECT_ROOT / "configs" / "evals"
-LIGHTEVAL_NAMES = PRESETS / "lighteval.yaml"
+LIGHTEVAL_NAMES = PRESETS / "lighteval.yaml"  # (not a preset: launcher/evals/lighteval.py's table)
 TASK_NAME = re.compile(r"[\w.:+-]+")  # lm-eval's task, group and tag names
 FLAGS = ("eval_include", "eval_every", "eval_limit", "eval_partition", "eval_heldout", "eval_time_limit")  # each
 # needs --eval_tasks
@@ -30,12 +30,15 @@ FLAGS = ("eval_include", "eval_every", "eval_limit", "eval_partition", "eval_hel
 
 @dataclass(frozen=True)
 class EvalTasks:
-    """What --eval_tasks names: lm-eval's task names, the folders of task YAMLs lm-eval is to read beside its own
-    (a preset's, --eval_include), and the preset's name, if one."""
+    """What --eval_tasks names: lm-eval's task names (a preset's tasks in its place, each name once), the folders of
+    task YAMLs lm-eval is to read beside its own (the presets', --eval_include), the preset's name, if one, and the
+    names given more than once (evaluated once: lm-eval does so too)."""
 
     tasks: tuple[str, ...]
     include: tuple[str, ...]
     preset: str | None = None
+    repeated: tuple[str, ...] = ()
+    more: tuple[str, ...] = ()  # the tasks named beside the preset
 
     def record(self) -> dict:
         return {"tasks": list(self.tasks), "include": list(self.include), "preset": self.preset}
@@ -45,7 +48,10 @@ class EvalTasks:
         """As the summary and the job's log name them."""
         shown, more = self.tasks[:3] if len(self.tasks) > 4 else self.tasks, len(self.tasks) - 3
         names = ", ".join(shown) + (f" and {more} more" if len(self.tasks) > 4 else "")
-        return f"{self.preset} ({names})" if self.preset else names
+        named = (
+            f"{self.preset}{' and ' + ', '.join(self.more) if self.more else ''} ({names})" if self.preset else names
+        )
+        return named + (f"; {', '.join(self.repeated)} named twice: evaluated once" if self.repeated else "")
 
 
 def preset_names() -> list[str]:
@@ -60,14 +66,20 @@ def _preset(name: str) -> EvalTasks:
 
 
 def tasks_of(args: EvalArgs) -> tuple[EvalTasks | None, list[Problem]]:
-    """--eval_tasks (and --eval_include) read: None without --eval_tasks."""
+    """--eval_tasks (and --eval_include) read: None without --eval_tasks. A preset's name stands for its tasks (its
+    folder of task YAMLs kept), beside any other names."""
     if args.eval_tasks is None:
         return None, []
     words = [w.strip() for w in args.eval_tasks.split(",") if w.strip()]
     include = [str(Path(os.path.expanduser(args.eval_include)).resolve())] if args.eval_include else []
-    if len(words) == 1 and words[0] in preset_names():
-        preset = _preset(words[0])
-        return EvalTasks(preset.tasks, preset.include + tuple(include), preset.preset), []
+    presets = {w: _preset(w) for w in words if w in preset_names()}
+    named = [t for w in words for t in (presets[w].tasks if w in presets else [w])]
+    repeated = tuple(dict.fromkeys(t for n, t in enumerate(named) if t in named[:n]))
+    folders = tuple(dict.fromkeys([f for p in presets.values() for f in p.include] + include))
+    in_presets = {t for p in presets.values() for t in p.tasks}
+    more = tuple(dict.fromkeys(w for w in words if w not in presets and w not in in_presets))
+    found = EvalTasks(tuple(dict.fromkeys(named)), folders, ", ".join(presets) or None, repeated,
+                      more if presets else ())  # fmt: skip
     odd = [w for w in words if not TASK_NAME.fullmatch(w)]
     problems = []
     if not words:
@@ -76,7 +88,7 @@ def tasks_of(args: EvalArgs) -> tuple[EvalTasks | None, list[Problem]]:
     if odd:
         problems.append(Problem("eval_tasks", f"{', '.join(map(repr, odd))} is not an lm-eval task name",
                                 "names are letters, digits and _ . : + - (comma-separated)"))  # fmt: skip
-    return EvalTasks(tuple(words), tuple(include)), problems
+    return found, problems
 
 
 def problems(spec: RunSpec) -> list[Problem]:
@@ -121,50 +133,27 @@ def problems(spec: RunSpec) -> list[Problem]:
     return out + heldout.problems(spec)
 
 
-def rank_by_problems(e: EvalArgs, swept: bool) -> list[Problem]:
-    """--rank_by: a sweep's (`swept`: the launch's own flags; its points do not carry it), by one of its tasks."""
+def rank_by_problems(e: EvalArgs, swept: bool, points: list[EvalArgs] | None = None) -> list[Problem]:
+    """--rank_by: a sweep's (`swept`: the launch's own flags; its points do not carry it), by a task every point
+    evaluates (`points`: the points' eval flags, where a sweep sweeps them; else the launch's own), TASK or TASK:METRIC.
+    Whether the task computes the metric is lm-eval's to say (launcher/evals/probe.py)."""
     if e.rank_by is None:
         return []
-    found, _ = tasks_of(e)
-    task = e.rank_by.split(":")[0]
+    task, colon, metric = e.rank_by.partition(":")
     if not swept:
         return [Problem("rank_by", "it ranks a sweep's points", "add --sweep, or leave out --rank_by")]
-    if found is None:
+    if not task or (colon and not metric.strip()):
+        return [Problem("rank_by", f"{e.rank_by!r} names no {'task' if not task else 'metric after the colon'}",
+                        "give TASK or TASK:METRIC, e.g. hellaswag or hellaswag:acc_norm")]  # fmt: skip
+    found = [f for f in (tasks_of(p)[0] for p in points or [e]) if f is not None]
+    if not found:
         return [Problem("rank_by", "it ranks the points by an eval score, and no task is evaluated",
                         "add --eval_tasks with its task")]  # fmt: skip
-    if task not in found.tasks:
-        fix = f"rank by one of {', '.join(found.tasks)} (TASK or TASK:METRIC, e.g. hellaswag:acc_norm)"
-        return [Problem("rank_by", f"{task!r} is not one of --eval_tasks' tasks", fix)]
+    every = [t for t in found[0].tasks if all(t in f.tasks for f in found)]
+    if len(found) < len(points or [e]) or task not in every:
+        same = len(found) == len(points or [e]) and all(f.tasks == found[0].tasks for f in found)
+        where = "--eval_tasks' tasks" if same else "the tasks every point evaluates"
+        fix = f"rank by one of {', '.join(every)} (TASK or TASK:METRIC, e.g. {every[0]}:acc)" if every else (
+            "evaluate one task in every point (--eval_tasks)")  # fmt: skip
+        return [Problem("rank_by", f"{task!r} is not one of {where}", fix)]
     return []
-
-
-def lighteval_problem(section: object, path: Path) -> Problem | None:
-    """nanotron main's `lighteval:` section (null is no section): refused, with the flags that do it here and which of
-    its tasks lm-eval has (configs/evals/lighteval.yaml)."""
-    if section is None:
-        return None
-    tasks_text = ""
-    if isinstance(section, dict) and isinstance(section.get("tasks"), dict):
-        tasks_text = str(section["tasks"].get("tasks") or "")
-    names = yaml.safe_load(LIGHTEVAL_NAMES.read_text(encoding="utf-8"))["names"]
-    mapped: list[tuple[str, str]] = []
-    unmatched: list[tuple[str, str]] = []
-    for item in (t.strip() for t in tasks_text.split(",") if t.strip()):
-        parts = item.split("|")
-        name = parts[1] if len(parts) > 1 else parts[0]
-        target = names.get(name) or names.get(name.split(":")[0] if name.startswith("mmlu") else name)
-        (mapped if target else unmatched).append((name, target))
-    every = section.get("eval_interval") if isinstance(section, dict) else None
-    flags = "--eval_tasks " + (",".join(dict.fromkeys(t for _, t in mapped)) if mapped else "TASKS")
-    flags += f" --eval_every {every}" if isinstance(every, int) and every > 0 else ""
-    said = "; ".join(f"{n} is lm-eval's {t}" for n, t in mapped)
-    said += ("; " if said and unmatched else "") + "; ".join(f"{n} has no lm-eval task of that name" for n, _ in
-                                                          unmatched)  # fmt: skip
-    return Problem(
-        "config",
-        f"{path} has nanotron main's lighteval: section, which makes training's rank 0 upload each checkpoint and "
-        "sbatch a lighteval job on GPUs itself; the launcher evaluates checkpoints with lm-eval in jobs of its own"
-        + (f" ({said})" if said else ""),
-        f"remove the section (or set lighteval: null) and give {flags} (docs/evals.md)",
-        key="lighteval",
-    )

@@ -254,12 +254,16 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str, evals: EvalArg
 
     axes, problems = sweep.parse(sweep_text)
     rank_by = evals.rank_by if evals is not None else None
-    problems += eval_checks.rank_by_problems(evals, swept=True) if evals is not None else []
     if problems:
         raise ConfigError(report(problems))
     grid = sweep.points(argv, run_name, axes)
+    parsed: list[cli.Parsed | None] = [cli.parse(p.argv) for p in grid]
     with client.fail_fast():
-        prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
+        checked = [check(p.argv, one) for p, one in zip(grid, parsed, strict=True)]
+        if evals is not None and rank_by:  # by a task every point evaluates (a sweep of --eval_tasks too), its metric
+            ranked = eval_checks.rank_by_problems(evals, swept=True, points=[s.args.evals for s, _ in checked])
+            checked = [(spec, said + (ranked or eval_probe.rank_by_problems(spec, rank_by))) for spec, said in checked]
+        prepared = prepare_all([p.argv for p in grid], [p.label for p in grid], parsed, checked)
     a = prepared[0].spec.args
     record_dir = sweep.write_record(
         a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared], rank_by
