@@ -236,3 +236,15 @@ def test_rank_by_is_checked_against_what_the_task_computes_and_the_points_evalua
     every = refused("--sweep", "eval_tasks=piqa seed=1,2", "--rank_by", "piqa:acc")
     assert "--rank_by" not in every and "no task is evaluated" not in every and "baber/piqa" in every
     assert not (tmp_path / "logs").exists()
+
+
+def test_help_and_the_flag_table_name_every_form_of_heldout_data():
+    from launcher_helpers import ROOT
+
+    from launcher.config import cli
+
+    helped = " ".join(cli.help_text(width=1000).split())
+    entry = helped[helped.index("--eval_heldout") : helped.index("--rank_by")]
+    table = next(line for line in (ROOT / "docs" / "flags.md").read_text().splitlines() if "--eval_heldout" in line)
+    for said in (entry, table):
+        assert all(form in said for form in ("split:NAME", "tail:N", ".jsonl", ".parquet", ".csv", ".txt")), said
