@@ -181,3 +181,11 @@ def test_the_layout_line_counts_in_words_that_agree(tmp_path: Path):
     out = run_launcher("--run_name", "two", "--nodes", "2", "--gpus_per_node", "2", "--dataset", "none", "--dry_run",
                        cwd=tmp_path)  # fmt: skip
     assert "= 4 GPUs (2 nodes x 2)" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_configs_checkpoints_folder_no_filesystem_holds_is_a_named_problem(tmp_path: Path):
+    (tmp_path / "long.yaml").write_text(f"checkpoints:\n  checkpoints_path: /tmp/{'x' * 300}\n")
+    out = run_launcher("--run_name", "r", "--nodes", "1", "--gpus_per_node", "1", "--dataset", "none", "--config",
+                       "long.yaml", "--dry_run", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--config: checkpoints.checkpoints_path: a name in it is 300 bytes long" in out.stderr

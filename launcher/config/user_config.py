@@ -19,6 +19,7 @@ from typing import NamedTuple
 import yaml
 
 from launcher.config import dialect_rules as rules
+from launcher.config import ranges
 from launcher.config.flags import flag_types
 from launcher.nanotron_config import dialect, nanoset_yaml, schema
 from launcher.nanotron_config.presets import BASE_CONFIG, YAML_LOADER
@@ -140,5 +141,13 @@ def read(path: str | None, explicit: set[str], cwd: Path) -> Read:
         problems.append(Problem("config", f"{'.'.join(schema.WARMUP_STYLE)} is {style!r}, which nanotron does not take",
                                 f"use {' or '.join(WARMUP_STYLES)} in {base_path}"))  # fmt: skip
     folder = schema.get_path(user, schema.CHECKPOINTS_PATH)
-    checkpoints = Path(absolute(folder, cwd)) if isinstance(folder, str) and folder.strip() else None
+    checkpoints = None
+    if isinstance(folder, str) and folder.strip() and "checkpoints_path" not in explicit:  # (else the flag's)
+        unusable = ranges.unusable_path("config", folder) or ("\0" in folder or None)
+        if unusable:
+            why = unusable.message if isinstance(unusable, Problem) else "it holds a NUL character"
+            problems.append(Problem("config", f"{'.'.join(schema.CHECKPOINTS_PATH)}: {why}",
+                                    f"fix it in {base_path}, or give --checkpoints_path"))  # fmt: skip
+        else:
+            checkpoints = Path(absolute(folder, cwd))
     return Read(base, base_path, from_config, problems, notes, checkpoints)
