@@ -84,6 +84,8 @@ def test_jobs_evals_draws_the_picture(bundle: manifest.Manifest, capsys: pytest.
         and f"picture      {bundle.bundle_dir / 'evals.png'}" in out
     )
     assert (bundle.bundle_dir / "evals.png").read_bytes()[:4] == b"\x89PNG"
+    assert jobs.main(["evals", str(bundle.bundle_dir), "--rank_by", "rep_mc"]) == 2  # one run: nothing to rank
+    assert "--rank_by: it ranks a sweep's points; give the sweep's directory" in capsys.readouterr().err
 
 
 def test_a_second_launchs_steps_are_found_through_the_checkpoints(bundle: manifest.Manifest, tmp_path: Path):
