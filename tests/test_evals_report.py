@@ -95,6 +95,8 @@ def test_jobs_evals_draws_the_picture(bundle: manifest.Manifest, capsys: pytest.
         and f"picture      {bundle.bundle_dir / 'evals.png'}" in out
     )
     assert (bundle.bundle_dir / "evals.png").read_bytes()[:4] == b"\x89PNG"
+    assert jobs.main(["evals", str(bundle.bundle_dir), "--rank_by", "rep_mc"]) == 2  # one run: nothing to rank
+    assert "--rank_by: it ranks a sweep's points; give the sweep's directory" in capsys.readouterr().err
 
 
 def test_a_second_launchs_steps_are_found_through_the_checkpoints(bundle: manifest.Manifest, tmp_path: Path):
@@ -130,6 +132,12 @@ def test_a_sweep_is_ranked_by_an_eval_score_best_first(tmp_path: Path, monkeypat
     out = capsys.readouterr().out
     assert "Ranked by rep_mc acc, highest first" in out and out.count("Evals of sw-") == 3
     assert (record_dir / "evals.png").is_file()
+    for by, said in (("rep_mc:bogus", "the records hold no 'bogus' of rep_mc (they hold acc, acc_norm)"),
+                     ("rep_mc:", "'rep_mc:' names no metric after the colon"),
+                     ("acc:extra", "'acc' is not a task the records hold (rep_mc, rep_ppl)")):  # fmt: skip
+        assert jobs.main(["evals", str(record_dir), "--rank_by", by]) == 2
+        err = capsys.readouterr().err
+        assert f"error: --rank_by: {said}" in err and "Traceback" not in err, err
 
 
 def test_jobs_diff_compares_the_evals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data):
