@@ -193,10 +193,13 @@ def test_eval_time_limit_is_checked_like_time_limit_and_said_in_the_summary():
 
     flags = ("--nodes", "1", "--gpus_per_node", "1", "--dataset", "none", "--time_limit", "2-00:00:00", "--eval_tasks",
              "hellaswag")  # fmt: skip
-    for more, said in ((("--eval_time_limit", "30:00"), "(CPUs, up to 30:00: --eval_time_limit)"),
-                       ((), "(CPUs, up to 4:00:00: the run's --time_limit, at most 4 h)")):  # fmt: skip
+    from launcher.evals import script
+
+    for more, time, why in ((("--eval_time_limit", "30:00"), "0:30:00", "--eval_time_limit"),
+                            ((), "4:00:00", "the run's --time_limit, at most 4 h")):  # fmt: skip
         spec, _ = spec_for(*flags, *more)
-        assert said in summary.render(spec, fixed_paths("t"), sizes.derived(spec))
+        assert f"(CPUs, up to {time}: {why})" in summary.render(spec, fixed_paths("t"), sizes.derived(spec))
+        assert f"#SBATCH --time={time}\n" in script.text(spec, fixed_paths("t"))  # as the eval job's script has it
 
 
 def test_presets_combine_with_tasks_and_a_task_named_twice_is_evaluated_once():
