@@ -299,8 +299,8 @@ class Attempt:
                 return None
             st.rdzv_port = port
             rdzv = f"{fx.node_addr(head) or head}:{port}"
-            fx.say("rendezvous", endpoint=rdzv, backend=job.rdzv_backend, nodes=job.nodes, gpus=job.gpus_per_node,
-                   python=job.python)  # fmt: skip
+            fx.say("rendezvous", endpoint=rdzv, backend=job.rdzv_backend, nodes=P.counted(job.nodes, "node"),
+                   gpus=P.counted(job.gpus_per_node, "process"), python=job.python)  # fmt: skip
             csv = ",".join(st.step_nodes)
             status = self.run_step(["srun", f"--nodes={job.nodes}", f"--ntasks={job.nodes}", f"--nodelist={csv}",
                                     "--kill-on-bad-exit=1", "--export=ALL", *job.container_options,
