@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _print_s3_env(spec: S3Spec) -> None:
     """What a client needs, the keys by their file (AWS_SHARED_CREDENTIALS_FILE), never printed themselves."""
-    spec = s3.settled(spec)
+    spec = s3.configured(spec)
     env = {"AWS_SHARED_CREDENTIALS_FILE": spec.dir / "credentials", "AWS_PROFILE": "default", "AWS_REGION": s3.REGION,
            "S3_ENDPOINT_URL": spec.endpoint, "AWS_ENDPOINT_URL": spec.endpoint}  # fmt: skip
     print("export " + " ".join(f"{key}={shlex.quote(str(value))}" for key, value in env.items()))

@@ -197,12 +197,12 @@ def _wait_answers(spec: S3Spec) -> None:
     print(f"S3 server answers on {spec.endpoint} ({time.monotonic() - start:.1f} s)")
 
 
-def _settle(spec: S3Spec, made: bool) -> S3Spec:
+def settle_ports(spec: S3Spec, made: bool) -> S3Spec:
     """A made server on the slot its ceph.conf names (its monitor's address is in its store: all its ports must be
     free); a new one on its directory's slot, or the next whose ports are all free and outside the ephemeral range."""
     ephemeral = ports.ephemeral_range()
     if made:
-        spec = settled(spec)
+        spec = configured(spec)
         if said := ports.problem(spec.ports, ephemeral):
             raise S3Error(f"{said}: the S3 server in {spec.dir} keeps its ports (its monitor's address is in its "
                           f"store): free the port, or remove {spec.dir} for a new server")  # fmt: skip
@@ -239,7 +239,7 @@ def _make(spec: S3Spec) -> None:
     _spawn(spec, "rgw")  # its first start creates its pools, once the OSD is up
 
 
-def settled(spec: S3Spec) -> S3Spec:
+def configured(spec: S3Spec) -> S3Spec:
     """The spec on the ports its ceph.conf names, where it has one (a server made before, or running)."""
     return replace(spec, port_slot=configured_slot(spec))
 
@@ -255,15 +255,15 @@ def up(spec: S3Spec) -> S3Spec:
     if os.geteuid() != 0:
         raise S3Error("the local S3 server must be started as root (chroot, mount namespaces)")
     made = (spec.dir / "made").exists()
-    if made and is_up(settled(spec)):
-        print(f"S3 server in {spec.dir} already running on {settled(spec).endpoint}")
-        return settled(spec)
+    if made and is_up(configured(spec)):
+        print(f"S3 server in {spec.dir} already running on {configured(spec).endpoint}")
+        return configured(spec)
     down(spec)  # whatever still runs of it
     root()  # built (once) before taking the lock
     spec.dir.mkdir(parents=True, exist_ok=True)
     with START_LOCK.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
-        spec = _settle(spec, made)
+        spec = settle_ports(spec, made)
         try:
             if made:
                 for name in DAEMONS:
@@ -302,7 +302,7 @@ def start_gateway(spec: S3Spec) -> None:
 
 def status(spec: S3Spec) -> None:
     """Print whether each daemon is alive, the endpoint, and the cluster's own view (`ceph status`)."""
-    spec = settled(spec)
+    spec = configured(spec)
     for name in DAEMONS:
         pid = _pid(spec, name)
         print(f"{name:4} {'running, pid ' + str(pid) if pid else 'not running'}")
