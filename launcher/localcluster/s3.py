@@ -244,9 +244,14 @@ def configured(spec: S3Spec) -> S3Spec:
     return replace(spec, port_slot=configured_slot(spec))
 
 
+def daemon_pids(spec: S3Spec) -> dict[str, int | None]:
+    """Each daemon (mon, osd, rgw) -> its pid, or None where it is not running."""
+    return {name: _pid(spec, name) for name in DAEMONS}
+
+
 def is_up(spec: S3Spec) -> bool:
     """Whether the three daemons run and radosgw answers."""
-    return all(_pid(spec, name) for name in DAEMONS) and _answers(spec)
+    return all(daemon_pids(spec).values()) and _answers(spec)
 
 
 def up(spec: S3Spec) -> S3Spec:
@@ -303,8 +308,7 @@ def start_gateway(spec: S3Spec) -> None:
 def status(spec: S3Spec) -> None:
     """Print whether each daemon is alive, the endpoint, and the cluster's own view (`ceph status`)."""
     spec = configured(spec)
-    for name in DAEMONS:
-        pid = _pid(spec, name)
+    for name, pid in daemon_pids(spec).items():
         print(f"{name:4} {'running, pid ' + str(pid) if pid else 'not running'}")
     print(f"endpoint {spec.endpoint} {'answers' if _answers(spec) else 'does not answer'}")
     if _pid(spec, "mon"):
