@@ -70,10 +70,17 @@ class S3User:
 @functools.cache
 def root() -> Path:
     """The root filesystem the daemons run from (scripts/s3_root.sh builds it once, about a minute)."""
-    proc = subprocess.run(["bash", str(SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise S3Error(f"{SCRIPT} could not build the S3 server's root filesystem (exit status {proc.returncode})")
-    return Path(proc.stdout.splitlines()[-1])
+    said: list[str] = []  # what it says as it builds: shown as it comes, and its end kept for the error
+    with subprocess.Popen(["bash", str(SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stderr:
+            print(line, end="", file=sys.stderr)
+            said = [*said[-15:], line]
+        path = proc.stdout.read().strip().splitlines()
+    if proc.returncode != 0 or not path:
+        raise S3Error(f"{SCRIPT} could not build the S3 server's root filesystem (exit status {proc.returncode}): "
+                      + "".join(said).strip())  # fmt: skip
+    return Path(path[-1])
 
 
 def _inside(spec: S3Spec, argv: list[str]) -> list[str]:
