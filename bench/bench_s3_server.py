@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.localcluster import s3
+from launcher.localcluster import s3, s3_access
 from launcher.localcluster.s3_conf import S3Spec
 
 
@@ -59,9 +59,9 @@ def main() -> None:
         start = time.perf_counter()
         spec = s3.up(spec)
         made = time.perf_counter() - start
-        user = s3.S3User("BENCH" + os.urandom(6).hex().upper(), os.urandom(20).hex())
-        s3.add_user(spec, user)
-        s3.create_bucket(spec, user, "bench")
+        user = s3_access.S3User("BENCH" + os.urandom(6).hex().upper(), os.urandom(20).hex())
+        s3_access.add_user(spec, user)
+        s3_access.create_bucket(spec, user, "bench")
         idle = _rss_mb(spec)
         s3.down(spec)
         start = time.perf_counter()
@@ -75,8 +75,8 @@ def main() -> None:
         print(f"made and answering in {made:.1f} s; up again after down in {restarted:.1f} s; radosgw SIGKILLed to "
               f"answering again in {gateway:.1f} s")  # fmt: skip
         print(f"resident memory idle (MB): {idle}, {sum(idle.values())} in all")
-        env = {**os.environ, **s3.client_env(spec, user)}
-        s5cmd = [s3.s5cmd(), "--endpoint-url", spec.endpoint]
+        env = {**os.environ, **s3_access.client_env(spec, user)}
+        s5cmd = [s3_access.s5cmd(), "--endpoint-url", spec.endpoint]
         for size in (int(n) for n in args.sizes.split(",")):
             source, back, copy = work / f"{size}MB", work / f"{size}MB.back", work / f"{size}MB.copy"
             with source.open("wb") as f:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.localcluster import s3
+from launcher.localcluster import s3, s3_access
 from launcher.localcluster.s3_conf import S3Spec, default_dir
 
 IN_CI = os.environ.get("CI") == "true"
@@ -45,17 +45,17 @@ class S3Server:
     """The running server, its user (whose keys the client's environment carries), and how to reach it."""
 
     spec: S3Spec
-    user: s3.S3User
+    user: s3_access.S3User
     bucket: str
 
     @property
     def env(self) -> dict[str, str]:
         """This process's environment with the client's variables (the secret key among them: never print it)."""
-        return {**os.environ, **s3.client_env(self.spec, self.user)}
+        return {**os.environ, **s3_access.client_env(self.spec, self.user)}
 
     def command(self, *argv: str) -> list[str]:
         """`s5cmd --endpoint-url ENDPOINT ARGV...` (run it with `env`)."""
-        return [s3.s5cmd(), "--endpoint-url", self.spec.endpoint, *argv]
+        return [s3_access.s5cmd(), "--endpoint-url", self.spec.endpoint, *argv]
 
     def s5cmd(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """s5cmd ARGV... as the user; its output (checked, unless `check` is False)."""
@@ -96,7 +96,7 @@ def s3_server() -> Iterator[S3Server]:
     if os.geteuid() != 0:
         _unavailable("it runs as root (chroot, mount namespaces)")
     try:
-        s3.s5cmd()
+        s3_access.s5cmd()
         s3.root()
     except s3.S3Error as e:
         _unavailable(str(e))
@@ -104,9 +104,9 @@ def s3_server() -> Iterator[S3Server]:
     s3.down(spec)  # what a session that ended abruptly left running
     shutil.rmtree(spec.dir, ignore_errors=True)
     spec = s3.up(spec)
-    user = s3.S3User("TESTS" + os.urandom(6).hex().upper(), os.urandom(20).hex())
-    s3.add_user(spec, user)
-    s3.create_bucket(spec, user, "tests")
+    user = s3_access.S3User("TESTS" + os.urandom(6).hex().upper(), os.urandom(20).hex())
+    s3_access.add_user(spec, user)
+    s3_access.create_bucket(spec, user, "tests")
     yield S3Server(spec, user, "tests")
     s3.down(spec)
 

