@@ -38,7 +38,7 @@ from pathlib import Path
 
 from launcher.errors import LauncherError
 from launcher.localcluster import ports
-from launcher.localcluster.s3_conf import MOUNT, PORT_SLOTS, S3Spec, ceph_conf, configured_slot
+from launcher.localcluster.s3_conf import MOUNT, PORT_SLOTS, S3Spec, ceph_conf, configured_fsid, configured_slot
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "s3_root.sh"
 # held while a server settles on its ports and starts, until it answers: one at a time on the machine
@@ -87,10 +87,15 @@ def _inside(spec: S3Spec, argv: list[str]) -> list[str]:
 
 
 def tool(spec: S3Spec, *argv: str) -> str:
-    """Run one of the root's commands (monmaptool, ceph, radosgw-admin...) on the server; its stdout."""
-    proc = subprocess.run(_inside(spec, list(argv)), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    """Run one of the root's commands (monmaptool, ceph, radosgw-admin...) on the server; its stdout. A failure says
+    the command's stderr, never its stdout (radosgw-admin prints a user's keys there)."""
+    try:
+        proc = subprocess.run(_inside(spec, list(argv)), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise S3Error(f"{argv[0]} {argv[1]} did not end within {TOOL_TIMEOUT_S:.0f} s on the S3 server in {spec.dir}: "
+                      "is it up? (python -m launcher.localcluster s3 status)") from None  # fmt: skip
     if proc.returncode != 0:
-        said = (proc.stdout + proc.stderr).strip()[-2000:]
+        said = proc.stderr.strip()[-2000:]
         raise S3Error(f"{argv[0]} {argv[1]} failed on the S3 server in {spec.dir} (exit status {proc.returncode}):"
                       f"\n{said}")  # fmt: skip
     return proc.stdout
@@ -268,7 +273,8 @@ def up(spec: S3Spec) -> S3Spec:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
         spec = settle_ports(spec, made)
         try:
-            if made:
+            if made:  # its config written anew (this code's settings), with its cluster's id and ports
+                spec.conf.write_text(ceph_conf(spec, configured_fsid(spec)))
                 for name in DAEMONS:
                     _spawn(spec, name)
             else:

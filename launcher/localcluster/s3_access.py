@@ -25,7 +25,8 @@ class S3User:
 
 
 def add_user(spec: S3Spec, user: S3User, uid: str = "tests") -> None:
-    """An S3 user `uid` with the user's keys (added to `uid`'s keys where it exists already)."""
+    """An S3 user `uid` with the user's keys (added to `uid`'s keys where it exists already). radosgw-admin takes the
+    keys as arguments: a test server's keys only (another process on the machine may see them in its command line)."""
     keys = ["--access-key", user.access_key, "--secret-key", user.secret_key]
     try:
         tool(spec, "radosgw-admin", "user", "info", "--uid", uid)

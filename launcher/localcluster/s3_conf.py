@@ -85,6 +85,14 @@ def configured_slot(spec: S3Spec) -> int | None:
     return offset // PORT_STEP if 0 <= offset < PORT_STEP * PORT_SLOTS and offset % PORT_STEP == 0 else None
 
 
+def configured_fsid(spec: S3Spec) -> str:
+    """The cluster id its ceph.conf names (written in its monitor's and its OSD's stores)."""
+    found = re.search(r"^fsid = (\S+)$", spec.conf.read_text(), re.MULTILINE)
+    if found is None:
+        raise ValueError(f"{spec.conf} names no fsid")
+    return found.group(1)
+
+
 def ceph_conf(spec: S3Spec, fsid: str) -> str:
     """ceph.conf for the server (paths as the daemons see them, under MOUNT)."""
     m = MOUNT
@@ -103,6 +111,8 @@ auth client required = none
 auth allow insecure global id reclaim = false
 # radosgw asks for a secure (encrypted) session with the monitor, which auth 'none' cannot give: crc too
 ms mon client mode = crc secure
+# A command (radosgw-admin) or daemon that finds no monitor gives up after 20 s, not 5 minutes
+client mount timeout = 20
 run dir = {m}/run
 log file = {m}/log/$name.log
 crash dir = {m}/crash
