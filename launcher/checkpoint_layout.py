@@ -154,6 +154,11 @@ def lock_dir(root: Path) -> Path:
     return root / P.LOCK
 
 
+def hold_lock(root: Path, job: str) -> None:
+    """Name `job` the holder of the run's lock (the directory made by the job that takes it)."""
+    (lock_dir(root) / P.LOCK_HOLDER).write_text(job + "\n", encoding="utf-8")
+
+
 def lock_holder(root: Path) -> str:
     """The job that holds the run's lock ("" for none, or while it is being written)."""
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.evals import record as eval_record
 from launcher.evals import submit as evals
@@ -233,7 +234,7 @@ class Attempt:
         checkpoints = self.job.checkpoints
         held = self.effects.take_lock(checkpoints, self.slurm.job)
         if held is not None:
-            self.effects.say("two_writers", holder=held[0], state=held[1], lock=checkpoints / P.LOCK,
+            self.effects.say("two_writers", holder=held[0], state=held[1], lock=ckpt.lock_dir(checkpoints),
                              checkpoints=checkpoints)  # fmt: skip
         return held is None
 
