@@ -176,3 +176,24 @@ def test_jobs_checkpoints_says_which_steps_are_owed_an_eval(bundle: manifest.Man
     put(bundle.bundle_dir, row(10, 0.5, 1.0))
     assert jobs.main(["checkpoints", str(bundle.bundle_dir)]) == 0
     assert "owed an eval" not in capsys.readouterr().out
+
+
+def test_waiting_for_the_eval_jobs_asks_slurm_as_often_as_the_follower_does(bundle: manifest.Manifest,
+                                                                          monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+    """--rank_by's wait for the points' eval jobs: one query a look, a look every LAUNCHER_POLL_SECONDS (a site's
+    rule for --show_logs holds here too), until Slurm says every one ended."""
+    import time
+
+    from launcher.slurm import client
+    from launcher.slurm.parse import JobState
+
+    eval_record.note_submission(bundle.checkpoints, 10, key(bundle.bundle_dir), state="submitted", job="99",
+                                bundle=str(bundle.bundle_dir))  # fmt: skip
+    answers = iter(["RUNNING", "RUNNING", "COMPLETED"])
+    monkeypatch.setattr(client, "job_states_many", lambda jobs: {j: JobState(j, next(answers), "None", None, None, 0,
+                                                                              "") for j in jobs})  # fmt: skip
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.setenv("LAUNCHER_POLL_SECONDS", "7")
+    report.wait([bundle.bundle_dir])
+    assert slept == [7.0, 7.0]
