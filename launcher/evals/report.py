@@ -38,7 +38,12 @@ def settings(run: manifest.Manifest) -> EvalSettings | None:
 
 def asked(run: manifest.Manifest) -> bool:
     """Whether the run is evaluated: launched with --eval_tasks, or steps of it given to `jobs evaluate`."""
-    return settings(run) is not None or bool(eval_record.submissions(run.checkpoints))
+    if settings(run) is not None:
+        return True
+    try:
+        return bool(eval_record.submissions(run.checkpoints))
+    except KeyError:  # a manifest that names no checkpoints (a bundle of an earlier release): none evaluated
+        return False
 
 
 def open_states(found: RunEvals) -> dict[str, str]:
