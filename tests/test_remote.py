@@ -42,8 +42,8 @@ class World:
     def say(self, name: str, **fields: object) -> None:
         self.said.append((name, fields))
 
-    def s3(self, argv, timeout, stdin=None):
-        return run(argv, timeout, stdin, self.env)
+    def s3(self, argv, timeout):
+        return run(argv, timeout, self.env)
 
     def jobs_alive(self, jobs):
         return dict.fromkeys(jobs, False)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,9 +55,9 @@ class Bucket:
     def marker_url(self, step: int) -> str:
         return f"{self.url}/{step}{markers.SUFFIX}"
 
-    def _run(self, *args: str, timeout: float = SMALL_TIMEOUT_S, stdin: str | None = None, json_out: bool = False,
+    def _run(self, *args: str, timeout: float = SMALL_TIMEOUT_S, json_out: bool = False,
              missing_ok: bool = False) -> str:  # fmt: skip
-        proc = self.runner.s3(self.client.argv(*args, json=json_out), timeout, stdin)
+        proc = self.runner.s3(self.client.argv(*args, json=json_out), timeout)
         if proc.returncode == 0 or (missing_ok and not_found(proc)):
             return proc.stdout if proc.returncode == 0 else ""
         raise RemoteError(words(proc))
@@ -100,7 +102,17 @@ class Bucket:
         self._run("cp", *self.client.copy_options(), f"{step_dir}/*", self.step_url(step), timeout=copy_timeout(size))
 
     def put_marker(self, found: Marker) -> None:
-        self._run("pipe", self.marker_url(found.step), stdin=found.to_json())
+        self.put(self.marker_url(found.step), found.to_json())
+
+    def put(self, url: str, text: str) -> None:
+        """A small object written whole (from a temporary file: s5cmd 2.3's `pipe` says nothing of a failure)."""
+        fd, name = tempfile.mkstemp(prefix="launcher-s3-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            self._run("cp", name, url)
+        finally:
+            os.unlink(name)
 
     def remove_marker(self, step: int) -> None:
         self._run("rm", self.marker_url(step), missing_ok=True)

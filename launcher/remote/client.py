@@ -49,20 +49,18 @@ class Runner(Protocol):
     """How a client command runs: its output kept, ended after `timeout` s; a command that cannot start is exit code
     127, one ended for its time 124 (never an exception)."""
 
-    def s3(self, argv: Sequence[str], timeout: float, stdin: str | None = None) -> subprocess.CompletedProcess[str]: ...
+    def s3(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]: ...
 
 
-def run(argv: Sequence[str], timeout: float, stdin: str | None = None,
-        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`argv` to its end (or its time): a command that cannot run is exit code 127, one ended for its time 124."""
     try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=None if env is None else dict(env))  # fmt: skip
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=None if env is None else dict(env))  # fmt: skip
     except OSError as e:
         return subprocess.CompletedProcess(list(argv), 127, "", str(e))
     try:
-        out, err = proc.communicate(stdin, timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.terminate()
         try:
@@ -77,8 +75,8 @@ def run(argv: Sequence[str], timeout: float, stdin: str | None = None,
 class Local:
     """Commands run here, in this process's environment (a login node's `jobs export`, an eval job)."""
 
-    def s3(self, argv: Sequence[str], timeout: float, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return run(argv, timeout, stdin)
+    def s3(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return run(argv, timeout)
 
 
 @dataclass(frozen=True)

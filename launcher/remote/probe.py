@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import tempfile
 from collections.abc import Mapping
 
 from launcher.config.spec import RunSpec
@@ -68,7 +69,10 @@ def write_problems(spec: RunSpec, path: str, runner: Runner | None = None,
     probe = f"s3://{bucket}/{prefix + '/' if prefix else ''}.launcher-probe-{secrets.token_hex(6)}"
     s5cmd = Client.of(settings, path, env, retries=PROBE_RETRIES)
     where = s5cmd.endpoint or "AWS's endpoint (no --s3_endpoint, S3_ENDPOINT_URL or AWS_ENDPOINT_URL)"
-    wrote = runner.s3(s5cmd.argv("pipe", probe), PROBE_TIMEOUT_S, "a probe of the launcher's, removed at once\n")
+    with tempfile.NamedTemporaryFile("w", prefix="launcher-probe-", suffix=".txt") as f:
+        f.write("a probe of the launcher's, removed at once\n")
+        f.flush()
+        wrote = runner.s3(s5cmd.argv("cp", f.name, probe), PROBE_TIMEOUT_S)
     if wrote.returncode == 0:
         removed = runner.s3(s5cmd.argv("rm", probe), PROBE_TIMEOUT_S)
         if removed.returncode == 0:

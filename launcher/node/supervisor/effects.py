@@ -123,7 +123,7 @@ class Effects(Protocol):
     def jobs_alive(self, jobs: Iterable[str]) -> Mapping[str, bool | None]: ...
     def remove_tree(self, path: Path) -> None: ...
     # the bucket (--checkpoints_remote): the S3 client's commands
-    def s3(self, argv: Sequence[str], timeout: float, stdin: str | None = None) -> subprocess.CompletedProcess[str]: ...
+    def s3(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]: ...
 
 
 class Node:
@@ -281,6 +281,6 @@ class Node:
     def remove_tree(self, path: Path) -> None:
         purge.remove_tree(path)
 
-    def s3(self, argv: Sequence[str], timeout: float, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def s3(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
         """An S3 client's command (s5cmd: a listing, a copy, a marker), a child process, time-limited."""
-        return client.run(argv, timeout, stdin)
+        return client.run(argv, timeout)
