@@ -281,6 +281,8 @@ class Attempt:
         left = self.uploads.settle(keep_waiting)
         if left:
             self.effects.say("uploads_left", steps=_steps(left))
+        if self.job.retention.active and waiting:  # what is in the bucket now may leave the disk, as the rules say
+            self.retention.on_checkpoint()
 
     def attempt(self) -> int:
         job, st, fx = self.job, self.state, self.effects
