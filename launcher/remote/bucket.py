@@ -14,7 +14,7 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.remote import marker as markers
@@ -29,7 +29,6 @@ class Listing:
 
     complete: frozenset[int] = frozenset()
     folders: frozenset[int] = frozenset()
-    sizes: dict[int, int] = field(default_factory=dict)  # a marker's own size (bytes), by step
 
     @property
     def newest(self) -> int | None:
@@ -76,16 +75,14 @@ class Bucket:
     def listing(self) -> Listing:
         """The run's folder at one look (an empty one where it has nothing yet); RemoteError where it cannot be
         listed (the endpoint down, the bucket missing, the keys refused)."""
-        complete, folders, sizes = set(), set(), {}
+        complete, folders = set(), set()
         for row in self._listed(f"{self.url}/"):
             name = row["key"].rstrip("/").rsplit("/", 1)[-1]
             if row.get("type") == "directory" and name.isdigit():
                 folders.add(int(name))
             elif name.endswith(markers.SUFFIX) and name.removesuffix(markers.SUFFIX).isdigit():
-                step = int(name.removesuffix(markers.SUFFIX))
-                complete.add(step)
-                sizes[step] = int(row.get("size") or 0)
-        return Listing(frozenset(complete), frozenset(folders), sizes)
+                complete.add(int(name.removesuffix(markers.SUFFIX)))
+        return Listing(frozenset(complete), frozenset(folders))
 
     def marker(self, step: int) -> Marker | None:
         """The step's marker (None: none, or not one this launcher reads)."""

@@ -182,7 +182,7 @@ class Uploads:
                 raise RemoteError(step, str(e)) from None
             except FileNotFoundError:
                 continue  # gone from disk meanwhile (not by retention, which keeps it: by hand)
-            listing = Listing(listing.complete | {step}, listing.folders | {step}, listing.sizes)
+            listing = Listing(listing.complete | {step}, listing.folders | {step})
         self._leftovers(listing, set(local))
         self._retention(listing)
 
