@@ -124,3 +124,13 @@ def test_the_section_alone_maps_nothing_it_does_not_hold() -> None:
     values, notes = checks.from_section({"upload_s3_path": "s3://b/x/r", "remove_after_upload": False}, set())
     assert values == {"checkpoints_remote": "s3://b/x"} and len(notes) == 1
     assert checks.from_section({"upload_s3_path": "s3://b/x/r"}, {"checkpoints_remote"}) == ({}, [])
+
+
+def test_a_resume_from_a_bucket_in_a_config_is_the_launchers(tmp_path: Path) -> None:
+    """nanotron main's checkpoints.resume_checkpoint_path: s3://... (its example config's) would be fetched by
+    training's ranks with the section's client, which the written config no longer has: named, with the flag."""
+    config = tmp_path / "main.yaml"
+    config.write_text(yaml.safe_dump({"checkpoints": {"resume_checkpoint_path": "s3://ok-bucket/runs/r1/500"}}))
+    found = said("--run_name", "r1", "--config", str(config))
+    assert "would download it from training's ranks" in found["config"]
+    assert "give --checkpoints_remote s3://ok-bucket/runs where" in found["config"]

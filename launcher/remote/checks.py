@@ -45,14 +45,28 @@ def from_section(section: object, explicit: set[str]) -> tuple[dict[str, object]
     return values, notes
 
 
+def _resume_problems(spec: RunSpec) -> list[Problem]:
+    """A --config's checkpoints.resume_checkpoint_path in a bucket: nanotron main would fetch it from training's ranks
+    (with the s3_upload: section's client, which the written config no longer has); the launcher resumes from a
+    bucket itself, before training."""
+    start = (spec.base_config.get("checkpoints") or {}).get("resume_checkpoint_path")
+    if not (isinstance(start, str) and start.startswith(SCHEME)):
+        return []
+    return [Problem("config", f"checkpoints.resume_checkpoint_path in {spec.base_config_path} is {start}: nanotron "
+                    "would download it from training's ranks; the launcher's job fetches a run's steps from its "
+                    "bucket itself, before training", f"give --checkpoints_remote {parent_url(parent_url(start))} "
+                    f"where {start} is a step of that run's folder (it resumes from the folder's newest complete "
+                    "step), or download the step and give its local path")]  # fmt: skip
+
+
 def _section_problems(spec: RunSpec) -> list[Problem]:
     section = spec.base_config.get(SECTION)
     if section is None:
-        return []
+        return _resume_problems(spec)
     where = spec.base_config_path
     if not isinstance(section, Mapping):
         return [Problem("config", f"{SECTION} in {where} is not a section", "remove it, or give --checkpoints_remote")]
-    out = []
+    out = _resume_problems(spec)
     path, run = section.get("upload_s3_path"), spec.checkpoints_dir.name
     remote = spec.args.paths.checkpoints_remote
     if isinstance(path, str) and path.startswith(SCHEME) and remote == parent_url(path):
