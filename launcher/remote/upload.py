@@ -120,6 +120,10 @@ class Uploads:
                 if self.passed >= wanted:
                     break
                 self.cv.wait(0.2)
+        return self.stop()
+
+    def stop(self) -> list[int]:
+        """No pass after the one in flight (the process is ending); the steps not in the bucket yet."""
         with self.cv:
             self.stopping = True
             self.cv.notify_all()

@@ -4,8 +4,7 @@ heartbeat, picks the step's nodes and port, runs the node step through srun (aga
 port), judges how it ended, asks the restart decision, restarts, requeues, and ends the attempt. With
 --checkpoints_remote, it first fetches the bucket's newest step where the checkpoints folder has none as new, and as
 the attempt ends it waits for the uploads still pending (not where Slurm ends the job, nor before a requeue). The
-decisions are
-`decide`'s and `table`'s; all it does to the world goes through `effects.Effects`."""
+decisions are `decide`'s and `table`'s; all it does to the world goes through `effects.Effects`."""
 
 from __future__ import annotations
 
@@ -278,7 +277,7 @@ class Attempt:
             self.handle_pending()
             return waiting and self.state.notice != Notice.TERMINATED
 
-        left = self.uploads.settle(keep_waiting)
+        left = self.uploads.settle(keep_waiting) if waiting else self.uploads.stop()
         if left:
             self.effects.say("uploads_left", steps=_steps(left))
         if self.job.retention.active and waiting:  # what is in the bucket now may leave the disk, as the rules say
