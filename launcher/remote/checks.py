@@ -49,7 +49,8 @@ def _resume_problems(spec: RunSpec) -> list[Problem]:
     """A --config's checkpoints.resume_checkpoint_path in a bucket: nanotron main would fetch it from training's ranks
     (with the s3_upload: section's client, which the written config no longer has); the launcher resumes from a
     bucket itself, before training."""
-    start = (spec.base_config.get("checkpoints") or {}).get("resume_checkpoint_path")
+    section = spec.base_config.get("checkpoints")
+    start = section.get("resume_checkpoint_path") if isinstance(section, Mapping) else None
     if not (isinstance(start, str) and start.startswith(SCHEME)):
         return []
     return [Problem("config", f"checkpoints.resume_checkpoint_path in {spec.base_config_path} is {start}: nanotron "

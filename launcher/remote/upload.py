@@ -169,8 +169,11 @@ class Uploads:
         return False
 
     def _pass(self) -> None:
-        listing = self.bucket.listing()
         local = ckpt.complete_steps(self.root)
+        try:
+            listing = self.bucket.listing()
+        except RemoteError as e:  # (said for the steps it holds up)
+            raise RemoteError(",".join(map(str, sorted(set(local) - self.settled))) or "-", str(e)) from None
         wanted = self._wanted(listing, local)
         for step in sorted(set(local) - self.settled):
             with self.cv:
