@@ -1,8 +1,9 @@
 """Kill points for the fault-injection tests (tests/test_retention_slurm.py, test_remote_slurm.py): loaded at
 interpreter start by the job's Python those tests make (a `--python` wrapper that puts this folder first on
-PYTHONPATH: the supervisor, the node step and every training process load it), and active only where LAUNCHER_TEST_KILL_AT=POINT@STEP. The process
-that reaches POINT at STEP kills itself with SIGKILL, once: it first makes the file LAUNCHER_TEST_KILL_ONCE, and
-where that file is there nothing is killed (the run launched again goes through). Test side only, never the product.
+PYTHONPATH: the supervisor, the node step and every training process load it), and active only where
+LAUNCHER_TEST_KILL_AT=POINT@STEP. The process that reaches POINT at STEP kills itself with SIGKILL, once: it first
+makes the file LAUNCHER_TEST_KILL_ONCE, and where that file is there nothing is killed (the run launched again goes
+through). Test side only, never the product.
 
   save-mid-write       the torch engine: rank 0 has written state.pt into .tmp-STEP-*, not meta.json (the save is
                        not renamed into place); nanotron's: every rank has written its model and optimizer files
