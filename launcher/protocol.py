@@ -38,6 +38,7 @@ CHECKPOINTS_RECORD = "checkpoints.jsonl"  # the job's supervisor: a line per che
 EVAL_SCRIPT = "eval.sbatch"  # --eval_tasks: the eval job's batch script, in the bundle (its argument: the step)
 EVALS_DIR = "evals"  # in the bundle: each eval's result, step-<N>-<key>.json (launcher/evals/record.py)
 EVAL_LOG_SUFFIX = ".eval-{step}.out"  # <logs>/<run>/<stamp>.eval-<step>.out: an eval job's log
+REMOTE_RECORD = "remote.jsonl"  # --checkpoints_remote: a line per step uploaded, downloaded or removed from the bucket
 
 # Under the run's checkpoints path.
 LOCK = ".launcher-lock"  # a directory (mkdir is atomic): one writer per run
@@ -54,6 +55,7 @@ SAVES_RECORD = "saves"  # a line per save the launcher's engines began (its step
 LEASES = ".leases"  # a reader's lease on a step (an export, an eval): a file each, named <step>-<holder>.json
 PURGING = ".purging-"  # .purging-<step>-<random>: a step renamed out of the steps' names, being deleted
 EVALS_SUBMITTED = ".evals"  # each eval job's submission, once across jobs and launches: <step>-<key>.json
+DOWNLOADING = ".downloading-"  # .downloading-<step>-<random>: a step being fetched from the bucket (renamed once whole)
 
 # Slurm's job states in which a job may still run (pending, running, requeued or held, ...): one set for the whole house
 # (a lock's holder alive, a reader's lease holding, an eval job still to end). SPECIAL_EXIT is a job requeued and held
@@ -151,6 +153,20 @@ LINES = {
     "eval_not_submitted": "step {step} is not evaluated: {why} (training goes on; jobs evals shows it)",
     "eval_lost": "eval job {eval_job} of step {step} ended without a result: {why} (`jobs evaluate --steps {step} "
     "--again` scores it again)",
+    "uploaded": "step {step} is in the bucket: {size} in {seconds} s ({rate}) to {url}",
+    "upload_failed": "step {step} is not in the bucket yet: {why} (tried again in {retry} s; training goes on, and the "
+    "step stays on disk until it is there)",
+    "uploads_not_aborted": "incomplete multipart uploads under {url} are not aborted: {why} (a lifecycle rule aborts "
+    "them: docs/checkpoints.md)",
+    "remote_purged": "the bucket's retention removed step(s) {steps} from {url}; it keeps {kept}: the last {last} "
+    "(--keep_last_remote)",
+    "uploads_waiting": "waiting for {steps} to be in the bucket before the job ends",
+    "uploads_left": "not in the bucket yet: {steps} (on disk; the run's next job uploads them)",
+    "remote_resumed": "step {step} downloaded from {url} ({size} in {seconds} s): the checkpoints folder had {local}; "
+    "training resumes from it",
+    "remote_resume_failed": "the bucket's step {step} could not be downloaded: {why}; training resumes from {local}",
+    "remote_unreachable": "the bucket {url} could not be listed: {why}; training resumes from {local}, uploads are "
+    "tried again later",
     "supervisor_failed": "the job's supervisor failed: {error} (a launcher bug: its traceback is above, please report "
     "it); this attempt ends",
 }

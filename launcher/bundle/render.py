@@ -30,6 +30,7 @@ from launcher.nanotron_config import mixture, schema
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.node.job import Job
 from launcher.perf.sizes import global_batch_tokens, retention_rules
+from launcher.remote import plan as remote_plan
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEARTBEAT_S = 60
@@ -150,6 +151,7 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         heartbeat_s=float(HEARTBEAT_S),
         retention=retention_rules(spec),
         evals=eval_plan.settings_of(spec),
+        remote=remote_plan.settings_of(spec, paths.checkpoints),
     )
 
 

@@ -118,6 +118,14 @@ class PathArgs:
     """Keep only the N newest complete checkpoints (and --keep_every's); the job removes older ones as it saves
     (default: every checkpoint is kept)."""
     keep_every: int | None = None  # Keep for good every checkpoint whose step is a multiple of K (of --save_interval).
+    checkpoints_remote: str | None = None
+    """Copy every complete checkpoint to S3-compatible object storage, s3://BUCKET/PREFIX (the run's under
+    PREFIX/<its checkpoints folder's name>), and resume from there where the checkpoints folder has none as new
+    (credentials: AWS's variables or profiles in your environment, never a flag)."""
+    s3_endpoint: str | None = None
+    """The S3 endpoint, e.g. https://storage.googleapis.com or your site's Ceph (default: S3_ENDPOINT_URL or
+    AWS_ENDPOINT_URL in your environment, else AWS's)."""
+    keep_last_remote: int | None = None  # Keep only the N newest complete checkpoints in the bucket (default: all).
     resume: bool = True  # Resume from this run's latest checkpoint if there is one; false starts afresh.
 
 

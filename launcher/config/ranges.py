@@ -29,6 +29,7 @@ MOST: dict[str, float] = {
     "save_interval": 1 << 40, "log_interval": 1 << 40, "max_requeues": 10_000, "signal_grace": 1 << 31,
     "hang_timeout": 1 << 31, "startup_timeout": 1 << 31, "hang_factor": 1e6, "gpu_memory_gb": 1 << 20,
     "spare_nodes": MAX_NODES, "max_restarts": 10_000, "keep_last": 1 << 40, "keep_every": 1 << 40,
+    "keep_last_remote": 1 << 40,
     "learning_rate": 1e6, "min_lr": 1e6, "weight_decay": 1e6, "grad_clip": 1e12,
 }  # fmt: skip
 LEAST = -(1 << 40)  # below any count's check: what a negative count is told by its own check (must be positive)

@@ -24,6 +24,7 @@ from launcher.config.flags import flag_types
 from launcher.nanotron_config import dialect, nanoset_yaml, schema
 from launcher.nanotron_config.presets import BASE_CONFIG, YAML_LOADER
 from launcher.problems import Problem
+from launcher.remote import checks as remote_checks
 
 WARMUP_STYLES = ("linear", "constant")  # what nanotron's LRSchedulerArgs takes
 
@@ -128,6 +129,9 @@ def read(path: str | None, explicit: set[str], cwd: Path) -> Read:
     typed flag sets the shape (--max_seq_len, or a --model_size you type, whose shape wins over the YAML's)."""
     base, user, base_path, problems, notes = _load_base(path, explicit, cwd)
     from_config, type_problems = _typed(schema.flags_from_config(user), explicit)
+    mapped, mapped_notes = remote_checks.from_section(user.get(remote_checks.SECTION), explicit)  # nanotron main's
+    from_config.update(mapped)
+    notes = notes + mapped_notes
     said = {p.key for p in problems}
     problems += [p for p in type_problems if p.key not in said]
     from_config.pop("dp", None)  # dp is derived from this job's size, whatever job the YAML was made for

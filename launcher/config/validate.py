@@ -44,6 +44,7 @@ from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.parallel import check_layout
 from launcher.nanotron_config.schema import train_split
 from launcher.problems import Problem
+from launcher.remote import checks as remote_checks
 from launcher.retention import checks as retention_checks
 from launcher.secrets_guard import has_secret_value, secret_assignments
 
@@ -319,7 +320,7 @@ def validate(spec: RunSpec) -> list[Problem]:
     layout = check_layout(spec.shape, spec.dims) if spec.world_size > 0 and not bounded else []
     layout += _check_modes(spec) + dialect_rules.written_problems(spec)
     checks = _check_slurm(spec) + layout + _check_training(spec) + _check_data_and_paths(spec) + _check_job(spec)
-    checks += retention_checks.problems(spec.args.paths)
+    checks += retention_checks.problems(spec.args.paths) + remote_checks.problems(spec)
     checks += nanosetcheck.problems(spec) + eval_checks.problems(spec)
     said = {p.flag for p in bounded}
     return list(dict.fromkeys(_check_secrets(spec) + bounded + [p for p in checks if p.flag not in said]))

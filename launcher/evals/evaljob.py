@@ -4,8 +4,9 @@ the run's supervisor for an evaluated step, or by `jobs evaluate`; docs/evals.md
 
 1. the step's result (in the bundle, launcher/evals/record.py) says it runs; a lease holds the step;
 2. the step is exported as `jobs export` exports it (launcher/export/), into a scratch folder under the job's
-   TMPDIR, float32 on a CPU (bfloat16 on a GPU); the scratch folders of eval jobs killed before (SIGKILL at their
-   time limit) are removed first;
+   TMPDIR, float32 on a CPU (bfloat16 on a GPU), from the bucket's copy where the step is only there
+   (--checkpoints_remote: fetched into the scratch folder too); the scratch folders of eval jobs killed before
+   (SIGKILL at their time limit) are removed first;
 3. lm-eval scores it on the tasks (its `hf` backend; `vllm` where the job's Python has vLLM and the job a GPU);
 4. with held-out data, its loss and bits per byte (`python -m launcher.train.evaluate`, in a child process: the
    launcher's side never imports the job's code);
@@ -44,6 +45,7 @@ from launcher.export import checkpoints as found
 from launcher.export.exporter import write
 from launcher.node import job as job_file
 from launcher.node.job import Job
+from launcher.remote import fetch
 from launcher.slurm import client
 
 CPU_BATCH = 8  # lm-eval's batch on a CPU (lm_eval --batch_size 8 gives the same scores)
@@ -157,9 +159,14 @@ def evaluate(job: Job, settings: EvalSettings, step: int, scratch: Path, started
     backend, device, dtype = engine(settings.gpus)
     model = scratch / "model"
     marks = [time.time()]
-    checkpoint = found.find(job.checkpoints, step, job.config)
-    write(job.checkpoints, checkpoint, model, dtype, lambda c: {"run": job.run_name, "step": str(step),
-                                                                  "bundle": str(job.bundle)})  # fmt: skip
+    root = job.checkpoints
+    if job.remote is not None and step not in ckpt.complete_steps(root):  # only in the bucket: a copy in the scratch
+        root, bucket = scratch / "remote", fetch.bucket_of(job.remote, job.python)
+        fetch.scratch_copy(bucket, step, root)
+        print(f"eval: step {step} is not on disk: fetched from {bucket.step_url(step)}", flush=True)
+    checkpoint = found.find(root, step, job.config)
+    write(root, checkpoint, model, dtype, lambda c: {"run": job.run_name, "step": str(step),
+                                                       "bundle": str(job.bundle)})  # fmt: skip
     marks.append(time.time())
     results = score(model, settings, backend, device, dtype)
     marks.append(time.time())

@@ -1,19 +1,26 @@
 """`python -m launcher.jobs export BUNDLE|JOB_ID [--step N] [--output DIR] [--dtype bfloat16|float32]`: a run's
 checkpoint as a transformers Llama folder (docs/export.md). The run is read from its bundle: the checkpoints'
-directory and the config from the manifest, the data and the command for the model card."""
+directory and the config from the manifest, the data and the command for the model card. A step that is only in the
+run's bucket (--checkpoints_remote: removed from the disk by --keep_last, or a wiped scratch) is fetched into a
+scratch folder first, and that folder removed after (launcher/remote/fetch.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from launcher import checkpoint_layout as ckpt
 from launcher.bundle.manifest import Manifest
 from launcher.export import checkpoints as found
 from launcher.export.checkpoints import Checkpoint, ExportError
+from launcher.node import job as job_file
+from launcher.remote import fetch
+from launcher.remote.client import RemoteError
 
 DEFAULT_DTYPE = "bfloat16"
 
@@ -62,12 +69,49 @@ def card(run: Manifest, checkpoint: Checkpoint, dtype: str, argv: list[str]) -> 
     }
 
 
+@contextlib.contextmanager
+def readable(run: Manifest, step: int | None) -> Iterator[tuple[Path, int | None, str]]:
+    """(a checkpoints folder that holds `step`, the step, where it came from): the run's own, or, for a step only its
+    bucket has (the newest there where no step is asked and the disk has none), a scratch copy, leased on the run's
+    folder while it is read (the bucket's retention leaves it be) and removed after."""
+    local = ckpt.complete_steps(run.checkpoints)
+    try:
+        remote = job_file.load(run.bundle_dir).remote
+    except job_file.JobFileError:
+        remote = None
+    if remote is None or (step in local if step is not None else bool(local)):
+        yield run.checkpoints, step, ""
+        return
+    bucket = fetch.bucket_of(remote, sys.executable)
+    try:
+        step = step if step is not None else bucket.listing().newest
+        if step is None:
+            raise ExportError(
+                f"neither {run.checkpoints} nor the run's bucket {bucket.url} holds a complete checkpoint"
+            )
+        with tempfile.TemporaryDirectory(prefix="launcher-fetch-") as scratch, ckpt.leased(run.checkpoints, step,
+                                                                                            "export"):  # fmt: skip
+            started = time.monotonic()
+            there = fetch.scratch_copy(bucket, step, Path(scratch))
+            print(f"Step {step} is not on disk: fetched from {bucket.step_url(step)} ({there.bytes / 1e6:.1f} MB in "
+                  f"{time.monotonic() - started:.1f} s)", flush=True)  # fmt: skip
+            yield Path(scratch), step, bucket.step_url(step)
+    except RemoteError as e:
+        raise ExportError(f"step {step} could not be fetched from the run's bucket: {e}") from None
+
+
 def export(run: Manifest, step: int | None, output: Path | None, dtype: str, argv: list[str]) -> int:
     """Export the run's checkpoint at `step` (default: the newest complete one); prints where it went."""
     started = time.monotonic()
-    checkpoint = found.find(run.checkpoints, step, run_config(run))
-    target = output or default_output(run, checkpoint.step)
-    size = write(run.checkpoints, checkpoint, target, dtype, lambda c: card(run, c, dtype, argv))
+    with readable(run, step) as (root, step, url):
+        checkpoint = found.find(root, step, run_config(run))
+        target = output or default_output(run, checkpoint.step)
+
+        def card_of(c: Checkpoint) -> dict[str, str]:
+            said = card(run, c, dtype, argv)
+            return {**said, "checkpoint": said["checkpoint"].replace(str(c.directory), url)} if url else said
+
+        size = write(root, checkpoint, target, dtype, card_of)
     print(f"Exported step {checkpoint.step} of {run.bundle_dir.resolve()} ({checkpoint.engine} engine) to {target}: "
           f"{size / 2**20:.1f} MiB of {dtype} weights in {time.monotonic() - started:.1f} s.")  # fmt: skip
     print(f"  load it: AutoModelForCausalLM.from_pretrained({str(target)!r})")

@@ -21,6 +21,7 @@ from launcher.evals import report as evals_report
 from launcher.ledger import attempts as records
 from launcher.ledger import picture
 from launcher.ledger.breakdown import COMPLETED, Attempt, Ledger, compute, hours, summary
+from launcher.remote import record as remote_record
 from launcher.slurm import client
 from launcher.slurm.parse import TERMINAL, JobState, SacctRecord
 
@@ -132,9 +133,10 @@ def ledgers(
         works = records.works(seen, metrics, records.spans(acct))
         from_sacct = compute(acct, works, save_interval, "sacct") if acct else None
     kept = checkpoint_totals(run.bundle_dir / P.CHECKPOINTS_RECORD)  # bytes written and freed (retention's record)
+    uploads = remote_record.totals(run.bundle_dir / P.REMOTE_RECORD)  # to and from the bucket (the uploader's)
     for found in (from_sacct, from_records):
         if found is not None:
-            found.checkpoints = kept
+            found.checkpoints, found.uploads = kept, uploads
     return from_sacct, from_records
 
 

@@ -96,6 +96,7 @@ NOT_IN_CONFIG = frozenset(
     | {"model_size", "layout"}
     | {"configs_path", "slurm_logs_path", "slurm_scripts_dir", "run_train_script", "resume", "wandb_disabled"}
     | {"keep_last", "keep_every"}  # retention: the job's supervisor's (launcher/node/retention.py)
+    | {"checkpoints_remote", "s3_endpoint", "keep_last_remote"}  # the bucket: the supervisor's (launcher/remote/)
     | {"dry_run", "show_logs", "config", "sweep", "plan", "skip_memory_check"}
     | {"preflight", "hang_timeout", "startup_timeout", "hang_factor", "debug", "interactive", "engine", "rdzv_backend"}
     | {"container_image", "container_mounts", "container_workdir", "container_env", "container_writable"}
@@ -244,6 +245,8 @@ def build_config(
         if get_path(config, path) is None:  # (a --config's stands: launcher.config.user_config)
             set_path(config, path, value)
     set_path(config, CHECKPOINTS_PATH, checkpoints_dir)
+    if config.get("s3_upload") is not None:  # nanotron main's own uploader (training's rank 0) is never started: the
+        config["s3_upload"] = None  # section became --checkpoints_remote, the job's supervisor's (launcher/remote/)
     asked = get_path(config, ("parallelism", "tp_linear_async_communication"))
     written = "0.4" if values.get("nanotron_dialect") == "0.4" else "main"
     if not dialect.tp_async(written, values["tp"] or 1, values["tp_mode"], asked)[0]:

@@ -17,14 +17,15 @@ from pathlib import Path
 
 from launcher import protocol as P
 from launcher.evals.settings import EvalSettings
+from launcher.remote.settings import RemoteSettings
 from launcher.retention.rules import Rules
 
-VERSION = 2  # the file's format: a job refuses a file of another (written by another release of the launcher)
+VERSION = 3  # the file's format: a job refuses a file of another (written by another release of the launcher)
 PATHS = ("bundle", "log", "checkpoints", "python", "project", "train_script", "config", "tmp_dir")
 KINDS: dict[str, tuple[type, ...]] = {  # a field's annotation -> what its JSON value may be
     "str": (str,), "Path": (str,), "int": (int,), "float": (int, float), "float | None": (int, float, type(None)),
     "bool": (bool,), "tuple[str, ...]": (list,), "dict[str, str]": (dict,), "Rules": (dict,),
-    "EvalSettings | None": (dict, type(None)),
+    "EvalSettings | None": (dict, type(None)), "RemoteSettings | None": (dict, type(None)),
 }  # fmt: skip
 
 
@@ -69,6 +70,7 @@ class Job:
     heartbeat_s: float = 60.0  # the supervisor's heartbeat line, this often
     retention: Rules = field(default_factory=Rules)  # --keep_last/--keep_every (none: every checkpoint stays)
     evals: EvalSettings | None = None  # --eval_tasks: the eval job submitted for each evaluated step (None: none)
+    remote: RemoteSettings | None = None  # --checkpoints_remote: the bucket each checkpoint is copied to (None: none)
     version: int = VERSION
 
     def file(self, name: str) -> Path:
@@ -139,11 +141,13 @@ def from_json(text: str) -> Job:
     data.update({name: tuple(data[name]) for name in ("modules", "inputs", "container_options") if name in data})
     if "retention" in data:
         data["retention"] = Rules.from_dict(data["retention"])
-    if data.get("evals") is not None:
-        data["evals"] = EvalSettings.from_dict(data["evals"])
     try:
+        if data.get("evals") is not None:
+            data["evals"] = EvalSettings.from_dict(data["evals"])
+        if data.get("remote") is not None:
+            data["remote"] = RemoteSettings.from_dict(data["remote"])
         return Job(**data)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise JobFileError(str(e)) from None
 
 

@@ -13,6 +13,7 @@ from launcher.evals import plan as eval_plan
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
 from launcher.perf.sizes import disk, human_bytes, human_count, retention_rules
+from launcher.remote import plan as remote_plan
 
 
 def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
@@ -92,6 +93,17 @@ def _eval_note(spec: RunSpec) -> str:
     held = f"; held-out loss on {e.eval_heldout}" if e.eval_heldout else ""
     limit = f", {e.eval_limit} samples a task" if e.eval_limit else ""
     return f"lm-eval on {found.said}{limit}: {steps}, a job each on {where} ({on}){held}"
+
+
+def _bucket_note(spec: RunSpec, checkpoints: Path) -> str:
+    """--checkpoints_remote: where the run's steps go, what the bucket keeps (docs/checkpoints.md)."""
+    settings = remote_plan.settings_of(spec, checkpoints)
+    assert settings is not None
+    keeps = f"the last {settings.keep_last}" if settings.keep_last else "every one"
+    endpoint = settings.endpoint or "the environment's endpoint, else AWS's"
+    return (f"{settings.url}/ on {endpoint} (each complete checkpoint copied by the job's supervisor, s5cmd; it "
+            f"keeps {keeps}; a step leaves the disk only once it is there; a run resumes from it where the "
+            "checkpoints folder has nothing as new)")  # fmt: skip
 
 
 def _memory_note(spec: RunSpec, figures: dict) -> str:
@@ -224,6 +236,7 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
         ("manifest", shown(paths.manifest)),
         ("log", shown(paths.log)),
         ("checkpoints", f"{shown(paths.checkpoints)} ({_checkpoint_note(spec, figures)})"),
+        *([("bucket", _bucket_note(spec, paths.checkpoints))] if spec.args.paths.checkpoints_remote else []),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

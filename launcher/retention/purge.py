@@ -30,7 +30,7 @@ from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.retention.rules import Rules, judge
 
-Owed = Callable[[ckpt.Folder], Mapping[int, str]]  # the folder's steps still owed an eval -> why
+Owed = Callable[[ckpt.Folder], Mapping[int, str]]  # the folder's steps that must stay (an eval owed, not in the bucket)
 
 
 class Slurm(Protocol):
@@ -116,7 +116,7 @@ class Purge:
 
 def purge(root: Path, rules: Rules, job: str, slurm: Slurm | None = None, owed: Owed | None = None) -> Purge:
     """Remove what `rules` judge removable in `root`; only by `job`, the holder of the run's lock ("": no check);
-    `owed`: the steps still owed an eval (kept)."""
+    `owed`: the steps that must stay whatever the rules (owed an eval, not yet in the bucket: `rules.owed_merged`)."""
     started, slurm = time.monotonic(), slurm or Unasked()
     done = Purge()
     holder = ckpt.lock_holder(root)

@@ -1,7 +1,8 @@
 """`python -m launcher.jobs checkpoints BUNDLE|SWEEP|JOB_ID`: a run's checkpoints as retention sees them
 (docs/checkpoints.md): every step on disk with its size, complete or not, why it stays (the pointer, the last N,
-every K, a reader's lease, an eval still owed) or what removes it; then what was removed, a line per purge of the
-run's bundles' records, and the bytes in all. A sweep: each point's, under its name.
+every K, a reader's lease, an eval still owed, not yet in the bucket) or what removes it; then what was removed, a
+line per purge of the run's bundles' records, and the bytes in all; with --checkpoints_remote, the bucket's side
+(launcher/remote/report.py). A sweep: each point's, under its name.
 
 The judgement is the job's own (launcher/retention/rules.py's `judge`, by the rules in the bundle's job.json, the
 steps owed an eval by the eval records), read-only: nothing is removed here. The readers' Slurm jobs are asked in one
@@ -23,8 +24,9 @@ from launcher.errors import LauncherError, SlurmUnavailable
 from launcher.evals import record as eval_record
 from launcher.node import job as job_file
 from launcher.perf.sizes import human_bytes
+from launcher.remote import report as remote_report
 from launcher.retention.purge import readers
-from launcher.retention.rules import Judged, judge
+from launcher.retention.rules import Judged, judge, owed_an_eval, owed_merged
 from launcher.slurm import client
 
 
@@ -63,7 +65,10 @@ def show(run: Manifest) -> int:
     job = settings_of(run)
     root, rules = job.checkpoints, job.retention
     folder = ckpt.look(root)
-    owed = eval_record.owed(root, folder.complete, job.evaluated)
+    owed = owed_an_eval(eval_record.owed(root, folder.complete, job.evaluated))
+    seen = remote_report.look(job) if job.remote is not None else None
+    if seen is not None:
+        owed = owed_merged(owed, remote_report.owed(seen, root, folder.complete))
     plan = judge(folder, rules, readers(folder, jobs_alive, drop_stale=False), owed)
     print(f"Checkpoints of run {run.data.get('run_name', run.bundle_dir.parent.name)} in {root}: it keeps "
           f"{rules.describe()}")  # fmt: skip
@@ -79,6 +84,8 @@ def show(run: Manifest) -> int:
     if plan.steps:
         print(f"  on disk: {len(plan.steps)} step(s), {human_bytes(sum(sizes))}")
     _removed(run)
+    if seen is not None:
+        remote_report.show(job, seen, sorted(p for p in run.bundle_dir.parent.iterdir() if p.is_dir()))
     return 0
 
 

@@ -11,7 +11,8 @@ rules, never removed:
 - a step a reader holds (an export, an eval: its lease, while its job or process lives);
 - a step owed an eval (--eval_every names it, or `jobs evaluate` asked for it, and its eval has not ended: the
   eval records say so, launcher/evals/record.py's `owed`): a rule of the judgement, whatever the eval submissions'
-  timing;
+  timing; and a step not yet in the bucket (--checkpoints_remote: launcher/remote/upload.py's `owed`): the only copy
+  is never removed. Both come in as one `owed` mapping, step -> why it must stay (`owed_merged`);
 - a step the launcher's engines did not record as theirs (`saves`): a folder of steps from elsewhere is left alone.
 
 A partial step (a save cut short) goes only once a newer complete step exists and the pointer names one past it.
@@ -28,6 +29,25 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from launcher.checkpoint_layout import Folder
+
+OWED_AN_EVAL = "owed an eval ({why})"
+NOT_IN_BUCKET = "not yet in the bucket"  # (the uploader's: launcher/remote/upload.py)
+UNTIL = {"owed an eval": "its eval has ended", NOT_IN_BUCKET: "it is in the bucket"}  # a reason's start -> its end
+
+
+def owed_an_eval(owed: Mapping[int, str]) -> dict[int, str]:
+    """The eval records' steps still owed an eval (launcher/evals/record.py's `owed`: step -> the eval's state), as
+    reasons to stay."""
+    return {step: OWED_AN_EVAL.format(why=why) for step, why in owed.items()}
+
+
+def owed_merged(*owed: Mapping[int, str]) -> dict[int, str]:
+    """Several `owed` mappings as one: each step's reasons, in order, joined."""
+    out: dict[int, str] = {}
+    for mapping in owed:
+        for step, why in mapping.items():
+            out[step] = f"{out[step]}; {why}" if step in out else why
+    return out
 
 
 @dataclass(frozen=True)
@@ -103,7 +123,7 @@ class Plan:
 
 def judge(folder: Folder, rules: Rules, readers: Mapping[int, str], owed: Mapping[int, str] | None = None) -> Plan:
     """Every step in `folder` judged by `rules`; `readers`: step -> who reads it (the leases that hold); `owed`: step
-    -> why an eval is still owed it (kept until that eval has ended)."""
+    -> why it must stay whatever the rules (an eval owed it, not yet in the bucket: `owed_merged`)."""
     owed = owed or {}
     leftovers = tuple(str(p) for p in folder.purging)
     complete = sorted(folder.complete)
@@ -133,7 +153,7 @@ def _complete(step: int, rank: int, folder: Folder, rules: Rules, readers: Mappi
     if step in readers:
         kept.append(f"read by {readers[step]}")
     if step in owed:
-        kept.append(f"owed an eval ({owed[step]})")
+        kept.append(owed[step])
     if step not in folder.saves and rules.active:
         kept.append("not saved by this launcher's engines (no line in its saves record): left alone")
     engine = folder.complete[step]
@@ -158,7 +178,8 @@ def _later(step: int, rank: int, folder: Folder, rules: Rules, readers: Mapping[
     if step in readers:
         said += f", once {readers[step]} ends"
     if step in owed:
-        said += ", once its eval has ended"
+        ends = [end for start, end in UNTIL.items() if start in owed[step]]
+        said += ", once " + (" and ".join(ends) or "it is no longer kept for it")
     return said
 
 

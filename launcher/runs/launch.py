@@ -106,7 +106,11 @@ class _Draft(NamedTuple):
 def _draft(spec: RunSpec, argv: list[str]) -> _Draft:
     """Claim the run's bundle directory and render its files (nothing written into it yet)."""
     a = spec.args
-    fresh = not a.paths.resume and (spec.fresh or checkpoint_layout.pointer_step(spec.checkpoints_dir) is not None)
+    fresh = not a.paths.resume and (
+        spec.fresh
+        or checkpoint_layout.pointer_step(spec.checkpoints_dir) is not None
+        or bool(a.paths.checkpoints_remote)
+    )  # (the bucket may hold the run's steps)
     try:  # validation checked the directories; a full disk, a quota or root on /proc can still say no
         paths = files.claim(
             a.run_name,

@@ -8,6 +8,8 @@
 - a `gpu` GRES in sbatch's environment (SBATCH_GRES) beside the script's --gpus-per-node (`launcher.slurm.releases`);
 - `--account`, against the user's associations where the cluster keeps them (accounting: `sacctmgr`);
 - a resume into another nanotron dialect, or into a layout nanotron cannot re-shard its checkpoint into;
+- with --checkpoints_remote: the S3 client where the job runs, the endpoint, the bucket and the credentials
+  (`launcher.remote.probe`: one small object written and removed);
 - Slurm's verdict on the rendered script (`judge`: `sbatch --test-only`), once the script exists; a job that only
   nodes out of service now keep from being placed is held in the queue, not refused (`holds_until_nodes_return`).
 
@@ -28,6 +30,7 @@ from launcher.nanotron_config import dialect
 from launcher.nanotron_config.parallel import resume_relayout
 from launcher.perf import sizes
 from launcher.problems import Problem
+from launcher.remote import probe as remote_probe
 from launcher.slurm import awaited_jobs, client, follow, one_writer, releases
 
 OUTPUT_FLAGS = ("configs_path", "slurm_scripts_dir", "slurm_logs_path", "checkpoints_path")
@@ -135,6 +138,7 @@ def problems(spec: RunSpec, earlier: list[Problem], ask_slurm: bool) -> list[Pro
     """Every problem the cluster's checks find; `earlier`: the flags' own and the memory fit's, which some of these
     defer to."""
     found = storage_problems(spec, earlier) + resume_problems(spec)
+    found += remote_probe.problems(spec, earlier)  # the bucket: its client, endpoint, bucket and keys (not Slurm's)
     if ask_slurm:
         found += follow.env_problems()  # the follower's rate, before the job is submitted to be followed
         found += releases.gres_problems(os.environ)  # a GPU request of sbatch's environment beside the script's

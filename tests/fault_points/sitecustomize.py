@@ -1,8 +1,9 @@
-"""Kill points for the fault-injection tests (tests/test_retention_slurm.py): loaded at interpreter start by the
-job's Python those tests make (a `--python` wrapper that puts this folder first on PYTHONPATH: the supervisor, the
-node step and every training process load it), and active only where LAUNCHER_TEST_KILL_AT=POINT@STEP. The process
-that reaches POINT at STEP kills itself with SIGKILL, once: it first makes the file LAUNCHER_TEST_KILL_ONCE, and
-where that file is there nothing is killed (the run launched again goes through). Test side only, never the product.
+"""Kill points for the fault-injection tests (tests/test_retention_slurm.py, test_remote_slurm.py): loaded at
+interpreter start by the job's Python those tests make (a `--python` wrapper that puts this folder first on
+PYTHONPATH: the supervisor, the node step and every training process load it), and active only where
+LAUNCHER_TEST_KILL_AT=POINT@STEP. The process that reaches POINT at STEP kills itself with SIGKILL, once: it first
+makes the file LAUNCHER_TEST_KILL_ONCE, and where that file is there nothing is killed (the run launched again goes
+through). Test side only, never the product.
 
   save-mid-write       the torch engine: rank 0 has written state.pt into .tmp-STEP-*, not meta.json (the save is
                        not renamed into place); nanotron's: every rank has written its model and optimizer files
@@ -10,6 +11,8 @@ where that file is there nothing is killed (the run launched again goes through)
   save-before-pointer  either engine: STEP is complete, the pointer (latest, latest.txt) not moved to it
   purge-mid-delete     the job's supervisor: STEP renamed out of the steps' names by the purge, half its files
                        deleted
+  upload-mid-copy      the job's supervisor (--checkpoints_remote): STEP's first file copied to the bucket, the
+                       others and the marker not (tests/test_remote_slurm.py)
 
 Then the next sitecustomize on the path, if any, runs as Python would have run it (tests/cpu_nanotron's, for the
 nanotron engine on CPU).
@@ -94,11 +97,25 @@ def _purge(module: Any) -> None:
     module.remove_tree = remove_tree
 
 
+def _bucket(module: Any) -> None:
+    real_upload = module.Bucket.upload
+
+    def upload(self: Any, step_dir: Path, step: int, size: int) -> None:
+        if POINT == "upload-mid-copy" and str(step) == STEP:
+            first = sorted(p for p in Path(step_dir).rglob("*") if p.is_file())[0]
+            self._run("cp", str(first), self.step_url(step) + first.relative_to(step_dir).as_posix())
+            die_at("upload-mid-copy", step)
+        real_upload(self, step_dir, step, size)
+
+    module.Bucket.upload = upload
+
+
 PATCHES = {
     "launcher.train.torch_engine.checkpoint": _torch_checkpoint,
     "launcher.train.nanotron_engine.trainer": _nanotron_trainer,
     "nanotron.serialize.main": _nanotron_serialize,
     "launcher.retention.purge": _purge,
+    "launcher.remote.bucket": _bucket,
 }
 
 

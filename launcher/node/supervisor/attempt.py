@@ -1,8 +1,10 @@
 """One attempt of the job, from the lock to the exit code: the supervisor's one orchestrator. Its signal handlers only
 note a signal (the notices are handled between the step's polls, never inside a handler); it takes the lock, says a
 heartbeat, picks the step's nodes and port, runs the node step through srun (again after a restart, or on another
-port), judges how it ended, asks the restart decision, restarts, requeues, and ends the attempt. The decisions are
-`decide`'s and `table`'s; all it does to the world goes through `effects.Effects`."""
+port), judges how it ended, asks the restart decision, restarts, requeues, and ends the attempt. With
+--checkpoints_remote, it first fetches the bucket's newest step where the checkpoints folder has none as new, and as
+the attempt ends it waits for the uploads still pending (not where Slurm ends the job, nor before a requeue). The
+decisions are `decide`'s and `table`'s; all it does to the world goes through `effects.Effects`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -26,7 +29,10 @@ from launcher.node.supervisor import decide, records, table
 from launcher.node.supervisor.effects import Effects
 from launcher.node.supervisor.followers import AfterCheckpoints
 from launcher.node.supervisor.state import SIGNALS, Allocation, Notice, Phase, State, Then, Verdict
+from launcher.remote import fetch
+from launcher.remote.upload import Uploads
 from launcher.retention import purge
+from launcher.retention.rules import owed_an_eval, owed_merged
 
 STOP_GRACE_S = 60  # after a hang's `stop`: how long the step has to end before srun itself is ended
 DECISION_TIMEOUT_S = 120  # the restart decision's answer, or none
@@ -40,6 +46,10 @@ def _text(path: Path) -> str | None:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
+
+
+def _steps(steps: list[int]) -> str:
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
 
 
 @dataclass(frozen=True)
@@ -63,13 +73,15 @@ class Attempt:
         # What follows each complete checkpoint: each looks at the checkpoints folder between the step's polls (a stat
         # a pointer every few seconds) and does its work in a thread of its own while the step runs.
         self.evals = evals.Evals(job, slurm.job, effects) if job.evals else None
-        owed = (lambda folder: eval_record.owed(job.checkpoints, folder.complete, job.evaluated)) if job.evals else None
+        self.uploads = Uploads(job, slurm.job, effects) if job.remote else None
         self.retention = purge.Retention(job.retention, job.checkpoints, slurm.job, job.file(P.CHECKPOINTS_RECORD),
-                                         effects, owed)  # fmt: skip
-        work = ([self.evals.on_checkpoint] if self.evals else []) + ([self.retention.on_checkpoint]
-                                                                      if job.retention.active else [])  # fmt: skip
+                                         effects, self.owed)  # fmt: skip
+        work: list[Callable[[], object]] = [self.uploads.on_checkpoint] if self.uploads else []  # (wakes its thread)
+        work += ([self.evals.on_checkpoint] if self.evals else []) + ([self.retention.on_checkpoint]
+                                                                       if job.retention.active else [])  # fmt: skip
         self.followers = AfterCheckpoints(job.checkpoints, work)
         self.beating = threading.Event()
+        self.requeued = False  # the attempt ended in a requeue (its pending uploads are the next attempt's)
 
     def step_command(self, *args: str) -> list[str]:
         """The node step's command (launcher/node/step.py) with the job's Python and the bundle's job.json."""
@@ -126,6 +138,12 @@ class Attempt:
         self.stop_by = time.monotonic() + (STOP_GRACE_S if step_nodes else 0)
 
     # -- after each complete checkpoint
+    def owed(self, folder: ckpt.Folder) -> dict[int, str]:
+        """The steps local retention keeps whatever its rules: owed an eval, not yet in the bucket."""
+        job = self.job
+        evaluated = owed_an_eval(eval_record.owed(job.checkpoints, folder.complete, job.evaluated)) if job.evals else {}
+        return owed_merged(evaluated, self.uploads.owed(folder) if self.uploads else {})
+
     def after_checkpoints(self, wait: bool) -> None:
         """The eval job of each evaluated step submitted (--eval_tasks), then retention's purge (--keep_last/
         --keep_every): where the checkpoints folder changed since the last look, in a thread while the step runs; at
@@ -239,12 +257,41 @@ class Attempt:
         return held is None
 
     def run(self) -> int:
+        """The attempt, from the lock to its exit code; the uploads still pending settled as it ends."""
+        code = self.attempt()
+        if self.uploads is not None and code != TWO_WRITERS:
+            self.settle_uploads()
+        return code
+
+    def settle_uploads(self) -> None:
+        """The uploads still pending, waited for as the attempt ends for good (the next attempt uploads them after a
+        requeue, and Slurm's SIGKILL follows a SIGTERM); said where some are left."""
+        assert self.uploads is not None
+        st = self.state
+        waiting = st.notice != Notice.TERMINATED and not self.requeued
+        left = self.uploads.pending()
+        if left and waiting:
+            self.effects.say("uploads_waiting", steps=_steps(left))
+
+        def keep_waiting() -> bool:
+            self.handle_pending()
+            return waiting and self.state.notice != Notice.TERMINATED
+
+        left = self.uploads.settle(keep_waiting) if waiting else self.uploads.stop()
+        if left:
+            self.effects.say("uploads_left", steps=_steps(left))
+        if self.job.retention.active and waiting:  # what is in the bucket now may leave the disk, as the rules say
+            self.retention.on_checkpoint()
+
+    def attempt(self) -> int:
         job, st, fx = self.job, self.state, self.effects
         fx.remove([job.file(P.STOP_FILE)])
         self.fresh_step()
         if not self.lock():
             return TWO_WRITERS
         threading.Thread(target=self.heartbeat, daemon=True).start()
+        if self.uploads is not None:  # the bucket's newest step, where the folder has none as new (before training)
+            fetch.resume(job.checkpoints, self.uploads.bucket, job.file(P.REMOTE_RECORD), self.slurm.job, fx.say)
         self.kill_wait_s = fx.kill_wait()
         st.batch_node = st.batch_node or (fx.hostnames(self.slurm.nodelist) or [""])[0]
         self.choose_nodes()
@@ -316,6 +363,7 @@ class Attempt:
     def requeue(self, why: str, saved: str, nodes: tuple[str, ...] = (), by_slurm: bool = False) -> int:
         """The job requeued (by Slurm itself as it ends where `by_slurm`), recorded first; the exit code (0)."""
         state = self.state
+        self.requeued = True
         self.effects.record_requeue(self.job.file(P.REQUEUES_FILE), why, state.attempt, saved, nodes)
         state.phase = Phase.REQUEUING  # the requeue's own SIGTERM comes to this process
         if not by_slurm:

@@ -2,7 +2,8 @@
 is the interface the attempt acts through: the contract lines it prints, Slurm's commands (argument lists,
 time-limited), the node step and the commands beside it, the lock and the records, the restart decision, the free
 port, the watchdog, and what follows each checkpoint (the eval jobs' sbatch and squeue, retention's squeue and
-deletions: `evals.submit.Queue` and `retention.purge.Slurm` are its parts). `Node` is the real one (tests use it
+deletions, the S3 client's commands: `evals.submit.Queue`, `retention.purge.Slurm` and `remote.upload.World` are its
+parts). `Node` is the real one (tests use it
 too, with real child processes, and replace only the Slurm side where no cluster runs)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from launcher.node import restart
 from launcher.node.job import Job
 from launcher.node.step import end
 from launcher.node.supervisor import decide, records
+from launcher.remote import client
 from launcher.retention import purge
 
 POLL_S = 0.2  # how often the supervisor looks at its pending notices while the step runs
@@ -120,6 +122,8 @@ class Effects(Protocol):
     def jobs_named(self, name: str) -> list[str] | None: ...
     def jobs_alive(self, jobs: Iterable[str]) -> Mapping[str, bool | None]: ...
     def remove_tree(self, path: Path) -> None: ...
+    # the bucket (--checkpoints_remote): the S3 client's commands
+    def s3(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]: ...
 
 
 class Node:
@@ -276,3 +280,7 @@ class Node:
 
     def remove_tree(self, path: Path) -> None:
         purge.remove_tree(path)
+
+    def s3(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """An S3 client's command (s5cmd: a listing, a copy, a marker), a child process, time-limited."""
+        return client.run(argv, timeout)
