@@ -39,8 +39,8 @@ LONG_FILES = {
     "test_supervisor_slurm.py": 140,
     "test_nanotron_main_cpu.py": 120,
     "test_evals_job.py": 115,
-    "test_s3_server.py": 180,
-    "test_remote_slurm.py": 130,  # (2026-12-06, at load 7-14; the wipe-and-resume run 71-128 s)  # (its first test builds the S3 server's root, ~2.5 min, once a machine)
+    "test_s3_server.py": 180,  # (its first test builds the S3 server's root, ~2.5 min, once a machine)
+    "test_remote_slurm.py": 130,  # (2026-12-06, at load 7-14; the wipe-and-resume run 71-128 s)
     "test_slurm_versions.py": 110,
     "test_train_engine.py": 100,
     "test_rerun_e2e.py": 90,
