@@ -143,13 +143,17 @@ def assert_continuous(bundle_dir: Path, train_steps: int) -> None:
 
 FAKE_NVIDIA_SMI = """#!/bin/bash
 # stands in for nvidia-smi: `-L` lists the node's two GPUs (the node check asks); `dmon ... -f FILE` starts FILE
-# afresh (the harsher of what dmon might do to an existing file) and samples into it until stopped
+# afresh (the harsher of what dmon might do to an existing file) and samples into it until stopped; anything else
+# (torch's collect_env, which lm-eval runs in an eval job, asks the driver's version) says a driver and ends
 if [[ "$1" == "-L" ]]; then
   printf 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n'
   exit 0
 fi
-: > "${@: -1}"
-while :; do echo "# gpu sample" >> "${@: -1}"; sleep 2; done
+if [[ "$1" == "dmon" ]]; then
+  : > "${@: -1}"
+  while :; do echo "# gpu sample" >> "${@: -1}"; sleep 2; done
+fi
+echo "NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4"
 """
 
 
