@@ -159,7 +159,8 @@ def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_pat
     assert row["step"] == STEP and row["tokens"] == STEP * per_step and row["job"] == "4242"
     assert (row["engine"], row["device"], row["dtype"]) == ("hf", "cpu", "float32")
     assert row["gpus"] == 0 and row["gpu_hours"] == 0 and row["seconds"] > 0 and row["wandb"] == "disabled"
-    assert set(row["phases_s"]) == {"export", "lm_eval", "heldout"} and sum(row["phases_s"].values()) < row["seconds"]
+    assert set(row["phases_s"]) == {"export", "lm_eval", "items", "heldout"}
+    assert sum(row["phases_s"].values()) < row["seconds"]
     held = row["heldout"]
     assert math.isclose(held["perplexity"], math.exp(held["loss"])) and 0 < held["bits_per_byte"] < 8
     assert held["held_out"].endswith("heldout.jsonl")
@@ -168,6 +169,52 @@ def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_pat
     assert ckpt.leases(run.checkpoints) == [] and scratch(run) == []  # the lease, the scratch gone
     said = done.stdout + done.stderr
     assert f"eval: step {STEP} ({row['tokens']:,} tokens): evals_mc" in said and "[hf on cpu" in said
+    per_item_rows_agree(run, row, tasks, tmp_path / f"hf-{STEP}")
+
+
+def gold_log_likelihood(model, tokenizer, context: str, continuation: str) -> float:
+    """The continuation's log-likelihood after the context, from the model's logits: the context and the whole
+    text tokenized, the continuation the whole's tokens past the context's, each one's log-softmax summed."""
+    import torch
+
+    whole = tokenizer(context + continuation)["input_ids"]
+    first = len(tokenizer(context)["input_ids"])
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([whole])).logits[0].double()
+    logp = torch.log_softmax(logits, dim=-1)
+    return float(sum(logp[i - 1, whole[i]] for i in range(first, len(whole))))
+
+
+def per_item_rows_agree(run: manifest.Manifest, row: dict, tasks: Path, model_dir: Path) -> None:
+    """The items file the result names: each task's rows; their acc's mean is the result's acc, exactly; the
+    perplexity task's summed log-likelihood over its bytes is its bits per byte; the gold answer's bits per byte of
+    a few items is what the exported model's logits give by hand (the target delimiter, a space, counted)."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.evals import items
+
+    assert row["items"]["file"] == f"evals/step-{STEP}-{key_of(run)}.items.npz"
+    assert row["items"]["items"] == {"evals_mc": 24, "evals_ppl": 6} and row["items"]["bytes"] > 0
+    tables = items.read(run.bundle_dir / row["items"]["file"])
+    mc, ppl = tables["evals_mc"], tables["evals_ppl"]
+    for metric in ("acc", "acc_norm"):
+        assert mc[metric].sum() / len(mc[metric]) == row["tasks"]["evals_mc"][metric], metric
+    bpb = -ppl["ll"].sum() / (math.log(2) * ppl["bytes"].sum())
+    assert math.isclose(bpb, row["tasks"]["evals_ppl"]["bits_per_byte"], rel_tol=1e-12)
+    assert "doc_hash" not in json.dumps(row)  # lm-eval's samples are not in the result
+    docs = [json.loads(line) for line in (tasks / "mc.jsonl").read_text().splitlines()]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    gold_bpb = items.values(mc, "gold_bpb")[0]
+    for i in (0, 7, 23):
+        doc = docs[int(mc["doc_id"][i])]
+        continuation = " " + doc["choices"][doc["label"]]
+        ll = gold_log_likelihood(model, tokenizer, doc["query"], continuation)
+        assert mc["gold_bytes"][i] == len(continuation.encode("utf-8"))
+        assert math.isclose(mc["gold_ll"][i], ll, rel_tol=1e-4), (i, mc["gold_ll"][i], ll)
+        assert math.isclose(gold_bpb[i], -ll / (math.log(2) * len(continuation.encode("utf-8"))), rel_tol=1e-4)
+    assert len(set(items.ids(mc))) == 24 and np.array_equal(mc["doc_id"], np.arange(24))
 
 
 def test_a_failing_eval_job_is_recorded_with_its_cause_and_loses_nothing(evaluated, tmp_path: Path):

@@ -10,8 +10,9 @@ the run's supervisor for an evaluated step, or by `jobs evaluate`; docs/evals.md
 4. with held-out data, its loss and bits per byte (`python -m launcher.train.evaluate`, in a child process: the
    launcher's side never imports the job's code);
 5. the result: the bundle's evals/step-STEP-KEY.json (every task's metrics, the held-out figures, lm-eval's whole
-   results, the job's seconds and GPU-hours, what ran), the run's own W&B run (its id beside the checkpoints) keyed
-   by step and tokens;
+   results but its samples, the job's seconds and GPU-hours, what ran, the items file), each item's row beside it
+   (evals/step-STEP-KEY.items.npz, launcher/evals/items.py: from lm-eval's samples, which are not kept), the run's
+   own W&B run (its id beside the checkpoints) keyed by step and tokens;
 6. the lease dropped, the scratch folder removed.
 
 A failure is recorded with its cause and the job exits 1; a SIGTERM (a preemption, a cancel, the time limit) records
@@ -38,7 +39,7 @@ from typing import Any
 from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.errors import SlurmUnavailable
-from launcher.evals import record
+from launcher.evals import items, record
 from launcher.evals.settings import EvalSettings
 from launcher.export import checkpoints as found
 from launcher.export.exporter import write
@@ -70,7 +71,8 @@ def engine(gpus: int) -> tuple[str, str, str]:
 
 
 def score(model: Path, settings: EvalSettings, backend: str, device: str, dtype: str) -> dict:
-    """lm-eval's results for the exported model (its `results`, `groups`, `config`, ...; no samples)."""
+    """lm-eval's results for the exported model (its `results`, `groups`, `config`, ...), and its per-sample output
+    under `samples` (log_samples: what launcher/evals/items.py keeps of it)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -80,10 +82,9 @@ def score(model: Path, settings: EvalSettings, backend: str, device: str, dtype:
     manager = TaskManager(include_path=list(settings.include) or None)
     results = lm_eval.simple_evaluate(model=backend, model_args=args, tasks=list(settings.tasks), device=device,
                                       batch_size=CPU_BATCH if device == "cpu" else "auto", limit=settings.limit,
-                                      task_manager=manager, log_samples=False)  # fmt: skip
+                                      task_manager=manager, log_samples=True)  # fmt: skip
     if not results:
         raise RuntimeError("lm-eval returned no results")
-    results.pop("samples", None)
     return results
 
 
@@ -163,14 +164,16 @@ def evaluate(job: Job, settings: EvalSettings, step: int, scratch: Path, started
     marks.append(time.time())
     results = score(model, settings, backend, device, dtype)
     marks.append(time.time())
+    kept = items.write(job.bundle, step, settings.key, results.pop("samples", None) or {})
+    marks.append(time.time())
     figures = heldout(job, model, settings.heldout, scratch) if settings.heldout else None
     marks.append(time.time())
     seconds = time.time() - started
-    names = ("export", "lm_eval", "heldout")
+    names = ("export", "lm_eval", "items", "heldout")
     phases = {name: round(b - a, 2) for name, a, b in zip(names, marks[:-1], marks[1:], strict=True)}
     gpus = settings.gpus
     row = {"state": "done", "ended": round(time.time(), 3), "tokens": step * job.tokens_per_step,
-           "tasks": metrics_of(results), "samples": samples_of(results), "heldout": figures,
+           "tasks": metrics_of(results), "samples": samples_of(results), "items": kept, "heldout": figures,
            "job": os.environ.get("SLURM_JOB_ID", ""), "seconds": round(seconds, 1), "gpus": gpus,
            "gpu_hours": round(seconds * gpus / 3600, 6),
            "phases_s": phases, "engine": backend, "device": device, "dtype": dtype, "limit": settings.limit,
