@@ -46,6 +46,8 @@ class VerdictError(LauncherError):
     """Arms that cannot be compared (one arm, one item, other items, a value that is not a number): the message
     names the arm, the seed and the problem."""
 
+    exit_code = 2
+
 
 @dataclass(frozen=True)
 class Seed:

@@ -1,0 +1,276 @@
+"""`python -m launcher.jobs verdict SWEEP|BUNDLE... --task TASK[:METRIC] [--task ...] [--at tokens|gpu_hours|step N|
+last] [--last_k K] [--json] [--draws N] [--seed S]`: which arm is better, by how much, and how sure (issue 52;
+docs/evals.md, "Deciding between runs").
+
+The runs and arms, their evaluated steps and the point compared: launcher/evals/arms.py; each seed's per-item rows at
+its last K evaluated steps up to the point: launcher/evals/items.py; the statistics: launcher/evals/verdict.py; the
+words and the picture: launcher/evals/verdict_text.py. Here: the rows read into the verdict's arms, the text (or
+`--json`: one object per --task, a list where several are given), the picture (`verdict.png` beside the sweep's
+record or the first bundle), and the ranking `--rank_by` prints for a sweep with seeds. Nothing in the records
+changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.bundle import manifest
+from launcher.evals import arms as A
+from launcher.evals import items, verdict_text
+from launcher.evals import record as eval_record
+from launcher.evals.verdict import DRAWS, Arm, Comparison, Seed, Verdict, VerdictError, verdicts
+
+PICTURE = "verdict.png"
+SERIES_DRAWS = 2_000  # the picture's intervals along tokens (items only); the point's are the verdict's own
+
+
+@dataclass
+class Asked:
+    targets: list[Path]  # a sweep's directory, or bundles
+    tasks: list[str]  # TASK or TASK:METRIC
+    at: str = "tokens"
+    step: int | None = None  # --at step N
+    last_k: int = 1
+    draws: int = DRAWS
+    seed: int = 0
+
+
+class Rows:
+    """Items files read once each."""
+
+    def __init__(self) -> None:
+        self.read: dict[Path, dict[str, items.Table]] = {}
+
+    def table(self, e: A.Evaluated, task: str) -> items.Table:
+        if e.items not in self.read:
+            try:
+                self.read[e.items] = items.read(e.items)
+            except (OSError, ValueError, KeyError) as err:
+                raise VerdictError(f"{e.items}: its per-item rows cannot be read ({err})") from None
+        found = self.read[e.items].get(task)
+        if found is None:
+            raise VerdictError(f"{e.items} holds no rows of {task}")
+        return found
+
+
+def metric_of(table: items.Table, task: str, asked: str | None) -> str:
+    """The metric judged: `asked`, where the task's rows have it; else the task's main one."""
+    known = items.metrics(table)
+    if asked and asked not in known:
+        raise VerdictError(f"{task} has no per-item {asked}: its metrics are {', '.join(known)} (`gold_bpb`: the "
+                           "gold answer's bits per byte, multiple choice)")  # fmt: skip
+    chosen = asked or eval_record.main_metric(dict.fromkeys(known, 0.0))
+    if chosen is None:
+        raise VerdictError(f"{task}: its rows hold no metric")
+    return chosen
+
+
+def seed_of(run: A.Run, steps: Sequence[A.Evaluated], task: str, metric: str, rows: Rows) -> Seed:
+    """A run's rows at its steps as one replicate: K x N values (and denominators), in its first step's item order."""
+    import numpy as np
+
+    ids: list[str] | None = None
+    values, totals = [], []
+    for e in steps:
+        table = rows.table(e, task)
+        mine = items.ids(table)
+        v, t, _ = items.values(table, metric)
+        if ids is None:
+            ids = mine
+        elif mine != ids:
+            if sorted(mine) != sorted(ids):
+                raise VerdictError(f"{task}: {run.name}'s steps {steps[0].step} and {e.step} were evaluated on other "
+                                   "items: compare steps evaluated on the same data")  # fmt: skip
+            where = {item: j for j, item in enumerate(mine)}
+            order = np.array([where[item] for item in ids])
+            v, t = v[order], (t[order] if t is not None else None)
+        values.append(v)
+        if t is not None:
+            totals.append(t)
+    assert ids is not None
+    return Seed(run.seed or run.name, ids, np.stack(values), np.stack(totals) if totals else None)
+
+
+def comparison(task: str, asked: str | None, arms: Sequence[A.ArmRuns], point: A.Point, last_k: int,
+               rows: Rows) -> Comparison:  # fmt: skip
+    """One task's arms at the point, their rows read."""
+    first_run = arms[0].runs[0]
+    metric = metric_of(rows.table(point.steps[first_run][-1], task), task, asked)
+    sizes = {}
+    out = []
+    for arm in arms:
+        seeds = []
+        for run in arm.runs:
+            steps = list(point.steps[run])[-last_k:]
+            seeds.append(seed_of(run, steps, task, metric, rows))
+            sizes[f"{arm.label} ({run.name})"] = len(seeds[-1].items)
+        out.append(Arm(arm.label, dict(arm.values), seeds, sorted({e.step for r in arm.runs for e in
+                                                                   list(point.steps[r])[-last_k:]})))  # fmt: skip
+    if len(set(sizes.values())) > 1:
+        said = ", ".join(f"{name}: {n:,}" for name, n in sizes.items())
+        raise VerdictError(f"{task}: the arms were evaluated on data of different sizes ({said} items): compare runs "
+                           "evaluated on the same items (the same data and --eval_limit)")  # fmt: skip
+    kind = items.values(rows.table(point.steps[first_run][-1], task), metric)[2]
+    return Comparison(task, metric, out, kind=kind, lower_is_better=metric in eval_record.LOWER_IS_BETTER,  # type: ignore[arg-type]
+                      at=point.as_json())  # fmt: skip
+
+
+def runs_of(targets: Sequence[Path]) -> list[A.Run]:
+    from launcher.bundle import sweep_record
+
+    sweeps = [d for t in targets if (d := sweep_record.directory_of(t)) is not None]
+    if sweeps and len(targets) > 1:
+        raise VerdictError("give one sweep, or bundles: not a sweep beside other targets")
+    return A.from_sweep(sweeps[0]) if sweeps else A.from_bundles(list(targets))
+
+
+def judge(asked: Asked, hours_of: A.HoursOf | None = None) -> tuple[list[Verdict], list[A.Point], list]:
+    """The verdicts of every --task, their points, and the picture's series."""
+    runs = runs_of(asked.targets)
+    arms = A.group(runs)
+    if len(runs) < 2:
+        raise VerdictError(f"one run ({runs[0].name if runs else 'none'}): a verdict compares two arms or more: "
+                           "give a sweep, or two bundles or more")  # fmt: skip
+    if len(arms) < 2:
+        raise VerdictError(f"the {len(runs)} runs differ only by seed: one arm, nothing to compare it with")
+    rows = Rows()
+    comparisons, points, panels = [], [], []
+    for spec in asked.tasks:
+        task, _, metric = spec.partition(":")
+        found = A.series(arms, task)
+        point = A.choose(asked.at, found, asked.step, hours_of)
+        A.check_comparable(point, task)
+        c = comparison(task, metric or None, arms, point, asked.last_k, rows)
+        comparisons.append(c)
+        points.append(point)
+        panels.append(series(arms, found, task, c.metric, rows, asked.seed))
+    return verdicts(comparisons, asked.draws, asked.seed), points, panels
+
+
+def series(arms: Sequence[A.ArmRuns], found: dict, task: str, metric: str, rows: Rows, seed: int) -> dict:
+    """Each arm's score along tokens with a 95% interval over items (SERIES_DRAWS draws), at the steps all its
+    seeds were evaluated at: the picture's left panel."""
+    import numpy as np
+
+    from launcher.evals.resample import interval, resampled_sums
+
+    out: dict[str, list[tuple[float, float, float, float]]] = {}
+    for arm in arms:
+        common = set.intersection(*({e.step for e in found[r]} for r in arm.runs))
+        points = []
+        for step in sorted(common):
+            per = [seed_of(r, [next(e for e in found[r] if e.step == step)], task, metric, rows) for r in arm.runs]
+            value = np.mean([np.asarray(s.values, dtype=float)[0] for s in per], axis=0)
+            total = np.mean([np.asarray(s.totals, dtype=float)[0] for s in per], axis=0) if per[0].totals is not None \
+                else np.ones_like(value)  # fmt: skip
+            sums = resampled_sums(np.stack([value, total], axis=1).astype(np.float32), SERIES_DRAWS, seed)
+            low, high = interval((sums[:, :1] / sums[:, 1:]).T.astype(np.float64))
+            tokens = next(e.tokens for e in found[arm.runs[0]] if e.step == step)
+            points.append((float(tokens), float(value.sum() / total.sum()), float(low[0]), float(high[0])))
+        out[arm.label] = points
+    return out
+
+
+def command(asked: Asked, as_json: bool, hours_of: A.HoursOf | None = None) -> int:
+    """`jobs verdict`: the text and the picture, or the JSON."""
+    results, points, panels = judge(asked, hours_of)
+    if as_json:
+        objects = [v.to_json() for v in results]
+        print(json.dumps(objects[0] if len(objects) == 1 else objects, indent=2))
+        return 0
+    said = dict.fromkeys(p.said for p in points)
+    print("Compared at " + "; ".join(said))
+    print(verdict_text.report(results), end="")
+    where = picture_path(asked.targets)
+    at_tokens = float(points[0].value) if points[0].by == "tokens" and points[0].value is not None else None
+    try:
+        drawn = verdict_text.picture(list(zip(results, panels, strict=True)), where, at_tokens)
+        print(f"picture  {drawn}")
+    except OSError as e:
+        print(f"no picture: {e}")
+    return 0
+
+
+def picture_path(targets: Sequence[Path]) -> Path:
+    from launcher.bundle import sweep_record
+
+    sweep = sweep_record.directory_of(targets[0])
+    return (sweep if sweep is not None else targets[0]) / PICTURE
+
+
+def ranking_lines(points: list[tuple[str, Path]], by: str, fallback: Callable[[list[tuple[str, Path]], str],
+                  list[str]], sweep: Path | None = None) -> list[str]:  # fmt: skip
+    """--rank_by: where the sweep has seeds (an arm of two runs or more), its arms ranked by the verdict at equal
+    tokens, by the lower bound of each arm's interval (the upper, lower is better), the group no pair tells from the
+    best said; else `fallback` (each point's score at its last evaluated step)."""
+    if sweep is None:
+        return fallback(points, by)
+    try:
+        arms = A.group(A.from_sweep(sweep))
+        if all(len(a.runs) < 2 for a in arms) or len(arms) < 2:
+            return fallback(points, by)
+        (v,), (point,), _ = judge(Asked([sweep], [by]))
+    except VerdictError as e:
+        return [*fallback(points, by), f"  (no verdict: {e})"]
+    bound = {a.label: (a.high if v.lower_is_better else a.low) for a in v.arms}
+    order = sorted(v.arms, key=lambda a: bound[a.label] * (1 if v.lower_is_better else -1))
+    head = f"Ranked by {v.task} {v.metric}, by the {'upper' if v.lower_is_better else 'lower'} bound of each arm's " \
+           f"95% interval (verdict at {point.said})"  # fmt: skip
+    lines = [head]
+    for i, a in enumerate(order, start=1):
+        mark = "*" if a.label in v.best_group else " "
+        lines.append(f"  {i}. {a.label:<24} {a.score:.4f} [{a.low:.4f}, {a.high:.4f}] {mark} seeds {' '.join(a.seeds)}")
+    lines.append(f"  * no pair tells it from the best ({', '.join(v.best_group)})")
+    return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`jobs verdict`'s arguments (launcher/jobs/command.py adds the targets' resolution and --configs_path)."""
+    parser.add_argument("targets", nargs="+", help="a sweep's directory, or two bundles or more (or job ids)")
+    parser.add_argument("--task", action="append", required=True, metavar="TASK[:METRIC]",
+                        help="the task compared (its main metric, or METRIC; gold_bpb: the gold answer's bits per "
+                        "byte); again for more tasks")  # fmt: skip
+    parser.add_argument("--at", nargs="+", default=["tokens"], metavar="POINT",
+                        help="tokens (default: the most tokens every run reached at an evaluated step), gpu_hours "
+                        "(the same in the ledger's trained GPU-hours), step N, or last")  # fmt: skip
+    parser.add_argument("--last_k", type=_positive, default=1, help="average each seed's last K evaluated steps up "
+                        "to the point (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="the verdict as JSON: an object, a list for several tasks")
+    parser.add_argument("--draws", type=_positive, default=DRAWS, help="bootstrap draws (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: %(default)s)")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def asked_of(targets: list[Path], args: argparse.Namespace) -> Asked:
+    """The arguments checked (a VerdictError naming the flag where one is wrong)."""
+    at, step = args.at[0], None
+    if at not in A.AT or (at == "step") != (len(args.at) == 2) or len(args.at) > 2:
+        raise VerdictError(f"--at {' '.join(args.at)}: tokens, gpu_hours, step N or last")
+    if at == "step":
+        if not args.at[1].isdigit():
+            raise VerdictError(f"--at step {args.at[1]}: N is a step number")
+        step = int(args.at[1])
+    if args.draws < DRAWS:
+        raise VerdictError(f"--draws {args.draws}: a verdict takes {DRAWS:,} or more")
+    bad = [t for t in args.task if not t.partition(":")[0] or t.count(":") > 1]
+    if bad:
+        raise VerdictError(f"--task {bad[0]}: TASK or TASK:METRIC")
+    return Asked(targets, list(args.task), at, step, args.last_k, args.draws, args.seed)
+
+
+def hours_from_ledger(run: A.Run) -> Callable[[int], float | None]:
+    """The ledger's trained GPU-hours of a run at a step (launcher/ledger/usage.py)."""
+    from launcher.ledger.breakdown import hours_at
+    from launcher.ledger.usage import trained_hours
+
+    curves = trained_hours(manifest.load(run.bundle))
+    return lambda step: hours_at(curves, step)
