@@ -187,3 +187,16 @@ def test_rank_by_a_sweep_with_seeds_is_the_verdicts_ranking(tmp_path: Path):
     assert lines[1].split()[:2] == ["1.", "learning_rate=0.003"] and "*" in lines[1] and "*" not in lines[2]
     assert decide.ranking_lines([], "mc", lambda p, b: ["fallback"], sweep_of(tmp_path / "one", seeds=("1",))) == [
         "fallback"]  # fmt: skip
+
+
+def test_jobs_evals_ranks_a_sweep_with_seeds_by_the_verdict_and_the_sweeps_end_prints_it(tmp_path: Path, capsys):
+    from launcher.runs import sweep as sweep_run
+
+    sweep = sweep_of(tmp_path, skill={"0.001": 0.0, "0.003": 1.5})
+    assert main(["evals", str(sweep), "--rank_by", "mc"]) == 0
+    out = capsys.readouterr().out
+    assert "Ranked by mc acc, by the lower bound of each arm's 95% interval" in out
+    assert "Ranked by mc acc, by the lower bound" in sweep_run.results(sweep, {}, plot=False, rank_by="mc")
+    lines = decide.sweep_lines(sweep, ["mc", "nosuch"])
+    assert lines[1].startswith("Compared at tokens 30,000") and "mc acc at tokens 30,000: 2 arms" in "\n".join(lines)
+    assert any(line.startswith("No verdict on nosuch: nosuch: no evals to compare") for line in lines)

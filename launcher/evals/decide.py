@@ -177,22 +177,45 @@ def series(arms: Sequence[A.ArmRuns], found: dict, task: str, metric: str, rows:
 
 def command(asked: Asked, as_json: bool, hours_of: A.HoursOf | None = None) -> int:
     """`jobs verdict`: the text and the picture, or the JSON."""
-    results, points, panels = judge(asked, hours_of)
     if as_json:
-        objects = [v.to_json() for v in results]
+        objects = [v.to_json() for v in judge(asked, hours_of)[0]]
         print(json.dumps(objects[0] if len(objects) == 1 else objects, indent=2))
         return 0
-    said = dict.fromkeys(p.said for p in points)
-    print("Compared at " + "; ".join(said))
-    print(verdict_text.report(results), end="")
-    where = picture_path(asked.targets)
+    print("\n".join(text(asked, hours_of)))
+    return 0
+
+
+def text(asked: Asked, hours_of: A.HoursOf | None = None) -> list[str]:
+    """The verdict's lines: the point, each task's verdict, the best signal-to-noise, the picture."""
+    results, points, panels = judge(asked, hours_of)
+    lines = ["Compared at " + "; ".join(dict.fromkeys(p.said for p in points))]
+    lines += verdict_text.report(results).rstrip("\n").split("\n")
     at_tokens = float(points[0].value) if points[0].by == "tokens" and points[0].value is not None else None
     try:
-        drawn = verdict_text.picture(list(zip(results, panels, strict=True)), where, at_tokens)
-        print(f"picture  {drawn}")
+        drawn = verdict_text.picture(list(zip(results, panels, strict=True)), picture_path(asked.targets), at_tokens)
+        lines.append(f"picture  {drawn}")
     except OSError as e:
-        print(f"no picture: {e}")
-    return 0
+        lines.append(f"no picture: {e}")
+    return lines
+
+
+def sweep_lines(sweep: Path, tasks: Sequence[str]) -> list[str]:
+    """The end of --show_logs for a sweep whose points were evaluated: the verdict on `tasks` (its reason where
+    there is none)."""
+    if not tasks:
+        return []
+    head = "Verdict (python -m launcher.jobs verdict DIR --task TASK: --at, --last_k, --json)"
+    try:
+        return [head, *text(Asked([sweep], list(tasks)))]
+    except VerdictError:
+        pass
+    lines = [head]
+    for task in tasks:  # one task that cannot be judged (a group: its subtasks hold the rows) leaves the others
+        try:
+            lines += text(Asked([sweep], [task]))
+        except VerdictError as e:
+            lines.append(f"No verdict on {task}: {e}")
+    return lines
 
 
 def picture_path(targets: Sequence[Path]) -> Path:

@@ -7,6 +7,7 @@ its job's settings (job.json); asks Slurm once, for the eval jobs that have no r
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,8 +193,10 @@ def picture(runs: dict[str, RunEvals], png: Path, title: str) -> Path | None:
     return pictures.evals_png(panels, png, title) if panels else None
 
 
-def command(target: manifest.Manifest | Path, rank_by: str | None = None) -> int:
-    """`jobs evals`: a run's (its manifest) or a sweep's (its record's directory) evaluations, and the picture."""
+def command(target: manifest.Manifest | Path, rank_by: str | None = None,
+            ranking: Callable[[list[tuple[str, Path]], str, Path], list[str]] | None = None) -> int:  # fmt: skip
+    """`jobs evals`: a run's (its manifest) or a sweep's (its record's directory) evaluations, and the picture;
+    `ranking`: the sweep's points ranked (launcher/evals/decide.py: by the verdict where it has seeds)."""
     if isinstance(target, manifest.Manifest):
         if not asked(target):
             raise LauncherError(f"{target.bundle_dir} was launched without --eval_tasks and none of its steps was "
@@ -213,7 +216,7 @@ def command(target: manifest.Manifest | Path, rank_by: str | None = None) -> int
         print("\n".join(run_lines(run)))
     rank_by = rank_by or record.rank_by
     if rank_by:
-        print("\n".join(ranking_lines(points, rank_by)))
+        print("\n".join(ranking(points, rank_by, target) if ranking else ranking_lines(points, rank_by)))
     drawn = picture(runs, target / PICTURE, f"sweep {record.name}: evals")
     if drawn:
         print(f"  picture      {drawn}")

@@ -242,7 +242,11 @@ def _step(text: str) -> int:
 
 def _evals(target: str, configs_path: Path, rank_by: str | None) -> int:
     sweep_dir = sweep_record.directory_of(Path(target))
-    return evals_report.command(sweep_dir if sweep_dir is not None else bundle_of(target, configs_path), rank_by)
+    if sweep_dir is None:
+        return evals_report.command(bundle_of(target, configs_path), rank_by)
+    return evals_report.command(
+        sweep_dir, rank_by, lambda p, by, d: decide.ranking_lines(p, by, evals_report.ranking_lines, d)
+    )
 
 
 def _verdict(args: argparse.Namespace) -> int:
