@@ -9,6 +9,7 @@ python -m launcher.jobs export BUNDLE_DIR_OR_JOB_ID [--step N] [--output DIR] [-
 python -m launcher.jobs checkpoints BUNDLE_DIR_OR_JOB_ID    (every step on disk, why it stays, what was removed)
 python -m launcher.jobs evals BUNDLE_OR_SWEEP_DIR_OR_JOB_ID [--rank_by TASK[:METRIC]]   (--eval_tasks' scores)
 python -m launcher.jobs verdict SWEEP_DIR|BUNDLE... --task TASK[:METRIC] [--at tokens|gpu_hours|step N|last] [--json]
+python -m launcher.jobs evaluate BUNDLE_OR_SWEEP_DIR --eval_tasks TASKS [--steps all|N,M] [--again]   (kept steps)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from launcher import protocol as P
 from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
-from launcher.evals import decide
+from launcher.evals import decide, evaluate
 from launcher.evals import report as evals_report
 from launcher.export.exporter import export
 from launcher.ledger.report import ledger_command, run_ledger_line, sweep_ledger_line
@@ -200,7 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     evals.add_argument("--rank_by", help="a sweep: rank its points by this task's score (TASK or TASK:METRIC)")
     verdict = actions.add_parser("verdict", help="which arm of a sweep is better, by how much, and how sure")
     decide.add_arguments(verdict)
-    for sub in (ledger, rerun_, diff, export_, checkpoints_, evals, verdict):
+    evaluate_ = actions.add_parser("evaluate", help="score checkpoints already on disk (the run's eval job)")
+    evaluate.add_arguments(evaluate_)
+    for sub in (ledger, rerun_, diff, export_, checkpoints_, evals, verdict, evaluate_):
         sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
     return parser
 
@@ -255,6 +258,13 @@ def _verdict(args: argparse.Namespace) -> int:
     return decide.command(asked, args.json, decide.hours_from_ledger if asked.at == "gpu_hours" else None)
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    sweep_dir = sweep_record.directory_of(Path(args.target))
+    if sweep_dir is not None:
+        return evaluate.command([p.bundle for p in sweep_record.load(sweep_dir).points], args)
+    return evaluate.command([bundle_of(args.target, args.configs_path).bundle_dir], args)
+
+
 def _checkpoints(target: str, configs_path: Path) -> int:
     sweep_dir = sweep_record.directory_of(Path(target))
     if sweep_dir is not None:
@@ -282,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         return as_command(lambda: _evals(args.target, args.configs_path, args.rank_by))
     if args.action == "verdict":
         return as_command(lambda: _verdict(args))
+    if args.action == "evaluate":
+        return as_command(lambda: _evaluate(args))
     if args.action == "diff":
         return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
     if args.action == "rerun":
