@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import atomic
 from launcher import protocol as P
 
 TORCH_STATE = "state.pt"  # the torch engine's checkpoint, and its record written after it
@@ -257,9 +258,7 @@ def take_lease(root: Path, step: int, reader: str, env: Mapping[str, str] = os.e
     lease.path.parent.mkdir(parents=True, exist_ok=True)
     record = {"step": step, "reader": reader, "job": lease.job, "host": lease.host, "pid": pid,
               "started": lease.started, "since": lease.since}  # fmt: skip
-    tmp = lease.path.with_name(".tmp-" + lease.path.name)
-    tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
-    os.replace(tmp, lease.path)
+    atomic.replace(lease.path, json.dumps(record) + "\n")  # (named once whole: a reader never sees half of it)
     return lease
 
 

@@ -142,6 +142,7 @@ pytest_plugins = ["timeline"]
 from slurm_cluster import (  # noqa: E402, F401
     pytest_collection_modifyitems,
     slurm_accounting,
+    slurm_accounting_spec,
     slurm_cluster,
     slurm_cluster_spec,
     slurm_env,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import random
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import IO
 
 from launcher import protocol as P
 from launcher.bundle.files import BundlePaths, paths_for
@@ -25,21 +29,66 @@ LAUNCHER = ROOT / "slurm_launcher.py"
 # Ports the tests' own listeners take: below the kernel's ephemeral range (32768- by default), above the jobs'
 # rendezvous window (20000-31999) and the local clusters' daemons (10000-19999): docs/architecture.md#ports.
 TEST_PORTS = range(P.RDZV_PORT_LOW + P.RDZV_PORT_SPAN, 32768)
+# A port drawn is claimed for the life of the process that drew it: a lock file here, held, that every other process
+# drawing (another pytest-xdist worker, another checkout's suite) passes over.
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "nanotron-launcher-test-ports"
+_CLAIMED: dict[int, IO[str]] = {}
+
+
+def worker_ports() -> range:
+    """This pytest-xdist worker's share of TEST_PORTS: the N-th of PYTEST_XDIST_WORKER_COUNT equal shares for worker
+    gwN (all of it without xdist), so that no two workers of a session ever draw the same port."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or count <= 1:
+        return TEST_PORTS
+    size = len(TEST_PORTS) // count
+    n = int(worker.removeprefix("gw")) % count
+    return TEST_PORTS[n * size : (n + 1) * size]
+
+
+def _claim(port: int) -> bool:
+    """Whether this process holds `port`'s claim now (taken here if no other process holds it)."""
+    if port in _CLAIMED:
+        return True
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    claim = open(PORT_CLAIMS / str(port), "a", encoding="ascii")  # held open: the claim
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        claim.close()
+        return False
+    _CLAIMED[port] = claim
+    return True
+
+
+def _listenable(port: int) -> bool:
+    """Whether `port` can be listened on now on every address, IPv4 and IPv6 (torch's store listens on both)."""
+    for family, address in ((socket.AF_INET, ""), (socket.AF_INET6, "::")):
+        with socket.socket(family) as sock:
+            try:
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((address, port))
+            except OSError as e:
+                if family == socket.AF_INET6 and e.errno == errno.EAFNOSUPPORT:
+                    continue  # no IPv6 here
+                return False
+    return True
 
 
 def free_port() -> int:
-    """A port no one holds now, from TEST_PORTS (a port bound to 0 and let go is the ephemeral range's, which the
-    kernel may hand to any outgoing connection before the test listens on it)."""
-    start = random.randrange(len(TEST_PORTS))
-    for k in range(len(TEST_PORTS)):
-        port = TEST_PORTS[(start + k) % len(TEST_PORTS)]
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
+    """A port of this worker's share of TEST_PORTS that this process has claimed and no one holds now: handed to
+    a listener of the test's (torchrun's store, a node check) that no other process drawing from here can take
+    meanwhile. (A port bound to 0 and let go is the ephemeral range's, which the kernel may hand to any outgoing
+    connection before the test listens on it; a port merely found free was once drawn by two workers at once, and
+    torchrun, finding it held, waited on the other as a client.)"""
+    ports = worker_ports()
+    start = random.randrange(len(ports))
+    for k in range(len(ports)):
+        port = ports[(start + k) % len(ports)]
+        if _claim(port) and _listenable(port):
             return port
-    raise RuntimeError(f"no free port in {TEST_PORTS.start}-{TEST_PORTS.stop - 1}")
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def spec_for(*flags: str, cwd: Path | None = None) -> tuple[RunSpec, list]:

@@ -2,8 +2,9 @@
 worker where pytest-xdist runs several), and one with accounting (slurmdbd on a MariaDB of its own), started only
 for the tests that ask for it (`slurm_accounting`), so that both paths, with sacct and without, stay tested.
 
-Imported by conftest.py (with the hook that marks the tests using it `slurm`). Outside CI, tests that need it skip
-(with the reason) when Slurm is not installed; under CI=true they never skip. A cluster that was already up (e.g.
+Imported by conftest.py (with the hook that stops a session where a test uses the cluster and its file does not
+say so: `pytestmark = pytest.mark.slurm`). Outside CI, tests that need it skip (with the reason) when Slurm is not
+installed; under CI=true they never skip. A cluster that was already up (e.g.
 after `make demo`) is reused and left up. Under scripts/slurm_root.sh it is that release's, in `.slurm-24.11[-gwN]`
 or `.slurm-26.05[-gwN]`.
 """
@@ -14,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,14 +32,27 @@ if TYPE_CHECKING:
 IN_CI = os.environ.get("CI") == "true"
 
 
+# The fixtures that are the local cluster, or stand on it: a test file whose tests use one says so at its top with
+# `pytestmark` (pyproject.toml's markers; tests/test_architecture.py reads every file for it).
+CLUSTER_FIXTURES = ("slurm_cluster_spec", "slurm_cluster", "slurm_env", "slurm_accounting_spec", "slurm_accounting",
+                    "slurm_nanoset")  # fmt: skip
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that uses the session's cluster is marked `slurm` (`-m slurm`: the Slurm end-to-end tests, which
-    CI also runs on Slurm 26.05 through scripts/slurm_root.sh)."""
+    """A test that uses the session's cluster and whose file does not say so (`pytestmark = pytest.mark.slurm`, and
+    `accounting` beside it for the cluster with accounting) stops the session before any test runs, its file named:
+    `make test` picks its parts by these markers, so a test unmarked would run in the wrong part, or on no
+    release."""
+    unmarked = set()
     for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.slurm)
-        if "slurm_accounting" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.accounting)
+        used = getattr(item, "fixturenames", ())
+        if any(name in used for name in CLUSTER_FIXTURES) and item.get_closest_marker("slurm") is None:
+            unmarked.add(f"{item.nodeid.split('::')[0]}: pytestmark = pytest.mark.slurm")
+        if "slurm_accounting_spec" in used and item.get_closest_marker("accounting") is None:
+            unmarked.add(f"{item.nodeid.split('::')[0]}: pytestmark = [pytest.mark.slurm, pytest.mark.accounting]")
+    if unmarked:
+        raise pytest.UsageError("tests that use the local cluster in a file that does not say so; add at its top:\n  "
+                                + "\n  ".join(sorted(unmarked)))  # fmt: skip
 
 
 def require_slurm(accounting: bool = False) -> None:
@@ -78,49 +93,83 @@ def slurm_cluster(slurm_cluster_spec: localcluster.ClusterSpec) -> dict[str, str
     return slurm_cluster_spec.env()
 
 
-def _every_node_in_service(spec: localcluster.ClusterSpec) -> None:
+def every_node_in_service(spec: localcluster.ClusterSpec) -> None:
     """Each test starts on a cluster whose nodes are all in service: a node an earlier test left drained or down
-    (a step Slurm could not kill, a slurmd that stopped answering) is named in a warning, with Slurm's reason, and
-    brought back (one sinfo query where all is well)."""
+    (a step Slurm could not kill in time, "Kill task failed"; a slurmd that stopped answering) is named in a warning,
+    with Slurm's reason, and brought back (one sinfo query where all is well)."""
     argv = ["sinfo", "-h", "-N", "-o", parse.NODE_STATES]
     out = subprocess.run(argv, env={**os.environ, **spec.env()}, capture_output=True, text=True, timeout=60)
     away = [n for n in parse.parse_node_states(out.stdout) if not n.in_service]
     if out.returncode == 0 and not away:
         return
     said = ", ".join(f"{n.name} {n.state} ({n.reason})" for n in away) or out.stderr.strip()
-    warnings.warn(f"the cluster in {spec.dir} had nodes out of service before this test: {said}", stacklevel=1)
+    warnings.warn(f"the cluster in {spec.dir} had nodes out of service: {said}; brought back", stacklevel=1)
     localcluster.up(spec)  # restarts a daemon that died, resumes drained and down nodes, waits until all are ready
+
+
+def no_job_left(spec: localcluster.ClusterSpec) -> None:
+    """After each test, none of its jobs is left on the cluster: one still pending or running (a test that failed
+    midway, or let its job run on) is cancelled and named in a warning, and every job is waited out of Slurm's
+    queue, its steps' ends included, so that the next test starts on an idle cluster. A step whose processes are
+    slow to die (a task in an uninterruptible write under load) holds its job COMPLETING until they do, or until
+    UnkillableStepTimeout drains its node: either way here, within this test, never in the next one."""
+    env = {**os.environ, **spec.env()}
+
+    def queued() -> list[list[str]] | None:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True, timeout=60)
+        return [line.split() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else None
+
+    jobs = queued()
+    running = [job for job, state in jobs or [] if state != "COMPLETING"]
+    if running:
+        warnings.warn(f"the test left jobs {', '.join(running)} in {spec.dir}: cancelled", stacklevel=1)
+        subprocess.run(["scancel", *running], env=env, capture_output=True, timeout=60)
+    deadline = time.monotonic() + spec.unkillable_step_timeout_s + 30
+    while jobs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        jobs = queued()
+    if jobs:
+        warnings.warn(f"jobs still in the queue of {spec.dir} after the test: {jobs}", stacklevel=1)
 
 
 ACCOUNTING_GRACE_S = 10  # short, so that a preemption a run does not heed ends within a test's patience
 
 
 @pytest.fixture(scope="session")
-def slurm_accounting() -> Iterator[dict[str, str]]:
-    """SLURM_CONF of a local cluster with accounting: slurmdbd on its own MariaDB, the cluster, account `research`
-    and root registered, AccountingStorageTRES=gres/gpu; preemption's grace time ACCOUNTING_GRACE_S."""
+def slurm_accounting_spec() -> Iterator[localcluster.ClusterSpec]:
+    """A local cluster with accounting, running: slurmdbd on its own MariaDB, the cluster, account `research` and
+    root registered, AccountingStorageTRES=gres/gpu; preemption's grace time ACCOUNTING_GRACE_S."""
     require_slurm(accounting=True)
     # `.slurm-acct`, or `.slurm-26.05-acct`: a release's slurmctld and slurmdbd refuse another release's state
     name = f"{localcluster.default_dir().name}-acct"
     spec = localcluster.ClusterSpec(_directory(name), nodes=2, gpus_per_node=2, accounting=True,
                                     preempt_grace_s=ACCOUNTING_GRACE_S)  # fmt: skip
     was_up = localcluster.is_up(spec)
-    env = localcluster.up(spec)
-    yield env
+    localcluster.up(spec)
+    yield spec
     if not was_up:
         localcluster.down(spec)
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting(slurm_accounting_spec: localcluster.ClusterSpec) -> dict[str, str]:
+    """SLURM_CONF of the cluster with accounting (a test that takes it leaves it as `slurm_env` leaves the session's:
+    tests/test_accounting.py's `acct_env`)."""
+    return slurm_accounting_spec.env()
 
 
 @pytest.fixture
 def slurm_env(
     slurm_cluster_spec: localcluster.ClusterSpec, slurm_cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> dict[str, str]:
+) -> Iterator[dict[str, str]]:
     """Per test: SLURM_CONF set in this process too (the launcher runs in-process in some tests); every node of
-    the cluster in service."""
-    _every_node_in_service(slurm_cluster_spec)
+    the cluster in service before, and no job of the test's left after."""
+    every_node_in_service(slurm_cluster_spec)
     for key, value in slurm_cluster.items():
         monkeypatch.setenv(key, value)
-    return {**os.environ, **slurm_cluster}
+    yield {**os.environ, **slurm_cluster}
+    no_job_left(slurm_cluster_spec)
+    every_node_in_service(slurm_cluster_spec)
 
 
 def slurm_release(env: dict[str, str]) -> tuple[int, int]:

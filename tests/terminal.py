@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from cluster_runs import wait_for
 from launcher_helpers import LAUNCHER
-from test_e2e_training import wait_for
 
 
 class Terminal:

@@ -9,12 +9,13 @@ import os
 import re
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_runs import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
 from launcher_helpers import ROOT
-from slurm_cluster import require_slurm, slurm_release
-from test_e2e_training import bundles, finish, launch, manifest, steps_of_attempts, submitted_job_id, wait_for
+from slurm_cluster import every_node_in_service, no_job_left, require_slurm, slurm_release
 from test_preemption import last_logged_step
 
 from launcher import localcluster
@@ -24,6 +25,8 @@ from launcher.ledger import usage
 from launcher.localcluster.slurm_conf import DBD_OFFSET, PORT_STEP
 from launcher.runs import submission, sweep
 from launcher.slurm import client
+
+pytestmark = [pytest.mark.slurm, pytest.mark.accounting]
 
 # run_train.py itself, except that in the first attempt the checkpoint that a preemption's notice asks for never
 # finishes (as one that outlasts the grace time): Slurm kills the run at the end of the grace time and requeues it,
@@ -65,11 +68,17 @@ runpy.run_path({script!r}, run_name="__main__")
 
 
 @pytest.fixture
-def acct_env(slurm_accounting: dict[str, str], slurm_env: dict, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """This process and the launcher's pointed at the cluster with accounting."""
+def acct_env(
+    slurm_accounting_spec: localcluster.ClusterSpec, slurm_env: dict, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
+    """This process and the launcher's pointed at the cluster with accounting; after the test, no job of it left
+    there and every node in service (as `slurm_env` leaves the session's cluster)."""
+    slurm_accounting = slurm_accounting_spec.env()
     for key, value in slurm_accounting.items():
         monkeypatch.setenv(key, value)
-    return {**slurm_env, **slurm_accounting}
+    yield {**slurm_env, **slurm_accounting}
+    no_job_left(slurm_accounting_spec)
+    every_node_in_service(slurm_accounting_spec)
 
 
 def test_a_preempted_runs_ledger_from_sacct_and_from_its_records(tmp_path: Path, acct_env: dict, demo_data):
@@ -174,7 +183,6 @@ def listening_tcp_ports(pid: int) -> list[int]:
     return [int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes]  # 0A: LISTEN
 
 
-@pytest.mark.accounting
 def test_accounting_comes_up_where_its_ports_are_held(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ):

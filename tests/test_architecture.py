@@ -1,15 +1,17 @@
 """The house's shape holds: the layering contract of pyproject.toml (import-linter), no import circles anywhere in
 the package, no runaway module, thin doors, no loose module beside the packages but the ground floor's, a contract
-for each package."""
+for each package; and in the tests, every file that uses the local cluster says so."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import grimp
+from slurm_cluster import CLUSTER_FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
 # A ceiling that catches a runaway module, not a length modules stop at: a module is split where its concept ends.
@@ -110,3 +112,50 @@ def test_the_console_scripts_are_the_commands_users_type():
         code = f"import sys; sys.argv = [{name!r}, '--help']; from {module} import {function}; sys.exit({function}())"
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and "usage" in out.stdout.lower() and "Traceback" not in out.stderr, (name, out)
+
+
+def _fixtures_standing_on(base: set[str], trees: list[ast.Module]) -> set[str]:
+    """`base` and, by name, every fixture of the tests that takes one of them, or one that does, and so on."""
+    fixtures: dict[str, set[str]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                fixtures[node.name] = {a.arg for a in node.args.args}
+    standing = set(base)
+    while more := {name for name, takes in fixtures.items() if takes & standing} - standing:
+        standing |= more
+    return standing
+
+
+def cluster_marker_problems(sources: dict[str, str]) -> list[str]:
+    """Each test file (name -> source) whose `pytestmark` disagrees with its use of the local cluster: a test or
+    fixture that takes one of the cluster's fixtures (tests/slurm_cluster.py), or a fixture that stands on one, or a
+    cluster of its own (`ClusterSpec`), needs `pytest.mark.slurm` at the file's top (`make test` picks its parts by
+    it), and `accounting` beside it where it is the cluster with accounting; a file that says `slurm` uses one."""
+    trees = {name: ast.parse(source) for name, source in sources.items()}
+    on_cluster = _fixtures_standing_on(set(CLUSTER_FIXTURES), list(trees.values()))
+    on_accounting = _fixtures_standing_on({"slurm_accounting_spec", "slurm_accounting"}, list(trees.values()))
+    problems = []
+    for name, tree in sorted(trees.items()):
+        marks = {node.attr for top in tree.body if isinstance(top, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in top.targets)
+                 for node in ast.walk(top.value) if isinstance(node, ast.Attribute)
+                 and ast.unparse(node.value) == "pytest.mark"}  # fmt: skip
+        takes = {a.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) for a in node.args.args}
+        own = any(isinstance(node, ast.Name) and node.id == "ClusterSpec" for node in ast.walk(tree))
+        if (bool(takes & on_cluster) or own) != ("slurm" in marks):
+            problems.append(f"{name}: uses the cluster: {bool(takes & on_cluster) or own}; pytestmark: {sorted(marks)}")
+        if takes & on_accounting and "accounting" not in marks:
+            problems.append(f"{name}: uses the cluster with accounting; pytestmark: {sorted(marks)}")
+    return problems
+
+
+def test_every_test_file_that_uses_the_cluster_says_so():
+    """`pytestmark = pytest.mark.slurm` at the top of every test file that uses the local cluster, and of no other
+    (tests/slurm_cluster.py also stops a session where a test that uses it is not marked)."""
+    sources = {p.name: p.read_text() for p in (ROOT / "tests").glob("test_*.py")}
+    assert cluster_marker_problems(sources) == []
+    unmarked = "import pytest\n\n@pytest.fixture\ndef on(slurm_env): ...\n\ndef test_x(on): ...\n"
+    marked = "import pytest\n\npytestmark = [pytest.mark.slurm]\n\ndef test_y(tmp_path): ...\n"
+    problems = cluster_marker_problems({**sources, "test_unmarked.py": unmarked, "test_marked.py": marked})
+    assert [p.split(":")[0] for p in problems] == ["test_marked.py", "test_unmarked.py"], problems

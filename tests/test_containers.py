@@ -16,9 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import ROOT
-from terminal import launcher_in_terminal
-from test_e2e_training import (
+from cluster_runs import (
     bundles,
     finish,
     latest_step,
@@ -29,12 +27,16 @@ from test_e2e_training import (
     wait_for,
     with_fake_nvidia_smi,
 )
+from launcher_helpers import ROOT
+from terminal import launcher_in_terminal
+from test_evals_job import TASKS, write_tasks
 from test_interactive import settled
 from test_operations import HANGS_ON, assert_caught_fast_and_named
 from test_preemption import assert_saved_by_the_notice, preempt_and_follow
 
 from launcher import jsonl
 from launcher.config import container
+from launcher.evals import record as eval_record
 from launcher.localcluster import ClusterSpec, containers, down, up
 
 IN_CI = os.environ.get("CI") == "true"
@@ -68,8 +70,10 @@ def test_training_in_a_container_learns_checkpoints_and_monitors_the_gpus(tmp_pa
     end-to-end tests' stand-in). The node check lists the GPUs and the GPU monitor samples, inside the container."""
     env, image, spec = boxed
     smi = with_fake_nvidia_smi(tmp_path, env)["PATH"].split(":")[0] + "/nvidia-smi"
+    tasks = write_tasks(tmp_path)  # the eval job of its last step runs in the container too
     proc = launch(tmp_path, env, demo_data, "boxed", "--train_steps", "20", "--container_image", str(image),
-                  "--container_mounts", f"{smi}:/usr/bin/nvidia-smi:ro")  # fmt: skip
+                  "--container_mounts", f"{smi}:/usr/bin/nvidia-smi:ro", "--eval_tasks", ",".join(TASKS),
+                  "--eval_include", str(tasks))  # fmt: skip
     code, out = finish(proc, timeout=400)
     assert code == 0 and "ended COMPLETED" in out, out
     assert f"container    {image} (sha256 " in out  # the summary names the image
@@ -85,6 +89,10 @@ def test_training_in_a_container_learns_checkpoints_and_monitors_the_gpus(tmp_pa
     assert sorted(monitors) == [f"gpu-{job_id}-node1.log", f"gpu-{job_id}-node2.log"], monitors
     assert all("# gpu sample" in text for text in monitors.values()), monitors
     wait_for(lambda: leftover_processes(job_id) == [], timeout=15)  # the monitor ended with the container
+    result = wait_for(lambda: [r for r in eval_record.results(bundle_dir).values() if r["state"] in ("done", "failed")],
+                      timeout=300)  # fmt: skip
+    assert [r["state"] for r in result] == ["done"], result
+    assert in_container(spec, result[0]["job"]) != []  # its one step: srun with the node step's pyxis options
 
 
 @needs_vendor

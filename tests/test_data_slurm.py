@@ -20,6 +20,8 @@ from launcher.data.__main__ import main
 from launcher.data.tokenize import RECORD, RECORD_DIR
 from launcher.nanotron_config import nanoset
 
+pytestmark = pytest.mark.slurm
+
 
 def _on_slurm(demo: DemoData, output: Path, *extra: str) -> int:
     return main(

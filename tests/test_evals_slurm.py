@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import test_nanotron_slurm
-from test_e2e_training import bundles, finish, launch, paced, submitted_job_id, wait_for
+from cluster_runs import bundles, finish, launch, paced, submitted_job_id, wait_for
 from test_evals_job import TASKS, by_hand, write_tasks
 from test_preemption import last_logged_step
 

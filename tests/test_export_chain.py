@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_e2e_training import bundles, finish, launch, wait_for
+from cluster_runs import bundles, finish, launch, wait_for
 from test_slurm_e2e import FAIL, script
 
 from launcher import protocol as P
@@ -19,6 +19,8 @@ from launcher.bundle import manifest
 from launcher.errors import ConfigError
 from launcher.runs import launch as launcher_launch
 from launcher.slurm import client as slurm
+
+pytestmark = pytest.mark.slurm
 
 
 def test_the_export_script_is_rendered_into_the_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data):
@@ -48,7 +50,6 @@ def test_the_export_script_is_rendered_into_the_bundle(tmp_path: Path, monkeypat
         launcher_launch.prepare([*argv, "--export_hf", "--export_partition", "a b"])
 
 
-@pytest.mark.slurm
 def test_a_run_with_export_hf_ends_with_a_model_transformers_loads_and_its_perplexity(
     tmp_path: Path, slurm_env: dict, demo_data
 ):
@@ -81,7 +82,6 @@ def test_a_run_with_export_hf_ends_with_a_model_transformers_loads_and_its_perpl
     assert f"perplexity   {result['perplexity']:.4g}" in status.stdout
 
 
-@pytest.mark.slurm
 def test_a_failed_run_takes_its_export_with_it(tmp_path: Path, slurm_env: dict, demo_data):
     flags = ("--run_train_script", script(tmp_path, "fail.py", FAIL), "--export_hf")
     code, out = finish(launch(tmp_path, slurm_env, demo_data, "unexported", *flags, nodes="1"), timeout=300)

@@ -19,6 +19,8 @@ from launcher.slurm import client
 from launcher.slurm.follow import Cadence, LogTail, Watched, describe, poll_problem
 from launcher.slurm.parse import JobState, parse_squeue_states
 
+pytestmark = pytest.mark.slurm
+
 SQUEUE = (  # `squeue -h -t all -j ... -O SQUEUE_STATES` on Slurm 22.05; the last line as a version may pad it
     "2|FAILED|NonZeroExitCode|512|0|node1|(null)|\n"
     "3|PENDING|JobHeldUser|0|0||afterany:1(unfulfilled),afterok:1(unfulfilled)|\n"

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import wrapped_script
-from test_e2e_training import (
+from cluster_runs import (
     assert_continuous,
     bundles,
     finish,
@@ -28,12 +27,15 @@ from test_e2e_training import (
     submitted_job_id,
     wait_for,
 )
+from launcher_helpers import wrapped_script
 from test_preemption import drawn, last_logged_step, logged_run_train, straight_run
 from wandb_records import offline_runs
 
 from launcher import protocol as P
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
+
+pytestmark = pytest.mark.slurm
 
 
 def job_fields(job_id: str, env: dict) -> dict[str, str]:

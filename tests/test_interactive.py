@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cluster_runs import latest_step, wait_for
 from terminal import launcher_in_terminal
-from test_e2e_training import latest_step, wait_for
 
 from launcher.slurm.parse import parse_scontrol
 

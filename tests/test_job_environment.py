@@ -11,19 +11,23 @@ from launcher.train.environment import STOP_FILE_EVERY_S, JobEnvironment
 TRAIN = Path(__file__).resolve().parent.parent / "launcher" / "train"
 
 
-def test_torchruns_ranks_and_the_protocols_files_are_read_typed():
+def test_torchruns_ranks_and_the_bundles_files_are_read_typed():
+    """One variable names the bundle: training's files are its files, by the protocol's names."""
     job = JobEnvironment.read(
-        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", P.ENV_STOP_FILE: "/b/stop", P.ENV_OUTCOME_FILE: "/b/o",
-         P.ENV_METRICS_FILE: "/b/m.jsonl", P.ENV_PROGRESS_FILE: "/b/p", P.ENV_SIGNAL_GRACE: "120",
+        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", P.ENV_BUNDLE: "/b", P.ENV_SIGNAL_GRACE: "120",
          P.ENV_STOP_FILE_EVERY: "0.5", "TMPDIR": "/scratch", "WANDB_MODE": "Disabled"}
     )  # fmt: skip
-    assert job == JobEnvironment(3, 1, 8, True, "/b/stop", "/b/o", "/b/m.jsonl", "/b/p", 120.0, 0.5, "/scratch", True)
+    files = {name: f"/b/{name}" for name in (P.STOP_FILE, P.OUTCOME_FILE, P.METRICS, P.PROGRESS_FILE)}
+    assert job == JobEnvironment(3, 1, 8, True, *files.values(), 120.0, 0.5, "/scratch", True,
+                                 ranks_file=f"/b/{P.RANKS_FILE}", stragglers_file=f"/b/{P.STRAGGLERS_FILE}",
+                                 runtime_file=f"/b/{P.RUNTIME_RECORD}")  # fmt: skip
     assert not job.is_main
+    assert not {k for k in vars(P) if k.startswith("ENV_") and k.endswith("_FILE")}  # none but the bundle's one
 
 
 def test_the_runtime_records_place_and_the_jobs_attempt_and_nodes():
     job = JobEnvironment.read(
-        {P.ENV_RUNTIME_FILE: "/b/runtime.jsonl", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "2",
+        {P.ENV_BUNDLE: "/b", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "2",
          "SLURM_JOB_NODELIST": "node[1-2]", "HF_HOME": "/hf"}
     )  # fmt: skip
     assert (job.runtime_file, job.job_id, job.attempt, job.nodelist) == ("/b/runtime.jsonl", "42", 3, "node[1-2]")

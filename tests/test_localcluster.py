@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from slurm_cluster import every_node_in_service, no_job_left
 
 from launcher import localcluster
 from launcher import protocol as P
@@ -217,6 +218,28 @@ def test_sbatch_gpu_job_completes(spec: ClusterSpec, tmp_path: Path) -> None:
         time.sleep(0.2)
     assert job_state(spec, job_id) == "COMPLETED"
     assert len((tmp_path / f"{job_id}.out").read_text().split()) == 2
+
+
+def test_a_job_left_running_is_waited_out_and_a_node_slurm_drained_brought_back(spec: ClusterSpec, tmp_path: Path):
+    """What tests/slurm_cluster.py does around every Slurm test, so that one test's slow kill never fails the next:
+    after it, a job it left running is cancelled and waited out of the queue (its steps' ends included), and a node
+    Slurm drained for a step whose processes outlived UnkillableStepTimeout ("Kill task failed") is brought back,
+    each said in a warning. The cluster gives a step that long: ClusterSpec's, not Slurm's 60 s."""
+    config = run(spec, "scontrol", "show", "config")
+    assert re.search(rf"^UnkillableStepTimeout\s*=\s*{spec.unkillable_step_timeout_s} sec", config, re.M), config
+    job = run(spec, "sbatch", "--parsable", "-N2", f"--output={tmp_path}/%j.out", "--wrap", "srun sleep 300").strip()
+    deadline = time.monotonic() + 60
+    while job_state(spec, job) != "RUNNING":
+        assert time.monotonic() < deadline, job_state(spec, job)
+        time.sleep(0.2)
+    with pytest.warns(UserWarning, match=f"the test left jobs {job} in {spec.dir}: cancelled"):
+        no_job_left(spec)
+    assert run(spec, "squeue", "-h") == "" and job_state(spec, job) == "CANCELLED"
+    run(spec, "scontrol", "update", "nodename=node1", "state=drain", "reason=Kill task failed")  # as slurmstepd does
+    with pytest.warns(UserWarning, match=r"node1 \S+ \(Kill task failed\); brought back"):
+        every_node_in_service(spec)
+    states = run(spec, "sinfo", "-h", "-N", "-o", "%N %T").split()
+    assert states[1::2] == ["idle"] * 4, states  # both nodes, in both partitions
 
 
 def test_up_again_is_idempotent(spec: ClusterSpec, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ from slurm_cluster import tokenize_on_slurm
 from test_nanoset_nanotron import ACCUMULATION, RANKS, _batches, _config, assert_trains_each_dp_rank_on_its_shard
 from test_nanotron_slurm import assert_as_the_reference, assert_launched_as_eight, launch, preempt_to_the_end, training
 
-pytestmark = pytest.mark.nanotron_cpu
+pytestmark = [pytest.mark.slurm, pytest.mark.nanotron_cpu]
 four_slots = test_nanotron_slurm.four_slots  # its fixture: a cluster of 2 nodes x 4 slots
 
 

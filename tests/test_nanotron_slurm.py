@@ -22,15 +22,15 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_runs import bundles, finish, manifest, saved_by_the_stop, submitted_job_id, wait_for
 from cpu_nanotron import launcher_config, parameters_line, python, train
 from launcher_helpers import ROOT
-from test_e2e_training import bundles, finish, manifest, saved_by_the_stop, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
 from launcher import jsonl
 from launcher.localcluster import ClusterSpec, down, up
 
-pytestmark = pytest.mark.nanotron_cpu
+pytestmark = [pytest.mark.slurm, pytest.mark.nanotron_cpu]
 TOLERANCE = 1e-3
 
 

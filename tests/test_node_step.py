@@ -52,11 +52,12 @@ def job_in(tmp_path: Path, **changes: object) -> Job:
     return job
 
 
-def test_trainings_environment_names_the_runs_files_and_lets_extra_env_have_the_last_word(tmp_path: Path):
+def test_trainings_environment_names_the_runs_bundle_and_lets_extra_env_have_the_last_word(tmp_path: Path):
     job = job_in(tmp_path, wandb_disabled=True, signal_grace=120, extra_env={"WANDB_MODE": "offline", "X": "y z"})
     env = step.environment(job, {"PATH": "/usr/bin:/bin", "SLURM_CPUS_PER_TASK": "8", "NCCL_DEBUG": "TRACE"}, "7", "n1")
-    assert env[P.ENV_STOP_FILE] == str(tmp_path / "bundle" / P.STOP_FILE) and env[P.ENV_NODE_TAG] == "7:n1"
-    assert env[P.ENV_RANKS_FILE] == str(tmp_path / "bundle" / P.RANKS_FILE) and env[P.ENV_SIGNAL_GRACE] == "120"
+    assert env[P.ENV_BUNDLE] == str(tmp_path / "bundle") and env[P.ENV_NODE_TAG] == "7:n1"
+    assert not [k for k in env if k.startswith("LAUNCHER_") and k.endswith("_FILE")]  # the bundle names them all
+    assert env[P.ENV_SIGNAL_GRACE] == "120"
     assert (env["WANDB_MODE"], env["X"], env["NCCL_DEBUG"], env["OMP_NUM_THREADS"]) == ("offline", "y z", "TRACE", "4")
     assert env["TMPDIR"] == str(tmp_path) and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     debug = step.environment(replace(job, debug=True, signal_grace=0), {"PATH": str(tmp_path)}, "7", "n1")

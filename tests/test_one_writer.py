@@ -7,12 +7,15 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
+import pytest
+from cluster_runs import bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 from launcher_helpers import spec_for
-from test_e2e_training import bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 
 from launcher import protocol as P
 from launcher.problems import Problem
 from launcher.slurm import client, one_writer
+
+pytestmark = pytest.mark.slurm
 
 
 def test_a_live_job_of_the_run_is_named_unless_awaited(tmp_path: Path, monkeypatch):

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import ROOT
-from test_e2e_training import (
+from cluster_runs import (
     bundles,
     finish,
     launch,
@@ -25,9 +24,12 @@ from test_e2e_training import (
     submitted_job_id,
     wait_for,
 )
+from launcher_helpers import ROOT
 
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
+
+pytestmark = pytest.mark.slurm
 
 # run_train.py itself, except that in the first attempt one rank stops answering after a few steps: the other
 # waits for it in its next all_reduce, and nothing moves. (The test's stand-in for a dead GPU or a deadlocked loader.)

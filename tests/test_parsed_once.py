@@ -16,6 +16,8 @@ from launcher.config import dependency_syntax
 from launcher.nanotron_config import dialect, mixture, schema, stages
 from launcher.runs import launch
 
+pytestmark = pytest.mark.slurm
+
 
 def counting(monkeypatch: pytest.MonkeyPatch, calls: collections.Counter, module: Any, name: str) -> None:
     """Count each call of `module.name` with its first argument (callers look the name up on the module)."""

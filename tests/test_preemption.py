@@ -19,9 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launcher_helpers import ROOT
-from slurm_cluster import slurm_release
-from test_e2e_training import (
+from cluster_runs import (
     assert_continuous,
     bundles,
     finish,
@@ -31,11 +29,15 @@ from test_e2e_training import (
     wait_for,
     with_fake_nvidia_smi,
 )
+from launcher_helpers import ROOT
+from slurm_cluster import slurm_release
 
 from launcher import jsonl
 from launcher import protocol as P
 from launcher.localcluster import ClusterSpec, down, up
 from launcher.slurm.parse import parse_scontrol
+
+pytestmark = pytest.mark.slurm
 
 
 def last_logged_step(bundle_dir: Path) -> int:
@@ -153,7 +155,7 @@ def test_a_preempted_run_on_a_slurm_tokenized_folder_reads_what_the_straight_run
     """The torch engine on a folder tokenized as a Slurm array job on this same cluster (`slurm_nanoset`): the loss
     falls, and after a real preemption every rank's micro-batches of both attempts are those of an uninterrupted
     torchrun of the bundle's own config (4 ranks, 150 each, across epochs). Not a release difference: `make test`
-    runs it on 26.05 alone (the preemption itself is the test above, on every release)."""
+    runs it on 22.05 alone (the preemption itself is the test above, on every release)."""
     script = logged_run_train(tmp_path, tmp_path / "onfolder")
     flags = ("--dataset", str(slurm_nanoset), "--nanotron_dialect", "main", "--run_train_script", str(script))
     job_id, seen, out, log = preempt_and_follow(tmp_path, slurm_env, demo_data, "onfolder", *flags)

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from launcher_helpers import run_launcher
 
+pytestmark = pytest.mark.slurm
+
 BASIC = ["--run_name", "my_experiment", "--nodes", "4", "--model_size", "base"]
 SMALL = ["--run_name", "quick_test", "--nodes", "2", "--model_size", "tiny", "--train_steps", "100",
          "--dataset", "stas/openwebtext-10k"]  # fmt: skip

@@ -16,11 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from launcher import jsonl
 from launcher.bundle import manifest
 from launcher.nanotron_config import provenance
+
+pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_FILES = ("launcher", "configs", "slurm_launcher.py", "run_train.py")

@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_runs import assert_continuous, bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 from launcher_helpers import ROOT
-from test_e2e_training import assert_continuous, bundles, finish, launch, manifest, paced, submitted_job_id, wait_for
 from test_preemption import last_logged_step
 
 from launcher import checkpoint_layout as ckpt
 from launcher import jsonl
 from launcher import protocol as P
+
+pytestmark = pytest.mark.slurm
 
 FAULTS = Path(__file__).resolve().parent / "fault_points"
 RULES = ("--train_steps", "200", "--save_interval", "10", "--keep_last", "2", "--keep_every", "50")

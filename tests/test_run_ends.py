@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from cluster_runs import bundles, finish, launch
 from launcher_helpers import START
-from test_e2e_training import bundles, finish, launch
 
 from launcher import protocol as P
 from launcher.slurm import triage
+
+pytestmark = pytest.mark.slurm
 
 
 def ended(tmp_path: Path, slurm_env: dict, demo_data, name: str, *flags: str) -> tuple[int, str, dict]:
@@ -20,7 +22,6 @@ def ended(tmp_path: Path, slurm_env: dict, demo_data, name: str, *flags: str) ->
     return code, out, json.loads((bundle / P.MANIFEST).read_text())
 
 
-@pytest.mark.slurm
 def test_a_pre_launch_exit_is_not_a_success(tmp_path: Path, slurm_env: dict, demo_data):
     code, out, data = ended(tmp_path, slurm_env, demo_data, "early", "--pre_launch_commands", "echo ready; exit 0")
     assert "ended COMPLETED, exit code 0" in out, out  # Slurm's word: the batch script exited 0
@@ -30,7 +31,6 @@ def test_a_pre_launch_exit_is_not_a_success(tmp_path: Path, slurm_env: dict, dem
     assert data["verdict"]["cause"] == "pre_launch"
 
 
-@pytest.mark.slurm
 def test_a_failing_pre_launch_command_is_named_with_what_the_shell_said(tmp_path: Path, slurm_env: dict, demo_data):
     venv = tmp_path / "no-such-venv" / "bin" / "activate"
     code, out, data = ended(tmp_path, slurm_env, demo_data, "venv", "--pre_launch_commands", f"source {venv}")

@@ -19,6 +19,8 @@ from launcher import protocol as P
 from launcher.slurm import awaited_jobs, parse
 from launcher.slurm import client as slurm
 
+pytestmark = pytest.mark.slurm
+
 ALLREDUCE = """
 import argparse, os, torch, torch.distributed as dist
 argparse.ArgumentParser().add_argument("--config-file") and None

@@ -231,3 +231,14 @@ def test_expedited_requeue_needs_25_11_and_the_parameter(version: str, parameter
     assert config["SLURM_VERSION"] == "26.05.5" and releases.expedites_requeue(config)
     assert config["SchedulerParameters"] == "batch_sched_delay=0,sched_interval=2,bf_interval=1"
     assert releases.expedites_requeue({"SLURM_VERSION": version, "SlurmctldParameters": parameters}) == expedite
+
+
+def test_one_set_of_live_states_and_the_terminal_ones_apart():
+    """protocol.LIVE_STATES (the job side's: a lock's holder, a lease's reader, an eval job) and parse.TERMINAL (the
+    launcher's: a job that ended) never both hold a state; SPECIAL_EXIT, a job requeued and held, is live."""
+    from launcher import protocol as P
+    from launcher.slurm.parse import TERMINAL
+
+    assert P.LIVE_STATES.isdisjoint(TERMINAL)
+    assert "SPECIAL_EXIT" in P.LIVE_STATES and "REQUEUE_HOLD" in P.LIVE_STATES and "PENDING" in P.LIVE_STATES
+    assert {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"} <= TERMINAL

@@ -23,7 +23,7 @@ from launcher.localcluster import ClusterSpec, down, up
 from launcher.runs import submission
 from launcher.slurm import client, follow, parse, releases, triage
 
-pytestmark = pytest.mark.slurm_versions
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_versions]
 
 # a batch script that says the launcher's last line for its attempt, as the launcher's does, then ends with `code`
 ENDS_WITH = 'echo "{line}"; exit {code}'

@@ -9,12 +9,15 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from launcher_helpers import spec_for
 from test_slurm_e2e import ALLREDUCE, FAIL, script
 
 from launcher import protocol as P
 from launcher.bundle import render
 from launcher.bundle.files import paths_for
+
+pytestmark = pytest.mark.slurm
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 
@@ -121,6 +124,7 @@ def test_a_time_limit_warning_stops_training_and_the_job_requeues_itself(tmp_pat
     assert requeues.read_text() == "time-limit attempt 1 step 5 nodes -\n"
 
 
+@pytest.mark.slurm_versions  # relied on unchanged: scancel signals the batch script and its steps, no requeue
 def test_a_cancel_ends_the_attempt_and_is_not_requeued(tmp_path: Path, slurm_env: dict):
     job, log = submit_draft(tmp_path, slurm_env, script(tmp_path, "stoppable.py", STOPPABLE), "--max_requeues", "1")
     wait_for_line(log, "rank 3 training")

@@ -15,6 +15,8 @@ from launcher.config import cli
 from launcher.problems import Problem
 from launcher.runs import launch, sweep
 
+pytestmark = pytest.mark.slurm
+
 BASE = ["--run_name", "lr", "--dataset", "none", "--learning_rate", "1e-2", "--train_steps", "20", "--warmup_steps",
         "2", "--sweep", "learning_rate=1e-3,3e-3 seed=1,2"]  # fmt: skip
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -48,11 +49,28 @@ LONG_FILES = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long files first, longest first; a stable sort keeps every other test where pytest put it."""
+_DESELECTED: Counter[str] = Counter()
 
-    def weight(item: pytest.Item) -> int:
-        return -LONG_FILES.get(Path(str(item.fspath)).name, 0)
+
+def _file(item: pytest.Item) -> str:
+    return Path(str(item.fspath)).name
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """The tests a part leaves out (`-m`), by file: what is left of a long file may be short."""
+    _DESELECTED.update(_file(item) for item in items)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected what the part leaves out
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long files first, longest first, each weighed by the share of its tests the part runs (a part that runs 1
+    of a file's 25 tests gets a short file: handed out first, it would hold a worker while xdist gave the worker's
+    second file, a long one, no other); a stable sort keeps every other test where pytest put it."""
+    selected = Counter(_file(item) for item in items)
+
+    def weight(item: pytest.Item) -> float:
+        name = _file(item)
+        return -LONG_FILES.get(name, 0) * selected[name] / (selected[name] + _DESELECTED[name])
 
     items.sort(key=weight)
 

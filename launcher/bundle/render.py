@@ -87,10 +87,22 @@ def container_options(spec: RunSpec, paths: BundlePaths) -> list[str]:
     touched = [str(paths.bundle_dir), str(paths.script.parent), str(paths.log.parent), str(paths.checkpoints)]
     touched += [a.slurm.tmp_dir, str(Path(a.paths.run_train_script).parent), str(PROJECT)]
     touched += _local_inputs(spec)
+    touched += _eval_inputs(spec)
     touched += container.python_prefixes(job_python(spec))
     return container.srun_options(
         c.container_image, touched, c.container_mounts, c.container_workdir, c.container_env, c.container_writable
     )
+
+
+def _eval_inputs(spec: RunSpec) -> list[str]:
+    """What the eval job reads beside the run's own inputs: the folders of task YAMLs (a preset's, --eval_include)
+    and a held-out dataset given by its path (a task's own data files are mounted with its folder where they lie in
+    it; elsewhere, --container_mounts)."""
+    evals = eval_plan.settings_of(spec)
+    if evals is None:
+        return []
+    held = [evals.heldout] if evals.heldout and is_local_path(evals.heldout) and Path(evals.heldout).exists() else []
+    return [*evals.include, *(str(Path(h).resolve()) for h in held)]
 
 
 def job_python(spec: RunSpec) -> str:

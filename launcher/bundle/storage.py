@@ -62,14 +62,14 @@ def space_problems(parameters: int, directory: str) -> list[Problem]:
     ]
 
 
-def peak_problems(disk: Disk, directory: str, save_interval: int, save_initial_state: bool) -> list[Problem]:
+def peak_problems(disk: Disk, directory: str) -> list[Problem]:
     """A problem when the most checkpoints the run's --keep_last/--keep_every keep at once do not fit the free space
     where they go (where one does not fit, `space_problems` says so), with the rules that would fit. A run that
     removes nothing is told so in the summary (`launcher/report/summary.py`), as before retention: not refused."""
     free = free_bytes(directory)
     if free is None or disk.peak <= free or not disk.rules.active:
         return []
-    fixes = fitting(disk, free, save_interval, save_initial_state)
+    fixes = fitting(disk, free)
     fix = f"keep fewer ({' or '.join(fixes)} fits), or " if fixes else ""
     fix += f"give a --checkpoints_path with {human_bytes(disk.peak)} free, or make room"
     writing = "one being written" if disk.most < disk.saves else "the last"
@@ -79,7 +79,7 @@ def peak_problems(disk: Disk, directory: str, save_interval: int, save_initial_s
     return [Problem(flag, f"{what}, more than the {human_bytes(free)} free where {directory} lies", fix)]
 
 
-def fitting(disk: Disk, free: int, save_interval: int, save_initial_state: bool) -> list[str]:
+def fitting(disk: Disk, free: int) -> list[str]:
     """The rules that would fit the run's peak in `free` bytes: the largest --keep_last (with --keep_every as it
     is), and the smallest --keep_every (with --keep_last as it is), where any fits."""
     rules, room = disk.rules, free // disk.each
@@ -92,11 +92,12 @@ def fitting(disk: Disk, free: int, save_interval: int, save_initial_state: bool)
     last = _largest(lambda n: fits(Rules(n, rules.keep_every)), disk.saves)
     if last:
         fixes.append(f"--keep_last {last}")
-    if save_interval > 0 and rules.keep_every is not None:
-        most_m = max(disk.train_steps // save_interval, 1)
-        m = _smallest(lambda m: fits(Rules(rules.keep_last, m * save_interval)), most_m)
+    interval = disk.save_interval
+    if interval > 0 and rules.keep_every is not None:
+        most_m = max(disk.train_steps // interval, 1)
+        m = _smallest(lambda m: fits(Rules(rules.keep_last, m * interval)), most_m)
         if m is not None:
-            fixes.append(f"--keep_every {m * save_interval}")
+            fixes.append(f"--keep_every {m * interval}")
     return fixes
 
 

@@ -236,9 +236,11 @@ def resolve(
             groups["slurm"] = dataclasses.replace(slurm, cpus_per_node=cpus)
         expedited = facts.expedites_requeue and bool(slurm.max_requeues)
     resolved = dataclasses.replace(args, **groups)  # (the job's flags are not in a YAML: --config sets none)
-    spec = RunSpec(resolved, bool(tie), extra_env, tokenizer_vocab, base, base_path, gpu, adapted, choice,
-                   read.datasets, read.stages, dependency, nanosets=nanosets, checkpoints=checkpoints, fresh=fresh,
-                   expedited_requeue=expedited, facts=facts or cluster.NOT_ASKED)  # fmt: skip
+    spec = RunSpec(args=resolved, tie_word_embeddings=bool(tie), extra_env=extra_env, tokenizer_vocab=tokenizer_vocab,
+                   base_config=base, base_config_path=base_path, gpu=gpu, adapted=adapted, dialect=choice,
+                   datasets=read.datasets, stages=read.stages, dependency=dependency, nanosets=nanosets,
+                   checkpoints=checkpoints, fresh=fresh, expedited_requeue=expedited,
+                   facts=facts or cluster.NOT_ASKED)  # fmt: skip
     return spec, problems
 
 

@@ -174,13 +174,15 @@ def compute(attempts: list[Attempt], works: Mapping[Any, Work], save_interval: i
             kept = _kept_until(Work(steps, work.resumed_from, work.saved), nxt, a.ended, save_interval)
             thrown_s = 0.0 if kept is None or kept >= steps[-1][1] else (last_t - _time_at(steps, kept)) * a.gpus
             thrown_steps = 0 if kept is None else max(steps[-1][1] - max(kept, work.resumed_from or 0), 0)
-            row = AttemptLedger(a.number, a.segment, a.restarted, a.gpus, a.ended, allocated,
-                                (first_t - a.start) * a.gpus,
-                                (last_t - first_t) * a.gpus, (a.end - last_t) * a.gpus, thrown_s, steps[0][1],
-                                steps[-1][1], work.resumed_from, thrown_steps)  # fmt: skip
+            row = AttemptLedger(a.number, a.segment, a.restarted, a.gpus, a.ended, allocated=allocated,
+                                start_up=(first_t - a.start) * a.gpus, trained=(last_t - first_t) * a.gpus,
+                                wind_down=(a.end - last_t) * a.gpus, thrown_away=thrown_s, first_step=steps[0][1],
+                                last_step=steps[-1][1], resumed_from=work.resumed_from,
+                                steps_thrown_away=thrown_steps)  # fmt: skip
         else:  # no step at all: all of it start-up
-            row = AttemptLedger(a.number, a.segment, a.restarted, a.gpus, a.ended, allocated, allocated, 0.0, 0.0,
-                                0.0, None, None, work.resumed_from, 0)  # fmt: skip
+            row = AttemptLedger(a.number, a.segment, a.restarted, a.gpus, a.ended, allocated=allocated,
+                                start_up=allocated, trained=0.0, wind_down=0.0, thrown_away=0.0, first_step=None,
+                                last_step=None, resumed_from=work.resumed_from, steps_thrown_away=0)  # fmt: skip
         rows.append(row)
         if a.restarted:
             restarts[a.ended] += 1

@@ -66,6 +66,9 @@ class ClusterSpec:
     max_job_count: int = 10000  # MaxJobCount (Slurm's default): the jobs the controller holds, finished ones included
     block_nodes: int = 0  # topology/block in blocks of this many nodes (Slurm 23.11+; 0: no topology plugin)
     min_job_age_s: int = 600  # MinJobAge: how long a finished job stays in scontrol/squeue (and counts in the above)
+    # UnkillableStepTimeout: how long a step's tasks may take to end once signalled to (a cancel, a time limit, the
+    # job's end) before slurmstepd drains the node "Kill task failed"; Slurm's default is 60 (see slurm_conf)
+    unkillable_step_timeout_s: int = 180
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -172,6 +175,11 @@ FirstJobId={spec.first_job_id}
 SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=1
 JobRequeue=1
 KillWait=5
+# slurmstepd drains its node "Kill task failed" where its tasks are not all reaped this long after a terminate request
+# (counted from the request, SIGKILL sent at once: proctrack/linuxproc has no cgroup to freeze or empty). Every node
+# here shares one machine's disk and cores with the other nodes' training: a task with a thread in an uninterruptible
+# write (an fsync queued behind checkpoints) ends only when the write does, and slurmstepd waits its turn for a CPU.
+UnkillableStepTimeout={spec.unkillable_step_timeout_s}
 InactiveLimit=0
 MessageTimeout=10
 SlurmdTimeout={spec.slurmd_timeout_s}

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from launcher import checkpoint_layout
+from launcher import atomic, checkpoint_layout
 from launcher import protocol as P
 from launcher.node import failures
 
@@ -269,3 +269,21 @@ def answer(step: Step, job: str, checkpoints: Path, records_file: Path, gpus: in
         with open(records_file, "a", encoding="utf-8") as f:  # (a text line, RESTART_FORMAT)
             f.write(record + "\n")
     return decision
+
+
+RESTART_ACTION = re.compile(r"^(\S*) restart job ")
+
+
+def amend(records_file: Path, how: str) -> None:
+    """The last decision's record (the restarts file's last line), of a restart the job did not make: "none" drops
+    it (this attempt ends), else its action becomes `how` (the job requeued instead). This module is the file's one
+    writer: `answer` appends, this amends."""
+    try:
+        lines = records_file.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        return
+    if lines and how == "none":
+        lines.pop()
+    elif lines:
+        lines[-1] = RESTART_ACTION.sub(lambda m: f"{m[1]} {how} job ", lines[-1], count=1)
+    atomic.replace(records_file, "".join(lines))

@@ -29,8 +29,7 @@ def _checkpoint_note(spec: RunSpec, figures: dict) -> str:
         return note
     note += f"; {human_bytes(free)} free"
     if peak > free:  # (with --keep_last/--keep_every, the forecast refused it before: here, a run that keeps all)
-        a = spec.args.paths
-        fixes = fitting(disk(spec), free, a.save_interval, a.save_initial_state)
+        fixes = fitting(disk(spec), free)
         note += f": not enough for all {count}: " + (f"{fixes[0]} fits (older ones are then removed), " if fixes
                                                      else "") + "or make room"  # fmt: skip
     return note

@@ -45,8 +45,7 @@ def storage_problems(spec: RunSpec, earlier: list[Problem]) -> list[Problem]:
         one = storage.space_problems(sizes.parameters(spec), a.paths.checkpoints_path)
         out += one
         if not one and not said & {"keep_last", "keep_every"}:  # the forecast: the most the run keeps at once
-            out += storage.peak_problems(sizes.disk(spec), a.paths.checkpoints_path, a.paths.save_interval,
-                                         a.paths.save_initial_state)  # fmt: skip
+            out += storage.peak_problems(sizes.disk(spec), a.paths.checkpoints_path)
     return out
 
 

@@ -187,9 +187,20 @@ class Attempt:
     def ask(self, verdict: Verdict) -> Decision | None:
         word = {Verdict.FAILED: "failed", Verdict.HUNG: "hung", Verdict.UNHEALTHY: "unhealthy"}[verdict]
         st, job = self.state, self.job
-        step = restart.Step(word, st.attempt, job.nodes, st.step_nodes, self.allocation_now(), st.left_out,
-                            st.suspects, st.started_from, job.max_restarts, job.max_requeues > 0, job.max_excluded,
-                            self.partition_spare())  # fmt: skip
+        step = restart.Step(
+            verdict=word,
+            attempt=st.attempt,
+            layout=job.nodes,
+            step_nodes=st.step_nodes,
+            allocation=self.allocation_now(),
+            left_out=st.left_out,
+            suspects=st.suspects,
+            started_from=st.started_from,
+            max_restarts=job.max_restarts,
+            requeues_allowed=job.max_requeues > 0,
+            max_excluded=job.max_excluded,
+            partition_spare=self.partition_spare(),
+        )
         got: list[Decision] = []
 
         def decide_now() -> None:

@@ -239,13 +239,14 @@ class Node:
         records.append_requeue_record(path, why, attempt, saved, nodes)
 
     def amend_restart(self, path: Path, how: str) -> None:
-        records.amend_restart_record(path, how)
+        restart.amend(path, how)
 
     def restart_decision(self, step: restart.Step, job: Job, job_id: str, offset: int) -> restart.Decision:
         """launcher/node/restart.py's answer after `step`, from the job's log from `offset` and the run's files (it
         appends its record of a restart or a requeue)."""
-        return restart.answer(step, job_id, job.checkpoints, job.file(P.RESTARTS_FILE), job.gpus_per_node, job.log,
-                              offset, job.file(P.RANKS_FILE), job.file(P.METRICS))  # fmt: skip
+        return restart.answer(step, job_id, job.checkpoints, job.file(P.RESTARTS_FILE), gpus=job.gpus_per_node,
+                              log=job.log, offset=offset, ranks=job.file(P.RANKS_FILE),
+                              metrics=job.file(P.METRICS))  # fmt: skip
 
     def sbatch(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """`sbatch ARGS...` (argv[0] is sbatch's place), in the job's environment less its own Slurm variables."""

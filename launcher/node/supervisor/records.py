@@ -1,33 +1,15 @@
-"""The run's files the supervisor keeps: the one-writer lock under the checkpoints, and the bundle's records of the
-requeues the job asked for and of the restart decisions it went against."""
+"""The run's files the supervisor keeps: the one-writer lock under the checkpoints, and the bundle's record of the
+requeues the job asked for. (The restarts file's one writer is launcher/node/restart.py: its decisions, and their
+amendment where the job went against one.)"""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
-
-RESTART_ACTION = re.compile(r"^(\S*) restart job ")
-
-
-def amend_restart_record(path: Path, how: str) -> None:
-    """The restart decision's record (the restarts file's last line) of a restart the job did not make: "none"
-    drops it (this attempt ends), else its action becomes `how` (the job requeued instead)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    except FileNotFoundError:
-        return
-    if lines and how == "none":
-        lines.pop()
-    elif lines:
-        lines[-1] = RESTART_ACTION.sub(lambda m: f"{m[1]} {how} job ", lines[-1], count=1)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(lines), encoding="utf-8")
-    tmp.replace(path)
 
 
 def append_requeue_record(path: Path, why: str, attempt: int, saved: str, nodes: Sequence[str]) -> None:
