@@ -18,13 +18,14 @@ Reads the records, never writes them. Refusals are VerdictError (the CLI's exit 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.bundle import manifest, sweep_record
+from launcher.errors import VerdictError
 from launcher.evals import record as eval_record
-from launcher.evals.verdict import VerdictError
 
 AT = ("tokens", "gpu_hours", "step", "last")
 COMPARED = ("model", "training", "parallelism", "data")  # the flags' groups whose difference makes another arm
@@ -77,6 +78,63 @@ class Point:
 
     def as_json(self) -> dict[str, object] | str:
         return "last" if self.by == "last" else {self.by: self.value}
+
+
+@dataclass
+class Asked:
+    """What `jobs verdict` is asked."""
+
+    targets: list[Path]  # a sweep's directory, or bundles
+    tasks: list[str]  # TASK or TASK:METRIC
+    at: str = "tokens"
+    step: int | None = None  # --at step N
+    last_k: int = 1
+    draws: int | None = None  # bootstrap draws (None: the verdict's least, 10,000)
+    seed: int = 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`jobs verdict`'s arguments (launcher/jobs/command.py adds the targets' resolution and --configs_path)."""
+    parser.add_argument("targets", nargs="+", help="a sweep's directory, or two bundles or more (or job ids)")
+    parser.add_argument("--task", action="append", required=True, metavar="TASK[:METRIC]",
+                        help="the task compared (its main metric, or METRIC; gold_bpb: the gold answer's bits per "
+                        "byte); again for more tasks")  # fmt: skip
+    parser.add_argument("--at", nargs="+", default=["tokens"], metavar="POINT",
+                        help="tokens (default: the most tokens every run reached at an evaluated step), gpu_hours "
+                        "(the same in the ledger's trained GPU-hours), step N, or last")  # fmt: skip
+    parser.add_argument("--last_k", type=_positive, default=1, help="average each seed's last K evaluated steps up "
+                        "to the point (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="the verdict as JSON: an object, a list for several tasks")
+    parser.add_argument("--draws", type=_positive, help="bootstrap draws (default and least: 10,000)")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: %(default)s)")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def asked_of(targets: list[Path], args: argparse.Namespace) -> Asked:
+    """The arguments checked (a VerdictError naming the flag where one is wrong)."""
+    at, step = args.at[0], None
+    if at not in AT or (at == "step") != (len(args.at) == 2) or len(args.at) > 2:
+        raise VerdictError(f"--at {' '.join(args.at)}: tokens, gpu_hours, step N or last")
+    if at == "step":
+        if not args.at[1].isdigit():
+            raise VerdictError(f"--at step {args.at[1]}: N is a step number")
+        step = int(args.at[1])
+    bad = [t for t in args.task if not split_task(t)[0] or ":" in (split_task(t)[1] or "")]
+    if bad:
+        raise VerdictError(f"--task {bad[0]}: TASK or TASK:METRIC (heldout:NAME or heldout:NAME:METRIC)")
+    return Asked(targets, list(args.task), at, step, args.last_k, args.draws, args.seed)
+
+
+def split_task(spec: str) -> tuple[str, str | None]:
+    """--task TASK[:METRIC] as (task, metric or None); a held-out domain's task is `heldout:NAME`."""
+    head = "heldout:" if spec.startswith("heldout:") else ""
+    task, _, metric = spec.removeprefix(head).partition(":")
+    return head + task if task else "", metric or None
 
 
 def _manifest(bundle: Path) -> manifest.Manifest:
@@ -134,8 +192,11 @@ def evaluated(run: Run, task: str) -> tuple[list[Evaluated], list[int]]:
     without them (evaluated before the rows were kept)."""
     by_step: dict[int, Evaluated] = {}
     bare = []
+    from launcher.evals.items import HELDOUT  # (numpy: only once a verdict is asked for)
+
+    domain = task.removeprefix(HELDOUT) if task.startswith(HELDOUT) else None
     for step, key, bundle, row in eval_record.done(run.bundle, run.checkpoints):
-        if task not in (row.get("tasks") or {}):
+        if task not in (row.get("tasks") or {}) and (domain is None or domain not in (row.get("heldout") or {})):
             continue
         kept = row.get("items") or {}
         if task not in (kept.get("items") or {}) or not kept.get("file"):

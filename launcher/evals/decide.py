@@ -12,31 +12,19 @@ changes.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.bundle import manifest
 from launcher.evals import arms as A
 from launcher.evals import items, verdict_text
 from launcher.evals import record as eval_record
+from launcher.evals.arms import Asked
 from launcher.evals.verdict import DRAWS, Arm, Comparison, Seed, Verdict, VerdictError, verdicts
 
 PICTURE = "verdict.png"
 SERIES_DRAWS = 2_000  # the picture's intervals along tokens (items only); the point's are the verdict's own
-
-
-@dataclass
-class Asked:
-    targets: list[Path]  # a sweep's directory, or bundles
-    tasks: list[str]  # TASK or TASK:METRIC
-    at: str = "tokens"
-    step: int | None = None  # --at step N
-    last_k: int = 1
-    draws: int = DRAWS
-    seed: int = 0
 
 
 class Rows:
@@ -140,15 +128,15 @@ def judge(asked: Asked, hours_of: A.HoursOf | None = None) -> tuple[list[Verdict
     rows = Rows()
     comparisons, points, panels = [], [], []
     for spec in asked.tasks:
-        task, _, metric = spec.partition(":")
+        task, metric = A.split_task(spec)
         found = A.series(arms, task)
         point = A.choose(asked.at, found, asked.step, hours_of)
         A.check_comparable(point, task)
-        c = comparison(task, metric or None, arms, point, asked.last_k, rows)
+        c = comparison(task, metric, arms, point, asked.last_k, rows)
         comparisons.append(c)
         points.append(point)
         panels.append(series(arms, found, task, c.metric, rows, asked.seed))
-    return verdicts(comparisons, asked.draws, asked.seed), points, panels
+    return verdicts(comparisons, asked.draws or DRAWS, asked.seed), points, panels
 
 
 def series(arms: Sequence[A.ArmRuns], found: dict, task: str, metric: str, rows: Rows, seed: int) -> dict:
@@ -249,45 +237,6 @@ def ranking_lines(points: list[tuple[str, Path]], by: str, fallback: Callable[[l
         lines.append(f"  {i}. {a.label:<24} {a.score:.4f} [{a.low:.4f}, {a.high:.4f}] {mark} seeds {' '.join(a.seeds)}")
     lines.append(f"  * no pair tells it from the best ({', '.join(v.best_group)})")
     return lines
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`jobs verdict`'s arguments (launcher/jobs/command.py adds the targets' resolution and --configs_path)."""
-    parser.add_argument("targets", nargs="+", help="a sweep's directory, or two bundles or more (or job ids)")
-    parser.add_argument("--task", action="append", required=True, metavar="TASK[:METRIC]",
-                        help="the task compared (its main metric, or METRIC; gold_bpb: the gold answer's bits per "
-                        "byte); again for more tasks")  # fmt: skip
-    parser.add_argument("--at", nargs="+", default=["tokens"], metavar="POINT",
-                        help="tokens (default: the most tokens every run reached at an evaluated step), gpu_hours "
-                        "(the same in the ledger's trained GPU-hours), step N, or last")  # fmt: skip
-    parser.add_argument("--last_k", type=_positive, default=1, help="average each seed's last K evaluated steps up "
-                        "to the point (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="the verdict as JSON: an object, a list for several tasks")
-    parser.add_argument("--draws", type=_positive, default=DRAWS, help="bootstrap draws (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: %(default)s)")
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return int(text)
-
-
-def asked_of(targets: list[Path], args: argparse.Namespace) -> Asked:
-    """The arguments checked (a VerdictError naming the flag where one is wrong)."""
-    at, step = args.at[0], None
-    if at not in A.AT or (at == "step") != (len(args.at) == 2) or len(args.at) > 2:
-        raise VerdictError(f"--at {' '.join(args.at)}: tokens, gpu_hours, step N or last")
-    if at == "step":
-        if not args.at[1].isdigit():
-            raise VerdictError(f"--at step {args.at[1]}: N is a step number")
-        step = int(args.at[1])
-    if args.draws < DRAWS:
-        raise VerdictError(f"--draws {args.draws}: a verdict takes {DRAWS:,} or more")
-    bad = [t for t in args.task if not t.partition(":")[0] or t.count(":") > 1]
-    if bad:
-        raise VerdictError(f"--task {bad[0]}: TASK or TASK:METRIC")
-    return Asked(targets, list(args.task), at, step, args.last_k, args.draws, args.seed)
 
 
 def hours_from_ledger(run: A.Run) -> Callable[[int], float | None]:

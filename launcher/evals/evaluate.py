@@ -29,10 +29,10 @@ from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
 from launcher.errors import ConfigError
 from launcher.evals import checks as eval_checks
-from launcher.evals import plan
+from launcher.evals import plan, record
 from launcher.evals import probe as eval_probe
 from launcher.evals.settings import EvalSettings
-from launcher.evals.submit import Submission, submit
+from launcher.evals.submit import Submission, failed, submit
 from launcher.node import job as job_file
 from launcher.problems import Problem, report
 from launcher.runs import rerun
@@ -147,16 +147,19 @@ def plan_run(bundle: Path, args: argparse.Namespace) -> tuple[Planned | None, li
     return Planned(run, job, settings, steps, options), []
 
 
-def said(s: Submission, job: job_file.Job, again: bool) -> str:
+def said(s: Submission, job: job_file.Job, key: str, again: bool) -> str:
+    """What became of a step, in a line."""
     if s.new and s.submitted:
         return f"step {s.step}: eval job {s.job} submitted (log {job.eval_log(s.step)})"
     if s.new:
         return f"step {s.step}: not submitted: {s.why}"
     if s.retry:
         return f"step {s.step}: not submitted now ({s.why}): run this again"
-    hint = "" if again or s.why not in ("failed", "refused", "lost") else " (--again submits it anew)"
-    return f"step {s.step}: evaluated already for these tasks (eval job {s.job or '-'}, {s.why}): nothing submitted" \
-        + hint  # fmt: skip
+    sub = record.submission(job.checkpoints, s.step, key) or {}
+    state = str((record.result_of(sub) or {}).get("state") or s.why)  # the eval job's word, else the submission's
+    hint = " (--again submits it anew)" if not again and failed(sub) else ""
+    return f"step {s.step}: evaluated already for these tasks (eval job {s.job or '-'}, {state}): nothing " \
+        f"submitted{hint}"  # fmt: skip
 
 
 def command(bundles: list[Path], args: argparse.Namespace) -> int:
@@ -175,5 +178,6 @@ def command(bundles: list[Path], args: argparse.Namespace) -> int:
         print(f"Evaluating {p.job.run_name} ({p.run.bundle_dir}) on {p.settings.said}, steps "
               f"{', '.join(map(str, p.steps))}:")  # fmt: skip
         for step in p.steps:
-            print("  " + said(submit(p.job, p.settings, step, BY, queue, p.options, args.again), p.job, args.again))
+            done = submit(p.job, p.settings, step, BY, queue, p.options, args.again)
+            print("  " + said(done, p.job, p.settings.key, args.again))
     return 0

@@ -25,7 +25,7 @@ from launcher import protocol as P
 from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
-from launcher.evals import decide, evaluate
+from launcher.evals import arms, evaluate
 from launcher.evals import report as evals_report
 from launcher.export.exporter import export
 from launcher.ledger.report import ledger_command, run_ledger_line, sweep_ledger_line
@@ -200,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     evals.add_argument("target", help=target)
     evals.add_argument("--rank_by", help="a sweep: rank its points by this task's score (TASK or TASK:METRIC)")
     verdict = actions.add_parser("verdict", help="which arm of a sweep is better, by how much, and how sure")
-    decide.add_arguments(verdict)
+    arms.add_arguments(verdict)
     evaluate_ = actions.add_parser("evaluate", help="score checkpoints already on disk (the run's eval job)")
     evaluate.add_arguments(evaluate_)
     for sub in (ledger, rerun_, diff, export_, checkpoints_, evals, verdict, evaluate_):
@@ -247,14 +247,17 @@ def _evals(target: str, configs_path: Path, rank_by: str | None) -> int:
     sweep_dir = sweep_record.directory_of(Path(target))
     if sweep_dir is None:
         return evals_report.command(bundle_of(target, configs_path), rank_by)
-    return evals_report.command(
-        sweep_dir, rank_by, lambda p, by, d: decide.ranking_lines(p, by, evals_report.ranking_lines, d)
-    )
+    from launcher.evals import decide  # numpy: only where a sweep is ranked
+
+    ranked = evals_report.ranking_lines
+    return evals_report.command(sweep_dir, rank_by, lambda p, by, d: decide.ranking_lines(p, by, ranked, d))
 
 
 def _verdict(args: argparse.Namespace) -> int:
+    from launcher.evals import decide  # numpy: only where a verdict is asked for
+
     targets = [sweep_record.directory_of(Path(t)) or bundle_of(t, args.configs_path).bundle_dir for t in args.targets]
-    asked = decide.asked_of(targets, args)
+    asked = arms.asked_of(targets, args)
     return decide.command(asked, args.json, decide.hours_from_ledger if asked.at == "gpu_hours" else None)
 
 

@@ -24,7 +24,6 @@ from launcher import protocol as P
 from launcher.bundle import files, manifest, sweep_record
 from launcher.bundle.sweep_record import SweepPoint
 from launcher.config import flags
-from launcher.evals import decide
 from launcher.evals import report as evals_report
 from launcher.ledger import usage
 from launcher.problems import Problem
@@ -176,6 +175,8 @@ def follow(record_dir: Path, cadence: Cadence | None = None, rank_by: str | None
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}, rank_by=rank_by))
     if tasks and len({values_text({k: v for k, v in e.values.items() if k != "seed"}) for e in record.points}) > 1:
+        from launcher.evals import decide  # numpy: only where there is a verdict to give
+
         print("\n".join(decide.sweep_lines(record_dir, tasks)))
     points = [(e.run_name, e.bundle) for e in entries.values()]
     print("GPU-hours (python -m launcher.jobs ledger DIR: every attempt)")
@@ -246,5 +247,7 @@ def results(record_dir: Path, states: dict[str, str], plot: bool = True, rank_by
         lines.append(f"  loss curves  {pictures.sweep_curves(series, record_dir / 'loss.png')}")
     points = [(e.run_name, e.bundle) for e in record.points]
     if rank_by := rank_by or record.rank_by:
+        from launcher.evals import decide  # numpy: only where there is a ranking to give
+
         lines += decide.ranking_lines(points, rank_by, evals_report.ranking_lines, record_dir)
     return "\n".join(lines)
