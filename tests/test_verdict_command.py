@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from verdict_records import make_run, make_sweep, mc_samples, ppl_samples
+from verdict_records import domain_documents, make_run, make_sweep, mc_samples, ppl_samples
 
 from launcher.evals import arms as A
 from launcher.evals import decide
@@ -40,7 +40,9 @@ def sweep_of(root: Path, last: dict[str, int] | None = None, skill: dict[str, fl
                 right = (rng.random(N) < p).astype(int)
                 gold = -(2.0 + difficulty - base + rng.normal(0, 0.3, N))
                 ll = -size * (1.2 - base / 5) * rng.lognormal(0, 0.05, 50)
-                evals[step] = {"mc": mc_samples(right, gold), "ppl": ppl_samples(ll, size)}
+                web = size * (1.3 - base / 4) * rng.lognormal(0, 0.05, 50)
+                evals[step] = {"mc": mc_samples(right, gold), "ppl": ppl_samples(ll, size),
+                               "heldout:web": domain_documents(web, size // 4, size)}  # fmt: skip
             bundle = make_run(root, name, {"learning_rate": float(lr), "seed": int(seed)}, evals)
             points.append((name, {"learning_rate": lr, "seed": seed}, bundle))
     return make_sweep(root, "sw", points)
@@ -200,3 +202,37 @@ def test_jobs_evals_ranks_a_sweep_with_seeds_by_the_verdict_and_the_sweeps_end_p
     lines = decide.sweep_lines(sweep, ["mc", "nosuch"])
     assert lines[1].startswith("Compared at tokens 30,000") and "mc acc at tokens 30,000: 2 arms" in "\n".join(lines)
     assert any(line.startswith("No verdict on nosuch: nosuch: no evals to compare") for line in lines)
+
+
+def test_the_launch_and_the_jobs_command_import_no_numpy_until_a_verdict_is_asked():
+    import os
+    import subprocess
+    import sys
+
+    from launcher_helpers import ROOT
+
+    code = "import sys, launcher.runs.launch, launcher.jobs.command\n"
+    code += "print(sorted({'numpy', 'matplotlib'} & set(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_held_out_domain_is_judged_over_its_documents(tmp_path: Path, capsys):
+    """`--task heldout:NAME`: bits per byte (the default) and loss are ratios over the domain's documents: the
+    score is summed NLL bits over summed bytes (tokens), the interval over documents."""
+    sweep = sweep_of(tmp_path)
+    code, out, _ = verdict(str(sweep), "--task", "heldout:web", "--task", "heldout:web:loss", "--json", capsys=capsys)
+    assert code == 0
+    bpb, loss = json.loads(out)
+    assert (bpb["metric"], loss["metric"]) == ("bits_per_byte", "loss")
+    sums = {}
+    for lr in ("0.001", "0.003"):
+        scores = []
+        for seed in ("1", "2"):
+            with np.load(tmp_path / f"logs/configs/sw-{lr}-{seed}/20261206-000000/evals/step-30-k0.items.npz") as f:
+                scores.append(-f["heldout:web|ll"].sum() / np.log(2) / f["heldout:web|bytes"].sum())
+        sums[lr] = np.mean(scores)
+    (pair,) = bpb["pairs"]
+    assert pair["diff"] == pytest.approx(sums["0.001"] - sums["0.003"], rel=1e-9)
+    assert pair["verdict"] == "b" and bpb["arms"][0]["score"] > bpb["arms"][1]["score"]  # lower is better

@@ -43,7 +43,13 @@ def ppl_samples(ll: Sequence[float], size: Sequence[int]) -> list[dict]:
             for i, (x, n) in enumerate(zip(ll, size, strict=True))]  # fmt: skip
 
 
-def make_run(root: Path, name: str, flags: Mapping[str, object], evals: Mapping[int, Mapping[str, list[dict]]],
+def domain_documents(nll: Sequence[float], tokens: Sequence[int], size: Sequence[int]) -> dict:
+    """A held-out domain's documents as launcher/train/domains.py hands them to the eval job."""
+    return {"id": [f"{i:016x}" for i in range(len(nll))], "nll": list(nll), "tokens": list(tokens),
+            "bytes": list(size)}  # fmt: skip
+
+
+def make_run(root: Path, name: str, flags: Mapping[str, object], evals: Mapping[int, Mapping[str, object]],
              tokens_per_step: int = 1000, limit: int | None = None, key: str = KEY) -> Path:  # fmt: skip
     """A run's bundle and checkpoints with one done result (and its items file) per step: `evals[step][task]`
     its samples. Returns the bundle."""
@@ -57,14 +63,18 @@ def make_run(root: Path, name: str, flags: Mapping[str, object], evals: Mapping[
                              "data": {"dataset": "/data/d"}, "execution": {"config": None}},
                 "outputs": {"checkpoints": str(checkpoints), "log": str(root / f"{name}.out")}}  # fmt: skip
     (bundle / "manifest.json").write_text(json.dumps(manifest))
-    for step, tasks in evals.items():
-        kept = items.write(bundle, step, key, tasks)
+    for step, asked in evals.items():
+        tasks = {t: v for t, v in asked.items() if not t.startswith(items.HELDOUT)}
+        domains = {t: items.documents(v) for t, v in asked.items() if t.startswith(items.HELDOUT)}  # type: ignore[arg-type]
+        kept = items.write(bundle, step, key, tasks, domains)
         metrics = {}
         for task in tasks:
             table = items.read(items.path(bundle, step, key))[task]
             metrics[task] = {m: float(np.mean(table[m])) for m in items.metrics(table) if m in table}
+        held = {t.removeprefix(items.HELDOUT): {"loss": float(np.sum(v["nll"]) / np.sum(v["tokens"]))}
+                for t, v in asked.items() if t.startswith(items.HELDOUT)}  # fmt: skip
         row = {"state": "done", "tokens": step * tokens_per_step, "tasks": metrics, "limit": limit, "items": kept,
-               "ended": 1.0e9 + step}  # fmt: skip
+               "ended": 1.0e9 + step, "heldout": held or None}  # fmt: skip
         eval_record.write_result(bundle, step, key, row)
     return bundle
 

@@ -186,8 +186,9 @@ class EvalArgs:
     eval_partition: str | None = None  # Partition of the eval jobs (default: the run's --partition).
     eval_gpus: int = 0  # GPUs of each eval job (0: its node's CPUs).
     eval_heldout: str | None = None
-    """Held-out data for the loss and bits per byte at each evaluated step: split:NAME of the run's local dataset, or
-    another local dataset (a save_to_disk folder or a .jsonl/.json/.txt file) the run does not train on."""
+    """Held-out data for the loss and bits per byte at each evaluated step: split:NAME of the run's local dataset,
+    tail:N of its tokenized folder, or another local dataset the run does not train on; or domains, a loss each:
+    NAME=SOURCE,NAME=SOURCE."""
     rank_by: str | None = None  # --sweep: rank the points by this task's score (TASK or TASK:METRIC), best first.
 
 

@@ -16,7 +16,10 @@ Columns, each an array named `<task>|<column>`, one value per item in lm-eval's 
   `gold_bytes`, that continuation's UTF-8 length as lm-eval scores it: the target delimiter (a space) counted,
   since its token is part of the log-likelihood. `gold_bpb` = -gold_ll / (ln 2 * gold_bytes) (`gold_bpb`);
 - a perplexity task (loglikelihood_rolling): the document's summed log-likelihood `ll`, its UTF-8 `bytes` and
-  `words` (lm-eval's counts), so its bits per byte is sum(-ll) / (ln 2 * sum(bytes)) over documents.
+  `words` (lm-eval's counts), so its bits per byte is sum(-ll) / (ln 2 * sum(bytes)) over documents;
+- a held-out domain of --eval_heldout (`heldout:NAME`, launcher/train/domains.py): each document's `ll` (minus its
+  summed cross-entropy), `tokens` predicted and UTF-8 `bytes`: its `loss` is sum(-ll) / sum(tokens), its
+  `bits_per_byte` sum(-ll) / (ln 2 * sum(bytes)).
 
 numpy only (the eval job's Python has it with lm-eval; `jobs verdict` imports this module where it reads them).
 """
@@ -40,7 +43,8 @@ SUFFIX = ".items.npz"
 HASH_DIGITS = 16  # 64 bits of lm-eval's sha256: no two items of a task's 10^6 collide but once in ~10^7 tasks
 ROLLING = {"word_perplexity": "words", "byte_perplexity": "bytes", "bits_per_byte": "bytes"}  # (ll, count) tuples
 CONTINUOUS = "gold_bpb"  # the continuous metric's name (derived: -gold_ll / (ln 2 * gold_bytes))
-KEPT = ("doc_id", "doc_hash", "gold_ll", "gold_bytes", "ll", "bytes", "words")  # columns that are not metrics
+HELDOUT = "heldout:"  # a held-out domain's rows: `heldout:NAME` (`jobs verdict --task heldout:NAME`)
+KEPT = ("doc_id", "doc_hash", "gold_ll", "gold_bytes", "ll", "bytes", "words", "tokens")  # columns that are not metrics
 Table = dict[str, npt.NDArray[Any]]
 
 
@@ -105,10 +109,21 @@ def table(rows: Sequence[Mapping[str, Any]]) -> Table:
     return out
 
 
-def write(bundle: Path, step: int, key: str, samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """Every task's rows, in one file (atomic); what the result says of it: the file's name in the bundle, its
-    bytes, the items per task."""
-    tables = {task: table(rows) for task, rows in samples.items() if rows}
+def documents(per_document: Mapping[str, Sequence[Any]]) -> Table:
+    """A held-out domain's documents (launcher/train/domains.py's `per_document`) as a task's columns: `ll` (minus
+    the summed cross-entropy, nats), `tokens` predicted, `bytes`."""
+    ids = list(per_document["id"])
+    return {"doc_id": np.arange(len(ids), dtype=np.int32), "doc_hash": np.array(ids, dtype=f"S{HASH_DIGITS}"),
+            "ll": -np.asarray(per_document["nll"], dtype=np.float64),
+            "tokens": np.asarray(per_document["tokens"], dtype=np.int64),
+            "bytes": np.asarray(per_document["bytes"], dtype=np.int64)}  # fmt: skip
+
+
+def write(bundle: Path, step: int, key: str, samples: Mapping[str, Sequence[Mapping[str, Any]]],
+          more: Mapping[str, Table] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every task's rows (and `more` tables: the held-out domains', `heldout:NAME`), in one file (atomic); what the
+    result says of it: the file's name in the bundle, its bytes, the items per task."""
+    tables = {task: table(rows) for task, rows in samples.items() if rows} | dict(more or {})
     arrays = {f"{task}|{column}": values for task, columns in tables.items() for column, values in columns.items()}
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]
@@ -148,6 +163,8 @@ def metrics(columns: Table) -> list[str]:
         names.append(CONTINUOUS)
     if "ll" in columns:
         names.append("bits_per_byte")
+    if "ll" in columns and "tokens" in columns:
+        names.append("loss")
     return names
 
 
@@ -159,6 +176,8 @@ def values(columns: Table, metric: str) -> tuple[npt.NDArray[Any], npt.NDArray[A
         return -columns["gold_ll"] / (math.log(2) * columns["gold_bytes"]), None, "mean"
     if metric == "bits_per_byte" and "ll" in columns:
         return -columns["ll"] / math.log(2), columns["bytes"], "ratio"
+    if metric == "loss" and "ll" in columns and "tokens" in columns:
+        return -columns["ll"], columns["tokens"], "ratio"
     return columns[metric], None, "mean"
 
 

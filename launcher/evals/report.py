@@ -58,24 +58,24 @@ def _value(value: float) -> str:
 
 
 def table(found: RunEvals, states: dict[str, str] | None = None, indent: str = "  ") -> list[str]:
-    """The steps evaluated (a row each: tokens, each task's main metric, the held-out figures, GPU-hours), then the
-    failed steps with their causes, then the eval jobs still to end."""
+    """The steps evaluated (a row each: tokens, each task's main metric, each held-out domain's loss and bits per
+    byte), then the failed steps with their causes, then the eval jobs still to end."""
     lines = []
     if found.done:
         tasks = found.tasks
         columns = [(t, eval_record.main_metric(next(r["tasks"][t] for r in found.done.values() if t in r["tasks"])))
                    for t in tasks]  # fmt: skip
         heads = [f"{t} {m}" for t, m in columns]
-        held = any(r.get("heldout") for r in found.done.values())
-        heads += ["heldout loss", "bits/byte"] if held else []
+        domains = list(dict.fromkeys(name for r in found.done.values() for name in (r.get("heldout") or {})))
+        heads += [f"{name} {what}" for name in domains for what in ("loss", "bits/byte")]
         widths = [max(len(h), 8) for h in heads]
         named = "  ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True))
         lines.append(f"{indent}{'step':>7}  {'tokens':>13}  {named}")
         for step in sorted(found.done):
             row = found.done[step]
             cells = [row["tasks"].get(t, {}).get(m or "") for t, m in columns]
-            if held:
-                h = row.get("heldout") or {}
+            for name in domains:
+                h = (row.get("heldout") or {}).get(name) or {}
                 cells += [h.get("loss"), h.get("bits_per_byte")]
             shown = ["-" if c is None else _value(float(c)) for c in cells]
             lines.append(f"{indent}{step:>7}  {int(row.get('tokens') or 0):>13,}  "
