@@ -58,6 +58,7 @@ class Evaluated:
     items: Path  # the items file (launcher/evals/items.py)
     limit: int | None  # --eval_limit it was scored with
     ended: float = 0.0
+    digest: str | None = None  # the items' ids' digest (items.digest; None: a file written before it was kept)
 
 
 @dataclass
@@ -203,7 +204,7 @@ def evaluated(run: Run, task: str) -> tuple[list[Evaluated], list[int]]:
             bare.append(step)
             continue
         found = Evaluated(step, int(row.get("tokens") or 0), key, bundle / str(kept["file"]), row.get("limit"),
-                          float(row.get("ended") or 0))  # fmt: skip
+                          float(row.get("ended") or 0), (kept.get("digests") or {}).get(task))  # fmt: skip
         if step not in by_step or found.ended >= by_step[step].ended:
             by_step[step] = found
     return [by_step[s] for s in sorted(by_step)], sorted(set(bare) - set(by_step))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from launcher.bundle import manifest
 from launcher.evals import arms as A
@@ -26,27 +27,79 @@ from launcher.evals.verdict import DRAWS, Arm, Comparison, Seed, Verdict, Verdic
 PICTURE = "verdict.png"
 
 
+Values = tuple[list[str], Any, Any]  # item ids, values, denominators (None: a mean)
+
+
 class Rows:
-    """Items files read once each."""
+    """Items files read once each (a sweep's evals can be hundreds of files): the columns of the wanted tasks' metrics
+    only, reduced to each metric's values as read, kept until used once; each distinct list of item ids made once
+    and shared (the verdict aligns shared lists at no cost)."""
 
     def __init__(self) -> None:
-        self.read: dict[Path, dict[str, items.Table]] = {}
+        self.columns: dict[Path, dict[str, list[str]]] = {}
+        self.ids: dict[bytes, list[str]] = {}
+        self.wanted: dict[str, str] = {}  # task -> its metric
+        self.kept: dict[tuple[Path, str], Values] = {}
+        self.by_digest: dict[str, list[str]] = {}  # items.digest -> the ids
+        self.digests: dict[Path, dict[str, str | None]] = {}  # a file -> its tasks' digests (its result's)
 
-    def table(self, e: A.Evaluated, task: str) -> items.Table:
-        if e.items not in self.read:
-            try:
-                self.read[e.items] = items.read(e.items)
-            except (OSError, ValueError, KeyError) as err:
-                raise VerdictError(f"{e.items}: its per-item rows cannot be read ({err})") from None
-        found = self.read[e.items].get(task)
-        if found is None:
+    def _open(self, e: A.Evaluated, read: Callable[[], object]) -> object:
+        try:
+            return read()
+        except (OSError, ValueError, KeyError) as err:
+            raise VerdictError(f"{e.items}: its per-item rows cannot be read ({err})") from None
+
+    def names(self, e: A.Evaluated, task: str) -> list[str]:
+        """The columns the task has in the step's file."""
+        if e.items not in self.columns:
+            self.columns[e.items] = self._open(e, lambda: items.names(e.items))  # type: ignore[assignment]
+        if task not in self.columns[e.items]:
             raise VerdictError(f"{e.items} holds no rows of {task}")
-        return found
+        return self.columns[e.items][task]
+
+    def want(self, task: str, metric: str, found: dict[A.Run, list[A.Evaluated]]) -> None:
+        """`task` is judged on `metric`: read with the others from each file, once (its files' digests noted)."""
+        self.wanted[task] = metric
+        for steps in found.values():
+            for e in steps:
+                self.digests.setdefault(e.items, {})[task] = e.digest
+
+    def get(self, e: A.Evaluated, task: str, metric: str, alone: bool = False) -> Values:
+        """The task's item ids, values and denominators (None: a mean) at the step: read once, with every wanted
+        task of the file (`alone`: this one only), kept until asked for."""
+        self.names(e, task)
+        if (e.items, task) not in self.kept:
+            self._load(e, {task: metric} if alone else {**self.wanted, task: metric}, {task: e.digest})
+        return self.kept.pop((e.items, task))
+
+    def _load(self, e: A.Evaluated, wanted: dict[str, str], digests: dict[str, str | None]) -> None:
+        """The file's wanted tasks, each reduced to its metric's values; the ids of a digest read once (the file's
+        other tasks' digests are those its result names, where `digests` has them)."""
+        import numpy as np
+
+        digests = {**self.digests.get(e.items, {}), **digests}
+        known = {t: d for t, d in digests.items() if d in self.by_digest}
+        columns = {t: (*(() if t in known else ("doc_hash",)), *items.needs(m)) for t, m in wanted.items()}
+        found: dict = self._open(e, lambda: items.read(e.items, columns))  # type: ignore[assignment]
+        for task, metric in wanted.items():
+            if task not in found:
+                continue
+            table = found[task]
+            if task in known:
+                ids = self.by_digest[known[task]]
+            else:
+                key = table["doc_hash"].tobytes()
+                ids = self.ids[key] if key in self.ids else self.ids.setdefault(key, items.ids(table))
+                if digests.get(task):
+                    self.by_digest[str(digests[task])] = ids
+            v, t, _ = items.values(table, metric)
+            small = t is not None and t.dtype.kind in "iu" and (t.size == 0 or int(t.max()) < 2**31)
+            self.kept[(e.items, task)] = (ids, v, t.astype(np.int32) if small and t is not None else t)
 
 
-def metric_of(table: items.Table, task: str, asked: str | None) -> str:
+def metric_of(columns: list[str], task: str, asked: str | None) -> str:
     """The metric judged: `asked`, where the task's rows have it; else the task's main one."""
-    known = items.metrics(table)
+    known = items.metrics(dict.fromkeys(columns))  # type: ignore[arg-type]
     if asked and asked not in known:
         raise VerdictError(f"{task} has no per-item {asked}: its metrics are {', '.join(known)} (`gold_bpb`: the "
                            "gold answer's bits per byte, multiple choice)")  # fmt: skip
@@ -56,19 +109,18 @@ def metric_of(table: items.Table, task: str, asked: str | None) -> str:
     return chosen
 
 
-def seed_of(run: A.Run, steps: Sequence[A.Evaluated], task: str, metric: str, rows: Rows) -> Seed:
+def seed_of(run: A.Run, steps: Sequence[A.Evaluated], task: str, metric: str, rows: Rows,
+            alone: bool = False) -> Seed:  # fmt: skip
     """A run's rows at its steps as one replicate: K x N values (and denominators), in its first step's item order."""
     import numpy as np
 
     ids: list[str] | None = None
     values, totals = [], []
     for e in steps:
-        table = rows.table(e, task)
-        mine = items.ids(table)
-        v, t, _ = items.values(table, metric)
+        mine, v, t = rows.get(e, task, metric, alone)
         if ids is None:
             ids = mine
-        elif mine != ids:
+        elif mine is not ids and mine != ids:
             if sorted(mine) != sorted(ids):
                 raise VerdictError(f"{task}: {run.name}'s steps {steps[0].step} and {e.step} were evaluated on other "
                                    "items: compare steps evaluated on the same data")  # fmt: skip
@@ -82,11 +134,10 @@ def seed_of(run: A.Run, steps: Sequence[A.Evaluated], task: str, metric: str, ro
     return Seed(run.seed or run.name, ids, np.stack(values), np.stack(totals) if totals else None)
 
 
-def comparison(task: str, asked: str | None, arms: Sequence[A.ArmRuns], point: A.Point, last_k: int,
+def comparison(task: str, metric: str, arms: Sequence[A.ArmRuns], point: A.Point, last_k: int,
                rows: Rows) -> Comparison:  # fmt: skip
     """One task's arms at the point, their rows read."""
-    first_run = arms[0].runs[0]
-    metric = metric_of(rows.table(point.steps[first_run][-1], task), task, asked)
+    columns = rows.names(point.steps[arms[0].runs[0]][-1], task)
     sizes = {}
     out = []
     for arm in arms:
@@ -101,7 +152,7 @@ def comparison(task: str, asked: str | None, arms: Sequence[A.ArmRuns], point: A
         said = ", ".join(f"{name}: {n:,}" for name, n in sizes.items())
         raise VerdictError(f"{task}: the arms were evaluated on data of different sizes ({said} items): compare runs "
                            "evaluated on the same items (the same data and --eval_limit)")  # fmt: skip
-    kind = items.values(rows.table(point.steps[first_run][-1], task), metric)[2]
+    kind = items.kind(metric, columns)
     return Comparison(task, metric, out, kind=kind, lower_is_better=metric in eval_record.LOWER_IS_BETTER,  # type: ignore[arg-type]
                       at=point.as_json())  # fmt: skip
 
@@ -126,17 +177,18 @@ def judge(asked: Asked, hours_of: A.HoursOf | None = None,
     if len(arms) < 2:
         raise VerdictError(f"the {len(runs)} runs differ only by seed: one arm, nothing to compare it with")
     rows = Rows()
-    comparisons, points, panels = [], [], []
+    chosen = []  # every task's point and metric first: then each file is read once for all of them
     for spec in asked.tasks:
         task, metric = A.split_task(spec)
         found = A.series(arms, task)
         point = A.choose(asked.at, found, asked.step, hours_of)
         A.check_comparable(point, task)
-        c = comparison(task, metric, arms, point, asked.last_k, rows)
-        comparisons.append(c)
-        points.append(point)
-        panels.append(series(arms, found, task, c.metric, rows) if with_series else {})
-    return verdicts(comparisons, asked.draws or DRAWS, asked.seed), points, panels
+        metric = metric_of(rows.names(point.steps[arms[0].runs[0]][-1], task), task, metric)
+        rows.want(task, metric, found)
+        chosen.append((task, metric, found, point))
+    comparisons = [comparison(task, metric, arms, point, asked.last_k, rows) for task, metric, _, point in chosen]
+    panels = [series(arms, found, task, metric, rows) if with_series else {} for task, metric, found, _ in chosen]
+    return verdicts(comparisons, asked.draws or DRAWS, asked.seed), [p for *_, p in chosen], panels
 
 
 def series(arms: Sequence[A.ArmRuns], found: dict, task: str, metric: str, rows: Rows) -> dict:
@@ -150,12 +202,14 @@ def series(arms: Sequence[A.ArmRuns], found: dict, task: str, metric: str, rows:
         common = set.intersection(*({e.step for e in found[r]} for r in arm.runs))
         points = []
         for step in sorted(common):
-            per = [seed_of(r, [next(e for e in found[r] if e.step == step)], task, metric, rows) for r in arm.runs]
+            per = [seed_of(r, [next(e for e in found[r] if e.step == step)], task, metric, rows, alone=True)
+                   for r in arm.runs]  # fmt: skip
             value = np.mean([np.asarray(s.values, dtype=float)[0] for s in per], axis=0)
             total = np.mean([np.asarray(s.totals, dtype=float)[0] for s in per], axis=0) if per[0].totals is not None \
                 else np.ones_like(value)  # fmt: skip
             score = float(value.sum() / total.sum())
-            spread = 1.96 * float(np.std(value - score * total, ddof=1)) / (np.sqrt(len(value)) * float(total.mean()))
+            spread = 0.0 if len(value) < 2 else 1.96 * float(np.std(value - score * total, ddof=1)) / (
+                np.sqrt(len(value)) * float(total.mean()))  # fmt: skip
             tokens = next(e.tokens for e in found[arm.runs[0]] if e.step == step)
             points.append((float(tokens), score, score - spread, score + spread))
         out[arm.label] = points

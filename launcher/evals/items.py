@@ -26,6 +26,7 @@ numpy only (the eval job's Python has it with lm-eval; `jobs verdict` imports th
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
@@ -122,7 +123,7 @@ def documents(per_document: Mapping[str, Sequence[Any]]) -> Table:
 def write(bundle: Path, step: int, key: str, samples: Mapping[str, Sequence[Mapping[str, Any]]],
           more: Mapping[str, Table] | None = None) -> dict[str, Any]:  # fmt: skip
     """Every task's rows (and `more` tables: the held-out domains', `heldout:NAME`), in one file (atomic); what the
-    result says of it: the file's name in the bundle, its bytes, the items per task."""
+    result says of it: the file's name in the bundle, its bytes, the items per task and their ids' digests."""
     tables = {task: table(rows) for task, rows in samples.items() if rows} | dict(more or {})
     arrays = {f"{task}|{column}": values for task, columns in tables.items() for column, values in columns.items()}
     buffer = io.BytesIO()
@@ -131,17 +132,48 @@ def write(bundle: Path, step: int, key: str, samples: Mapping[str, Sequence[Mapp
     where.parent.mkdir(parents=True, exist_ok=True)
     atomic.replace(where, buffer.getvalue())
     return {"file": str(where.relative_to(bundle)), "bytes": len(buffer.getvalue()),
-            "items": {task: len(columns["doc_id"]) for task, columns in tables.items()}}  # fmt: skip
+            "items": {task: len(columns["doc_id"]) for task, columns in tables.items()},
+            "digests": {task: digest(columns) for task, columns in tables.items()}}  # fmt: skip
 
 
-def read(file: Path) -> dict[str, Table]:
-    """task -> its columns, from an items file (OSError or ValueError where it cannot be read)."""
+def digest(columns: Table) -> str:
+    """The items' ids as one short hash (of the doc_hash column): two tables of one digest hold the same items in
+    the same order, so a reader of many files reads their ids once."""
+    return hashlib.sha256(np.ascontiguousarray(columns["doc_hash"]).tobytes()).hexdigest()[:16]
+
+
+def read(file: Path, wanted: Mapping[str, Iterable[str]] | None = None) -> dict[str, Table]:
+    """task -> its columns, from an items file: every task's every column, or (`wanted`: task -> columns) only
+    those (only they are decompressed). OSError or ValueError where it cannot be read."""
     tables: dict[str, Table] = {}
     with np.load(file, allow_pickle=False) as found:
         for name in found.files:
-            task, _, column = name.rpartition("|")
-            tables.setdefault(task, {})[column] = found[name]
+            owner, _, column = name.rpartition("|")
+            if wanted is None or (owner in wanted and column in wanted[owner]):
+                tables.setdefault(owner, {})[column] = found[name]
     return tables
+
+
+def names(file: Path) -> dict[str, list[str]]:
+    """task -> its columns' names, from an items file's index (nothing decompressed)."""
+    found: dict[str, list[str]] = {}
+    with np.load(file, allow_pickle=False) as opened:
+        for name in opened.files:
+            owner, _, column = name.rpartition("|")
+            found.setdefault(owner, []).append(column)
+    return found
+
+
+def needs(metric: str) -> tuple[str, ...]:
+    """The columns `values` reads for `metric` (those a table has of them)."""
+    return {CONTINUOUS: ("gold_ll", "gold_bytes"), "bits_per_byte": ("bits_per_byte", "ll", "bytes"),
+            "loss": ("loss", "ll", "tokens")}.get(metric, (metric,))  # fmt: skip
+
+
+def kind(metric: str, columns: Iterable[str]) -> str:
+    """ "ratio" (summed over items, then divided) or "mean" (a mean over items) for `metric` of such a table."""
+    have = set(columns)
+    return "ratio" if (metric == "bits_per_byte" and "ll" in have) or (metric == "loss" and "ll" in have) else "mean"
 
 
 def ids(columns: Table) -> list[str]:
