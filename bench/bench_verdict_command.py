@@ -3,7 +3,7 @@
 command's wall time and peak memory (RSS, the kernel's: wait4's ru_maxrss), --json (the records read, the
 statistics) and the text with the picture. Not a test.
 
-    python bench/bench_verdict_command.py [--arms 32] [--seeds 3] [--steps 10] [--tasks 10] [--items 10000]
+    python bench/bench_verdict_command.py [--arms 32] [--seeds 3] [--steps 10] [--tasks 10] [--items 10000] [--dir D]
 
 Tasks 0-4 are multiple choice (acc 0/1, the gold answer's log-likelihood and bytes: judged on acc), 5-6 the same
 judged on gold_bpb, 7-9 perplexity tasks (each document's log-likelihood and bytes: bits per byte, a ratio). Every
@@ -104,10 +104,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--dir", type=Path, help="keep the records there, and reuse them if they are there")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.dir or Path(scratch)
         start = time.perf_counter()
-        sweep = records(Path(tmp), args.arms, args.seeds, args.steps, args.tasks, args.items)
+        ready = tmp / "configs" / "b" / "stamp"
+        sweep = ready if ready.is_dir() else records(tmp, args.arms, args.seeds, args.steps, args.tasks, args.items)
         made = time.perf_counter() - start
         size = sum(p.stat().st_size for p in Path(tmp).rglob("*.npz"))
         tasks = [x for t in range(args.tasks) for x in ("--task", f"t{t}" + (":gold_bpb" if 5 <= t < 7 else ""))]

@@ -38,9 +38,10 @@ class Rows:
     def __init__(self) -> None:
         self.columns: dict[Path, dict[str, list[str]]] = {}
         self.ids: dict[bytes, list[str]] = {}
-        self.wanted: dict[str, str] = {}  # task -> its metric
-        self.kept: dict[tuple[Path, str], Values] = {}
+        self.wanted: set[tuple[str, str]] = set()  # (task, metric)
+        self.kept: dict[tuple[Path, str, str], Values] = {}
         self.by_digest: dict[str, list[str]] = {}  # items.digest -> the ids
+        self.totals: dict[bytes, Any] = {}  # denominators by content: one array for equal ones
         self.digests: dict[Path, dict[str, str | None]] = {}  # a file -> its tasks' digests (its result's)
 
     def _open(self, e: A.Evaluated, read: Callable[[], object]) -> object:
@@ -59,29 +60,31 @@ class Rows:
 
     def want(self, task: str, metric: str, found: dict[A.Run, list[A.Evaluated]]) -> None:
         """`task` is judged on `metric`: read with the others from each file, once (its files' digests noted)."""
-        self.wanted[task] = metric
+        self.wanted.add((task, metric))
         for steps in found.values():
             for e in steps:
                 self.digests.setdefault(e.items, {})[task] = e.digest
 
     def get(self, e: A.Evaluated, task: str, metric: str, alone: bool = False) -> Values:
         """The task's item ids, values and denominators (None: a mean) at the step: read once, with every wanted
-        task of the file (`alone`: this one only), kept until asked for."""
+        (task, metric) of the file (`alone`: this one only), kept until asked for."""
         self.names(e, task)
-        if (e.items, task) not in self.kept:
-            self._load(e, {task: metric} if alone else {**self.wanted, task: metric}, {task: e.digest})
-        return self.kept.pop((e.items, task))
+        if (e.items, task, metric) not in self.kept:
+            self._load(e, {(task, metric)} if alone else self.wanted | {(task, metric)}, {task: e.digest})
+        return self.kept.pop((e.items, task, metric))
 
-    def _load(self, e: A.Evaluated, wanted: dict[str, str], digests: dict[str, str | None]) -> None:
+    def _load(self, e: A.Evaluated, wanted: set[tuple[str, str]], digests: dict[str, str | None]) -> None:
         """The file's wanted tasks, each reduced to its metric's values; the ids of a digest read once (the file's
         other tasks' digests are those its result names, where `digests` has them)."""
         import numpy as np
 
         digests = {**self.digests.get(e.items, {}), **digests}
         known = {t: d for t, d in digests.items() if d in self.by_digest}
-        columns = {t: (*(() if t in known else ("doc_hash",)), *items.needs(m)) for t, m in wanted.items()}
+        columns: dict[str, set[str]] = {}
+        for task, metric in wanted:
+            columns.setdefault(task, set() if task in known else {"doc_hash"}).update(items.needs(metric))
         found: dict = self._open(e, lambda: items.read(e.items, columns))  # type: ignore[assignment]
-        for task, metric in wanted.items():
+        for task, metric in wanted:
             if task not in found:
                 continue
             table = found[task]
@@ -93,8 +96,19 @@ class Rows:
                 if digests.get(task):
                     self.by_digest[str(digests[task])] = ids
             v, t, _ = items.values(table, metric)
-            small = t is not None and t.dtype.kind in "iu" and (t.size == 0 or int(t.max()) < 2**31)
-            self.kept[(e.items, task)] = (ids, v, t.astype(np.int32) if small and t is not None else t)
+            if t is not None:  # a document's bytes are the same in every run: one array for them all
+                small = t.dtype.kind in "iu" and (t.size == 0 or int(t.max()) < 2**31)
+                t = t.astype(np.int32) if small else t
+                t = self.totals.setdefault(t.tobytes(), t)
+            self.kept[(e.items, task, metric)] = (ids, v, t)
+
+    def prefetch(self, files: Sequence[A.Evaluated]) -> None:
+        """The wanted tasks of these files read beforehand, two files at a time (zlib's inflating leaves the GIL)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo = list({e.items: e for e in files if not any((e.items, *w) in self.kept for w in self.wanted)}.values())
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda e: self._load(e, set(self.wanted), {}), todo))
 
 
 def metric_of(columns: list[str], task: str, asked: str | None) -> str:
@@ -131,6 +145,8 @@ def seed_of(run: A.Run, steps: Sequence[A.Evaluated], task: str, metric: str, ro
         if t is not None:
             totals.append(t)
     assert ids is not None
+    if totals and all(t is totals[0] for t in totals):  # the same documents' bytes at every step: no copy
+        return Seed(run.seed or run.name, ids, np.stack(values), np.broadcast_to(totals[0], (len(totals), len(ids))))
     return Seed(run.seed or run.name, ids, np.stack(values), np.stack(totals) if totals else None)
 
 
@@ -186,6 +202,7 @@ def judge(asked: Asked, hours_of: A.HoursOf | None = None,
         metric = metric_of(rows.names(point.steps[arms[0].runs[0]][-1], task), task, metric)
         rows.want(task, metric, found)
         chosen.append((task, metric, found, point))
+    rows.prefetch([e for *_, point in chosen for steps in point.steps.values() for e in steps[-asked.last_k :]])
     comparisons = [comparison(task, metric, arms, point, asked.last_k, rows) for task, metric, _, point in chosen]
     panels = [series(arms, found, task, metric, rows) if with_series else {} for task, metric, found, _ in chosen]
     return verdicts(comparisons, asked.draws or DRAWS, asked.seed), [p for *_, p in chosen], panels
