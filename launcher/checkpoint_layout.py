@@ -123,6 +123,28 @@ def in_progress(root: Path, step: int) -> str | None:
     return next((p.why for p in partial_steps(root) if p.step == step), None)
 
 
+def resume_point(root: Path) -> tuple[int | None, str]:
+    """The step a resume of the run starts from (None: none), and what to say beside it where the pointer names
+    another ("" where not): the torch engine takes the newest complete step whatever its pointer names; nanotron
+    loads the step its pointer (`latest.txt`) names, and only that one."""
+    complete, pointer = complete_steps(root), pointer_step(root)
+    newest = max(complete, default=None)
+    why = None if pointer is None or pointer in complete else in_progress(root, pointer) or "not on disk"
+    if "nanotron" in pointer_engines(root) or (pointer is None and newest is not None and complete[newest] != "torch"):
+        if pointer is None:
+            return None, ""  # (nanotron resumes from its pointer alone: without one, the run starts afresh)
+        if why is None:
+            return pointer, ""
+        rest = f"step {newest} is the newest complete one" if newest is not None else "no step is complete"
+        return None, f"the pointer names step {pointer}, which is not complete ({why}): nanotron cannot load it: {rest}"
+    if pointer is None or pointer == newest:
+        return newest, ""
+    said = f"the pointer names step {pointer}" + (f": {why}" if why else "")
+    if newest is None:
+        return None, f"no complete step to resume from ({said}): training starts at its first step"
+    return newest, f"the newest complete one; {said}"
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / str(step)
 
@@ -130,6 +152,11 @@ def step_dir(root: Path, step: int) -> Path:
 def lock_dir(root: Path) -> Path:
     """The one-writer lock (a directory: mkdir is atomic), whose holder file names the job that trains the run."""
     return root / P.LOCK
+
+
+def hold_lock(root: Path, job: str) -> None:
+    """Name `job` the holder of the run's lock (the directory made by the job that takes it)."""
+    (lock_dir(root) / P.LOCK_HOLDER).write_text(job + "\n", encoding="utf-8")
 
 
 def lock_holder(root: Path) -> str:

@@ -113,7 +113,7 @@ LINES = {
     "heartbeat": "heartbeat",
     "no_rank": "node {node} is not in the job's node list ({nodes}): no rank",
     "no_free_port": "no free port for the rendezvous on {node} (tried {ports})",
-    "rendezvous": "rendezvous {endpoint} ({backend}), {nodes} nodes x {gpus} processes, python {python}",
+    "rendezvous": "rendezvous {endpoint} ({backend}), {nodes} x {gpus}, python {python}",  # (`counted`: "1 node")
     "port_taken": "rendezvous port {port} was taken on {node} before torchrun could listen on it: trying another",
     "preemption": "preemption notice: {what}",
     "node_check_failed": "node check failed on {node}: {what}",
@@ -181,6 +181,11 @@ def now_stamp(now: float | None = None) -> str:
     """A line's time stamp: HH:MM:SS.mmm, local time."""
     now = time.time() if now is None else now
     return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
+def counted(n: int, one: str, many: str = "") -> str:
+    """`n` and its word, in the plural but for one: "1 node", "2 nodes", "2 processes"."""
+    return f"{n} {one if n == 1 else many or one + ('es' if one.endswith('s') else 's')}"
 
 
 def line(name: str, stamp: str | None = None, **values: object) -> str:

@@ -135,8 +135,8 @@ def write_config(path: Path, config: dict) -> Path:
     return path
 
 
-# The long test files first, and where the time goes (tests/timeline.py).
-pytest_plugins = ["timeline"]
+# The long test files first, and where the time goes (tests/timeline.py); the session's S3 server (tests/s3_server.py).
+pytest_plugins = ["timeline", "s3_server"]
 
 # The session's real Slurm cluster (tests/slurm_cluster.py).
 from slurm_cluster import (  # noqa: E402, F401

@@ -159,3 +159,12 @@ def test_every_test_file_that_uses_the_cluster_says_so():
     marked = "import pytest\n\npytestmark = [pytest.mark.slurm]\n\ndef test_y(tmp_path): ...\n"
     problems = cluster_marker_problems({**sources, "test_unmarked.py": unmarked, "test_marked.py": marked})
     assert [p.split(":")[0] for p in problems] == ["test_marked.py", "test_unmarked.py"], problems
+
+
+def test_the_checkpoints_folders_names_have_one_home():
+    """The lock, a purge's leftovers, the leases and the eval submissions are named by checkpoint_layout alone."""
+    import re
+
+    folder_names = re.compile(r"\bP\.(LOCK|LOCK_HOLDER|PURGING|EVALS_SUBMITTED|LEASES)\b")
+    named = [p.name for p in (ROOT / "launcher").rglob("*.py") if folder_names.search(p.read_text())]
+    assert named == ["checkpoint_layout.py"]

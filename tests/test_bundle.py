@@ -189,10 +189,18 @@ def test_resume_false_gets_its_own_checkpoints(workdir: Path):
 
 @pytest.mark.parametrize("pointer", ["latest", "latest.txt"])  # the torch engine's, nanotron's
 def test_relaunch_says_it_resumes_from_either_engines_checkpoints(workdir: Path, pointer: str, capsys):
-    (workdir / "checkpoints" / "r").mkdir(parents=True)
-    (workdir / "checkpoints" / "r" / pointer).write_text("70\n")
+    root = workdir / "checkpoints" / "r"
+    (root / "70" / "model").mkdir(parents=True)
+    (root / "70" / ("meta.json" if pointer == "latest" else "checkpoint_metadata.json")).write_text("{}")
+    (root / "70" / "state.pt").write_bytes(b"x")  # (the torch engine's, beside; nanotron's reads its own files)
+    (root / pointer).write_text("70\n")
     assert launch.main(flags()) == 0
-    assert "resume       from the checkpoint at step 70" in capsys.readouterr().out
+    assert "resume       from the checkpoint at step 70; --resume false starts afresh" in capsys.readouterr().out
+    (root / pointer).write_text("90\n")  # a step not on disk: neither engine resumes from it
+    assert launch.main(flags()) == 0
+    said = capsys.readouterr().out
+    assert "at step 90" not in said and "the pointer names step 90" in said and "not on disk" in said
+    assert ("from the checkpoint at step 70 (the newest complete one" in said) == (pointer == "latest")
 
 
 def test_a_released_claim_leaves_other_launches_of_the_run_alone(workdir: Path):

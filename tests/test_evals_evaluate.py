@@ -51,7 +51,7 @@ def test_every_problem_is_said_at_once_and_nothing_is_submitted(bundle: Path, ca
 
 def test_a_task_the_jobs_lm_eval_does_not_know_is_named(bundle: Path, capsys):
     code, _, err = evaluate(capsys, str(bundle), "--eval_tasks", "no_such_task_x")
-    assert code == 2 and "'no_such_task_x' is not a task, group or tag" in err
+    assert code == 2 and "'no_such_task_x' is not a task, group, tag or preset" in err
     assert "holds no complete checkpoint" in err
 
 

@@ -134,6 +134,12 @@ def test_every_misuse_is_named_before_the_queue(nanoset_folders: list[Path], dem
     assert "a tokenized folder in a later stage only" in later  # the eval job reads the first stage's folder
     assert said("--eval_heldout", str(b)) == ""  # another folder, made with the run's tokenizer, is held-out data
     assert "not held out" in said("--eval_heldout", str(a))
+    past = said("--eval_heldout", "tail:1G")  # more than the folder holds: no negative count
+    assert f"tail:1G holds out 1,000,000,000 tokens, more than the {read.tokens:,} {a} holds" in past
+    assert "-" not in past.split("|")[0].replace(str(a), "").replace("tail:1G", "")
+    split = said("--eval_heldout", "split:validation")  # a tokenized folder has no splits: its tail
+    assert f"split:validation names a split of a saved DatasetDict; the run trains on the tokenized folder {a}" in split
+    assert "tail:N" in split and "not a tokenized folder" not in split
 
 
 def test_the_eval_job_scores_the_tail(nanoset_folders: list[Path], demo_data: DemoData, tmp_path: Path):

@@ -95,6 +95,8 @@ def test_jobs_evals_draws_the_picture(bundle: manifest.Manifest, capsys: pytest.
         and f"picture      {bundle.bundle_dir / 'evals.png'}" in out
     )
     assert (bundle.bundle_dir / "evals.png").read_bytes()[:4] == b"\x89PNG"
+    assert jobs.main(["evals", str(bundle.bundle_dir), "--rank_by", "rep_mc"]) == 2  # one run: nothing to rank
+    assert "--rank_by: it ranks a sweep's points; give the sweep's directory" in capsys.readouterr().err
 
 
 def test_a_second_launchs_steps_are_found_through_the_checkpoints(bundle: manifest.Manifest, tmp_path: Path):
@@ -130,6 +132,12 @@ def test_a_sweep_is_ranked_by_an_eval_score_best_first(tmp_path: Path, monkeypat
     out = capsys.readouterr().out
     assert "Ranked by rep_mc acc, highest first" in out and out.count("Evals of sw-") == 3
     assert (record_dir / "evals.png").is_file()
+    for by, said in (("rep_mc:bogus", "the records hold no 'bogus' of rep_mc (they hold acc, acc_norm)"),
+                     ("rep_mc:", "'rep_mc:' names no metric after the colon"),
+                     ("acc:extra", "'acc' is not a task the records hold (rep_mc, rep_ppl)")):  # fmt: skip
+        assert jobs.main(["evals", str(record_dir), "--rank_by", by]) == 2
+        err = capsys.readouterr().err
+        assert f"error: --rank_by: {said}" in err and "Traceback" not in err, err
 
 
 def test_jobs_diff_compares_the_evals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo_data):
@@ -146,3 +154,46 @@ def test_jobs_diff_compares_the_evals(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "rep_ppl bits_per_byte:" in text and "1.5000      1.4000    -0.1000" in text
     plain = compare.diff(manifest.load(a.bundle_dir), manifest.load(a.bundle_dir), ("A", "A"))
     assert compare.render(plain).count("evals:") == 1
+
+
+def test_jobs_checkpoints_says_which_steps_are_owed_an_eval(bundle: manifest.Manifest,
+                                                             capsys: pytest.CaptureFixture[str]):  # fmt: skip
+    """A step --eval_every names stays until its eval has ended, and `jobs checkpoints` says why; once the result is
+    done, only the rules speak for it."""
+    from test_retention import saved, torch_step
+
+    for step in (5, 10, 15):
+        torch_step(bundle.checkpoints, step)
+    saved(bundle.checkpoints, 5, 10, 15)
+    assert jobs.main(["checkpoints", str(bundle.bundle_dir)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:4]}
+    assert "owed an eval (--eval_every names it; not submitted yet)" in lines["10"], lines
+    assert "owed an eval" not in lines["5"] and "owed an eval" not in lines["15"]
+    k = key(bundle.bundle_dir)
+    eval_record.note_submission(bundle.checkpoints, 10, k, state="submitted", job="77", bundle=str(bundle.bundle_dir))
+    assert jobs.main(["checkpoints", str(bundle.bundle_dir)]) == 0
+    assert "owed an eval (eval job 77 submitted)" in capsys.readouterr().out
+    put(bundle.bundle_dir, row(10, 0.5, 1.0))
+    assert jobs.main(["checkpoints", str(bundle.bundle_dir)]) == 0
+    assert "owed an eval" not in capsys.readouterr().out
+
+
+def test_waiting_for_the_eval_jobs_asks_slurm_as_often_as_the_follower_does(bundle: manifest.Manifest,
+                                                                          monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+    """--rank_by's wait for the points' eval jobs: one query a look, a look every LAUNCHER_POLL_SECONDS (a site's
+    rule for --show_logs holds here too), until Slurm says every one ended."""
+    import time
+
+    from launcher.slurm import client
+    from launcher.slurm.parse import JobState
+
+    eval_record.note_submission(bundle.checkpoints, 10, key(bundle.bundle_dir), state="submitted", job="99",
+                                bundle=str(bundle.bundle_dir))  # fmt: skip
+    answers = iter(["RUNNING", "RUNNING", "COMPLETED"])
+    monkeypatch.setattr(client, "job_states_many", lambda jobs: {j: JobState(j, next(answers), "None", None, None, 0,
+                                                                              "") for j in jobs})  # fmt: skip
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.setenv("LAUNCHER_POLL_SECONDS", "7")
+    report.wait([bundle.bundle_dir])
+    assert slept == [7.0, 7.0]

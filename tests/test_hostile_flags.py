@@ -43,6 +43,7 @@ HOSTILE = st.one_of(
     st.text(alphabet="$`'\";&|<>(){}[]*?!#\\ \n%^=,:@", min_size=1, max_size=12),  # shell metacharacters
     st.lists(st.sampled_from(CONTROL), min_size=1, max_size=3).map(lambda c: f"a{''.join(c)}b"),  # control chars
     st.integers(ranges.NAME_MAX + 1, 1000).map(lambda n: "d/" + "x" * n),  # a name longer than NAME_MAX
+    st.integers(ranges.NAME_MAX + 1, 1000).map(lambda n: "/" + "x" * n),  # (first: no ENOENT before it)
     st.integers(ranges.PATH_MAX // 200 + 1, 40).map(lambda n: "/".join(["y" * 200] * n)),  # a path beyond PATH_MAX
     st.binary(min_size=1, max_size=3).filter(lambda b: b"\0" not in b).map(lambda b: os.fsdecode(b"a\xff" + b)),
     st.text(ANY, max_size=20),  # anything at all
@@ -134,8 +135,9 @@ OVERLONG = "x" * (ranges.NAME_MAX + 1)
 
 
 @pytest.mark.parametrize("flag", ranges.PATH_FLAGS)
-def test_a_name_longer_than_the_filesystem_allows_is_said_for_every_path_flag(flag):
-    code, out, err, where = dry_run([(flag, f"d/{OVERLONG}", True)])
+@pytest.mark.parametrize("under", ["d/", "/"])  # (at the root: the kernel meets the long name first, not ENOENT)
+def test_a_name_longer_than_the_filesystem_allows_is_said_for_every_path_flag(flag, under):
+    code, out, err, where = dry_run([(flag, f"{under}{OVERLONG}", True)])
     holds(code, out, err, where, [flag])
     assert f"--{flag}: a name in it is {ranges.NAME_MAX + 1} bytes long" in err, err
 

@@ -117,7 +117,7 @@ def test_a_hang_is_caught_dumped_and_the_run_goes_on_without_the_node(
     assert sum("_engine_run_backward" in text or "all_reduce" in text for text in dumps.values()) == 1
     assert f"suspected: {first}" in log and f"requeueing without {first}" in log
     assert f"job {job_id} attempt 2 started" in log and "resumed from checkpoint step 3 " in log
-    assert f"({rdzv}), 1 nodes x 2 processes" in log  # the rendezvous line says which
+    assert f"({rdzv}), 1 node x 2 processes" in log  # the rendezvous line says which
     second = log.split(" attempt 2 started ")[1].split(" on ")[1].split()[0]
     assert second != first and "could not exclude" not in log, log[-3000:]
     assert fields(job_id, slurm_env)["ExcNodeList"] == first and "ended COMPLETED" in out
@@ -175,7 +175,7 @@ def test_a_node_short_of_gpus_is_left_out(tmp_path: Path, slurm_env: dict, three
     (bundle_dir,) = bundles(tmp_path, "gpus")
     log = Path(manifest(bundle_dir)["outputs"]["log"]).read_text()
     assert code == 0, out + log[-3000:]
-    assert "node check failed on node1: sees 1 GPUs (nvidia-smi -L), the job runs 2 processes on it" in log
+    assert "node check failed on node1: sees 1 GPU (nvidia-smi -L), the job runs 2 processes on it" in log
     assert "requeueing without node1" in log and "ended COMPLETED" in out
 
 

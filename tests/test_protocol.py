@@ -38,9 +38,11 @@ def _consts(node: ast.AST) -> set[str]:
 
 
 def said_by_the_job() -> set[str]:
-    """The lines the job's code says: a `say` or `line` call's name, a decision's `(name, fields)`."""
+    """The lines the job's code says: a `say` or `line` call's name, a decision's `(name, fields)`; the job's code is
+    the node package and what the supervisor runs after each checkpoint (the eval submissions, retention's purge)."""
     names = set()
-    for source in NODE.rglob("*.py"):
+    followers = [NODE.parent / "evals" / "submit.py", NODE.parent / "retention" / "purge.py"]
+    for source in [*NODE.rglob("*.py"), *followers]:
         for node in ast.walk(ast.parse(source.read_text())):
             if (
                 isinstance(node, ast.Call)

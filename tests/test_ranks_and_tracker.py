@@ -102,8 +102,7 @@ def test_a_slowed_rank_is_named_in_the_log_and_the_stragglers_file(demo_data: De
     config = tiny_config(demo_data, tmp_path / "ckpt", **{"parallelism.dp": 2, "tokens.train_steps": 24,
                          "tokens.batch_accumulation_per_replica": 1})  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "SLOW_RANK": "1", "SLOW_S": "0.15",
-           P.ENV_STRAGGLER_EVERY: "4", P.ENV_STRAGGLERS_FILE: str(tmp_path / "stragglers.jsonl"),
-           P.ENV_RANKS_FILE: str(tmp_path / "ranks"), P.ENV_NODE_TAG: "48:node7"}  # fmt: skip
+           P.ENV_STRAGGLER_EVERY: "4", P.ENV_BUNDLE: str(tmp_path), P.ENV_NODE_TAG: "48:node7"}  # fmt: skip
     argv = [sys.executable, "-c", TORCHRUN_WITH_SIGTERM_BLOCKED, "--nproc_per_node", "2", "--standalone",
             wrapped_script(tmp_path), "--config-file", str(write_config(tmp_path / "c.yaml", config))]  # fmt: skip
     run = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -170,7 +170,9 @@ def test_changed_data_is_a_difference_and_strict_refuses_it(workdir: Path, capsy
 
 def test_resume_continues_the_originals_checkpoints(workdir: Path, capsys):
     first = original("--dataset", "none", "--resume", "false")
-    first.checkpoints.mkdir(parents=True)
+    (first.checkpoints / "10").mkdir(parents=True)  # a complete step of the torch engine's, and its pointer
+    (first.checkpoints / "10" / "state.pt").write_bytes(b"x")
+    (first.checkpoints / "10" / "meta.json").write_text("{}")
     (first.checkpoints / "latest").write_text("10\n")
     fresh, _ = rerun_of(first, capsys)
     assert fresh.checkpoints != first.checkpoints and fresh.checkpoints.parent == first.checkpoints.parent

@@ -28,7 +28,8 @@ def test_inside_fail_fast_a_dead_controller_is_asked_once(tmp_path: Path, monkey
         with pytest.raises(SlurmUnavailable):
             client.check_submission("#!/bin/sh\n")
     assert calls.read_text().split() == ["sinfo"] and again.value is first.value
-    assert "sinfo cannot reach the Slurm controller" in str(first.value) and "--dry_run" in str(first.value)
+    assert "sinfo cannot reach the Slurm controller" in str(first.value) and "localcluster up" in str(first.value)
+    assert "--dry_run" not in str(first.value)  # (the launcher's door and `jobs rerun` add their own --dry_run)
     with pytest.raises(SlurmUnavailable):  # outside (following a job): every question asked
         client.live_jobs("x")
     assert calls.read_text().split() == ["sinfo", "squeue"]

@@ -11,6 +11,7 @@ log path, see slurm_values.SBATCH_UNSAFE). Values in comments have line breaks e
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -102,7 +103,9 @@ def _eval_inputs(spec: RunSpec) -> list[str]:
     if evals is None:
         return []
     held = [evals.heldout] if evals.heldout and is_local_path(evals.heldout) and Path(evals.heldout).exists() else []
-    return [*evals.include, *(str(Path(h).resolve()) for h in held)]
+    hf_home = Path(spec.extra_env.get("HF_HOME") or os.environ.get("HF_HOME") or Path.home() / ".cache/huggingface")
+    cache = [str(hf_home)] if hf_home.is_dir() else []  # the datasets cache the checks looked in, as the job reads it
+    return [*evals.include, *(str(Path(h).resolve()) for h in held), *cache]
 
 
 def job_python(spec: RunSpec) -> str:

@@ -105,6 +105,20 @@ def _saved_dataset(path: Path, split: str) -> tuple[dict[str, str] | None, list[
     ]
 
 
+def saved_splits(dataset: str) -> list[str] | None:
+    """The splits a saved DatasetDict lists (its dataset_dict.json); None where `dataset` is no DatasetDict (or its
+    list does not read: `dataset_problems` says why)."""
+    path = Path(os.path.expanduser(dataset))
+    try:
+        if _is_saved_dataset(path) or not (path / "dataset_dict.json").is_file():
+            return None
+        listed = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    splits = listed.get("splits") if isinstance(listed, dict) else None
+    return splits if isinstance(splits, list) and all(isinstance(s, str) for s in splits) else None
+
+
 def _saved_split(path: Path, split: str) -> tuple[dict[str, str] | None, list[Problem]]:
     """The training split of a saved DatasetDict. The job's load_from_disk loads every split it lists."""
     listed = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))

@@ -179,16 +179,21 @@ class EvalArgs:
     """Downstream scores of the checkpoints: an lm-eval job per evaluated step, beside training (docs/evals.md)."""
 
     eval_tasks: str | None = None
-    """lm-eval task names, comma-separated (e.g. hellaswag,arc_easy), or a preset of configs/evals (early-signal)."""
+    """lm-eval task names, comma-separated (e.g. hellaswag,arc_easy); a preset of configs/evals among them
+    (early-signal) stands for its tasks."""
     eval_include: str | None = None  # A folder of your own lm-eval task YAMLs (e.g. over local JSONL files).
     eval_every: int | None = None  # Evaluate every N steps, a multiple of --save_interval (default: the last step).
     eval_limit: int | None = None  # Samples per task (default: every sample).
     eval_partition: str | None = None  # Partition of the eval jobs (default: the run's --partition).
     eval_gpus: int = 0  # GPUs of each eval job (0: its node's CPUs).
+    eval_time_limit: str | None = None
+    """Time limit of each eval job: [D-]HH:MM:SS, MM:SS or minutes (default: the run's --time_limit, at most 4
+    hours)."""
     eval_heldout: str | None = None
     """Held-out data for the loss and bits per byte at each evaluated step: split:NAME of the run's local dataset,
-    tail:N of its tokenized folder, or another local dataset the run does not train on; or domains, a loss each:
-    NAME=SOURCE,NAME=SOURCE."""
+    tail:N (the last N tokens of the tokenized folder it trains on, kept out of training; N may end in k, M or G), or
+    another local dataset the run does not train on (a save_to_disk folder, a .jsonl/.json/.parquet/.csv file, a .txt
+    file of one document a line, a tokenized folder); or domains, a loss each: NAME=SOURCE,NAME=SOURCE."""
     rank_by: str | None = None  # --sweep: rank the points by this task's score (TASK or TASK:METRIC), best first.
 
 

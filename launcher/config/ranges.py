@@ -38,6 +38,7 @@ NAME_MAX, PATH_MAX = 255, 4096 - 256
 PATH_FLAGS = (
     "configs_path", "slurm_logs_path", "checkpoints_path", "slurm_scripts_dir", "run_train_script", "tmp_dir",
     "profiler_export_path", "config", "python", "dataset", "tokenizer", "container_image", "container_workdir",
+    "eval_include", "eval_heldout",
 )  # fmt: skip
 
 

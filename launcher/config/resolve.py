@@ -16,19 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-import yaml
-
-from launcher.config import dependency_syntax, nanosetcheck
+from launcher.config import dependency_syntax, nanosetcheck, user_config
 from launcher.config import dialect_rules as rules
 from launcher.config import facts as cluster
 from launcher.config.facts import ClusterFacts
-from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs, flag_types
+from launcher.config.flags import GROUPS, DataArgs, LaunchArgs, LoggingArgs, PathArgs, TrainingArgs
 from launcher.config.spec import RunSpec
-from launcher.evals import checks as eval_checks
 from launcher.nanotron_config import dialect, mixture, nanoset_yaml, schema, stages
 from launcher.nanotron_config.datasource import is_local_path
 from launcher.nanotron_config.gpus import from_flags
-from launcher.nanotron_config.presets import BASE_CONFIG, PROJECT_ROOT, YAML_LOADER, load_preset, preset_names
+from launcher.nanotron_config.presets import PROJECT_ROOT, load_preset, preset_names
 from launcher.nanotron_config.stages import Stage
 from launcher.problems import Problem
 
@@ -75,85 +72,6 @@ def parse_extra_env(text: str | None) -> tuple[dict[str, str], list[str]]:
     return env, bad
 
 
-def _read_yaml(target: Path) -> tuple[dict, list[Problem]]:
-    try:
-        with open(target, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=YAML_LOADER)
-    except OSError as e:
-        return {}, [Problem("config", f"cannot read {target}: {e.strerror}", "give a readable YAML")]
-    except yaml.YAMLError as e:
-        return {}, [Problem("config", f"{target} is not valid YAML ({e})", "fix the file")]
-    if not isinstance(data, dict):
-        return {}, [Problem("config", f"{target} is not a nanotron config", "give a nanotron YAML")]
-    return data, []
-
-
-REPLACED_WHOLE = {"init_method"}  # nanotron unions ({std} or {path}): the YAML's choice replaces the base's
-
-
-def _merge(base: dict, over: dict) -> dict:
-    """`over` laid onto `base` section by section: a partial YAML keeps the base's other settings, and a null
-    where the base has a section keeps the base's (the launcher writes into every section it has)."""
-    out = dict(base)
-    for key, value in over.items():
-        if value is None and isinstance(base.get(key), dict):
-            continue
-        both = isinstance(value, dict) and isinstance(base.get(key), dict) and key not in REPLACED_WHOLE
-        if key == "dataset" and nanoset_yaml.is_section(value) != nanoset_yaml.is_section(base.get(key)):
-            both = False  # a Nanoset's section and a hub dataset's: nanotron reads one or the other, never both
-        out[key] = _merge(base[key], value) if both else value
-    return out
-
-
-def _load_base(path: str | None, explicit: set[str], cwd: Path) -> tuple[dict, dict, str, list[Problem], list[str]]:
-    """The YAML the run starts from (the project's base, or --config laid onto it, checked against it), and the
-    --config YAML alone (empty without one; its Nanoset sections as main reads them, their folders absolute)."""
-    base, problems = _read_yaml(BASE_CONFIG)
-    assert not problems, problems  # the project's own file
-    if not path:
-        return base, {}, str(BASE_CONFIG), [], []
-    target = Path(os.path.expanduser(path))  # (os.path's: `~nobody/x` stays as typed, not RuntimeError)
-    user, problems = _read_yaml(target)
-    if problems:
-        return {}, {}, str(target), problems, []
-    refused = eval_checks.lighteval_problem(user.get("lighteval"), target)  # never left for nanotron's rank 0
-    user, notes, unread = nanoset_yaml.normalize(dialect.to_canonical(user), lambda f: _absolute(f, cwd))
-    problems = rules.model_problems(user, target) + ([refused] if refused else [])
-    problems += [Problem("config", f"{where}: {what}", f"fix it in {target}") for where, what in unread]
-    replaced = {schema.FLAG_PATHS[f] for f in explicit if f in schema.FLAG_PATHS}
-    for keys, what in schema.shape_problems(user, base):
-        if keys not in replaced:
-            flag = next((f for f, p in schema.FLAG_PATHS.items() if p == keys), None)
-            fix = f"fix it in {target}" + (f" or give --{flag}" if flag else "")
-            problems.append(Problem("config", f"{'.'.join(keys)} {what}", fix, key=".".join(keys)))
-    return _merge(base, user), user, str(target.resolve()), problems, notes
-
-
-def _typed(values: dict, explicit: set[str]) -> tuple[dict, list[Problem]]:
-    """Drop --config values of the wrong type for their flag, each one a problem (unless the flag replaces it)."""
-    if not values:
-        return {}, []
-    kinds = flag_types()
-    kept, problems = {}, []
-    for flag, value in values.items():
-        kind = kinds.get(flag)
-        fits = (
-            kind is None
-            or (kind is bool and isinstance(value, bool))
-            or (kind is int and isinstance(value, int) and not isinstance(value, bool))
-            or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-            or (kind is str and isinstance(value, str))
-        )
-        if fits or flag in explicit:
-            kept[flag] = value
-            continue
-        forms = " (one name, or a mixture {name: weight}: --dataset a:0.7,b:0.3)" if flag == "dataset" else ""
-        where = ".".join(schema.FLAG_PATHS[flag])
-        name = getattr(kind, "__name__", str(kind))
-        problems.append(Problem("config", f"{where} is {value!r}, not a {name}", f"give --{flag}{forms}", key=where))
-    return kept, problems
-
-
 def _override(group: G, values: dict, explicit: set[str]) -> G:
     """Replace the group's fields with `values`, except those the user typed."""
     names = {f.name for f in dataclasses.fields(group)}
@@ -162,7 +80,7 @@ def _override(group: G, values: dict, explicit: set[str]) -> G:
 
 
 def _absolute(path: str, cwd: Path) -> str:
-    return str((cwd / os.path.expanduser(path)).resolve()) if path else path
+    return user_config.absolute(path, cwd)
 
 
 def resolve(
@@ -178,7 +96,10 @@ def resolve(
     requeue mode where no flag does; None: none of those (a spec compared, not launched). `checkpoints`, `fresh`:
     where a rerun places its checkpoints (RunSpec's fields of those names)."""
     cwd = cwd or Path.cwd()
-    base, base_path, from_config, problems, notes = _config_values(args.execution.config, explicit, cwd)
+    read_config = user_config.read(args.execution.config, explicit, cwd)
+    base, base_path, from_config, problems, notes = read_config[:5]
+    if checkpoints is None and "checkpoints_path" not in explicit and read_config.checkpoints is not None:
+        checkpoints = read_config.checkpoints  # --config's folder: the run's own (nanotron's checkpoints_path)
     preset, preset_problems = _preset(args.model.model_size)
     if "model_size" in explicit:  # a preset you typed is a choice: its shape wins over the --config YAML's
         from_config = {k: v for k, v in from_config.items() if k not in preset["model"]}
@@ -220,7 +141,7 @@ def resolve(
         training=training,
         parallelism=par,
         data=data,
-        paths=_absolute_paths(groups["paths"], explicit, cwd),
+        paths=_absolute_paths(groups["paths"], explicit, cwd, read_config.checkpoints),
         logging=_absolute_profile(groups["logging"], cwd),
     )
     tie = from_config.get("tie_word_embeddings", preset["model"].get("tie_word_embeddings", False))
@@ -252,17 +173,6 @@ def _dialect(asked: str, python: str | None) -> tuple[dialect.Choice, list[Probl
             Problem("nanotron_dialect", f"{asked!r} is not a dialect", "use --nanotron_dialect auto, 0.4 or main")
         )
     return dialect.choose(asked, python), problems
-
-
-def _config_values(path: str | None, explicit: set[str], cwd: Path) -> tuple[dict, str, dict, list[Problem], list[str]]:
-    """The YAML the run starts from, its path, the flag values --config sets (of the right type), and the
-    problems with it: each key path once, though both the shape check and the type check may find it."""
-    base, user_config, base_path, problems, notes = _load_base(path, explicit, cwd)
-    from_config, type_problems = _typed(schema.flags_from_config(user_config), explicit)
-    said = {p.key for p in problems}
-    problems += [p for p in type_problems if p.key not in said]
-    from_config.pop("dp", None)  # dp is derived from this job's size, whatever job the YAML was made for
-    return base, base_path, from_config, problems, notes
 
 
 def _preset(size: str) -> tuple[dict, list[Problem]]:
@@ -308,9 +218,13 @@ def _read_data(data: DataArgs, cwd: Path, first_stage: str, tokenized: Callable[
     return data, _Data(datasets, tuple(later), problems + stage_problems)
 
 
-def _absolute_paths(paths: PathArgs, explicit: set[str], cwd: Path) -> PathArgs:
+def _absolute_paths(paths: PathArgs, explicit: set[str], cwd: Path, config_folder: Path | None) -> PathArgs:
+    """The path flags made absolute; where --config names the run's checkpoints folder (and --checkpoints_path was
+    not typed), --checkpoints_path is its parent: where the checks look for room, and a rerun's folder goes."""
     if "run_train_script" not in explicit:
         paths = dataclasses.replace(paths, run_train_script=str(PROJECT_ROOT / "run_train.py"))
+    if config_folder is not None and "checkpoints_path" not in explicit:
+        paths = dataclasses.replace(paths, checkpoints_path=str(config_folder.parent))
     absolute: dict[str, Any] = {f: _absolute(getattr(paths, f), cwd) for f in PATH_FIELDS}
     return dataclasses.replace(paths, **absolute)
 

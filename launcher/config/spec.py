@@ -44,8 +44,9 @@ class RunSpec:
     # The tokenized folders the stages read (nanotron main's Nanosets), by absolute path: each as it read whole, or
     # None where it did not (resolution said why)
     nanosets: dict[str, TokenizedFolder | None] = field(default_factory=dict)
-    # Where a rerun places its checkpoints (`launcher.runs.rerun`): the directory it resumes (None: the run's own), and
-    # whether it starts in a directory of its own even where the run's holds no checkpoint yet.
+    # Where the run's checkpoints go where not <checkpoints_path>/<run_name>: the directory a rerun resumes
+    # (`launcher.runs.rerun`), or a --config's checkpoints.checkpoints_path (nanotron's: the run's folder itself); and
+    # whether a rerun starts in a directory of its own even where the run's holds no checkpoint yet.
     checkpoints: Path | None = None
     fresh: bool = False
     # `--requeue=expedite` where the job requeues: the cluster enables it and its Slurm is 25.11+ (the cluster's facts,
@@ -64,8 +65,8 @@ class RunSpec:
 
     @property
     def checkpoints_dir(self) -> Path:
-        """The run's checkpoints: <checkpoints_path>/<run_name>, or the directory a rerun resumes (a fresh start's
-        bundle may get its own)."""
+        """The run's checkpoints: <checkpoints_path>/<run_name>, or the directory a rerun resumes or a --config names
+        (a fresh start's bundle may get its own)."""
         return self.checkpoints or Path(self.args.paths.checkpoints_path) / self.args.run_name
 
     @property

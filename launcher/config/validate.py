@@ -150,7 +150,8 @@ def _check_names(spec: RunSpec) -> list[Problem]:
     names = ("partition", "qos", "account", "export_partition")
     for name, value in [*((n, getattr(s, n)) for n in names), ("eval_partition", spec.args.evals.eval_partition)]:
         if value is not None and not re.fullmatch(r"[\w.-]+", value):
-            out.append(Problem(name, f"{value!r} is not a Slurm {name} name", "use letters, digits, '.', '_', '-'"))
+            what = {"qos": "QOS", "account": "account"}.get(name, "partition")  # (--export_/--eval_partition's too)
+            out.append(Problem(name, f"{value!r} is not a Slurm {what} name", "use letters, digits, '.', '_', '-'"))
     x = spec.args.execution
     if x.export_hf and x.interactive:  # a shell's session is no batch job that an export could follow (afterok)
         out.append(Problem("export_hf", "--interactive submits no batch job for the export job to follow",

@@ -210,6 +210,23 @@ def remove_stale_scratch(tmp: Path, job: str) -> list[str]:
     return [p.name for p in gone]
 
 
+def writable_caches(scratch: Path) -> list[str]:
+    """Where the caches the eval job's libraries write cannot be written (a container's read-only home: the image's
+    ~/.cache), they go under the scratch folder: the datasets' (HF_DATASETS_CACHE: a task over local files caches
+    its Arrow tables there; a Hub dataset must then be in a mounted HF_HOME, as the checks before the queue say) and
+    the others' (XDG_CACHE_HOME). What was moved, in words."""
+    moved = []
+    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    caches = {"HF_DATASETS_CACHE": home / "datasets", "XDG_CACHE_HOME": Path.home() / ".cache"}
+    for name, default in caches.items():
+        where = Path(os.environ.get(name) or default)
+        existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
+        if not os.access(existing, os.W_OK):
+            os.environ[name] = str(scratch / name.lower())
+            moved.append(f"{name} ({where} cannot be written here)")
+    return moved
+
+
 def settings_of(job: Job, step: int, key: str) -> EvalSettings:
     """What to score: the step's submission record's settings (the run's --eval_tasks where it holds none)."""
     sub = record.submission(job.checkpoints, step, key) or {}
@@ -238,6 +255,8 @@ def main(argv: list[str]) -> int:
             print(f"eval: removed what eval jobs killed before left: {', '.join(removed)}", flush=True)
         lease = ckpt.take_lease(job.checkpoints, step, "eval")
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{slurm_job or os.getpid()}-{step}-", dir=job.tmp_dir))
+        if moved := writable_caches(scratch):
+            print(f"eval: caches under the scratch folder: {', '.join(moved)}", flush=True)
         row = evaluate(job, settings, step, scratch, started)
     except Interrupted as e:
         with contextlib.suppress(OSError):

@@ -13,7 +13,7 @@ DEFAULT_TIME_LIMIT_S = 4 * 3600  # without --eval_time_limit: the run's, at most
 
 def time_limit(spec: RunSpec) -> str:
     """The eval job's time limit (HH:MM:SS): --eval_time_limit, else the run's --time_limit, at most 4 hours."""
-    asked = getattr(spec.args.evals, "eval_time_limit", None)
+    asked = spec.args.evals.eval_time_limit
     try:
         seconds = time_limit_seconds(asked) if asked else min(time_limit_seconds(spec.args.slurm.time_limit),
                                                                DEFAULT_TIME_LIMIT_S)  # fmt: skip

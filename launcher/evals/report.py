@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.bundle import manifest, sweep_record
-from launcher.errors import LauncherError, SlurmUnavailable
+from launcher.errors import ConfigError, LauncherError, SlurmUnavailable
 from launcher.evals import record as eval_record
 from launcher.evals.record import RunEvals
 from launcher.evals.settings import EvalSettings
@@ -39,7 +39,12 @@ def settings(run: manifest.Manifest) -> EvalSettings | None:
 
 def asked(run: manifest.Manifest) -> bool:
     """Whether the run is evaluated: launched with --eval_tasks, or steps of it given to `jobs evaluate`."""
-    return settings(run) is not None or bool(eval_record.submissions(run.checkpoints))
+    if settings(run) is not None:
+        return True
+    try:
+        return bool(eval_record.submissions(run.checkpoints))
+    except KeyError:  # a manifest that names no checkpoints (a bundle of an earlier release): none evaluated
+        return False
 
 
 def open_states(found: RunEvals) -> dict[str, str]:
@@ -193,11 +198,34 @@ def picture(runs: dict[str, RunEvals], png: Path, title: str) -> Path | None:
     return pictures.evals_png(panels, png, title) if panels else None
 
 
+def rank_by_problem(runs: list[RunEvals], by: str) -> str | None:
+    """`jobs evals --rank_by TASK[:METRIC]` against the metrics the runs' records hold (nothing to say before any step
+    is scored)."""
+    task, colon, metric = by.partition(":")
+    if not task or (colon and not metric.strip()):
+        return f"{by!r} names no {'task' if not task else 'metric after the colon'}; give TASK or TASK:METRIC"
+    held: dict[str, set[str]] = {}
+    for found in runs:
+        for row in found.done.values():
+            for name, metrics in (row.get("tasks") or {}).items():
+                held.setdefault(name, set()).update(m for m in metrics if "_stderr" not in m)
+    if held and task not in held:
+        return f"{task!r} is not a task the records hold ({', '.join(sorted(held))}); rank by one of them"
+    if held and metric and metric not in held[task]:
+        best = eval_record.main_metric(dict.fromkeys(held[task], 0.0)) or sorted(held[task])[0]
+        return (f"the records hold no {metric!r} of {task} (they hold {', '.join(sorted(held[task]))}); e.g. "
+                f"--rank_by {task}:{best}")  # fmt: skip
+    return None
+
+
 def command(target: manifest.Manifest | Path, rank_by: str | None = None,
             ranking: Callable[[list[tuple[str, Path]], str, Path], list[str]] | None = None) -> int:  # fmt: skip
     """`jobs evals`: a run's (its manifest) or a sweep's (its record's directory) evaluations, and the picture;
     `ranking`: the sweep's points ranked (launcher/evals/decide.py: by the verdict where it has seeds)."""
     if isinstance(target, manifest.Manifest):
+        if rank_by:
+            raise ConfigError(f"--rank_by: it ranks a sweep's points; give the sweep's directory ({target.bundle_dir} "
+                              "is one run's bundle)")  # fmt: skip
         if not asked(target):
             raise LauncherError(f"{target.bundle_dir} was launched without --eval_tasks and none of its steps was "
                                 "evaluated: evaluate some with `python -m launcher.jobs evaluate BUNDLE --eval_tasks "
@@ -209,10 +237,12 @@ def command(target: manifest.Manifest | Path, rank_by: str | None = None,
         return 0
     record = sweep_record.load(target)
     points = [(p.run_name, p.bundle) for p in record.points]
-    runs = {}
-    for name, bundle in points:
-        run = manifest.load(bundle)
-        runs[name] = of(run)
+    loaded = {name: manifest.load(bundle) for name, bundle in points}
+    runs = {name: of(run) for name, run in loaded.items()}
+    said = rank_by_problem(list(runs.values()), rank_by) if rank_by else None
+    if said:
+        raise ConfigError(f"--rank_by: {said}")
+    for run in loaded.values():
         print("\n".join(run_lines(run)))
     rank_by = rank_by or record.rank_by
     if rank_by:

@@ -165,7 +165,7 @@ def _diff(a: str, b: str, configs_path: Path, as_json: bool, tolerance: float) -
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launcher.jobs", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m launcher.jobs", description=__doc__.split("\n\n")[0])
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     target = "a bundle or sweep directory (logs/configs/RUN/STAMP) or a Slurm job id"
     for name, what in (("status", "a run's or a sweep's state"), ("attach", "follow it to its end"),
@@ -275,6 +275,15 @@ def _checkpoints(target: str, configs_path: Path) -> int:
     return checkpoints_report.show(bundle_of(target, configs_path))
 
 
+def _rerun(args: argparse.Namespace) -> int:
+    run = bundle_of(args.target, args.configs_path)
+    try:
+        return rerun.rerun(run, args.run_name, args.dry_run, args.strict, args.resume, args.show_logs)
+    except SlurmUnavailable as e:  # (a dry run asks Slurm nothing)
+        raise SlurmUnavailable(f"{e} Or give `jobs rerun --dry_run`: the rerun's bundle written, nothing submitted.") \
+            from None  # fmt: skip
+
+
 def _export(args: argparse.Namespace, argv: list[str]) -> int:
     return export(bundle_of(args.target, args.configs_path), args.step, args.output, args.dtype, argv)
 
@@ -300,16 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "diff":
         return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
     if args.action == "rerun":
-        return as_command(
-            lambda: rerun.rerun(
-                bundle_of(args.target, args.configs_path),
-                args.run_name,
-                args.dry_run,
-                args.strict,
-                args.resume,
-                args.show_logs,
-            )  # fmt: skip
-        )
+        return as_command(lambda: _rerun(args))
     return as_command(lambda: _act(args.action, args.target))
 
 

@@ -100,6 +100,7 @@ NOT_IN_CONFIG = frozenset(
     | {"preflight", "hang_timeout", "startup_timeout", "hang_factor", "debug", "interactive", "engine", "rdzv_backend"}
     | {"container_image", "container_mounts", "container_workdir", "container_env", "container_writable"}
     | {"eval_tasks", "eval_include", "eval_every", "eval_limit", "eval_partition", "eval_gpus", "eval_heldout"}
+    | {"eval_time_limit"}
     | {"rank_by"}
 )
 
@@ -204,6 +205,10 @@ TO_YAML: dict[str, Callable[[Any], Any]] = {
 # Flags that describe the dataset: with no dataset (random tokens) the whole `data.dataset` section is null.
 DATASET_FLAGS = ("dataset", "text_column")
 CHECKPOINTS_PATH = ("checkpoints", "checkpoints_path")
+# Written where the base (or --config) leaves them out: the positions follow the sequence length; nanotron's warmup
+# style has no default its own check takes (None fails it).
+POSITIONS = ("model", "model_config", "max_position_embeddings")
+WARMUP_STYLE = ("optimizer", "learning_rate_scheduler", "lr_warmup_style")
 
 
 def build_config(
@@ -235,9 +240,10 @@ def build_config(
     first = nanoset_yaml.section(datasets, current, folders, vocab, tokenizer, values["text_column"], tail)
     set_path(config, ("data", "dataset"), first)
     set_path(config, ("general", "run"), values["run_name"])
-    set_path(config, ("model", "model_config", "max_position_embeddings"), values["max_seq_len"])
+    for path, value in ((POSITIONS, values["max_seq_len"]), (WARMUP_STYLE, "linear")):
+        if get_path(config, path) is None:  # (a --config's stands: launcher.config.user_config)
+            set_path(config, path, value)
     set_path(config, CHECKPOINTS_PATH, checkpoints_dir)
-    set_path(config, ("optimizer", "learning_rate_scheduler", "lr_warmup_style"), "linear")
     asked = get_path(config, ("parallelism", "tp_linear_async_communication"))
     written = "0.4" if values.get("nanotron_dialect") == "0.4" else "main"
     if not dialect.tp_async(written, values["tp"] or 1, values["tp_mode"], asked)[0]:

@@ -52,7 +52,8 @@ def gpu_problems(expected: int) -> list[str]:
         first = (out.stderr.strip() or out.stdout.strip() or f"exit status {out.returncode}").splitlines()[0]
         return [f"nvidia-smi -L fails: {first}"]
     seen = sum(line.startswith("GPU ") for line in out.stdout.splitlines())
-    return [f"sees {seen} GPUs (nvidia-smi -L), the job runs {expected} processes on it"] if seen < expected else []
+    gpus, processes = protocol.counted(seen, "GPU"), protocol.counted(expected, "process")
+    return [f"sees {gpus} (nvidia-smi -L), the job runs {processes} on it"] if seen < expected else []
 
 
 def path_problems(writable: list[str], readable: list[str]) -> list[str]:
@@ -103,8 +104,9 @@ def head_limit_problems(nodes: int, gpus: int) -> tuple[list[str], list[str]]:
             soft = hard
         if soft != resource.RLIM_INFINITY and soft < need:
             problems.append(
-                f"the open-file limit is {soft} (ulimit -n, hard limit {hard}); the rendezvous store of {nodes} "
-                f"nodes x {gpus} processes needs about {need}: ask the cluster's admins to raise nofile "
+                f"the open-file limit is {soft} (ulimit -n, hard limit {hard}); the rendezvous store of "
+                f"{protocol.counted(nodes, 'node')} x {protocol.counted(gpus, 'process')} needs about {need}: ask the "
+                f"cluster's admins to raise nofile "
                 f"(limits.conf, or LimitNOFILE of slurmd)"
             )
     except (ImportError, ValueError, OSError) as e:

@@ -9,6 +9,7 @@ from launcher.bundle.storage import fitting, free_bytes
 from launcher.checkpoint_layout import look
 from launcher.config.spec import RunSpec
 from launcher.evals import checks as eval_checks
+from launcher.evals import plan as eval_plan
 from launcher.nanotron_config import mixture, stages
 from launcher.nanotron_config.presets import load_preset
 from launcher.perf.sizes import disk, human_bytes, human_count, retention_rules
@@ -86,6 +87,8 @@ def _eval_note(spec: RunSpec) -> str:
     steps = f"every {e.eval_every} steps and the last ({count} evals)" if count > 1 else f"step {last}, the last"
     where = e.eval_partition or a.slurm.partition or "the default partition"
     on = f"{e.eval_gpus} GPU(s)" if e.eval_gpus else "CPUs"
+    limit_said = "--eval_time_limit" if e.eval_time_limit is not None else "the run's --time_limit, at most 4 h"
+    on += f", up to {eval_plan.time_limit(spec)}: {limit_said}"  # (as the eval job's script has it)
     held = f"; held-out loss on {e.eval_heldout}" if e.eval_heldout else ""
     limit = f", {e.eval_limit} samples a task" if e.eval_limit else ""
     return f"lm-eval on {found.said}{limit}: {steps}, a job each on {where} ({on}){held}"
@@ -103,6 +106,10 @@ def _memory_note(spec: RunSpec, figures: dict) -> str:
     if not mem["fits"]:
         note += "; estimated NOT to fit: going ahead as --skip_memory_check says"
     return note
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}" + ("" if number == 1 else "s")
 
 
 def shown(path: object) -> str:
@@ -176,8 +183,8 @@ def render(spec: RunSpec, paths: BundlePaths, figures: dict) -> str:
         ("nanotron", f"config in nanotron {spec.dialect.dialect}'s dialect: {spec.dialect.why}" + _theta(spec)),
         (
             "layout",
-            f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {figures['world_size']} GPUs "
-            f"({a.slurm.nodes} nodes x {a.slurm.gpus_per_node})"
+            f"dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} = {_count(figures['world_size'], 'GPU')} "
+            f"({_count(a.slurm.nodes, 'node')} x {a.slurm.gpus_per_node})"
             + (", chosen by --layout auto (--plan shows why)" if a.parallelism.layout == "auto" else "")
             + (
                 f"; {spec.adapted['tp_linear_async_communication']}"

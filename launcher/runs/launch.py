@@ -16,7 +16,7 @@ from launcher.config import cli, container, ranges, validate
 from launcher.config.flags import EvalArgs
 from launcher.config.resolve import resolve
 from launcher.config.spec import RunSpec
-from launcher.errors import ConfigError, LauncherError, SubmissionError, as_command
+from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
 from launcher.evals import checks as eval_checks
 from launcher.evals import probe as eval_probe
 from launcher.evals import script as eval_script
@@ -173,6 +173,7 @@ def prepare_all(
     if checked is None:
         checked = [check(argv, p) for argv, p in zip(points, parsed or [None] * len(points), strict=True)]
     problems = labelled([p for _, p in checked], labels or [f"point {i + 1}" for i in range(len(points))])
+    problems += _shared_checkpoints([spec for spec, _ in checked])
     if problems:
         raise ConfigError(report(problems))
     drafts: list[_Draft] = []
@@ -187,6 +188,24 @@ def prepare_all(
             raise ConfigError(f"{e}\nNothing was written or submitted.") from None
         raise
     return [_write(draft, forecast) for draft, forecast in zip(drafts, forecasts, strict=True)]
+
+
+def _shared_checkpoints(specs: list[RunSpec]) -> list[Problem]:
+    """A sweep's points that would train into one checkpoints folder (a --config's checkpoints_path names one folder,
+    whatever the point's name): each would resume the other's checkpoints."""
+    by_folder: dict[Path, list[str]] = {}
+    for spec in specs:
+        by_folder.setdefault(spec.checkpoints_dir, []).append(spec.args.run_name)
+    return [
+        Problem(
+            "checkpoints_path",
+            f"{', '.join(names)} would all train into {folder} (--config's "
+            "checkpoints.checkpoints_path names one folder)",
+            "give --checkpoints_path: each point trains into PATH/ITS_NAME",
+        )  # fmt: skip
+        for folder, names in by_folder.items()
+        if len(names) > 1
+    ]
 
 
 def prepare(argv: list[str], parsed: cli.Parsed | None = None) -> Prepared:
@@ -213,9 +232,10 @@ def submit_prepared(prepared: Prepared) -> int:
         where = spec.args.slurm.export_partition or spec.args.slurm.partition or "the default partition"
         print(f"  export       after the run, a CPU job on {where} exports it as a Hugging Face model and prints its "
               f"held-out perplexity: {paths.bundle_dir / P.EXPORT_SCRIPT}")  # fmt: skip
-    step = checkpoint_layout.pointer_step(paths.checkpoints)
-    if step is not None:
-        print(f"  resume       from the checkpoint at step {step} (--resume false starts afresh)")
+    step, note = checkpoint_layout.resume_point(paths.checkpoints)
+    if step is not None or note:
+        said = f"from the checkpoint at step {step}" + (f" ({note})" if note else "") if step is not None else note
+        print(f"  resume       {said}; --resume false starts afresh")
     if spec.args.execution.dry_run:
         print(f"Dry run: nothing submitted. Submit it with: sbatch {paths.script}")
         return 0
@@ -234,12 +254,16 @@ def launch_sweep(argv: list[str], sweep_text: str, run_name: str, evals: EvalArg
 
     axes, problems = sweep.parse(sweep_text)
     rank_by = evals.rank_by if evals is not None else None
-    problems += eval_checks.rank_by_problems(evals, swept=True) if evals is not None else []
     if problems:
         raise ConfigError(report(problems))
     grid = sweep.points(argv, run_name, axes)
+    parsed: list[cli.Parsed | None] = [cli.parse(p.argv) for p in grid]
     with client.fail_fast():
-        prepared = prepare_all([p.argv for p in grid], [p.label for p in grid])
+        checked = [check(p.argv, one) for p, one in zip(grid, parsed, strict=True)]
+        if evals is not None and rank_by:  # by a task every point evaluates (a sweep of --eval_tasks too), its metric
+            ranked = eval_checks.rank_by_problems(evals, swept=True, points=[s.args.evals for s, _ in checked])
+            checked = [(spec, said + (ranked or eval_probe.rank_by_problems(spec, rank_by))) for spec, said in checked]
+        prepared = prepare_all([p.argv for p in grid], [p.label for p in grid], parsed, checked)
     a = prepared[0].spec.args
     record_dir = sweep.write_record(
         a.paths.configs_path, run_name, sweep_text, grid, [prep.paths.bundle_dir for prep in prepared], rank_by
@@ -274,11 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parsed = cli.parse(argv)  # once: each command takes it (a sweep's points are command lines of their own)
     args = parsed.args
-    if args.execution.plan:
-        return plan_run(parsed)
-    if args.execution.sweep is not None:
-        return launch_sweep(argv, args.execution.sweep, args.run_name, args.evals)
-    return launch_run(argv, parsed)
+    try:
+        if args.execution.plan:
+            return plan_run(parsed)
+        if args.execution.sweep is not None:
+            return launch_sweep(argv, args.execution.sweep, args.run_name, args.evals)
+        return launch_run(argv, parsed)
+    except SlurmUnavailable as e:  # (a dry run asks Slurm nothing)
+        raise SlurmUnavailable(f"{e} Or give --dry_run: the bundle written, nothing submitted.") from None
 
 
 def command() -> int:

@@ -38,9 +38,9 @@ from launcher.slurm.parse import (
 )
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$", re.ASCII)
-WHAT_NOW = (
-    "Use --dry_run to write the bundle without submitting, or start the project's local cluster: "
-    "python -m launcher.localcluster up (then export SLURM_CONF as it prints)."
+WHAT_NOW = (  # (each command adds what it has besides: the launcher's and `jobs rerun`'s --dry_run)
+    "Start the project's local cluster to try it there: python -m launcher.localcluster up (then export SLURM_CONF "
+    "as it prints)."
 )
 NO_SLURM = "Slurm's commands ({}) are not installed or not on PATH here. " + WHAT_NOW
 HINTS = (  # sbatch's words -> the flag to change

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher import protocol as P
+from launcher import checkpoint_layout as ckpt
 from launcher.bundle import manifest
 from launcher.config.spec import RunSpec
 from launcher.problems import Problem
@@ -34,10 +34,7 @@ def problems(spec: RunSpec) -> list[Problem]:
     if not a.paths.resume:
         return []  # a fresh start gets a checkpoint directory of its own
     checkpoints = spec.checkpoints_dir  # a rerun may resume another run's directory, under another name
-    try:
-        holder = (checkpoints / P.LOCK / P.LOCK_HOLDER).read_text(encoding="utf-8").strip()
-    except OSError:
-        holder = ""
+    holder = ckpt.lock_holder(checkpoints)
     awaited = {job_id.split("_")[0] for job_id in (spec.dependency.job_ids if spec.dependency else [])}
     out = []
     names = sorted({a.run_name, checkpoints.name})  # the jobs of this run, and of the run whose directory it is

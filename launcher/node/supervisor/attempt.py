@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.evals import record as eval_record
 from launcher.evals import submit as evals
@@ -233,7 +234,7 @@ class Attempt:
         checkpoints = self.job.checkpoints
         held = self.effects.take_lock(checkpoints, self.slurm.job)
         if held is not None:
-            self.effects.say("two_writers", holder=held[0], state=held[1], lock=checkpoints / P.LOCK,
+            self.effects.say("two_writers", holder=held[0], state=held[1], lock=ckpt.lock_dir(checkpoints),
                              checkpoints=checkpoints)  # fmt: skip
         return held is None
 
@@ -299,8 +300,8 @@ class Attempt:
                 return None
             st.rdzv_port = port
             rdzv = f"{fx.node_addr(head) or head}:{port}"
-            fx.say("rendezvous", endpoint=rdzv, backend=job.rdzv_backend, nodes=job.nodes, gpus=job.gpus_per_node,
-                   python=job.python)  # fmt: skip
+            fx.say("rendezvous", endpoint=rdzv, backend=job.rdzv_backend, nodes=P.counted(job.nodes, "node"),
+                   gpus=P.counted(job.gpus_per_node, "process"), python=job.python)  # fmt: skip
             csv = ",".join(st.step_nodes)
             status = self.run_step(["srun", f"--nodes={job.nodes}", f"--ntasks={job.nodes}", f"--nodelist={csv}",
                                     "--kill-on-bad-exit=1", "--export=ALL", *job.container_options,

@@ -55,5 +55,5 @@ def take_lock(checkpoints: Path, job: str, job_state: Callable[[str], str]) -> t
         for child in stale.iterdir():
             child.unlink()
         stale.rmdir()
-    (lock / P.LOCK_HOLDER).write_text(job + "\n", encoding="utf-8")
+    ckpt.hold_lock(checkpoints, job)
     return None
