@@ -33,6 +33,13 @@ class SlurmUnavailable(LauncherError):
     """Slurm's commands are missing or its controller does not answer."""
 
 
+class VerdictError(LauncherError):
+    """Arms that cannot be compared (`jobs verdict`: no evals, one run, one item, other items, a metric a task lacks, a
+    value that is not a number): the message names the arm, the seed and the problem."""
+
+    exit_code = 2
+
+
 class TrainError(LauncherError):
     """The training job cannot start or continue with this config or environment."""
 

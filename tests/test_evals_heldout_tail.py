@@ -150,7 +150,7 @@ def test_the_eval_job_scores_the_tail(nanoset_folders: list[Path], demo_data: De
                       "--eval_heldout", f"tail:{HELD}", "--nanotron_dialect", "main", dataset=folder)  # fmt: skip
     job = eval_job(run, STEP)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    held = result(run)["heldout"]
+    held = result(run)["heldout"]["heldout"]  # (one source: the domain named "heldout")
     assert held["held_out"] == f"the last {HELD:,} tokens of {folder} (kept out of training)"
     assert held["tokens"] > 0 and np.isfinite(held["loss"]) and held["bits_per_byte"] > 0
 

@@ -60,12 +60,19 @@ def write_tasks(folder: Path) -> Path:
     return tasks
 
 
-def write_heldout(folder: Path) -> Path:
-    rng = random.Random(2)
-    path = folder / "heldout.jsonl"
-    path.write_text("".join(json.dumps({"text": " . ".join(f"{rng.choice(SUBJECTS)} {rng.choice(RIGHT)} at night"
-                                                           for _ in range(8))}) + "\n" for _ in range(20)))  # fmt: skip
-    return path
+def write_domains(folder: Path) -> str:
+    """Two held-out domains of short documents (each one window), as --eval_heldout names them."""
+    rng = random.Random(3)
+    paths = {}
+    for name, words in (("animals", SUBJECTS[:3]), ("people", SUBJECTS[3:])):
+        paths[name] = folder / f"{name}.jsonl"
+        paths[name].write_text(
+            "".join(
+                json.dumps({"text": " . ".join(f"{rng.choice(words)} {rng.choice(RIGHT)}" for _ in range(3))}) + "\n"
+                for _ in range(12)
+            )
+        )
+    return ",".join(f"{name}={path}" for name, path in paths.items())
 
 
 def trained_run(where: Path, demo, *flags: str, dataset: Path | None = None) -> manifest.Manifest:
@@ -139,7 +146,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, demo_data):
     where = tmp_path_factory.mktemp("evaluated")
     tasks = write_tasks(where)
     run = trained_run(where, demo_data, "--eval_tasks", ",".join(TASKS), "--eval_include", str(tasks),
-                      "--eval_heldout", str(write_heldout(where)))  # fmt: skip
+                      "--eval_heldout", write_domains(where))  # fmt: skip
     return run, tasks, where
 
 
@@ -159,15 +166,96 @@ def test_the_eval_job_scores_the_step_as_lm_eval_does_by_hand(evaluated, tmp_pat
     assert row["step"] == STEP and row["tokens"] == STEP * per_step and row["job"] == "4242"
     assert (row["engine"], row["device"], row["dtype"]) == ("hf", "cpu", "float32")
     assert row["gpus"] == 0 and row["gpu_hours"] == 0 and row["seconds"] > 0 and row["wandb"] == "disabled"
-    assert set(row["phases_s"]) == {"export", "lm_eval", "heldout"} and sum(row["phases_s"].values()) < row["seconds"]
+    assert set(row["phases_s"]) == {"export", "lm_eval", "items", "heldout"}
+    assert sum(row["phases_s"].values()) < row["seconds"]
     held = row["heldout"]
-    assert math.isclose(held["perplexity"], math.exp(held["loss"])) and 0 < held["bits_per_byte"] < 8
-    assert held["held_out"].endswith("heldout.jsonl")
+    assert list(held) == ["animals", "people"] and all(held[d]["held_out"].endswith(f"{d}.jsonl") for d in held)
+    assert all(math.isclose(h["perplexity"], math.exp(h["loss"])) and h["documents"] == 12 for h in held.values())
     assert row["lm_eval_results"]["results"]["evals_mc"]["acc,none"] == row["tasks"]["evals_mc"]["acc"]
     assert "samples" not in row["lm_eval_results"] and row["state"] == "done"
     assert ckpt.leases(run.checkpoints) == [] and scratch(run) == []  # the lease, the scratch gone
     said = done.stdout + done.stderr
     assert f"eval: step {STEP} ({row['tokens']:,} tokens): evals_mc" in said and "[hf on cpu" in said
+    per_item_rows_agree(run, row, tasks, tmp_path / f"hf-{STEP}")
+    domains_by_hand(run, row, tmp_path / f"hf-{STEP}")
+
+
+def domains_by_hand(run: manifest.Manifest, row: dict, model_dir: Path) -> None:
+    """Each held-out domain's loss and bits per byte, by hand on the exported model: each document alone, the eos
+    before it, every one of its tokens' cross-entropy from the logits; the sums over the domain's documents. And
+    the documents' rows in the items file (`heldout:NAME`) give the same."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.evals import items
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tables = items.read(run.bundle_dir / row["items"]["file"])
+    losses = {}
+    for name, figures in row["heldout"].items():
+        texts = [json.loads(line)["text"] for line in Path(figures["held_out"]).read_text().splitlines()]
+        nll = tokens = size = 0.0
+        for text in texts:
+            ids = torch.tensor([[tokenizer.eos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]]])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].double(), dim=-1)
+            nll -= float(logp.gather(1, ids[0, 1:, None]).sum())
+            tokens += ids.shape[1] - 1
+            size += len(text.encode("utf-8"))
+        assert math.isclose(figures["loss"], nll / tokens, rel_tol=1e-5), (name, figures, nll / tokens)
+        assert math.isclose(figures["bits_per_byte"], nll / math.log(2) / size, rel_tol=1e-5), name
+        assert (figures["tokens"], figures["bytes"]) == (tokens, size)
+        table = tables[f"heldout:{name}"]
+        assert math.isclose(-table["ll"].sum() / table["tokens"].sum(), figures["loss"], rel_tol=1e-12)
+        losses[name] = figures["loss"]
+    assert losses["animals"] != losses["people"]  # two domains, two losses
+
+
+def gold_log_likelihood(model, tokenizer, context: str, continuation: str) -> float:
+    """The continuation's log-likelihood after the context, from the model's logits: the context and the whole
+    text tokenized, the continuation the whole's tokens past the context's, each one's log-softmax summed."""
+    import torch
+
+    whole = tokenizer(context + continuation)["input_ids"]
+    first = len(tokenizer(context)["input_ids"])
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([whole])).logits[0].double()
+    logp = torch.log_softmax(logits, dim=-1)
+    return float(sum(logp[i - 1, whole[i]] for i in range(first, len(whole))))
+
+
+def per_item_rows_agree(run: manifest.Manifest, row: dict, tasks: Path, model_dir: Path) -> None:
+    """The items file the result names: each task's rows; their acc's mean is the result's acc, exactly; the
+    perplexity task's summed log-likelihood over its bytes is its bits per byte; the gold answer's bits per byte of
+    a few items is what the exported model's logits give by hand (the target delimiter, a space, counted)."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.evals import items
+
+    assert row["items"]["file"] == f"evals/step-{STEP}-{key_of(run)}.items.npz"
+    assert row["items"]["items"] == {"evals_mc": 24, "evals_ppl": 6, "heldout:animals": 12, "heldout:people": 12}
+    assert row["items"]["bytes"] > 0
+    tables = items.read(run.bundle_dir / row["items"]["file"])
+    mc, ppl = tables["evals_mc"], tables["evals_ppl"]
+    for metric in ("acc", "acc_norm"):
+        assert mc[metric].sum() / len(mc[metric]) == row["tasks"]["evals_mc"][metric], metric
+    bpb = -ppl["ll"].sum() / (math.log(2) * ppl["bytes"].sum())
+    assert math.isclose(bpb, row["tasks"]["evals_ppl"]["bits_per_byte"], rel_tol=1e-12)
+    assert "doc_hash" not in json.dumps(row)  # lm-eval's samples are not in the result
+    docs = [json.loads(line) for line in (tasks / "mc.jsonl").read_text().splitlines()]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    gold_bpb = items.values(mc, "gold_bpb")[0]
+    for i in (0, 7, 23):
+        doc = docs[int(mc["doc_id"][i])]
+        continuation = " " + doc["choices"][doc["label"]]
+        ll = gold_log_likelihood(model, tokenizer, doc["query"], continuation)
+        assert mc["gold_bytes"][i] == len(continuation.encode("utf-8"))
+        assert math.isclose(mc["gold_ll"][i], ll, rel_tol=1e-4), (i, mc["gold_ll"][i], ll)
+        assert math.isclose(gold_bpb[i], -ll / (math.log(2) * len(continuation.encode("utf-8"))), rel_tol=1e-4)
+    assert len(set(items.ids(mc))) == 24 and np.array_equal(mc["doc_id"], np.arange(24))
 
 
 def test_a_failing_eval_job_is_recorded_with_its_cause_and_loses_nothing(evaluated, tmp_path: Path):
@@ -207,8 +295,8 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
 
     run, _, _ = evaluated
     on = dataclasses.replace(settings(run), wandb_disabled=False)  # the same run, launched with W&B on
-    row = {"step": STEP, "tokens": 1280, "tasks": {"evals_mc": {"acc": 0.5}}, "heldout": {"loss": 4.0,
-           "bits_per_byte": 1.2}}  # fmt: skip
+    row = {"step": STEP, "tokens": 1280, "tasks": {"evals_mc": {"acc": 0.5}}, "heldout": {"web": {"loss": 4.0,
+           "bits_per_byte": 1.2}}}  # fmt: skip
     assert job.to_wandb(on, row).startswith("not logged: the run has no W&B run")
     (run.checkpoints / P.WANDB_RUN_ID_FILE).write_text("evalrun1\n")  # training's run id, beside the checkpoints
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -221,7 +309,7 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
     logged = [r for r in records(written) if r.WhichOneof("record_type") == "history"]  # type: ignore[attr-defined]
     keys = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in logged[-1].history.item}
     assert keys["eval/step"] == STEP and keys["eval/tokens"] == 1280 and keys["eval/evals_mc/acc"] == 0.5
-    assert keys["eval/heldout/bits_per_byte"] == 1.2
+    assert keys["eval/heldout/web/bits_per_byte"] == 1.2 and keys["eval/heldout/web/loss"] == 4.0
     runs = [r for r in records(written) if r.WhichOneof("record_type") == "run"]  # type: ignore[attr-defined]
     assert runs[0].run.run_id == "evalrun1"
 

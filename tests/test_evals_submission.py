@@ -214,3 +214,23 @@ def test_the_submissions_are_files_per_step_and_key_under_the_checkpoints(tmp_pa
     assert found[(40, "abc")]["state"] == "submitted" and found[(41, "abc")]["state"] == "submitting"
     assert json.loads(ckpt.eval_submission(root, 40, "abc").read_text())["job"] == "9"
     assert ckpt.complete_steps(root) == {}  # not a step's folder
+
+
+def test_again_submits_anew_a_step_whose_eval_failed_and_once_only(tmp_path: Path):
+    """`jobs evaluate --again`: a failed (or refused, or lost) eval is submitted anew, once: the new claim is newer
+    than the failed result, so a second --again before the new job writes submits nothing; a done eval never."""
+    job, slurm = job_of(tmp_path), Slurm()
+    settings = EvalSettings(("mc",), said="mc")
+    first = submit(job, settings, 10, "jobs evaluate", slurm)
+    assert first.new and first.job == "101"
+    assert not submit(job, settings, 10, "jobs evaluate", slurm, again=True).new  # not failed: nothing
+    record.write_result(job.bundle, 10, settings.key, {"state": "failed", "cause": "boom", "ended": 2e9})
+    again = submit(job, settings, 10, "jobs evaluate", slurm, again=True)
+    assert again.new and again.job == "102" and len(slurm.sbatches) == 2
+    sub = record.submission(job.checkpoints, 10, settings.key)
+    assert sub is not None and sub["state"] == "submitted" and sub["job"] == "102" and sub["again"] is True
+    record.write_result(job.bundle, 10, settings.key, {"state": "failed", "cause": "old", "ended": 1.0})
+    assert not submit(job, settings, 10, "jobs evaluate", slurm, again=True).new  # a result older than the claim
+    record.write_result(job.bundle, 10, settings.key, {"state": "done", "ended": 3e9})
+    assert not submit(job, settings, 10, "jobs evaluate", slurm, again=True).new
+    assert len(slurm.sbatches) == 2

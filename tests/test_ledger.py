@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from launcher import protocol as P
 from launcher.ledger import attempts as records
-from launcher.ledger.breakdown import OVERHEAD, Attempt, Work, compute, summary
+from launcher.ledger.breakdown import COMPLETED, OVERHEAD, Attempt, Work, compute, hours_at, summary, trained_curve
 
 
 def steps(start: float, first: int, last: int, every: float = 1.0) -> tuple[tuple[float, int], ...]:
@@ -279,3 +279,18 @@ def test_without_a_controller_or_a_recorded_end_the_log_says_how_it_ended(tmp_pa
     usage, run = _bundle_without_controller(tmp_path, monkeypatch, "".join(LOG.splitlines(True)[:6]), None)
     final, notes = usage.final_state(run)
     assert final is None and "counted as running until now" in notes[1]
+
+
+def test_trained_gpu_hours_at_a_step_count_requeues_and_steps_done_twice():
+    """`jobs verdict --at gpu_hours`: the GPU-hours trained when the run last reached a step; a preempted attempt's
+    thrown-away steps (3, 4: done again after the requeue) are paid for, and the step is the redone one's."""
+    attempts = [Attempt(1, 0, 100, 2, "preemption"), Attempt(2, 200, 300, 2, COMPLETED)]
+    works = {1: Work(((10, 1), (20, 2), (30, 3), (40, 4)), None, 2), 2: Work(((210, 3), (220, 4), (230, 5)), 2, None)}
+    curves = trained_curve(attempts, works)
+    assert curves == [[(1, 0.0), (2, 20 / 3600), (3, 40 / 3600), (4, 60 / 3600)],
+                      [(3, 60 / 3600), (4, 80 / 3600), (5, 100 / 3600)]]  # fmt: skip
+    assert hours_at(curves, 2) == 20 / 3600  # reached once, by the first attempt
+    assert hours_at(curves, 4) == 80 / 3600  # reached twice: the second time (its first one was thrown away)
+    assert hours_at(curves, 6) is None
+    ledger = compute(attempts, works, 2, "job records")
+    assert ledger.total("trained") / 3600 == curves[-1][-1][1]  # the last step's hours: the ledger's trained total

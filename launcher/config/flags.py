@@ -201,7 +201,7 @@ class EvalArgs:
     """Held-out data for the loss and bits per byte at each evaluated step: split:NAME of the run's local dataset,
     tail:N (the last N tokens of the tokenized folder it trains on, kept out of training; N may end in k, M or G), or
     another local dataset the run does not train on (a save_to_disk folder, a .jsonl/.json/.parquet/.csv file, a .txt
-    file of one document a line, a tokenized folder)."""
+    file of one document a line, a tokenized folder); or domains, a loss each: NAME=SOURCE,NAME=SOURCE."""
     rank_by: str | None = None  # --sweep: rank the points by this task's score (TASK or TASK:METRIC), best first.
 
 

@@ -8,11 +8,12 @@ the run's supervisor for an evaluated step, or by `jobs evaluate`; docs/evals.md
    (--checkpoints_remote: fetched into the scratch folder too); the scratch folders of eval jobs killed before
    (SIGKILL at their time limit) are removed first;
 3. lm-eval scores it on the tasks (its `hf` backend; `vllm` where the job's Python has vLLM and the job a GPU);
-4. with held-out data, its loss and bits per byte (`python -m launcher.train.evaluate`, in a child process: the
-   launcher's side never imports the job's code);
+4. with held-out data, each domain's loss and bits per byte, and its documents' totals (`python -m
+   launcher.train.domains`, in a child process: the launcher's side never imports the job's code);
 5. the result: the bundle's evals/step-STEP-KEY.json (every task's metrics, the held-out figures, lm-eval's whole
-   results, the job's seconds and GPU-hours, what ran), the run's own W&B run (its id beside the checkpoints) keyed
-   by step and tokens;
+   results but its samples, the job's seconds and GPU-hours, what ran, the items file), each item's row beside it
+   (evals/step-STEP-KEY.items.npz, launcher/evals/items.py: from lm-eval's samples, which are not kept), the run's
+   own W&B run (its id beside the checkpoints) keyed by step and tokens;
 6. the lease dropped, the scratch folder removed.
 
 A failure is recorded with its cause and the job exits 1; a SIGTERM (a preemption, a cancel, the time limit) records
@@ -39,10 +40,11 @@ from typing import Any
 from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.errors import SlurmUnavailable
-from launcher.evals import record
+from launcher.evals import items, record
 from launcher.evals.settings import EvalSettings
 from launcher.export import checkpoints as found
 from launcher.export.exporter import write
+from launcher.nanotron_config.nanoset import heldout_domains
 from launcher.node import job as job_file
 from launcher.node.job import Job
 from launcher.remote import fetch
@@ -72,7 +74,8 @@ def engine(gpus: int) -> tuple[str, str, str]:
 
 
 def score(model: Path, settings: EvalSettings, backend: str, device: str, dtype: str) -> dict:
-    """lm-eval's results for the exported model (its `results`, `groups`, `config`, ...; no samples)."""
+    """lm-eval's results for the exported model (its `results`, `groups`, `config`, ...), and its per-sample output
+    under `samples` (log_samples: what launcher/evals/items.py keeps of it)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -82,10 +85,9 @@ def score(model: Path, settings: EvalSettings, backend: str, device: str, dtype:
     manager = TaskManager(include_path=list(settings.include) or None)
     results = lm_eval.simple_evaluate(model=backend, model_args=args, tasks=list(settings.tasks), device=device,
                                       batch_size=CPU_BATCH if device == "cpu" else "auto", limit=settings.limit,
-                                      task_manager=manager, log_samples=False)  # fmt: skip
+                                      task_manager=manager, log_samples=True)  # fmt: skip
     if not results:
         raise RuntimeError("lm-eval returned no results")
-    results.pop("samples", None)
     return results
 
 
@@ -108,18 +110,21 @@ def samples_of(results: dict) -> dict[str, int]:
     return {task: int(n.get("effective", 0)) for task, n in counts.items() if isinstance(n, dict)}
 
 
-def heldout(job: Job, model: Path, where: str, scratch: Path) -> dict:
-    """The held-out figures (`python -m launcher.train.evaluate --heldout`, with this Python)."""
+def heldout(job: Job, model: Path, where: str, scratch: Path) -> tuple[dict, dict[str, dict]]:
+    """The held-out figures of each domain of `where` (--eval_heldout NAME=SOURCE,...: `python -m
+    launcher.train.domains`, with this Python), and each domain's documents as per-item columns."""
     result = scratch / "heldout.json"
-    result.write_text(json.dumps({"output": str(model)}) + "\n", encoding="utf-8")
-    argv = [sys.executable, "-m", "launcher.train.evaluate", "--config", str(job.config), "--result", str(result),
-            "--heldout", where]  # fmt: skip
+    argv = [sys.executable, "-m", "launcher.train.domains", "--config", str(job.config), "--model", str(model),
+            "--result", str(result)]  # fmt: skip
+    for name, source in heldout_domains(where):
+        argv += ["--domain", name, source]
     done = subprocess.run(argv, capture_output=True, text=True)
     sys.stdout.write(done.stdout)
     if done.returncode != 0:
         raise RuntimeError((done.stderr.strip().splitlines() or ["the held-out loss failed"])[-1])
-    figures = json.loads(result.read_text(encoding="utf-8"))
-    return {k: figures[k] for k in ("loss", "perplexity", "bits_per_byte", "tokens", "held_out")}
+    found = json.loads(result.read_text(encoding="utf-8"))["domains"]
+    figures = {name: {k: v for k, v in f.items() if k != "per_document"} for name, f in found.items()}
+    return figures, {f"{items.HELDOUT}{name}": items.documents(f["per_document"]) for name, f in found.items()}
 
 
 def project_of(job: Job) -> str | None:
@@ -143,7 +148,8 @@ def to_wandb(job: Job, row: dict) -> str:
     import wandb
 
     values = {f"eval/{task}/{metric}": v for task, metrics in row["tasks"].items() for metric, v in metrics.items()}
-    values.update({f"eval/heldout/{k}": row["heldout"][k] for k in ("loss", "bits_per_byte")} if row["heldout"] else {})
+    values.update({f"eval/heldout/{name}/{k}": figures[k] for name, figures in (row["heldout"] or {}).items()
+                   for k in ("loss", "bits_per_byte")})  # fmt: skip
     shared = os.environ.get("WANDB_MODE", "online") == "online"  # training writes to the same run meanwhile
     settings = wandb.Settings(mode="shared", x_primary=False, x_label=f"eval-{row['step']}") if shared else None
     w = wandb.init(project=project_of(job), id=id_file.read_text(encoding="utf-8").strip(), resume="allow",
@@ -170,14 +176,16 @@ def evaluate(job: Job, settings: EvalSettings, step: int, scratch: Path, started
     marks.append(time.time())
     results = score(model, settings, backend, device, dtype)
     marks.append(time.time())
-    figures = heldout(job, model, settings.heldout, scratch) if settings.heldout else None
+    figures, documents = heldout(job, model, settings.heldout, scratch) if settings.heldout else (None, {})
+    marks.append(time.time())
+    kept = items.write(job.bundle, step, settings.key, results.pop("samples", None) or {}, documents)
     marks.append(time.time())
     seconds = time.time() - started
-    names = ("export", "lm_eval", "heldout")
+    names = ("export", "lm_eval", "heldout", "items")
     phases = {name: round(b - a, 2) for name, a, b in zip(names, marks[:-1], marks[1:], strict=True)}
     gpus = settings.gpus
     row = {"state": "done", "ended": round(time.time(), 3), "tokens": step * job.tokens_per_step,
-           "tasks": metrics_of(results), "samples": samples_of(results), "heldout": figures,
+           "tasks": metrics_of(results), "samples": samples_of(results), "items": kept, "heldout": figures,
            "job": os.environ.get("SLURM_JOB_ID", ""), "seconds": round(seconds, 1), "gpus": gpus,
            "gpu_hours": round(seconds * gpus / 3600, 6),
            "phases_s": phases, "engine": backend, "device": device, "dtype": dtype, "limit": settings.limit,

@@ -26,12 +26,30 @@ JSONL_BATCH = 4 << 20
 
 
 def problems(spec: RunSpec) -> list[Problem]:
-    """--eval_heldout: a split of the run's local dataset other than the one it trains on, the tail of the tokenized
-    folder it trains on (`tail_problems`), or a local dataset the run does not train on, readable with --text_column
-    (a tokenized folder: made with the run's tokenizer)."""
+    """--eval_heldout: one source, or domains NAME=SOURCE,... (names of their own, one tail at most), each source
+    checked (`source_problems`, its problems naming its domain)."""
     text = spec.args.evals.eval_heldout
     if text is None or ranges.unusable_path("eval_heldout", text):  # (that is said by ranges)
         return []
+    domains = nanoset.heldout_domains(text)
+    names = [name for name, _ in domains]
+    fix = "give NAME=SOURCE,NAME=SOURCE (names: letters, digits, _ . -), or one SOURCE"
+    out = [Problem("eval_heldout", f"the domain name {n!r} appears twice", fix) for n in dict.fromkeys(names)
+           if names.count(n) > 1]  # fmt: skip
+    if len(domains) > 1 and nanoset.HELDOUT in names:
+        out.append(Problem("eval_heldout", "a source without NAME= beside others", fix))
+    if sum(source.startswith(nanoset.TAIL) for _, source in domains) > 1:
+        out.append(Problem("eval_heldout", "two tails of the training folder", "hold out one tail:N"))
+    for name, source in domains:
+        out += [Problem(p.flag, f"{name}: {p.message}" if len(domains) > 1 else p.message, p.fix, p.key)
+                for p in source_problems(spec, source)]  # fmt: skip
+    return out
+
+
+def source_problems(spec: RunSpec, text: str) -> list[Problem]:
+    """One held-out source: a split of the run's local dataset other than the one it trains on, the tail of the
+    tokenized folder it trains on (`tail_problems`), or a local dataset the run does not train on, readable with
+    --text_column (a tokenized folder: made with the run's tokenizer)."""
     if text.startswith(nanoset.TAIL):
         return tail_problems(spec, text)
     column = spec.args.data.text_column

@@ -208,9 +208,8 @@ def of_run(bundle: Path, checkpoints: Path | None) -> RunEvals:
     (the run's other launches, `jobs evaluate`), and the submissions with no settled result."""
     found = RunEvals()
     subs = submissions(checkpoints) if checkpoints is not None else {}
-    bundles = dict.fromkeys([bundle, *(Path(str(s["bundle"])) for s in subs.values() if s.get("bundle"))])
     seen: dict[tuple[int, str], dict] = {}
-    for where in bundles:
+    for where in _bundles(bundle, subs):
         seen.update(results(where))
     for (step, _), row in sorted(seen.items()):
         found.spent += float(row.get("gpu_hours") or 0)
@@ -227,3 +226,19 @@ def of_run(bundle: Path, checkpoints: Path | None) -> RunEvals:
         elif step not in found.done:
             found.open[step] = {**sub, "result": (res or {}).get("state")}
     return found
+
+
+def _bundles(bundle: Path, subs: Mapping[tuple[int, str], dict]) -> list[Path]:
+    """The bundle and those the run's submissions name (its other launches, `jobs evaluate`)."""
+    return list(dict.fromkeys([bundle, *(Path(str(s["bundle"])) for s in subs.values() if s.get("bundle"))]))
+
+
+def done(bundle: Path, checkpoints: Path | None) -> list[tuple[int, str, Path, dict]]:
+    """Every done result of the run, by (step, key) unmerged: (step, key, the bundle it lies in, its record)."""
+    subs = submissions(checkpoints) if checkpoints is not None else {}
+    found = {}
+    for where in _bundles(bundle, subs):
+        for (step, key), row in results(where).items():
+            if row.get("state") == "done":
+                found[(step, key)] = (step, key, where, row)
+    return [found[k] for k in sorted(found)]

@@ -7,6 +7,7 @@ its job's settings (job.json); asks Slurm once, for the eval jobs that have no r
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,24 +63,24 @@ def _value(value: float) -> str:
 
 
 def table(found: RunEvals, states: dict[str, str] | None = None, indent: str = "  ") -> list[str]:
-    """The steps evaluated (a row each: tokens, each task's main metric, the held-out figures, GPU-hours), then the
-    failed steps with their causes, then the eval jobs still to end."""
+    """The steps evaluated (a row each: tokens, each task's main metric, each held-out domain's loss and bits per
+    byte), then the failed steps with their causes, then the eval jobs still to end."""
     lines = []
     if found.done:
         tasks = found.tasks
         columns = [(t, eval_record.main_metric(next(r["tasks"][t] for r in found.done.values() if t in r["tasks"])))
                    for t in tasks]  # fmt: skip
         heads = [f"{t} {m}" for t, m in columns]
-        held = any(r.get("heldout") for r in found.done.values())
-        heads += ["heldout loss", "bits/byte"] if held else []
+        domains = list(dict.fromkeys(name for r in found.done.values() for name in (r.get("heldout") or {})))
+        heads += [f"{name} {what}" for name in domains for what in ("loss", "bits/byte")]
         widths = [max(len(h), 8) for h in heads]
         named = "  ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True))
         lines.append(f"{indent}{'step':>7}  {'tokens':>13}  {named}")
         for step in sorted(found.done):
             row = found.done[step]
             cells = [row["tasks"].get(t, {}).get(m or "") for t, m in columns]
-            if held:
-                h = row.get("heldout") or {}
+            for name in domains:
+                h = (row.get("heldout") or {}).get(name) or {}
                 cells += [h.get("loss"), h.get("bits_per_byte")]
             shown = ["-" if c is None else _value(float(c)) for c in cells]
             lines.append(f"{indent}{step:>7}  {int(row.get('tokens') or 0):>13,}  "
@@ -217,8 +218,10 @@ def rank_by_problem(runs: list[RunEvals], by: str) -> str | None:
     return None
 
 
-def command(target: manifest.Manifest | Path, rank_by: str | None = None) -> int:
-    """`jobs evals`: a run's (its manifest) or a sweep's (its record's directory) evaluations, and the picture."""
+def command(target: manifest.Manifest | Path, rank_by: str | None = None,
+            ranking: Callable[[list[tuple[str, Path]], str, Path], list[str]] | None = None) -> int:  # fmt: skip
+    """`jobs evals`: a run's (its manifest) or a sweep's (its record's directory) evaluations, and the picture;
+    `ranking`: the sweep's points ranked (launcher/evals/decide.py: by the verdict where it has seeds)."""
     if isinstance(target, manifest.Manifest):
         if rank_by:
             raise ConfigError(f"--rank_by: it ranks a sweep's points; give the sweep's directory ({target.bundle_dir} "
@@ -243,7 +246,7 @@ def command(target: manifest.Manifest | Path, rank_by: str | None = None) -> int
         print("\n".join(run_lines(run)))
     rank_by = rank_by or record.rank_by
     if rank_by:
-        print("\n".join(ranking_lines(points, rank_by)))
+        print("\n".join(ranking(points, rank_by, target) if ranking else ranking_lines(points, rank_by)))
     drawn = picture(runs, target / PICTURE, f"sweep {record.name}: evals")
     if drawn:
         print(f"  picture      {drawn}")

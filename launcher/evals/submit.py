@@ -59,16 +59,23 @@ class Submission:
 
 
 def submit(job: Job, settings: EvalSettings, step: int, by: str, queue: Queue,
-           options: Sequence[str] = ()) -> Submission:  # fmt: skip
+           options: Sequence[str] = (), again: bool = False) -> Submission:  # fmt: skip
     """The step's eval job for `settings`, submitted unless its record says it was (the module's docstring); `by`:
     who submits (the training job, or "jobs evaluate"); `options`: sbatch's, before the script (a partition, GPUs,
-    a time limit other than the script's). Never raises for Slurm's sake."""
+    a time limit other than the script's); `again`: a step whose eval failed, was refused or lost is submitted
+    anew (its submission claimed again; the new eval job writes its result over the old). Never raises for
+    Slurm's sake."""
     root, key = job.checkpoints, settings.key
     fields = {"by": by, "bundle": str(job.bundle), "settings": settings.to_dict()}
     found = record.submission(root, step, key)
+    if found is not None and again and found.get("state") != "submitting" and failed(found):
+        found = record.note_submission(root, step, key, state="submitting", again=True, job="", **fields)
+        found = {**found, "fresh": True}
     if found is None:
         if not record.claim(root, step, key, **fields):
             return Submission(step, why="claimed by another submitter", retry=True)
+    elif found.get("fresh"):
+        pass  # claimed again (`again`): submitted below
     elif found.get("state") == "submitting":  # a kill (or a timeout) between the claim and the record
         named = queue.jobs_named(job.eval_name(step))
         if named is None:
@@ -93,6 +100,16 @@ def submit(job: Job, settings: EvalSettings, step: int, by: str, queue: Queue,
         return Submission(step, why=why, new=True)
     record.note_submission(root, step, key, state="submitted", job=eval_job, log=str(log), **fields)
     return Submission(step, job=eval_job, new=True)
+
+
+def failed(sub: Mapping) -> bool:
+    """Whether a submission's eval ended without scores: it was refused or lost, or its result failed after it was
+    submitted (a result older than the submission is that of the eval job before an `again`)."""
+    res = record.result_of(sub)
+    if sub.get("state") in record.SETTLED_SUBMISSIONS:
+        return True
+    return res is not None and res.get("state") == "failed" and float(res.get("ended") or 0) >= float(
+        sub.get("time") or 0)  # fmt: skip
 
 
 def lost(root: Path, queue: Queue) -> list[dict]:

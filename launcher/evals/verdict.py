@@ -34,17 +34,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from launcher.errors import LauncherError
+from launcher.errors import VerdictError
 from launcher.evals.resample import interval, resampled_sums
 
 DRAWS = 10_000  # the fewest bootstrap draws a verdict takes
+__all__ = ["DRAWS", "Arm", "Comparison", "Seed", "Verdict", "VerdictError", "best_snr", "verdict", "verdicts"]
 Kind = Literal["mean", "ratio"]
 Floats = npt.NDArray[np.float64]
-
-
-class VerdictError(LauncherError):
-    """Arms that cannot be compared (one arm, one item, other items, a value that is not a number): the message
-    names the arm, the seed and the problem."""
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,8 @@ def report(results: Sequence[Verdict], every_pair: bool = False) -> str:
 
 def picture(panels: Sequence[tuple[Verdict, Series]], png: Path, at_tokens: float | None = None) -> Path:
     """A row per task: left, each arm's score with its 95% interval along tokens (`Series`), the point compared
-    marked; right, the pairs' differences at that point with their intervals (coloured where one arm wins)."""
+    marked with each arm's interval from the verdict; right, the pairs' differences at that point with their
+    intervals (coloured where one arm wins)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,10 +127,13 @@ def picture(panels: Sequence[tuple[Verdict, Series]], png: Path, at_tokens: floa
             left.fill_between(tokens, [p[2] for p in points], [p[3] for p in points], alpha=0.2, color=line.get_color())
         if at_tokens is not None:
             left.axvline(at_tokens, color="black", linestyle="--", linewidth=1)
+            for a in v.arms:  # the verdict's interval (over seeds and items) at the point compared
+                left.errorbar([at_tokens], [a.score], yerr=[[a.score - a.low], [a.high - a.score]], fmt="none",
+                              ecolor="black", elinewidth=1, capsize=4)  # fmt: skip
         left.xaxis.set_major_formatter(EngFormatter())
         left.set_xlabel("tokens")
         left.set_ylabel(f"{v.metric} ({'lower' if v.lower_is_better else 'higher'} is better)")
-        left.set_title(f"{v.task}: score, 95% interval", fontsize=10)
+        left.set_title(f"{v.task}: score, 95% over items (bars at the point: the verdict's)", fontsize=10)
         left.grid(alpha=0.3)
         if 1 < len(series) <= 12:
             left.legend(frameon=False, fontsize=7)

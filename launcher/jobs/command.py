@@ -8,6 +8,8 @@ python -m launcher.jobs diff A B [--json] [--tolerance 1e-6]      (bundle direct
 python -m launcher.jobs export BUNDLE_DIR_OR_JOB_ID [--step N] [--output DIR] [--dtype bfloat16|float32]
 python -m launcher.jobs checkpoints BUNDLE_DIR_OR_JOB_ID    (every step on disk, why it stays, what was removed)
 python -m launcher.jobs evals BUNDLE_OR_SWEEP_DIR_OR_JOB_ID [--rank_by TASK[:METRIC]]   (--eval_tasks' scores)
+python -m launcher.jobs verdict SWEEP_DIR|BUNDLE... --task TASK[:METRIC] [--at tokens|gpu_hours|step N|last] [--json]
+python -m launcher.jobs evaluate BUNDLE_OR_SWEEP_DIR --eval_tasks TASKS [--steps all|N,M] [--again]   (kept steps)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from launcher import protocol as P
 from launcher.bundle import manifest, sweep_record
 from launcher.config import ranges
 from launcher.errors import ConfigError, LauncherError, SlurmUnavailable, SubmissionError, as_command
+from launcher.evals import arms, evaluate
 from launcher.evals import report as evals_report
 from launcher.export.exporter import export
 from launcher.ledger.report import ledger_command, run_ledger_line, sweep_ledger_line
@@ -196,7 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     evals = actions.add_parser("evals", help="the eval scores of a run or a sweep (--eval_tasks), and their picture")
     evals.add_argument("target", help=target)
     evals.add_argument("--rank_by", help="a sweep: rank its points by this task's score (TASK or TASK:METRIC)")
-    for sub in (ledger, rerun_, diff, export_, checkpoints_, evals):
+    verdict = actions.add_parser("verdict", help="which arm of a sweep is better, by how much, and how sure")
+    arms.add_arguments(verdict)
+    evaluate_ = actions.add_parser("evaluate", help="score checkpoints already on disk (the run's eval job)")
+    evaluate.add_arguments(evaluate_)
+    for sub in (ledger, rerun_, diff, export_, checkpoints_, evals, verdict, evaluate_):
         sub.add_argument("--configs_path", type=Path, default=Path("logs/configs"), help="where the runs' bundles are")
     return parser
 
@@ -238,7 +245,27 @@ def _step(text: str) -> int:
 
 def _evals(target: str, configs_path: Path, rank_by: str | None) -> int:
     sweep_dir = sweep_record.directory_of(Path(target))
-    return evals_report.command(sweep_dir if sweep_dir is not None else bundle_of(target, configs_path), rank_by)
+    if sweep_dir is None:
+        return evals_report.command(bundle_of(target, configs_path), rank_by)
+    from launcher.evals import decide  # numpy: only where a sweep is ranked
+
+    ranked = evals_report.ranking_lines
+    return evals_report.command(sweep_dir, rank_by, lambda p, by, d: decide.ranking_lines(p, by, ranked, d))
+
+
+def _verdict(args: argparse.Namespace) -> int:
+    from launcher.evals import decide  # numpy: only where a verdict is asked for
+
+    targets = [sweep_record.directory_of(Path(t)) or bundle_of(t, args.configs_path).bundle_dir for t in args.targets]
+    asked = arms.asked_of(targets, args)
+    return decide.command(asked, args.json, decide.hours_from_ledger if asked.at == "gpu_hours" else None)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    sweep_dir = sweep_record.directory_of(Path(args.target))
+    if sweep_dir is not None:
+        return evaluate.command([p.bundle for p in sweep_record.load(sweep_dir).points], args)
+    return evaluate.command([bundle_of(args.target, args.configs_path).bundle_dir], args)
 
 
 def _checkpoints(target: str, configs_path: Path) -> int:
@@ -275,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         return as_command(lambda: _checkpoints(args.target, args.configs_path))
     if args.action == "evals":
         return as_command(lambda: _evals(args.target, args.configs_path, args.rank_by))
+    if args.action == "verdict":
+        return as_command(lambda: _verdict(args))
+    if args.action == "evaluate":
+        return as_command(lambda: _evaluate(args))
     if args.action == "diff":
         return as_command(lambda: _diff(args.a, args.b, args.configs_path, args.json, args.tolerance))
     if args.action == "rerun":

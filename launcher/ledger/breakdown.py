@@ -198,6 +198,36 @@ def compute(attempts: list[Attempt], works: Mapping[Any, Work], save_interval: i
     return Ledger(source, rows, charged, dict(causes), dict(restarts), _restart_costs(attempts, rows, works))
 
 
+def trained_curve(attempts: list[Attempt], works: Mapping[Any, Work]) -> list[list[tuple[int, float]]]:
+    """Per attempt (or node step), its logged steps with the trained GPU-hours spent by then, counted across the
+    chain: every earlier attempt's trained time (its thrown-away steps too: they were paid for), then this one's
+    from its first step. A step done twice (after a requeue or a restart) appears in two attempts: `hours_at`
+    takes the last."""
+    curves, spent = [], 0.0
+    for a in attempts:
+        steps = [(min(max(t, a.start), a.end), s) for t, s in _work(works, a).steps]
+        if not steps:
+            continue
+        curves.append([(s, (spent + (t - steps[0][0]) * a.gpus) / HOUR) for t, s in steps])
+        spent += (steps[-1][0] - steps[0][0]) * a.gpus
+    return curves
+
+
+def hours_at(curves: list[list[tuple[int, float]]], step: int) -> float | None:
+    """The trained GPU-hours spent when the run last reached `step` (linear between logged steps); None where no
+    attempt reached it."""
+    for curve in reversed(curves):
+        numbers = [s for s, _ in curve]
+        if not numbers or step > numbers[-1] or (step < numbers[0] and curve is not curves[0]):
+            continue
+        i = bisect.bisect_left(numbers, step)
+        if i == 0:
+            return curve[0][1]
+        (s0, h0), (s1, h1) = curve[i - 1], curve[i]
+        return h0 if s1 == s0 else h0 + (h1 - h0) * (step - s0) / (s1 - s0)
+    return None
+
+
 def _restart_costs(attempts: list[Attempt], rows: list[AttemptLedger], works: Mapping[Any, Work]) -> list[dict]:
     """Each restart in an allocation: its cause, the GPU-seconds it cost (the step's wind-down and thrown-away steps,
     the next step's start-up) and the seconds from the failed step's last step to the next step's first."""

@@ -20,7 +20,7 @@ from launcher.errors import LauncherError, SlurmUnavailable
 from launcher.evals import report as evals_report
 from launcher.ledger import attempts as records
 from launcher.ledger import picture
-from launcher.ledger.breakdown import COMPLETED, Attempt, Ledger, compute, hours, summary
+from launcher.ledger.breakdown import COMPLETED, Attempt, Ledger, compute, hours, summary, trained_curve
 from launcher.remote import record as remote_record
 from launcher.slurm import client
 from launcher.slurm.parse import TERMINAL, JobState, SacctRecord
@@ -111,33 +111,51 @@ def ledgers(
     cannot be had (no accounting; a bundle never submitted). `final`: the job's state if the caller has it (else
     asked, unless `asked`: the caller asked, and Slurm no longer knows the job); `ask_sacct`: false where Slurm
     cannot be reached (`final_state`)."""
+    found = chains(run, final, ask_sacct, asked)
+    save_interval = int(run.flags.get("save_interval") or 0)
+    made = {source: compute(own, works, save_interval, source) for source, own, works in found}
+    kept = checkpoint_totals(run.bundle_dir / P.CHECKPOINTS_RECORD)  # bytes written and freed (retention's record)
+    uploads = remote_record.totals(run.bundle_dir / P.REMOTE_RECORD)  # to and from the bucket (the uploader's)
+    for ledger_ in made.values():
+        ledger_.checkpoints, ledger_.uploads = kept, uploads
+    return made.get("sacct"), made.get("job records")
+
+
+def chains(
+    run: manifest.Manifest, final: JobState | None = None, ask_sacct: bool = True, asked: bool = False
+) -> list[tuple[str, list[Attempt], dict]]:
+    """The run's attempts and what training did in each, by source: ("sacct", ...) where the cluster keeps
+    accounting, then ("job records", ...); none for a bundle never submitted (`ledgers`' arguments)."""
     job_id = run.job_id
     if not job_id:
-        return None, None
+        return []
     if final is None and ask_sacct and not asked:
         final = client.job_state(job_id)
     flags, now = run.flags, time.time()
     seen = records.read_log(records.read_lines(run.log), job_id)
     metrics = run.metrics
-    save_interval = int(flags.get("save_interval") or 0)
     per_node = int(flags.get("gpus_per_node") or 0)
     gpus = (int(flags.get("nodes") or 1) + int(flags.get("spare_nodes") or 0)) * per_node  # the spares' held too
     ended_state = final.state if final is not None and final.terminal else None
-    own = records.split(records.attempts(seen, gpus, ended_state, now), seen, per_node)
-    works = records.works(seen, metrics, records.spans(own))
-    from_records = compute(own, works, save_interval, "job records") if own else None
+    found = []
     recs = _settled(job_id, final, _created(run.data)) if ask_sacct else None
-    from_sacct = None
     if recs:
         acct = records.split(_from_sacct(recs, seen, final, now, gpus), seen, per_node)
-        works = records.works(seen, metrics, records.spans(acct))
-        from_sacct = compute(acct, works, save_interval, "sacct") if acct else None
-    kept = checkpoint_totals(run.bundle_dir / P.CHECKPOINTS_RECORD)  # bytes written and freed (retention's record)
-    uploads = remote_record.totals(run.bundle_dir / P.REMOTE_RECORD)  # to and from the bucket (the uploader's)
-    for found in (from_sacct, from_records):
-        if found is not None:
-            found.checkpoints, found.uploads = kept, uploads
-    return from_sacct, from_records
+        if acct:
+            found.append(("sacct", acct, records.works(seen, metrics, records.spans(acct))))
+    own = records.split(records.attempts(seen, gpus, ended_state, now), seen, per_node)
+    if own:
+        found.append(("job records", own, records.works(seen, metrics, records.spans(own))))
+    return found
+
+
+def trained_hours(run: manifest.Manifest) -> list[list[tuple[int, float]]]:
+    """The trained GPU-hours the run had spent as it reached each logged step (breakdown.trained_curve: requeues
+    and restarts counted, steps done twice paid twice), from sacct where the cluster keeps accounting, else the
+    job's records; [] before its first step."""
+    final, unconfirmed = final_state(run) if run.job_id else (None, [])
+    found = chains(run, final, ask_sacct=not unconfirmed, asked=True)
+    return trained_curve(found[0][1], found[0][2]) if found else []
 
 
 def ledger(run: manifest.Manifest, final: JobState | None = None, keep: bool = True) -> Ledger | None:

@@ -250,12 +250,31 @@ SCALES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
 COUNT = re.compile(r"(\d{1,15}(?:\.\d{1,9})?)([kKmMgGbB]?)")  # 100k, 1.5M, 2_000_000
 
 
+HELDOUT = "heldout"  # the name of a held-out domain given without one (--eval_heldout SOURCE)
+DOMAIN = re.compile(r"([A-Za-z][\w.-]{0,63})=(.*)", re.S)  # NAME=SOURCE
+
+
+def heldout_domains(value: str | None) -> list[tuple[str, str]]:
+    """`--eval_heldout NAME=SOURCE[,NAME=SOURCE...]` as (name, source) pairs, in order; a bare SOURCE is named
+    "heldout". Not checked here (names twice, a bare source beside others: launcher/evals/checks.py)."""
+    if not value:
+        return []
+    found = []
+    for part in value.split(","):
+        named = DOMAIN.fullmatch(part.strip())
+        found.append((named.group(1), named.group(2).strip()) if named else (HELDOUT, part.strip()))
+    return found
+
+
 def heldout_tail(value: str | None) -> int | None:
-    """`--eval_heldout tail:N`'s N: the tokens at the end of the run's tokenized folder (its files in sorted order)
-    kept out of training and evaluated on; N in digits, or with k, M or G (B) for thousands, millions, billions.
-    None where the value is another form; ValueError where N is not a positive count."""
-    if not value or not value.startswith(TAIL):
+    """`--eval_heldout tail:N`'s N (of its domain NAME=tail:N, where it names several): the tokens at the end of the
+    run's tokenized folder (its files in sorted order) kept out of training and evaluated on; N in digits, or with
+    k, M or G (B) for thousands, millions, billions. None where no domain is a tail; ValueError where N is not a
+    positive count."""
+    tails = [source for _, source in heldout_domains(value) if source.startswith(TAIL)]
+    if not tails:
         return None
+    value = tails[0]
     found = COUNT.fullmatch(value.removeprefix(TAIL).strip().replace("_", ""))
     if found is None:
         raise ValueError(f"{value!r}: N is not a count of tokens (digits, or with k, M, G)")

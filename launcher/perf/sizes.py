@@ -163,7 +163,8 @@ def data_volume(spec: RunSpec, run_tokens: int) -> dict:
         if any(f is not None and caps.get(n, f.tokens) < f.tokens for n, f in zip(names, folders, strict=True)):
             tail = spec.args.evals.eval_heldout or ""
             how += f", as dataset_max_tokens caps {'them' if len(folders) > 1 else 'it'}"
-            how += f" (the last tokens held out: --eval_heldout {tail})" if tail.startswith(nanoset.TAIL) else ""
+            tails = [source for _, source in nanoset.heldout_domains(tail) if source.startswith(nanoset.TAIL)]
+            how += f" (the last tokens held out: --eval_heldout {tails[0]})" if tails else ""
         return {"dataset_tokens": held, "dataset_tokens_how": how, "dataset_tokens_exact": True,
                 "epochs": run_tokens / held} if held else {}  # fmt: skip
     if isinstance(spec.datasets, dict):

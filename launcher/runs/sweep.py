@@ -165,17 +165,32 @@ def follow(record_dir: Path, cadence: Cadence | None = None, rank_by: str | None
             cadence=cadence,
             on_end=lambda w, state: judge_point(entries[w.job_id], state),
         )
-        if rank_by:
-            print(f"[follow] waiting for the points' eval jobs, to rank them by {rank_by}", file=sys.stderr, flush=True)
+        tasks = [rank_by] if rank_by else _eval_tasks(list(entries.values()))
+        if tasks:
+            why = f"to rank them by {rank_by}" if rank_by else "for the verdict"
+            print(f"[follow] waiting for the points' eval jobs, {why}", file=sys.stderr, flush=True)
             evals_report.wait([e.bundle for e in entries.values()])
     except KeyboardInterrupt:
         print(f"\nStopped following; the jobs keep running.\n{how_to(str(record_dir))}", file=sys.stderr)
         return 130
     print(results(record_dir, {k: v.state for k, v in finals.items()}, rank_by=rank_by))
+    if tasks and len({values_text({k: v for k, v in e.values.items() if k != "seed"}) for e in record.points}) > 1:
+        from launcher.evals import decide  # numpy: only where there is a verdict to give
+
+        print("\n".join(decide.sweep_lines(record_dir, tasks)))
     points = [(e.run_name, e.bundle) for e in entries.values()]
     print("GPU-hours (python -m launcher.jobs ledger DIR: every attempt)")
     print("\n".join(usage.several(points, record_dir / "gpu-hours.png", record_dir.parent.name)))
     return 0 if all(s.state == "COMPLETED" for s in finals.values()) else 1
+
+
+def _eval_tasks(points: list[SweepPoint]) -> list[str]:
+    """The tasks the sweep's points are evaluated on (the first point's --eval_tasks, as its job reads them)."""
+    try:
+        found = evals_report.settings(manifest.load(points[0].bundle)) if points else None
+    except (OSError, ValueError):
+        return []
+    return list(found.tasks) if found is not None else []
 
 
 def judge_point(point: SweepPoint, state: JobState) -> None:
@@ -232,5 +247,7 @@ def results(record_dir: Path, states: dict[str, str], plot: bool = True, rank_by
         lines.append(f"  loss curves  {pictures.sweep_curves(series, record_dir / 'loss.png')}")
     points = [(e.run_name, e.bundle) for e in record.points]
     if rank_by := rank_by or record.rank_by:
-        lines += evals_report.ranking_lines(points, rank_by)
+        from launcher.evals import decide  # numpy: only where there is a ranking to give
+
+        lines += decide.ranking_lines(points, rank_by, evals_report.ranking_lines, record_dir)
     return "\n".join(lines)

@@ -309,6 +309,24 @@ def live_jobs(name: str) -> list[tuple[str, str, str]]:
     return parse_squeue_jobs(out) if out is not None else []
 
 
+def sbatch(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`sbatch ARGS...` as given (argv[0] is sbatch's place): its exit code and words, never raised (124 where it did
+    not answer in time, 127 where there is no sbatch): the eval submitter records what it said."""
+    try:
+        return _run([_command("sbatch"), *argv[1:]], timeout=timeout)
+    except SlurmUnavailable as e:
+        return subprocess.CompletedProcess(argv, 127 if "not found" in str(e) else 124, "", str(e))
+
+
+def jobs_named(name: str) -> list[str] | None:
+    """The ids of this user's jobs named `name` in any state Slurm still holds; None where it does not answer."""
+    try:
+        out = _query("squeue", "-h", "--me", "--states=all", f"--name={name}", "-o", "%i")
+    except SlurmUnavailable:
+        return None
+    return None if out is None else [w for w in out.split() if w.replace("_", "").isdigit()]
+
+
 def srun_lists(option: str) -> bool:
     """Whether `srun --help` lists `option`: a SPANK plugin's options appear there where the plugin is loaded (pyxis's
     --container-image). Asks no controller."""
