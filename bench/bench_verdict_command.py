@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def records(where: Path, arms: int, seeds: int, steps: int, tasks: int, items: int) -> Path:
-    """The sweep's records: manifests, results and items files (numpy's savez_compressed, as items.write)."""
+    """The sweep's records: manifests, results and items files (numpy's savez, as items.write)."""
     import numpy as np
 
     from launcher import atomic
@@ -66,7 +66,7 @@ def records(where: Path, arms: int, seeds: int, steps: int, tasks: int, items: i
                         arrays[f"t{t}|ll"], arrays[f"t{t}|bytes"] = ll, size
                         metrics[f"t{t}"] = {"bits_per_byte": float(-ll.sum() / np.log(2) / size.sum())}
                 buffer = io.BytesIO()
-                np.savez_compressed(buffer, **arrays)
+                np.savez(buffer, **arrays)
                 name_of = f"step-{k * 100}-key.items.npz"
                 (bundle / "evals").mkdir(exist_ok=True)
                 atomic.replace(bundle / "evals" / name_of, buffer.getvalue())

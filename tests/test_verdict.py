@@ -298,3 +298,35 @@ def test_the_words_follow_the_intervals_and_the_scores_the_definition(shape):
     assert ranked == sorted(ranked, reverse=not lower)
     assert v.best_group[0] == v.ranking[0] and set(v.best_group) <= set(v.ranking)
     assert v.over_items_only == (seeds == 1)
+
+
+def reduced(seed: Seed, kind: str) -> Seed:
+    """The seed as a reader of many checkpoints hands it over: one row (the per-item mean, or the sums), and its
+    score at each checkpoint."""
+    v = np.atleast_2d(np.asarray(seed.values, dtype=np.float64))
+    if kind == "mean":
+        return Seed(seed.name, seed.items, v.mean(axis=0)[None, :], scores=v.mean(axis=1))
+    t = np.atleast_2d(np.asarray(seed.totals, dtype=np.float64))
+    return Seed(seed.name, seed.items, v.sum(axis=0)[None, :], t.sum(axis=0)[None, :], scores=v.sum(1) / t.sum(1))
+
+
+def test_seeds_reduced_over_their_checkpoints_give_the_same_verdict():
+    rng = np.random.default_rng(7)
+    arms = accuracy_arms(rng, [0.0, 0.2, 0.25], seeds=3, checkpoints=4)
+    size = rng.integers(50, 3000, len(ITEMS))
+
+    def ratio_seed(k: int) -> Seed:
+        return Seed(str(k), ITEMS, size * rng.lognormal(0, 0.1, (3, len(ITEMS))), np.stack([size] * 3))
+
+    ratio_arms = [Arm(f"r{a}", {"a": a}, [ratio_seed(k) for k in range(2)]) for a in range(2)]
+    for kind, these in (("mean", arms), ("ratio", ratio_arms)):
+        whole = verdict(Comparison("t", "m", these, kind=kind))  # type: ignore[arg-type]
+        less = [Arm(a.label, a.values, [reduced(s, kind) for s in a.seeds], a.steps) for a in these]
+        same = verdict(Comparison("t", "m", less, kind=kind))  # type: ignore[arg-type]
+        scores = [(a.score, a.low, a.high) for a in whole.arms]
+        assert [(a.score, a.low, a.high) for a in same.arms] == pytest.approx(scores, rel=1e-12)
+        pairs = [(p.diff, p.low, p.high) for p in whole.pairs]
+        assert [(p.diff, p.low, p.high) for p in same.pairs] == pytest.approx(pairs, rel=1e-12)
+        assert (same.noise.noise, same.noise.snr) == pytest.approx((whole.noise.noise, whole.noise.snr), rel=1e-9)
+    bad = Arm("x", {}, [Seed("1", ITEMS, np.zeros((2, len(ITEMS))), scores=[0.0, 0.0])])
+    assert "one row" in refused(Comparison("t", "m", [bad, arms[0]]))

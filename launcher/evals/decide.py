@@ -125,11 +125,15 @@ def metric_of(columns: list[str], task: str, asked: str | None) -> str:
 
 def seed_of(run: A.Run, steps: Sequence[A.Evaluated], task: str, metric: str, rows: Rows,
             alone: bool = False) -> Seed:  # fmt: skip
-    """A run's rows at its steps as one replicate: K x N values (and denominators), in its first step's item order."""
+    """A run's rows at its steps as one replicate, in its first step's item order, reduced as they are read (the
+    verdict keeps no more of K x N): each item's mean of a "mean" metric (the sums of a "ratio" one's numerators and
+    denominators) over the steps, and the run's score at each step."""
     import numpy as np
 
     ids: list[str] | None = None
-    values, totals = [], []
+    summed: Any = None
+    summed_totals: Any = None
+    scores = []
     for e in steps:
         mine, v, t = rows.get(e, task, metric, alone)
         if ids is None:
@@ -141,13 +145,16 @@ def seed_of(run: A.Run, steps: Sequence[A.Evaluated], task: str, metric: str, ro
             where = {item: j for j, item in enumerate(mine)}
             order = np.array([where[item] for item in ids])
             v, t = v[order], (t[order] if t is not None else None)
-        values.append(v)
+        summed = v.astype(np.float64) if summed is None else summed + v
         if t is not None:
-            totals.append(t)
+            summed_totals = t.astype(np.float64) if summed_totals is None else summed_totals + t
+            scores.append(float(v.sum(dtype=np.float64) / t.sum(dtype=np.float64)))
+        else:
+            scores.append(float(v.mean(dtype=np.float64)))
     assert ids is not None
-    if totals and all(t is totals[0] for t in totals):  # the same documents' bytes at every step: no copy
-        return Seed(run.seed or run.name, ids, np.stack(values), np.broadcast_to(totals[0], (len(totals), len(ids))))
-    return Seed(run.seed or run.name, ids, np.stack(values), np.stack(totals) if totals else None)
+    if summed_totals is not None:  # a ratio: the sums over the steps
+        return Seed(run.seed or run.name, ids, summed[None, :], summed_totals[None, :], scores=scores)
+    return Seed(run.seed or run.name, ids, (summed / len(steps))[None, :], scores=scores)
 
 
 def comparison(task: str, metric: str, arms: Sequence[A.ArmRuns], point: A.Point, last_k: int,

@@ -51,6 +51,10 @@ class Seed:
     items: Sequence[str]  # the item ids (lm-eval's doc_hash), in the order of `values`' columns
     values: npt.ArrayLike  # K x N (or N: one checkpoint): "mean": the item's value; "ratio": its numerator
     totals: npt.ArrayLike | None = None  # K x N, "ratio" only: the item's denominator (UTF-8 bytes, tokens)
+    # Where given: the seed's score at each of its K checkpoints, and `values` (and `totals`) already reduced over them
+    # to one row (the per-item mean of "mean" values; the per-item sums of "ratio" ones): what the verdict keeps of
+    # K x N anyway, so a reader of many checkpoints need never hold them all at once
+    scores: npt.ArrayLike | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,20 @@ def _prepare(c: Comparison) -> _Runs:
             name = f"{where}: arm {arm.label} seed {s.name}"
             order = _alignment(s.items, reference, position, name, f"arm {c.arms[0].label} seed {first.name}")
             v, t = _matrices(s, order, n, c.kind, name)
+            if s.scores is not None:  # reduced over its checkpoints already
+                given = np.atleast_1d(np.asarray(s.scores, dtype=np.float64))
+                if v.shape[0] != 1 or given.ndim != 1 or given.size < 1 or not np.isfinite(given).all():
+                    raise VerdictError(f"{name}: with its checkpoints' scores, values are one row (the reduced "
+                                       f"items), got {v.shape[0]}; scores {given.shape}")  # fmt: skip
+                values.append(v[0].astype(np.float64))
+                if c.kind == "ratio":
+                    assert t is not None
+                    totals.append(t[0].astype(np.float64))
+                    arm_seed.append(float(values[-1].sum() / totals[-1].sum()))
+                else:
+                    arm_seed.append(float(values[-1].mean()))
+                arm_checkpoints.append(given)
+                continue
             if c.kind == "mean":
                 values.append(v.mean(axis=0, dtype=np.float64))
                 per_checkpoint = v.mean(axis=1, dtype=np.float64)
