@@ -16,7 +16,7 @@ from slurm_cluster import CLUSTER_FIXTURES
 ROOT = Path(__file__).resolve().parent.parent
 # A ceiling that catches a runaway module, not a length modules stop at: a module is split where its concept ends.
 MAX_MODULE_LINES = 500
-GROUND_FLOOR = {"protocol", "checkpoint_layout", "atomic", "jsonl", "errors", "problems", "secrets_guard"}
+GROUND_FLOOR = {"protocol", "checkpoint_layout", "atomic", "jsonl", "commands", "errors", "problems", "secrets_guard"}
 MAX_DOOR_LINES = 100
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from launcher import commands
 from launcher.remote.settings import RemoteSettings
 
 CLIENT = "s5cmd"
@@ -52,24 +53,7 @@ class Runner(Protocol):
     def s3(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]: ...
 
 
-def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`argv` to its end (or its time): a command that cannot run is exit code 127, one ended for its time 124."""
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=None if env is None else dict(env))  # fmt: skip
-    except OSError as e:
-        return subprocess.CompletedProcess(list(argv), 127, "", str(e))
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        return subprocess.CompletedProcess(list(argv), 124, out, f"{err}\n{argv[0]} did not end in {timeout:g} s")
-    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+run = commands.run  # (the job side's one runner: launcher/commands.py)
 
 
 class Local:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
+from launcher import commands
 from launcher import protocol as P
 from launcher.node import restart
 from launcher.node.job import Job
@@ -41,27 +42,7 @@ def say(name: str, out: IO[str] | None = None, **fields: object) -> None:
         stream.flush()
 
 
-def run(argv: Sequence[str], timeout: float, kill_after: float = 10,
-        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """A command, its output kept, ended (then killed) after `timeout` s: a node that does not answer holds up
-    nothing. A command that cannot run is a failed one (exit code 127), not a traceback; one ended for its time,
-    exit code 124 with what it said."""
-    try:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=None if env is None else dict(env))  # fmt: skip
-    except OSError as e:
-        return subprocess.CompletedProcess(list(argv), 127, "", str(e))
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=kill_after)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        return subprocess.CompletedProcess(list(argv), 124, out, f"{err}\n{argv[0]} did not answer in {timeout:g} s")
-    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+run = commands.run  # (the job side's one runner: launcher/commands.py)
 
 
 def sbatch_env(env: Mapping[str, str]) -> dict[str, str]:
