@@ -15,6 +15,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -306,7 +307,14 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
     finally:
         (run.checkpoints / P.WANDB_RUN_ID_FILE).unlink()
     (written,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
-    logged = [r for r in records(written) if r.WhichOneof("record_type") == "history"]  # type: ignore[attr-defined]
+
+    def history() -> list:  # (wandb's service may still be writing the file as finish() returns, beside other tests)
+        return [r for r in records(written) if r.WhichOneof("record_type") == "history"]  # type: ignore[attr-defined]
+
+    deadline = time.monotonic() + 60
+    while not (logged := history()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert logged, f"no history in {written}"
     keys = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in logged[-1].history.item}
     assert keys["eval/step"] == STEP and keys["eval/tokens"] == 1280 and keys["eval/evals_mc/acc"] == 0.5
     assert keys["eval/heldout/web/bits_per_byte"] == 1.2 and keys["eval/heldout/web/loss"] == 4.0
@@ -318,7 +326,6 @@ def test_an_eval_job_killed_by_slurms_sigterm_records_it_and_leaves_nothing_behi
     """A cancel, the time limit or a preemption (which Slurm requeues: the step starts again) reaches the eval job
     as SIGTERM: the record says `interrupted` and why, its lease is dropped and its scratch folder removed."""
     import signal
-    import time
 
     run, _, _ = evaluated
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": "4343"}
