@@ -77,7 +77,7 @@ class World:
         pass
 
     def s3(self, argv, timeout):
-        return run(argv, timeout, self.env)
+        return run(argv, timeout, env=self.env)
 
     def jobs_alive(self, jobs):
         return dict.fromkeys(jobs, False)

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 
-def run(argv: Sequence[str], timeout: float, kill_after: float = 10,
+def run(argv: Sequence[str], timeout: float, *, kill_after: float = 10,
         env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """`argv` to its end, or ended `timeout` s in (SIGTERM, then SIGKILL `kill_after` s later); no stdin."""
     try:

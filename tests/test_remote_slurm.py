@@ -53,7 +53,7 @@ class Env:
         self.env = env
 
     def s3(self, argv, timeout):
-        return run(argv, timeout, self.env)
+        return run(argv, timeout, env=self.env)
 
 
 def with_keys(slurm_env: dict, server: S3Server) -> dict[str, str]:
