@@ -84,8 +84,9 @@ def free_port() -> int:
     torchrun, finding it held, waited on the other as a client.)"""
     ports = worker_ports()
     start = random.randrange(len(ports))
-    for k in range(len(ports)):
-        port = ports[(start + k) % len(ports)]
+    rotated = [ports[(start + k) % len(ports)] for k in range(len(ports))]
+    # a port this process has not drawn before first: two draws before either is listened on get two ports
+    for port in sorted(rotated, key=lambda port: port in _CLAIMED):
         if _claim(port) and _listenable(port):
             return port
     raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
