@@ -34,7 +34,9 @@ demo: cluster
 # (every Slurm test on 26.05 as well took 13.6 of CI's 41.9 minutes). 22.05 in two parts: what keeps both cores busy
 # (the tests that need no cluster, containers (pyxis is built against 22.05's libslurm) and nanotron's trainer
 # through Slurm, whose 8 ranks need a second release to change nothing) on two workers; then every other Slurm test
-# on four (`test-slurm22`). CI is to take under 35 minutes on 2 quiet cores (bench/README.md: the design, its runs).
+# on four (`test-slurm22`). Then 26.05's and 24.11's parts at once: each waits on its Slurm more than it computes
+# (3:06 and 3:10 side by side, 4:51 in a row), each in a network namespace of its own; 24.11's output is printed
+# after. CI is to take under 35 minutes on 2 quiet cores (bench/README.md: the design, its runs).
 HOST_MARK = not slurm or containers or nanotron_cpu
 RELEASE_TESTS = slurm_versions or main_job or accounting
 RELEASE_TESTS_24 = slurm_versions
@@ -45,7 +47,10 @@ RELEASE_TESTS_24 = slurm_versions
 # when they still ran two OpenMP threads a process); four where a Slurm test waits for Slurm (a queue, a requeue's
 # delay, a paced run) much of its time and another worker's test takes the CPU meanwhile (every Slurm test on 26.05:
 # 21 min with two, the CPU idle a fifth of it; 17 with four, busy 97 %).
+# The Slurm parts collect only the files marked `slurm` (tests/marks.py): collecting all of them cost each worker ~6
+# CPU s of imports for the tests the part deselects.
 XDIST = --dist loadfile --no-loadscope-reorder
+CLUSTER_FILES = $(shell $(PYTHON) tests/marks.py slurm)
 HOST_WORKERS = -n 2
 SLURM_WORKERS = -n 4
 TIMELINE = mkdir -p logs && rm -f logs/timeline-$(1).tsv && LAUNCHER_TEST_TIMELINE=logs/timeline-$(1).tsv
@@ -53,13 +58,16 @@ TIMELINE = mkdir -p logs && rm -f logs/timeline-$(1).tsv && LAUNCHER_TEST_TIMELI
 test: setup
 	$(call TIMELINE,22.05-host) $(PYTHON) -m pytest -q $(HOST_WORKERS) $(XDIST) --durations=25 -m "$(HOST_MARK)"
 	$(MAKE) --no-print-directory -o setup test-slurm22 SLURM22_MARK="slurm and not containers and not nanotron_cpu"
-	$(MAKE) --no-print-directory -o setup test-slurm26 SLURM_TESTS="$(RELEASE_TESTS)"
-	$(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS="$(RELEASE_TESTS_24)"
+	mkdir -p logs; $(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS="$(RELEASE_TESTS_24)" \
+	  > logs/test-24.11.log 2>&1 & \
+	  $(MAKE) --no-print-directory -o setup test-slurm26 SLURM_TESTS="$(RELEASE_TESTS)"; on26=$$?; \
+	  wait $$!; on24=$$?; cat logs/test-24.11.log; exit $$((on26 || on24))
 
 # Every Slurm test on Debian 12's 22.05, the host's own cluster (`make test`: those the host part has not run)
 SLURM22_MARK ?= slurm
 test-slurm22: setup
-	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(SLURM_WORKERS) $(XDIST) --durations=15 -m "$(SLURM22_MARK)"
+	$(call TIMELINE,22.05) $(PYTHON) -m pytest -q $(SLURM_WORKERS) $(XDIST) --durations=15 -m "$(SLURM22_MARK)" \
+	  $(CLUSTER_FILES)
 
 # The tests that use the local cluster (-m slurm) on a newer Slurm release (docs/slurm-versions.md): Debian 13's
 # 24.11 or Debian forky's 26.05. scripts/slurm_root.sh builds the release's root filesystem once (a minute or two),
@@ -72,7 +80,7 @@ RELEASE_26 := 26.05
 
 test-slurm24 test-slurm26: test-slurm%: setup
 	$(call TIMELINE,$(RELEASE_$*)) PYTHON=$(PYTHON) bash scripts/slurm_root.sh $(RELEASE_$*) $(PYTHON) -m pytest -q \
-	  $(SLURM_WORKERS) $(XDIST) --durations=15 -m "$(SLURM_MARK)"
+	  $(SLURM_WORKERS) $(XDIST) --durations=15 -m "$(SLURM_MARK)" $(CLUSTER_FILES)
 
 down:
 	$(PYTHON) -m launcher.localcluster down --dir $(SLURM_DIR)

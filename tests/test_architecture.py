@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import grimp
+from marks import file_marks, marked
 from slurm_cluster import CLUSTER_FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,10 +138,7 @@ def cluster_marker_problems(sources: dict[str, str]) -> list[str]:
     on_accounting = _fixtures_standing_on({"slurm_accounting_spec", "slurm_accounting"}, list(trees.values()))
     problems = []
     for name, tree in sorted(trees.items()):
-        marks = {node.attr for top in tree.body if isinstance(top, ast.Assign)
-                 and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in top.targets)
-                 for node in ast.walk(top.value) if isinstance(node, ast.Attribute)
-                 and ast.unparse(node.value) == "pytest.mark"}  # fmt: skip
+        marks = file_marks(tree)
         takes = {a.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) for a in node.args.args}
         own = any(isinstance(node, ast.Name) and node.id == "ClusterSpec" for node in ast.walk(tree))
         if (bool(takes & on_cluster) or own) != ("slurm" in marks):
@@ -159,6 +157,21 @@ def test_every_test_file_that_uses_the_cluster_says_so():
     marked = "import pytest\n\npytestmark = [pytest.mark.slurm]\n\ndef test_y(tmp_path): ...\n"
     problems = cluster_marker_problems({**sources, "test_unmarked.py": unmarked, "test_marked.py": marked})
     assert [p.split(":")[0] for p in problems] == ["test_marked.py", "test_unmarked.py"], problems
+
+
+def test_the_slurm_parts_collect_the_files_marked_slurm_and_a_test_is_never_marked_so_alone():
+    """`make test`'s Slurm parts collect only tests/marks.py's files marked `slurm`; the host part deselects
+    `slurm`: a test marked `slurm` by a decorator, in a file that is not, would run in no part."""
+    alone = [p.name for p in (ROOT / "tests").glob("test_*.py") if "@pytest.mark.slurm\n" in p.read_text()]
+    assert alone == []
+    commands = subprocess.run(["make", "-n", "-o", "setup", "test"], cwd=ROOT, capture_output=True, text=True).stdout
+    parts = [line for line in commands.replace("\\\n", " ").splitlines() if " -m pytest " in line]
+    assert len(parts) == 4, commands  # the host part, then 22.05's, 24.11's and 26.05's Slurm parts
+    files = {f"tests/{p.name}" for p in marked("slurm", ROOT / "tests")}
+    assert "tests/test_slurm_e2e.py" in files and "tests/test_cli_parse.py" not in files
+    for part in parts[1:]:
+        assert {word for word in part.split() if word.startswith("tests/test_")} == files, part
+    assert not any(word.startswith("tests/") for word in parts[0].split())  # the host part collects every file
 
 
 def test_the_checkpoints_folders_names_have_one_home():

@@ -19,35 +19,33 @@ from pathlib import Path
 
 import pytest
 
-# Seconds each file took in a quiet fresh-clone run (2026-11-28, 39ba727: the sum of its tests' setup, call and
-# teardown on one worker, logs/timeline-*.tsv; a file in two parts: the larger), over a minute only. A file's place
-# matters, not its figure.
+# Seconds each file took in a quiet fresh-clone run (2026-12-06, bbef6b0: the sum of its tests' setup, call and
+# teardown, logs/timeline-*.tsv; a file in two parts of 22.05: both summed), over a minute only. A file's place
+# matters, not its figure; a part weighs a file by the share of its tests it runs.
 LONG_FILES = {
-    "test_goodput.py": 490,
-    "test_operations.py": 430,
-    "test_e2e_training.py": 350,
-    "test_containers.py": 300,
-    "test_nanoset_slurm.py": 300,
-    "test_nanotron_multirank.py": 270,
-    "test_nanotron_slurm.py": 270,
-    "test_preemption.py": 265,
-    "test_evals_slurm.py": 400,  # (2026-12-06: 4 of its tests 537 s on 2 workers at load ~9; the owed test added)
-    "test_slurm_e2e.py": 230,
-    "test_export.py": 200,
-    "test_nanoset_nanotron.py": 165,
-    "test_accounting.py": 150,
-    "test_supervisor_slurm.py": 140,
-    "test_nanotron_main_cpu.py": 120,
-    "test_evals_job.py": 115,
-    "test_s3_server.py": 180,  # (its first test builds the S3 server's root, ~2.5 min, once a machine)
-    "test_remote_slurm.py": 130,  # (2026-12-06, at load 7-14; the wipe-and-resume run 71-128 s)
-    "test_slurm_versions.py": 110,
-    "test_train_engine.py": 100,
-    "test_rerun_e2e.py": 90,
-    "test_follow.py": 85,
-    "test_export_chain.py": 85,
-    "test_reference_examples.py": 70,
-    "test_report.py": 65,
+    "test_operations.py": 460,
+    "test_evals_slurm.py": 460,
+    "test_goodput.py": 390,
+    "test_retention_slurm.py": 320,
+    "test_e2e_training.py": 300,
+    "test_slurm_e2e.py": 235,
+    "test_containers.py": 225,
+    "test_preemption.py": 215,
+    "test_s3_server.py": 180,  # (38 s with the S3 server's root built: on a bare machine its first test builds it)
+    "test_verdict_slurm.py": 170,
+    "test_nanotron_multirank.py": 150,
+    "test_nanotron_slurm.py": 140,
+    "test_nanoset_slurm.py": 135,
+    "test_accounting.py": 125,
+    "test_supervisor_slurm.py": 110,
+    "test_remote_slurm.py": 100,
+    "test_follow.py": 100,
+    "test_nanotron_main_cpu.py": 90,
+    "test_export.py": 85,
+    "test_export_chain.py": 80,
+    "test_slurm_versions.py": 70,
+    "test_evals_job.py": 65,
+    "test_nanoset_nanotron.py": 60,
 }
 
 
