@@ -66,17 +66,6 @@ def nanoset_folders(demo_data: DemoData, second_dataset: Path, tmp_path_factory:
     return made
 
 
-@pytest.fixture(autouse=True)
-def wandb_set_up_anew() -> Iterator[None]:
-    """wandb keeps the settings of its first run in a process (WANDB_DIR, WANDB_MODE, read once, at its set-up) for
-    every later run there: a test that runs wandb in pytest's process would write where an earlier test of the same
-    worker pointed it (test_train_engine's offline run was once found missing, written to test_evals_job's folder).
-    After each test, wandb is set up anew at its next use."""
-    yield
-    if "wandb" in sys.modules:
-        sys.modules["wandb"].teardown()
-
-
 @pytest.fixture
 def restore_flash_attn() -> Iterator[None]:
     """Whatever flash_attn modules sys.modules holds now, it holds again after the test (the stand-in's tests)."""

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from launcher_helpers import ROOT
@@ -287,6 +288,31 @@ def test_a_failing_eval_job_is_recorded_with_its_cause_and_loses_nothing(evaluat
     assert done.returncode == 1 and row["state"] == "failed" and "ppl.jsonl" in row["cause"], row
 
 
+def in_a_fork(make: Any) -> Any:
+    """`make()` in a forked child of this process, its result sent back (an exception's text raised here): wandb
+    keeps the settings of its first run in a process (WANDB_DIR, read once) for every later run there, so a test that
+    ran wandb in pytest's own process pointed a later test's run (test_train_engine's) at its own folder."""
+    import multiprocessing
+    import traceback
+
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            writer.send((True, make()))
+        except BaseException:  # noqa: BLE001  sent back, raised in the test
+            writer.send((False, traceback.format_exc()))
+
+    process = context.Process(target=child)
+    process.start()
+    ok, value = reader.recv() if reader.poll(300) else (False, "no answer from the child in 300 s")
+    process.join(60)
+    if not ok:
+        raise AssertionError(value)
+    return value
+
+
 def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
     evaluated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -303,7 +329,7 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     try:
-        assert job.to_wandb(on, row) == "logged to W&B run evalrun1"
+        assert in_a_fork(lambda: job.to_wandb(on, row)) == "logged to W&B run evalrun1"
     finally:
         (run.checkpoints / P.WANDB_RUN_ID_FILE).unlink()
     (written,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
