@@ -167,10 +167,13 @@ def test_cancel_ends_every_process(tmp_path: Path, slurm_env: dict, demo_data):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1)
-    running = leftover_processes(job_id)
-    assert any("run_train.py" in p for p in running) and any("sleep" in p for p in running), running  # seen
-    assert sum("nvidia-smi dmon" in p for p in running) == 2, running  # one monitor per node
+
+    def every_kind_running() -> bool:  # training, and both nodes' monitors with their sleep between samples (a
+        running = leftover_processes(job_id)  # snapshot can fall between one sleep's end and the next one's start)
+        seen = any("run_train.py" in p for p in running) and any("sleep" in p for p in running)
+        return seen and sum("nvidia-smi dmon" in p for p in running) == 2  # one monitor per node
+
+    wait_for(every_kind_running, timeout=30, every=0.5)
     monitors = sorted(p.name for p in log.parent.glob(f"gpu-{job_id}-*.log"))
     assert monitors == [f"gpu-{job_id}-node1.log", f"gpu-{job_id}-node2.log"]  # one log per node
     slurm.cancel(job_id)
