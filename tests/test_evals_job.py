@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_runs import wait_for
 from launcher_helpers import ROOT
 
 from launcher import checkpoint_layout as ckpt
@@ -337,10 +338,7 @@ def test_the_scores_go_to_the_runs_own_wandb_run_keyed_by_step_and_tokens(
     def history() -> list:  # (wandb's service may still be writing the file as finish() returns, beside other tests)
         return [r for r in records(written) if r.WhichOneof("record_type") == "history"]  # type: ignore[attr-defined]
 
-    deadline = time.monotonic() + 60
-    while not (logged := history()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert logged, f"no history in {written}"
+    logged = wait_for(history, timeout=60, every=0.5)
     keys = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in logged[-1].history.item}
     assert keys["eval/step"] == STEP and keys["eval/tokens"] == 1280 and keys["eval/evals_mc/acc"] == 0.5
     assert keys["eval/heldout/web/bits_per_byte"] == 1.2 and keys["eval/heldout/web/loss"] == 4.0
