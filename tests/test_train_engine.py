@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib.util
+import io
 import json
 import os
 import random
@@ -33,10 +34,12 @@ from launcher.errors import TrainError
 from launcher.train.data import PackedWindows, RandomTokens, load_texts, pack
 from launcher.train.environment import JobEnvironment
 from launcher.train.settings import TrainConfig, load_train_config
-from launcher.train.stop import StopRequest, deaf_to_the_notice
+from launcher.train.stop import StopRequest, deaf_workers
 from launcher.train.torch_engine import engine as torch_engine
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from conftest import DemoData
 
 STEP_LINE = re.compile(
@@ -455,22 +458,41 @@ def test_stop_request_by_signal_reaches_every_rank(sig: int) -> None:
     assert signal.getsignal(sig) is before  # the handler that was there is back
 
 
-def test_a_loader_worker_leaves_slurms_notice_to_its_training_process() -> None:
+def record_the_threads(into: Path) -> Callable[[int], None]:
+    """A loader worker's own init (under the launcher's): the names of the worker's threads, written to `into`."""
+    return lambda worker_id: into.write_text(" ".join(sorted(t.name for t in threading.enumerate())))
+
+
+def test_a_loader_worker_leaves_slurms_notice_to_its_training_process(tmp_path: Path) -> None:
     """Slurm's SIGTERM reaches every process of the step: a loader worker keeps loading through it (the training
-    process saves, then ends), and goes when its own training process terminates it, as torch's shutdown does."""
-    loader = DataLoader(range(4000), batch_size=2, num_workers=1, worker_init_fn=deaf_to_the_notice(None))
-    batches = iter(loader)
-    first = next(batches)
-    worker = batches._workers[0]  # type: ignore[attr-defined]
-    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # another sender, as slurmstepd
-    assert [int(b[0]) for b in [first, *batches]] == list(range(0, 4000, 2))  # every batch, none lost
-    again = iter(loader)
-    next(again)
-    worker = again._workers[0]  # type: ignore[attr-defined]
-    os.kill(worker.pid, signal.SIGTERM)  # from its training process
-    worker.join(timeout=120)
-    assert worker.exitcode == 0
-    del again
+    process saves, then ends), and goes when its own training process terminates it, as torch's shutdown does.
+    So with a thread that a library starts in every forked child before the worker's init: wandb, logging online,
+    runs OpenTelemetry's export threads, restarted in each child by an at-fork hook (here OpenTelemetry's own
+    periodic metric reader); with SIGTERM open in such a thread the notice ended the worker (one run in three)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+    reader = PeriodicExportingMetricReader(ConsoleMetricExporter(out=io.StringIO()), export_interval_millis=3600_000)
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        threads = tmp_path / "threads"
+        loader = DataLoader(range(4000), batch_size=2, num_workers=1, worker_init_fn=record_the_threads(threads))
+        deaf_workers(loader)
+        batches = iter(loader)
+        first = next(batches)
+        assert "OtelPeriodicExportingMetricReader" in threads.read_text()  # the at-fork thread, there before init
+        worker = batches._workers[0]  # type: ignore[attr-defined]
+        subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # another sender, as slurmstepd
+        assert [int(b[0]) for b in [first, *batches]] == list(range(0, 4000, 2))  # every batch, none lost
+        again = iter(loader)
+        next(again)
+        worker = again._workers[0]  # type: ignore[attr-defined]
+        os.kill(worker.pid, signal.SIGTERM)  # from its training process
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+        del again
+    finally:
+        provider.shutdown()
 
 
 def test_windows_overlap_by_one_token_like_nanotron() -> None:

@@ -16,12 +16,15 @@ request that comes as the run ends (the time-limit warning landing during the la
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.context
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -29,6 +32,9 @@ import torch.distributed as dist
 from launcher import atomic
 from launcher import protocol as P
 from launcher.train.environment import JobEnvironment
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 STOP_MESSAGE = P.STOP_MESSAGE
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -122,14 +128,44 @@ def grace_warning(job: JobEnvironment, save_s: float, step_s: float) -> str | No
     )
 
 
-def deaf_to_the_notice(init: Callable[[int], None] | None) -> Callable[[int], None]:
-    """A DataLoader worker's init that leaves Slurm's SIGTERM to the training process, then runs `init`.
+def deaf_workers(loader: DataLoader) -> None:
+    """Leave Slurm's SIGTERM to the training process, not to `loader`'s workers (their init, and how they start).
 
     Slurm's notice reaches every process of the job step, and torch's loader workers die of a SIGTERM that is not
     their training process's: the rank then failed with "DataLoader worker ... is killed by signal: Terminated"
-    instead of saving (seen on the local cluster with nanotron's one loading worker). The worker blocks SIGTERM and
-    a thread takes each one: its training process's (torch's own shutdown of a stuck worker) ends the worker, as
-    torch's handler would; any other sender's is left to the training process. Slurm's SIGKILL still ends it."""
+    instead of saving (seen on the local cluster with nanotron's one loading worker). Each worker has SIGTERM
+    blocked and a thread takes each one: its training process's (torch's own shutdown of a stuck worker) ends the
+    worker, as torch's handler would; any other sender's is left to the training process. Slurm's SIGKILL still
+    ends it. The block is set as the worker is forked, not in its init alone: a library's at-fork hook starts
+    threads in the child before the init runs (wandb's OpenTelemetry export threads, in a run that logs to W&B
+    online), and a thread that had SIGTERM open took Slurm's notice and ended the worker."""
+    if loader.num_workers == 0:
+        return
+    loader.worker_init_fn = _deaf_init(loader.worker_init_fn)
+    if (loader.multiprocessing_context or multiprocessing.get_context()).get_start_method() == "fork":
+        loader.multiprocessing_context = _ForkContextWithTheNoticeBlocked()  # spawn's and forkserver's children
+        # run no at-fork hook of this process's
+
+
+class _ForkWithTheNoticeBlocked(multiprocessing.context.ForkProcess):
+    """A forked process whose every thread starts with SIGTERM blocked: the thread that forks it blocks SIGTERM
+    around the fork (the child inherits its mask, and its at-fork hooks' threads theirs), then has its own back."""
+
+    def start(self) -> None:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a notice that came meanwhile arrives now
+
+
+class _ForkContextWithTheNoticeBlocked(multiprocessing.context.ForkContext):
+    Process = _ForkWithTheNoticeBlocked
+
+
+def _deaf_init(init: Callable[[int], None] | None) -> Callable[[int], None]:
+    """A loader worker's init: SIGTERM blocked (where the worker did not start so), a thread that ends the worker on
+    its training process's SIGTERM alone, then `init`."""
 
     def init_deaf(worker_id: int) -> None:
         parent = os.getppid()

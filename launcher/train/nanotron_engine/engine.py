@@ -42,7 +42,7 @@ from launcher.train.nanotron_engine import mends as nanotron_mends
 from launcher.train.nanotron_engine.pointer import POINTER as NANOTRON_POINTER
 from launcher.train.nanotron_engine.trainer import trainer_class
 from launcher.train.settings import TrainConfig
-from launcher.train.stop import deaf_to_the_notice, report_outcome
+from launcher.train.stop import deaf_workers, report_outcome
 
 EPOCH_MESSAGE = "data: the dataset is exhausted; epoch {epoch} begins at step {step}"  # the torch engine's words
 
@@ -302,7 +302,7 @@ def _dataloader(trainer, cfg: TrainConfig, data=None, consumed: int | None = Non
         )
         sampler = getattr(loader.sampler, "batch_sampler", loader.sampler)  # under nanotron's SkipBatchSampler
         sampler.set_epoch(epoch)  # a DistributedSampler: seed + epoch orders the epoch (main's: unshuffled)
-        loader.worker_init_fn = deaf_to_the_notice(loader.worker_init_fn)  # Slurm's SIGTERM is the rank's
+        deaf_workers(loader)  # Slurm's SIGTERM is the rank's
         return loader
 
     per_epoch = (len(train_dataset) // dp) // trainer.micro_batch_size * trainer.micro_batch_size
