@@ -216,3 +216,38 @@ def test_the_docs_pre_download_command_fetches_every_dataset_the_preset_reads():
     found, _ = eval_checks.tasks_of(EvalArgs(eval_tasks="early-signal"))
     assert found is not None
     assert read(ast.literal_eval(listed.group(1)), [include.group(1)]) == read(list(found.tasks), list(found.include))
+
+
+def test_the_eval_jobs_narrow_index_reads_every_name_as_lm_evals_whole_index_does():
+    """The eval job's TaskManager indexes the folders its names reach (taskbuild.manager): every name reached, from
+    the preset's tasks, groups, a tag spread over folders, to each one's leaves, is read from the YAML lm-eval's
+    index over all its tasks reads it from; a name the narrow index could read otherwise gets the whole index."""
+    from lm_eval.tasks import TaskManager
+
+    every, _ = eval_checks.tasks_of(EvalArgs(eval_tasks=",".join(eval_checks.preset_names())))
+    assert every is not None
+    include = list(every.include)
+    whole = TaskManager(include_path=include)
+    index = taskindex.scan(taskindex.lm_eval_dir() / "tasks")  # type: ignore[operator]
+    for folder in include:
+        index.update(taskindex.scan(Path(folder)))
+    asked = [*every.tasks, "mmlu", "leaderboard", "lambada", "super-glue-lm-eval-v1", "ai2_arc", "glue", "belebele"]
+    narrow = {name: taskbuild.manager([name], include) for name in asked}
+    for name, manager in narrow.items():
+        reached = taskindex.reach([name], index, taskindex.loader())
+        assert len(manager.all_tasks) < len(whole.all_tasks) / 10, name  # narrow indeed
+        assert {n: manager.task_index.get(n) for n in reached} == {n: whole.task_index[n] for n in reached}, name
+    tag = whole.task_index["super-glue-lm-eval-v1"]  # its 8 tasks, from 8 folders
+    assert len(tag.tags) == 8 and narrow["super-glue-lm-eval-v1"].task_index["super-glue-lm-eval-v1"] == tag
+    # the whole index: for a name whose YAMLs' lines name it nowhere (paws-x's), one seven YAMLs define (scrolls)
+    reached = taskindex.reach(["paws-x", "scrolls"], index, taskindex.loader())
+    assert reached["paws-x"] == ([], []) and len(reached["scrolls"][0]) == 7
+    import lm_eval.tasks
+
+    def whole_index(**kwargs: object) -> object:  # what lm-eval's whole index would be, not built a third time
+        assert kwargs.get("include_defaults", True), kwargs
+        return whole
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm_eval.tasks, "TaskManager", whole_index)
+        assert all(taskbuild.manager([name], include) is whole for name in ("paws-x", "scrolls"))

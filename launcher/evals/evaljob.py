@@ -40,7 +40,7 @@ from typing import Any
 from launcher import checkpoint_layout as ckpt
 from launcher import protocol as P
 from launcher.errors import SlurmUnavailable
-from launcher.evals import items, record
+from launcher.evals import items, record, taskbuild
 from launcher.evals.settings import EvalSettings
 from launcher.export import checkpoints as found
 from launcher.export.exporter import write
@@ -77,12 +77,11 @@ def score(model: Path, settings: EvalSettings, backend: str, device: str, dtype:
     """lm-eval's results for the exported model (its `results`, `groups`, `config`, ...), and its per-sample output
     under `samples` (log_samples: what launcher/evals/items.py keeps of it)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     args: dict[str, Any] = {"pretrained": str(model), "dtype": dtype}
     if backend == "vllm":
         args.update(tensor_parallel_size=1, gpu_memory_utilization=0.8)
-    manager = TaskManager(include_path=list(settings.include) or None)
+    manager = taskbuild.manager(list(settings.tasks), list(settings.include))
     results = lm_eval.simple_evaluate(model=backend, model_args=args, tasks=list(settings.tasks), device=device,
                                       batch_size=CPU_BATCH if device == "cpu" else "auto", limit=settings.limit,
                                       task_manager=manager, log_samples=True)  # fmt: skip

@@ -104,3 +104,40 @@ def _members(listed: list, index: Index, load: Loader, seen: set[str]) -> list[d
         elif isinstance(item, dict) and isinstance(item.get("task"), str):
             out += [item] if "dataset_path" in item else datasets_of(item["task"], index, load, seen)
     return out
+
+
+def reach(names: list[str], index: Index, load: Loader) -> dict[str, tuple[list[Path], list[Path]]]:
+    """Every name `names` reach (a group's tasks, a tag's, theirs in turn), each with the YAMLs that define it (a
+    task's, a group's) and those that carry it (a tag's tasks'), as far as they read."""
+    reached: dict[str, tuple[list[Path], list[Path]]] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        defined, carried = reached.setdefault(name, ([], []))
+        for path in index.get(name, []):
+            try:
+                config = load(path, resolve_func=False)
+            except Exception:  # noqa: BLE001  lm-eval's own YAML: what it cannot read, it does not run
+                continue
+            if config.get("task") == name and "group" not in config or config.get("group") == name:
+                defined.append(path)
+                if "group" in config and isinstance(config.get("task"), list):
+                    todo += _listed_names(config["task"])
+            elif name in tags(config) and isinstance(config.get("task"), str):
+                carried.append(path)
+                todo.append(config["task"])
+    return reached
+
+
+def _listed_names(listed: list) -> list[str]:
+    out: list[str] = []
+    for item in listed:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("task"), list):
+            out += _listed_names(item["task"])
+        elif isinstance(item, dict) and isinstance(item.get("task"), str) and "dataset_path" not in item:
+            out.append(item["task"])
+    return out
