@@ -36,7 +36,11 @@ demo: cluster
 # through Slurm, whose 8 ranks need a second release to change nothing) on two workers; then every other Slurm test
 # on four (`test-slurm22`). Then 26.05's and 24.11's parts at once: each waits on its Slurm more than it computes
 # (3:06 and 3:10 side by side, 4:51 in a row), each in a network namespace of its own; 24.11's output is printed
-# after. CI is to take under 35 minutes on 2 quiet cores (bench/README.md: the design, its runs).
+# after. The root filesystems those parts and the S3 tests run from (built once a machine: scripts/slurm_root.sh,
+# scripts/s3_root.sh) are built meanwhile, from the start, in the background (logs/roots.log): on a bare machine
+# (CI's) their downloads were minutes of waiting on the way (the S3 server's, ~2.5, inside a host test; the releases'
+# before their parts); a part that needs one before it is there waits on the builder's lock. CI is to take under 35
+# minutes on 2 quiet cores (bench/README.md: the design, its runs).
 HOST_MARK = not slurm or containers or nanotron_cpu
 RELEASE_TESTS = slurm_versions or main_job or accounting
 RELEASE_TESTS_24 = slurm_versions
@@ -56,6 +60,8 @@ SLURM_WORKERS = -n 4
 TIMELINE = mkdir -p logs && rm -f logs/timeline-$(1).tsv && LAUNCHER_TEST_TIMELINE=logs/timeline-$(1).tsv
 
 test: setup
+	mkdir -p logs; (nice -n 10 bash scripts/s3_root.sh && nice -n 10 bash scripts/slurm_root.sh $(RELEASE_26) && \
+	  nice -n 10 bash scripts/slurm_root.sh $(RELEASE_24)) > logs/roots.log 2>&1 &
 	$(call TIMELINE,22.05-host) $(PYTHON) -m pytest -q $(HOST_WORKERS) $(XDIST) --durations=25 -m "$(HOST_MARK)"
 	$(MAKE) --no-print-directory -o setup test-slurm22 SLURM22_MARK="slurm and not containers and not nanotron_cpu"
 	mkdir -p logs; $(MAKE) --no-print-directory -o setup test-slurm24 SLURM_TESTS="$(RELEASE_TESTS_24)" \
