@@ -151,13 +151,28 @@ def test_two_clusters_on_one_window_get_job_ids_of_their_own(tmp_path_factory: p
         localcluster.down(second)
 
 
+def holding_its_ports(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClusterSpec, list[socket.socket]]:
+    """A cluster's spec (2 nodes) and listening sockets on its slurmctld's and second slurmd's ports; another spec
+    where another worker's cluster holds one of them already (it had moved to that slot: a CI run failed so)."""
+    for _ in range(20):
+        spec = ClusterSpec(tmp_path_factory.mktemp("held"), nodes=2, gpus_per_node=1)  # short: slurmstepd's sockets
+        held: list[socket.socket] = []
+        try:
+            for port in (spec.ctld_port, spec.slurmd_port(2)):
+                held.append(socket.create_server(("127.0.0.1", port)))
+            return spec, held
+        except OSError:
+            for sock in held:
+                sock.close()
+    pytest.fail("20 clusters' ports were all held by others")
+
+
 def test_up_takes_other_ports_where_its_own_are_held(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """As CI met it: another process listens on ports the cluster would take (its slurmctld's and a slurmd's). It
     comes up on the next free ones, says so, runs a job, and stays on them when `up` runs again."""
-    spec = ClusterSpec(tmp_path_factory.mktemp("held"), nodes=2, gpus_per_node=1)  # short: slurmstepd's sockets
-    held = [socket.create_server(("127.0.0.1", port)) for port in (spec.ctld_port, spec.slurmd_port(2))]
+    spec, held = holding_its_ports(tmp_path_factory)
     try:
         localcluster.up(spec)
         assert f"port {spec.ctld_port} is taken" in capsys.readouterr().out
