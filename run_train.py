@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="auto: nanotron where CUDA, NCCL and nanotron are present (flash_attn optional), else torch",
     )
+    parser.add_argument(
+        "--compile_layers",
+        action="store_true",
+        help="the nanotron engine compiles each decoder layer with torch.compile (the torch engine: on GPUs anyway)",
+    )
     args = parser.parse_args(argv)
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the launcher package sits next to this file
@@ -30,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.train.main import run
 
     try:
-        run(args.config_file, args.engine)
+        run(args.config_file, args.engine, args.compile_layers)
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -135,12 +135,14 @@ def run_engine(
     env: dict[str, str] | None = None,
     bundle: Path | None = None,
     timeout: float | None = None,
+    compile_layers: bool = False,
 ) -> dict:
     """One torchrun process training `config` with `engine`, as the node step starts one: torchrun's c10d
     rendezvous (one node, its own port); its metrics lines, peak memory and wall time. `pythonpath` goes first on
     the job's path (nanotron main's source); `save=False` skips every checkpoint save (a memory run); the run's
     checkpoints are deleted afterwards unless `keep`; `bundle`: the job's bundle it writes its metrics, its outcome
-    (and reads its stop file) in (LAUNCHER_BUNDLE; a new one named after `label` by default)."""
+    (and reads its stop file) in (LAUNCHER_BUNDLE; a new one named after `label` by default); `compile_layers`:
+    run_train.py's --compile_layers."""
     metrics = (bundle or out / f"{label}.bundle") / "metrics.jsonl"
     memory = out / f"{label}.memory.json"
     metrics.parent.mkdir(parents=True, exist_ok=True)
@@ -155,7 +157,7 @@ def run_engine(
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1",
                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", label,
                __file__, "--child", engine, str(config), str(memory)]  # fmt: skip
-    command += ([] if save else ["--no-save"]) + (["--keep"] if keep else [])
+    command += ([] if save else ["--no-save"]) + (["--keep"] if keep else []) + ["--compile-layers"] * compile_layers
     started, started_at = time.monotonic(), time.time()
     with open(out / f"{label}.log", "a") as log:
         try:
@@ -170,7 +172,7 @@ def run_engine(
     return {"metrics": {m["step"]: m for m in lines}, "wall": wall, "started_at": started_at, **stats}
 
 
-def child(engine: str, config: str, memory: str, save: bool, keep: bool) -> None:
+def child(engine: str, config: str, memory: str, save: bool, keep: bool, compile_layers: bool = False) -> None:
     """Inside torchrun: train, then record this process's peak GPU memory (and the checkpoint's size)."""
     import torch
     import yaml
@@ -181,7 +183,7 @@ def child(engine: str, config: str, memory: str, save: bool, keep: bool) -> None
         _skip_saves()
     checkpoints = Path(yaml.safe_load(Path(config).read_text())["checkpoints"]["checkpoints_path"])
     try:
-        run(config, engine)
+        run(config, engine, compile_layers)
     finally:
         on_gpu = torch.cuda.is_available()
         stats = {"allocated": torch.cuda.max_memory_allocated() if on_gpu else 0,
@@ -237,9 +239,10 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--no-save", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile-layers", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(*args.child, save=not args.no_save, keep=args.keep)
+        return child(*args.child, save=not args.no_save, keep=args.keep, compile_layers=args.compile_layers)
     if args.out is None:
         parser.error("the following arguments are required: --out")
     import torch

@@ -8,7 +8,8 @@ and the memory model against measured peaks. Not a test: it prints and keeps wha
 Three parts, each run as the node step runs the job (`torchrun --rdzv_backend c10d ... --engine E`):
 
 1. throughput, one run at a time: tiny (seq 1024, a local dataset) and 1b (seq 4096, random tokens), 40 steps,
-   micro batch 2: nanotron 0.4 and the torch engine, and nanotron main on the 1b; tokens/s, MFU (two FLOP
+   micro batch 2: nanotron 0.4 and the torch engine, and on the 1b nanotron 0.4 with --compile_layers and
+   nanotron main; tokens/s, MFU (two FLOP
    conventions: bench_nanotron.py), peak memory, the final checkpoint's size;
 2. stop and resume, per dialect (tiny, local data): a straight run of 60 steps, and a run of 30 (saving at 20 and
    30), resumed, stopped by the stop file once step 40 is logged, resumed again to 60: the LR the optimizer used at
@@ -43,9 +44,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import bench_nanotron as bn  # noqa: E402
 
 GIB = 2**30
-THROUGHPUT = (  # case, micro batch, engines (nanotron-main: nanotron main's trainer, on a config in its dialect)
+THROUGHPUT = (  # case, micro batch, engines (nanotron-main: nanotron main's trainer, on a config in its dialect;
+    # nanotron-compiled: 0.4's with --compile_layers)
     ("tiny:1024:local", 2, ("nanotron", "torch")),
-    ("1b:4096:random", 2, ("nanotron", "torch", "nanotron-main")),
+    ("1b:4096:random", 2, ("nanotron", "nanotron-compiled", "torch", "nanotron-main")),
 )
 MEMORY = (  # case, micro batch, accumulation: measured for nanotron 0.4 and the torch engine
     ("small:1024:random", 8, 1),  # MHA (12 kv heads of 12), tied
@@ -96,7 +98,8 @@ class Session:
         pythonpath = self.main_src if engine == "nanotron-main" else None
         real = "torch" if self.rehearse else engine.split("-")[0]
         try:
-            return bn.run_engine(real, config, self.work, label, pythonpath=pythonpath, timeout=self.left() - 10, **kw)
+            return bn.run_engine(real, config, self.work, label, pythonpath=pythonpath, timeout=self.left() - 10,
+                                 compile_layers=engine == "nanotron-compiled", **kw)  # fmt: skip
         except bn.RunFailed as e:
             log = self.work / f"{label}.log"
             tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else []

@@ -42,12 +42,18 @@ def python(tmp_path: Path, main: bool = False) -> Path:
 
 
 def torchrun(
-    config: Path, nproc: int, log: Path, main: bool = False, env: dict[str, str] | None = None, timeout: int = 600
+    config: Path,
+    nproc: int,
+    log: Path,
+    main: bool = False,
+    env: dict[str, str] | None = None,
+    timeout: int = 600,
+    args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node N run_train.py --config-file CONFIG --engine nanotron` with the CPU
-    patches; its output goes to `log`."""
+    """`torchrun --standalone --nproc_per_node N run_train.py --config-file CONFIG --engine nanotron [ARGS]` with the
+    CPU patches; its output goes to `log`."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(ROOT / "run_train.py"), "--config-file", str(config), "--engine", "nanotron"]  # fmt: skip
+               str(ROOT / "run_train.py"), "--config-file", str(config), "--engine", "nanotron", *args]  # fmt: skip
     full_env = {**os.environ, **environment(main), **(env or {})}
     with open(log, "a") as out:
         return subprocess.run(command, env=full_env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT)
@@ -111,13 +117,16 @@ def launcher_config(
     return written_config(spec, where, name, **yaml_paths)
 
 
-def train(config: Path, nproc: int, dialect: str, metrics: Path | None = None, **env: str) -> dict[int, dict]:
-    """One torchrun of the nanotron engine on `config`; the metrics it logged (the test fails with its log). Its
+def train(
+    config: Path, nproc: int, dialect: str, metrics: Path | None = None, args: tuple[str, ...] = (), **env: str
+) -> dict[int, dict]:
+    """One torchrun of the nanotron engine on `config` (`args`: run_train.py's others); the metrics it logged (the
+    test fails with its log). Its
     bundle (LAUNCHER_BUNDLE, where it writes its metrics) is named after `metrics` (the config's name by default):
     two runs given the same one append to one metrics file, as a resumed job does."""
     bundle = (metrics or config.with_suffix(".jsonl")).with_suffix(".bundle")
     bundle.mkdir(parents=True, exist_ok=True)
     log = config.with_suffix(".log")
-    done = torchrun(config, nproc, log, main=dialect == "main", env={"LAUNCHER_BUNDLE": str(bundle), **env})
+    done = torchrun(config, nproc, log, main=dialect == "main", env={"LAUNCHER_BUNDLE": str(bundle), **env}, args=args)
     assert done.returncode == 0, log.read_text()[-6000:]
     return {m["step"]: m for m in map(json.loads, (bundle / "metrics.jsonl").read_text().splitlines())}

@@ -9,16 +9,18 @@ The weights: a one-process run saves its step 0 (`save_initial_state`), and ever
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from cpu_nanotron import STEPS, launcher_config, parameters_line, torchrun, train
+from cpu_nanotron import ROOT, STEPS, launcher_config, parameters_line, torchrun, train
 from launcher_helpers import spec_for
 
 from launcher.nanotron_config import dialect as dialects
+from launcher.train.nanotron_engine.compiled import COMPILED_LINE
 from launcher.train.nanotron_engine.mends import shape_from_text
 
 if TYPE_CHECKING:
@@ -188,3 +190,25 @@ def test_a_relayout_is_judged_before_the_queue(saved: dict, flags: tuple, dialec
     else:
         assert len(found) == 1 and refused in found[0].message
         assert f"--dp {saved['dp']} --tp {saved['tp']} --pp {saved['pp']}" in found[0].fix
+
+
+@pytest.mark.parametrize(("dialect", "tp", "pp"), [("0.4", 2, 2), ("main", 2, 1)])
+def test_compiled_decoder_layers_train_as_the_eager_one_process_run(
+    dialect: str, tp: int, pp: int, reference: Any, demo_data: DemoData, tmp_path: Path
+) -> None:
+    """--compile_layers: each rank's decoder layers through torch.compile (inductor's C++ kernels on CPU), with
+    the tensor-parallel collectives and the pipeline around them, train as the one-process eager run, with no graph
+    break in the launcher's own code (the flash_attn stand-in's RMSNorm and rotary). The test side's CPU patches and
+    nanotron's tensor-parallel collectives break graphs here; the job counts them after its first step."""
+    init, ref = reference(dialect)
+    config = launcher_config(tmp_path, "compiled", demo_data, dialect, 1, tp, pp,
+                             **{"model.init_method": {"path": str(init)}})  # fmt: skip
+    run = train(config, tp * pp, dialect, args=("--compile_layers",), TORCH_LOGS="graph_breaks")
+    log = config.with_suffix(".log").read_text()
+    layers = re.search(COMPILED_LINE.replace("{count}", r"(\d+)").replace("(s)", r"\(s\)"), log)
+    assert layers and int(layers[1]) >= 1, log[-3000:]  # rank 0, the first pipeline stage, holds one or both
+    summary = re.search(r"compile_layers: (\d+) graph\(s\) compiled in the first step, (\d+) graph break", log)
+    assert summary and int(summary[1]) >= 1 and int(summary[2]) >= 1, log[-3000:]
+    ours = [line for line in log.splitlines() if "Graph break" in line and str(ROOT / "launcher") in line]
+    assert ours == [], ours
+    assert_same_run(run, ref, range(1, STEPS + 1))

@@ -207,6 +207,21 @@ def test_script_holds_the_operational_basics():
     assert "--node_rank=1" in argv and "--master_addr=10.0.0.1" in argv and argv[-1] == "nanotron"
 
 
+def test_compile_layers_reaches_run_train_py_as_its_own_flag(tmp_path: Path) -> None:
+    """--compile_layers true: job.json carries it, torchrun's command ends with run_train.py's flag, and
+    run_train.py's own parser takes that command (it then fails on the missing config, in its one error line)."""
+    job = render.job_settings(golden_spec("c", "--compile_layers", "true"), fixed_paths("c", tmp_path))
+    assert from_json(job.to_json()).compile_layers is True
+    argv = step.torchrun_argv(job, "7", "10.0.0.1:21234", None)
+    assert argv[-3:] == ["--engine", "auto", "--compile_layers"]
+    tail = argv[argv.index(str(job.train_script)) + 1 :]  # the golden runs lie in /project: this checkout's script
+    script = str(ROOT / "run_train.py")
+    done = subprocess.run([sys.executable, script, *tail], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
+    default = render.job_settings(golden_spec("d"), fixed_paths("d", tmp_path))
+    assert step.torchrun_argv(default, "7", "10.0.0.1:21234", None)[-2:] == ["--engine", "auto"]
+
+
 @pytest.mark.parametrize(("nodes", "flag", "backend"), [(2, "auto", "c10d"), (256, "auto", "c10d"),
                                                          (257, "auto", "static"), (4000, "c10d", "c10d"),
                                                          (2, "static", "static")])  # fmt: skip

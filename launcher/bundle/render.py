@@ -137,6 +137,7 @@ def job_settings(spec: RunSpec, paths: BundlePaths) -> Job:
         max_restarts=a.slurm.max_restarts,
         signal_grace=a.slurm.signal_grace if a.slurm.max_requeues else 0,
         rdzv_backend=spec.rendezvous[0],
+        compile_layers=a.job.compile_layers,
         hang_timeout=float(a.job.hang_timeout or 0),
         hang_factor=float(a.job.hang_factor),
         startup_timeout=None if a.job.startup_timeout is None else float(a.job.startup_timeout),

@@ -168,6 +168,9 @@ class JobArgs:
     hang_factor: float = 10.0  # Between steps, a hang is this many median step times with no step (at least 60 s).
     debug: bool = False  # Trace the node side; NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, CUDA_LAUNCH_BLOCKING=1.
     engine: str = "auto"  # Training engine: auto (nanotron where CUDA and nanotron are, else torch), nanotron, torch.
+    compile_layers: bool = False
+    """The nanotron engine compiles each of its decoder layers with torch.compile at the first step (the torch engine
+    compiles its own on GPUs whatever this says)."""
     rdzv_backend: str = "auto"  # torchrun's rendezvous: auto (c10d up to 256 nodes, static beyond), c10d or static.
 
 

@@ -56,6 +56,7 @@ class Job:
     max_restarts: int = 0  # restarts and failure requeues the job may make
     signal_grace: int = 0  # seconds the time-limit warning comes early (0: the job does not requeue itself)
     rdzv_backend: str = "c10d"  # torchrun's rendezvous: c10d | static
+    compile_layers: bool = False  # --compile_layers: the nanotron engine compiles its decoder layers
     hang_timeout: float = 0.0  # the watchdog's floor in seconds (0: no watchdog)
     hang_factor: float = 10.0  # the watchdog's limit between steps: this x the median step time
     startup_timeout: float | None = None  # the watchdog's limit before the first step (None: hang_timeout)

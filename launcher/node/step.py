@@ -90,7 +90,8 @@ def torchrun_argv(job: Job, job_id: str, rdzv: str, node_rank: int | None) -> li
     else:
         head, port = rdzv.rsplit(":", 1)
         argv += [f"--node_rank={node_rank}", f"--master_addr={head}", f"--master_port={port}"]
-    return argv + ["--max_restarts=0", str(job.train_script), "--config-file", str(job.config), "--engine", job.engine]
+    argv += ["--max_restarts=0", str(job.train_script), "--config-file", str(job.config), "--engine", job.engine]
+    return argv + ["--compile_layers"] * job.compile_layers
 
 
 def node_check_argv(job: Job, rdzv: str, nodes: Sequence[str], node: str) -> list[str]:

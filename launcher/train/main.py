@@ -65,6 +65,11 @@ OTHER_NANOTRON = (
     "run the job with the Python that has nanotron {config} (--python), or --engine torch"
 )
 
+COMPILE_IN_TORCH_ENGINE = (
+    "compile_layers: the torch engine compiles its decoder layers on GPUs whatever --compile_layers says, and trains "
+    "eager on CPUs"
+)
+
 
 def nanotron_mismatch(config_dialect: str) -> str | None:
     """Why this Python's nanotron cannot train a config in `config_dialect` (None: it can, or it is not known)."""
@@ -98,8 +103,9 @@ def settle_engine(cfg: TrainConfig, chosen: str, why: str, job: JobEnvironment) 
             atomic.replace(root / name, f"{value}\n")
 
 
-def run(config_file: str, engine: str = "auto") -> None:
-    """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone)."""
+def run(config_file: str, engine: str = "auto", compile_layers: bool = False) -> None:
+    """Train the run in `config_file` on this process (one of WORLD_SIZE started by torchrun, or alone);
+    `compile_layers`: the nanotron engine compiles its decoder layers (the torch engine decides for itself)."""
     job = JobEnvironment.read()  # the job's one look at its environment
     cfg = load_checked(config_file, job.world_size)
     chosen, why = choose_engine(engine)
@@ -120,8 +126,10 @@ def run(config_file: str, engine: str = "auto") -> None:
     if chosen == "nanotron":
         from launcher.train.nanotron_engine import engine as nanotron_engine
 
-        nanotron_engine.train(config_file, cfg, job)
+        nanotron_engine.train(config_file, cfg, job, compile_layers)
     else:
+        if compile_layers and job.is_main:
+            print(COMPILE_IN_TORCH_ENGINE, flush=True)
         from launcher.train.torch_engine import engine as torch_engine
 
         torch_engine.train(cfg, job)

@@ -37,7 +37,7 @@ from launcher.train import packcache
 from launcher.train.data import load_split, load_tokenizer, pack
 from launcher.train.environment import JobEnvironment
 from launcher.train.nanotron_engine import compat as nanotron_compat
-from launcher.train.nanotron_engine import flash_attn_compat, folders, triton_compat
+from launcher.train.nanotron_engine import compiled, flash_attn_compat, folders, triton_compat
 from launcher.train.nanotron_engine import mends as nanotron_mends
 from launcher.train.nanotron_engine.pointer import POINTER as NANOTRON_POINTER
 from launcher.train.nanotron_engine.trainer import trainer_class
@@ -127,9 +127,10 @@ def _pointer(checkpoints_path: str) -> str:
     return (Path(checkpoints_path) / NANOTRON_POINTER).read_text(encoding="utf-8").strip()
 
 
-def train(config_file: str, cfg: TrainConfig, job: JobEnvironment | None = None) -> None:
+def train(config_file: str, cfg: TrainConfig, job: JobEnvironment | None = None, compile_layers: bool = False) -> None:
     """Train `config_file` with nanotron's DistributedTrainer (every rank calls it); `cfg` is the same file; `job`:
-    the process's environment (read now where not given)."""
+    the process's environment (read now where not given); `compile_layers`: its decoder layers through torch.compile
+    (`compiled`)."""
     job = job or JobEnvironment.read()
     lacking = missing()
     if lacking:
@@ -160,6 +161,11 @@ def train(config_file: str, cfg: TrainConfig, job: JobEnvironment | None = None)
         trainer = trainer_class(cfg, job)(config_file)  # joins the process group (nanotron's ParallelContext)
         if config_file != given:
             Path(config_file).unlink(missing_ok=True)  # read: the trainer holds the config now
+        if compile_layers:
+            count = compiled.compile_decoder_layers(trainer.unwrapped_model)
+            trainer.first_step_note = compiled.summary
+            if is_main:
+                print(compiled.COMPILED_LINE.format(count=count), flush=True)
         if cfg.dialect == "main":
             trainer.train(_main_dataloaders(trainer, cfg))  # its data stages
         else:

@@ -29,6 +29,7 @@ that. The subclass from `trainer_class` adds:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,7 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
 
     class LauncherTrainer(DistributedTrainer):  # type: ignore[misc, valid-type]
         launcher_cfg = cfg
+        first_step_note: Callable[[], str] | None = None  # what rank 0 says after this attempt's first step
 
         def pre_init(self) -> None:
             super().pre_init()
@@ -237,6 +239,10 @@ def trainer_class(cfg: TrainConfig, job: JobEnvironment) -> type:
             returned = super().training_step(dataloader=dataloader)  # 0.4: (outputs, loss); main: 4 values
             logs = dict(zip(("outputs", "loss_avg", "z_loss_avg", "tbi_logs"), returned, strict=False))
             report_progress(job, self.iteration_step)  # for the hang watchdog
+            if self.first_step_note is not None:
+                if self.is_main():
+                    print(self.first_step_note(), flush=True)
+                self.first_step_note = None
             last = self.iteration_step >= self.config.tokens.train_steps
             if self.stop_request.agreed():  # a collective: every rank, every step
                 if not last:

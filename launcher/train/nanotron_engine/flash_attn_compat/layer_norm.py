@@ -4,7 +4,10 @@ nanotron calls `layer_norm_fn(x, weight, None, residual=None, eps=eps, dropout_p
 residual_in_fp32=False, is_rms_norm=True, return_dropout_mask=False)`. As flash-attn's Triton kernel does, the
 norm is computed in float32 (x and weight upcast, y = x / sqrt(mean(x^2) + eps) * weight) and returned in x's
 dtype; gradients flow to x and weight, computed in float32 too. As the kernel does, backward keeps only x (in
-its dtype), the weight and one float32 rstd per row, not float32 copies of the activations. LayerNorm proper, a
+its dtype), the weight and one float32 rstd per row, not float32 copies of the activations. Under torch.compile
+(`--compile_layers`) the same formula is plain torch operations, which inductor fuses, forward and backward, into
+the layer's kernels (and whose saved tensors it chooses): dynamo cannot trace nanotron's parameter (a Parameter
+subclass) inside an autograd.Function, and broke the layer's graph there. LayerNorm proper, a
 bias, a residual, dropout and the other fused options are not implemented.
 """
 
@@ -40,6 +43,9 @@ def layer_norm_fn(
     given += [name for name, value in more.items() if value is not None]
     if given or dropout_p or prenorm or return_dropout_mask:
         refuse(f"layer_norm_fn with {', '.join(given) or 'dropout or prenorm'}")
+    if torch.compiler.is_compiling():
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
     return _RMSNorm.apply(x, weight, eps)
 
 
