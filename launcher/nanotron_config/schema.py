@@ -99,6 +99,7 @@ NOT_IN_CONFIG = frozenset(
     | {"checkpoints_remote", "s3_endpoint", "keep_last_remote"}  # the bucket: the supervisor's (launcher/remote/)
     | {"dry_run", "show_logs", "config", "sweep", "plan", "skip_memory_check"}
     | {"preflight", "hang_timeout", "startup_timeout", "hang_factor", "debug", "interactive", "engine", "rdzv_backend"}
+    | {"compile_layers"}  # run_train.py's own flag (launcher/train/nanotron_engine/compiled.py)
     | {"container_image", "container_mounts", "container_workdir", "container_env", "container_writable"}
     | {"eval_tasks", "eval_include", "eval_every", "eval_limit", "eval_partition", "eval_gpus", "eval_heldout"}
     | {"eval_time_limit"}
