@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 NAME_LINE = re.compile(r"^['\"]?(task|group|tag)['\"]?:[ \t]*['\"]?([^\s'\"#\[\]{}]+)", re.M)
@@ -96,13 +96,8 @@ def datasets_of(name: str, index: Index, load: Loader, seen: set[str]) -> list[d
 
 def _members(listed: list, index: Index, load: Loader, seen: set[str]) -> list[dict]:
     out = []
-    for item in listed:
-        if isinstance(item, str):
-            out += datasets_of(item, index, load, seen)
-        elif isinstance(item, dict) and isinstance(item.get("task"), list):
-            out += _members(item["task"], index, load, seen)
-        elif isinstance(item, dict) and isinstance(item.get("task"), str):
-            out += [item] if "dataset_path" in item else datasets_of(item["task"], index, load, seen)
+    for item in _listed(listed):
+        out += [item] if isinstance(item, dict) else datasets_of(item, index, load, seen)
     return out
 
 
@@ -124,20 +119,20 @@ def reach(names: list[str], index: Index, load: Loader) -> dict[str, tuple[list[
             if config.get("task") == name and "group" not in config or config.get("group") == name:
                 defined.append(path)
                 if "group" in config and isinstance(config.get("task"), list):
-                    todo += _listed_names(config["task"])
+                    todo += [item for item in _listed(config["task"]) if isinstance(item, str)]
             elif name in tags(config) and isinstance(config.get("task"), str):
                 carried.append(path)
                 todo.append(config["task"])
     return reached
 
 
-def _listed_names(listed: list) -> list[str]:
-    out: list[str] = []
+def _listed(listed: list) -> Iterator[str | dict]:
+    """A group's `task:` list walked in its order, nested groups' lists included: each task or group it names, and
+    each task it defines inline (a dict with its own dataset_path)."""
     for item in listed:
         if isinstance(item, str):
-            out.append(item)
+            yield item
         elif isinstance(item, dict) and isinstance(item.get("task"), list):
-            out += _listed_names(item["task"])
-        elif isinstance(item, dict) and isinstance(item.get("task"), str) and "dataset_path" not in item:
-            out.append(item["task"])
-    return out
+            yield from _listed(item["task"])
+        elif isinstance(item, dict) and isinstance(item.get("task"), str):
+            yield item if "dataset_path" in item else item["task"]
