@@ -44,18 +44,23 @@ def layer_norm_fn(
     if given or dropout_p or prenorm or return_dropout_mask:
         refuse(f"layer_norm_fn with {', '.join(given) or 'dropout or prenorm'}")
     if torch.compiler.is_compiling():
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+        return _rms_norm(x, weight, eps)[0]
     return _RMSNorm.apply(x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y in x's dtype, and the float32 rstd per row."""
+    x32 = x.float()
+    rstd = torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps)
+    return (x32 * rstd * weight.float()).to(x.dtype), rstd
 
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
-        x32 = x.float()
-        rstd = torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps)
+        y, rstd = _rms_norm(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (x32 * rstd * weight.float()).to(x.dtype)
+        return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
